@@ -1,0 +1,24 @@
+# One command for everything CI checks: make check
+PY := .venv/bin/python
+
+.PHONY: setup check fmt lint types test unit
+
+setup:
+	bash scripts/setup
+
+fmt:
+	$(PY) -m ruff format replay kvcal tests bench scenarios traces
+
+lint:
+	$(PY) -m ruff check replay kvcal tests bench scenarios traces
+
+types:
+	$(PY) -m mypy
+
+unit:
+	$(PY) -m pytest -q -m "not vllm"
+
+test:
+	$(PY) -m pytest -q
+
+check: lint types test

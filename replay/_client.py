@@ -1,0 +1,224 @@
+"""Streaming client for OpenAI-compatible servers (vLLM): one aiohttp session per target.
+
+Every outcome becomes a ``Result``: HTTP errors keep their status and body, timeouts and
+disconnects their kind. Only our own bugs raise. Tokens are counted from the usage the server
+reports per chunk (``continuous_usage_stats``), never by counting chunks, unless the server
+reports no usage (then marked ``tokens_estimated``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+
+from ._records import Result, ToolCall
+from ._sse import DONE, ProtocolError, SSEDecoder
+from ._trace import Request
+
+Clock = Callable[[], float]
+
+
+class Client:
+    """Sends requests to one target and records what happened."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        seed: int = 0,
+        clock: Clock = time.perf_counter,
+        epoch: float = 0.0,
+        max_connections: int = 0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.seed = seed
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._epoch = epoch
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            connector=aiohttp.TCPConnector(limit=max_connections, force_close=False),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    def now(self) -> float:
+        return self._clock() - self._epoch
+
+    def payload(self, req: Request, prompt_ids: Sequence[int] | None = None,
+                cache_salt: str | None = None) -> tuple[str, dict[str, Any]]:
+        """The endpoint and JSON body for a request (deterministic sampling by default).
+        ``cache_salt`` isolates vLLM's prefix cache (requests share only within one salt)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": req.max_tokens,
+            "temperature": 0.0,
+            "seed": self.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        body.update(req.params)
+        if req.api == "chat":
+            body["messages"] = list(req.messages or ())
+            if req.tools:
+                body["tools"] = list(req.tools)
+            if req.tool_choice is not None:
+                body["tool_choice"] = req.tool_choice
+            return "/v1/chat/completions", body
+        if prompt_ids is not None:
+            body["prompt"] = list(prompt_ids)
+        elif isinstance(req.prompt, tuple):
+            body["prompt"] = list(req.prompt)
+        else:
+            body["prompt"] = req.prompt
+        return "/v1/completions", body
+
+    async def send(self, req: Request, result: Result, prompt_ids: Sequence[int] | None = None,
+                   cache_salt: str | None = None) -> Result:
+        """Stream one request into ``result`` (its scheduled time already set)."""
+        path, body = self.payload(req, prompt_ids, cache_salt)
+        result.sent = self.now()
+        try:
+            await asyncio.wait_for(self._stream(path, body, result), self.timeout_s)
+        except asyncio.TimeoutError:
+            _fail(result, "timeout", f"no complete answer within {self.timeout_s:g} s")
+        except aiohttp.ClientConnectorError as exc:
+            _fail(result, "connect", f"cannot connect: {exc}")
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                aiohttp.ClientOSError, ConnectionResetError) as exc:
+            _fail(result, "disconnect", f"connection lost mid-answer: {exc!r}")
+        except ProtocolError as exc:
+            _fail(result, "protocol", str(exc))
+        except asyncio.CancelledError:
+            _fail(result, "cancelled", "cancelled before the answer completed")
+            result.status = "cancelled"
+            raise
+        finally:
+            if result.done is None:
+                result.done = self.now()
+        return result
+
+    async def _stream(self, path: str, body: dict[str, Any], result: Result) -> None:
+        async with self._session.post(self.base_url + path, json=body) as resp:
+            if resp.status != 200:
+                text = (await resp.text(errors="replace"))[:2000]
+                _fail(result, "http", f"HTTP {resp.status}: {text}")
+                result.http_status = resp.status
+                return
+            result.http_status = 200
+            acc = _Accumulator(result, self.now)
+            decoder = SSEDecoder()
+            async for chunk in resp.content.iter_any():
+                for event in decoder.feed(chunk):
+                    if event is DONE:
+                        acc.finish()
+                        return
+                    acc.add(event)
+            for event in decoder.close():
+                if event is DONE:
+                    acc.finish()
+                    return
+                acc.add(event)
+            acc.finish()
+            if result.status == "ok":
+                _fail(result, "protocol", "stream ended without [DONE]")
+
+
+class _Accumulator:
+    """Folds streamed chunks into a Result."""
+
+    __slots__ = ("r", "now", "_usage_seen", "_prev_completion", "_text", "_calls")
+
+    def __init__(self, result: Result, now: Callable[[], float]) -> None:
+        self.r = result
+        self.now = now
+        self._usage_seen = False
+        self._prev_completion = 0
+        self._text: list[str] = []
+        self._calls: dict[int, ToolCall] = {}
+
+    def add(self, ev: Any) -> None:
+        t = self.now()
+        if not isinstance(ev, dict):
+            raise ProtocolError(f"SSE event is not a JSON object: {str(ev)[:200]}")
+        if "error" in ev and not ev.get("choices"):
+            err = ev["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            self.r.status, self.r.error_kind, self.r.error = "error", "server_error", str(msg)[:2000]
+            return
+        usage = ev.get("usage")
+        new_tokens = None
+        if isinstance(usage, dict):
+            if usage.get("prompt_tokens") is not None:
+                self.r.prompt_tokens = usage["prompt_tokens"]
+            ct = usage.get("completion_tokens")
+            if isinstance(ct, int):
+                self._usage_seen = True
+                new_tokens = ct - self._prev_completion
+                self._prev_completion = ct
+        produced = False
+        for choice in ev.get("choices") or ():
+            if "delta" in choice:
+                delta = choice["delta"] or {}
+                content = delta.get("content")
+                if content:
+                    self._text.append(content)
+                    produced = True
+                for frag in delta.get("tool_calls") or ():
+                    self._tool_fragment(frag)
+                    produced = True
+            elif choice.get("text"):
+                self._text.append(choice["text"])
+                produced = True
+            if choice.get("finish_reason"):
+                self.r.finish_reason = choice["finish_reason"]
+        if new_tokens is None:
+            new_tokens = 1 if produced else 0
+        if new_tokens > 0 and (produced or self.r.chunk_times):
+            if self.r.first_token is None:
+                self.r.first_token = t
+            self.r.chunk_times.append(t)
+            self.r.chunk_tokens.append(new_tokens)
+
+    def _tool_fragment(self, frag: dict[str, Any]) -> None:
+        idx = frag.get("index", 0)
+        call = self._calls.get(idx)
+        if call is None:
+            call = self._calls[idx] = ToolCall(index=idx)
+        if frag.get("id"):
+            call.id = frag["id"]
+        fn = frag.get("function") or {}
+        if fn.get("name"):
+            call.name += fn["name"]
+        if fn.get("arguments"):
+            call.arguments += fn["arguments"]
+
+    def finish(self) -> None:
+        r = self.r
+        r.done = self.now()
+        r.output_text = "".join(self._text)
+        r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
+        if self._usage_seen:
+            r.output_tokens = self._prev_completion
+        else:
+            r.output_tokens = sum(r.chunk_tokens)
+            r.tokens_estimated = True
+
+
+def _fail(result: Result, kind: Any, message: str) -> None:
+    result.status = "error"
+    result.error_kind = kind
+    result.error = message

@@ -1,0 +1,212 @@
+"""Importers for real length-only production traces, into trace v1 records.
+
+Registry: ``IMPORTERS[name](path, LengthPolicy)`` yields ``(line, Request | TraceError)``,
+streamed. Each record is a synthetic completions request (``synth``) with ``ignore_eos`` so the
+output has the trace's length. ``LengthPolicy`` scales and caps lengths so a real trace fits a
+small test model; it is recorded in the run manifest.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from ._errors import InputError, TraceError
+from ._trace import OnBadLine, Request, Synth, TraceLoad, collect, iter_lines, parse_line_or_error
+
+Parsed = tuple[int, "Request | TraceError"]
+
+
+@dataclass(frozen=True)
+class LengthPolicy:
+    """``scale`` multiplies input, output and block lengths; caps apply after scaling."""
+
+    scale: float = 1.0
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise InputError("--length-scale must be a positive number")
+        for name in ("max_input_tokens", "max_output_tokens"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def apply(self, inp: int, out: int, block: int) -> tuple[int, int, int]:
+        inp_s = max(1, round(inp * self.scale))
+        out_s = max(1, round(out * self.scale))
+        block_s = max(1, round(block * self.scale))
+        if self.max_input_tokens is not None:
+            inp_s = min(inp_s, self.max_input_tokens)
+        if self.max_output_tokens is not None:
+            out_s = min(out_s, self.max_output_tokens)
+        return inp_s, out_s, block_s
+
+
+def _record(rid: str, t: float, inp: int, out: int, hash_ids: list[int], block: int,
+            policy: LengthPolicy, meta: dict[str, Any]) -> Request:
+    inp_s, out_s, block_s = policy.apply(inp, out, block)
+    n_blocks = math.ceil(inp_s / block_s)
+    return Request(
+        id=rid, t=t, api="completions",
+        synth=Synth(input_tokens=inp_s, hash_ids=tuple(hash_ids[:n_blocks]), block_tokens=block_s),
+        max_tokens=out_s, params={"ignore_eos": True}, task="perf",
+        input_tokens=inp_s, meta={**meta, "orig_input_tokens": inp, "orig_output_tokens": out},
+    )
+
+
+def _positive_int(obj: dict[str, Any], key: str) -> int:
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 1 \
+            or int(v) != v:
+        raise ValueError(f"{key}: must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def import_mooncake(path: Path, policy: LengthPolicy) -> Iterator[Parsed]:
+    """Mooncake: ``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` (512-token blocks)."""
+    src = str(path)
+    for lineno, raw in iter_lines(path):
+        try:
+            obj = orjson.loads(raw)
+            if not isinstance(obj, dict):
+                raise ValueError("(line): a Mooncake line must be a JSON object")
+            ts = obj.get("timestamp")
+            if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) \
+                    or ts < 0:
+                raise ValueError(f"timestamp: must be milliseconds >= 0, got {ts!r}")
+            inp = _positive_int(obj, "input_length")
+            out = _positive_int(obj, "output_length")
+            hids = obj.get("hash_ids", [])
+            if not isinstance(hids, list) or not all(
+                    isinstance(h, int) and not isinstance(h, bool) for h in hids):
+                raise ValueError("hash_ids: must be a list of integers")
+            yield lineno, _record(f"mooncake-{lineno}", ts / 1000.0, inp, out, hids, 512, policy,
+                                  {"source": "mooncake", "line": lineno})
+        except orjson.JSONDecodeError as exc:
+            yield lineno, TraceError(src, lineno, "(line)", f"not valid JSON ({exc})")
+        except (ValueError, ValidationError) as exc:
+            yield lineno, _as_trace_error(src, lineno, exc)
+
+
+def _parse_azure_time(text: str) -> float:
+    """'2023-11-16 18:15:46.6805900' (7 fractional digits) -> POSIX seconds."""
+    whole, _, frac = text.strip().partition(".")
+    base = datetime.fromisoformat(whole).timestamp()
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+def import_azure(path: Path, policy: LengthPolicy) -> Iterator[Parsed]:
+    """Azure LLM inference traces 2023/2024 CSV: ``TIMESTAMP, ContextTokens, GeneratedTokens``."""
+    src = str(path)
+    first: float | None = None
+    try:
+        fh = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{src}: cannot read: {exc}") from None
+    with fh:
+        reader = csv.DictReader(fh)
+        need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+        try:
+            header = set(reader.fieldnames or ())
+        except UnicodeDecodeError as exc:
+            raise TraceError(src, 1, "(header)", f"not UTF-8 text: {exc}") from None
+        if not need <= header:
+            raise TraceError(src, 1, "(header)", f"missing column(s) {sorted(need - header)}; "
+                             "expected TIMESTAMP,ContextTokens,GeneratedTokens")
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except (UnicodeDecodeError, csv.Error) as exc:
+                yield reader.line_num, TraceError(src, reader.line_num, "(line)", str(exc))
+                continue
+            lineno = reader.line_num
+            try:
+                try:
+                    t = _parse_azure_time(row["TIMESTAMP"] or "")
+                except (ValueError, TypeError):
+                    raise ValueError(f"TIMESTAMP: not a date-time: {row['TIMESTAMP']!r}") from None
+                first = t if first is None else first
+                inp = _csv_int(row, "ContextTokens")
+                out = _csv_int(row, "GeneratedTokens")
+                yield lineno, _record(f"azure-{lineno}", max(0.0, t - first), inp, out, [], 512,
+                                      policy, {"source": "azure", "line": lineno})
+            except (ValueError, ValidationError) as exc:
+                yield lineno, _as_trace_error(src, lineno, exc)
+
+
+def _csv_int(row: dict[str, Any], key: str) -> int:
+    raw = (row.get(key) or "").strip()
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{key}: must be a positive integer, got {raw!r}") from None
+    if v < 1:
+        raise ValueError(f"{key}: must be a positive integer, got {v}")
+    return v
+
+
+def _as_trace_error(src: str, lineno: int, exc: Exception) -> TraceError:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return TraceError(src, lineno, ".".join(map(str, err["loc"])), err["msg"])
+    field, sep, reason = str(exc).partition(": ")
+    return TraceError(src, lineno, field if sep else "(line)", reason if sep else str(exc))
+
+
+def import_v1(path: Path, policy: LengthPolicy) -> Iterator[Parsed]:
+    """kvcanary's own format (lengths are the trace author's; the policy does not apply)."""
+    for lineno, raw in iter_lines(path):
+        yield lineno, parse_line_or_error(raw, str(path), lineno)
+
+
+IMPORTERS: dict[str, Callable[[Path, LengthPolicy], Iterator[Parsed]]] = {
+    "v1": import_v1,
+    "mooncake": import_mooncake,
+    "azure": import_azure,
+}
+
+
+def get_importer(name: str) -> Callable[[Path, LengthPolicy], Iterator[Parsed]]:
+    try:
+        return IMPORTERS[name]
+    except KeyError:
+        raise InputError(f"--trace-format: unknown format '{name}'. "
+                         f"Available: {', '.join(IMPORTERS)}") from None
+
+
+def sniff_format(path: Path) -> str:
+    """Guess the format from the first line: CSV header, Mooncake keys, or v1."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.readline(65536).strip()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    if head.startswith(b"TIMESTAMP"):
+        return "azure"
+    if head.startswith(b"{") and b'"input_length"' in head and b'"id"' not in head:
+        return "mooncake"
+    return "v1"
+
+
+def load(path: Path, fmt: str = "auto", policy: LengthPolicy | None = None,
+         on_bad_line: OnBadLine = "fail") -> TraceLoad:
+    """Read a trace of any known format into validated v1 requests."""
+    if not path.is_file():
+        raise InputError(f"{path}: no such trace file")
+    fmt = sniff_format(path) if fmt == "auto" else fmt
+    return collect(str(path), get_importer(fmt)(path, policy or LengthPolicy()), on_bad_line)

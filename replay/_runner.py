@@ -1,0 +1,356 @@
+"""One replay: every target, every phase, every request, written as it completes.
+
+The runner knows schedules, the client, targets and the run directory; it reports progress
+through the ``Progress`` protocol, so the terminal UI (rich) lives in the CLI, not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from . import __version__
+from ._buckets import Buckets
+from ._client import Client
+from ._errors import ServerStartError
+from ._importers import LengthPolicy
+from ._introspect import MetricsSnapshot, Scraper, engine_config_from_log, introspect
+from ._records import Result
+from ._rundir import (MANIFEST, SUMMARY, JsonlWriter, file_digest, read_results,
+                      write_bad_lines, write_json)
+from ._schedule import ClosedLoop, MonotonicClock, OpenLoop
+from ._summary import build_summary
+from ._synth import POOL_TEXT, TokenPool, synthesize
+from ._targets import LocalServer, TargetSpec, cache_dtype_matches, scale_lines
+from ._trace import Request, TraceLoad
+
+Schedule = ClosedLoop | OpenLoop
+
+
+class Progress(Protocol):
+    def status(self, message: str) -> None: ...
+
+    def phase(self, target: str, label: str, total: int) -> None: ...
+
+    def advance(self, target: str, label: str, ok: bool) -> None: ...
+
+
+class QuietProgress:
+    def status(self, message: str) -> None:
+        pass
+
+    def phase(self, target: str, label: str, total: int) -> None:
+        pass
+
+    def advance(self, target: str, label: str, ok: bool) -> None:
+        pass
+
+
+@dataclass
+class RunConfig:
+    trace: TraceLoad
+    trace_path: Path
+    trace_format: str
+    targets: Sequence[TargetSpec]
+    schedules: Sequence[Schedule]
+    buckets: Buckets
+    run_dir: Path
+    length_policy: LengthPolicy = field(default_factory=LengthPolicy)
+    parallel_targets: bool = False
+    timeout_s: float = 600.0
+    phase_timeout_s: float = 3600.0
+    startup_timeout_s: float = 900.0
+    seed: int = 0
+    # A prefix-cache salt per phase, so a phase does not reuse the cache a previous phase
+    # filled with the same prompts (that would flatter TTFT). Sharing within a phase stays.
+    salt_phases: bool = True
+    command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
+
+
+@dataclass
+class TargetRun:
+    """What happened to one target; goes into the manifest."""
+
+    spec: TargetSpec
+    status: str = "pending"  # ok | failed
+    reason: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    series: list[dict[str, Any]] = field(default_factory=list)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"spec": self.spec.describe(), "status": self.status, "reason": self.reason,
+                **self.info, "phases": self.phases}
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
+        self.cfg = cfg
+        self.progress = progress or QuietProgress()
+        self.clock = MonotonicClock()
+        self.writer = JsonlWriter(cfg.run_dir / "results.jsonl")
+        self.runs = {s.name: TargetRun(s) for s in cfg.targets}
+        self.started_at = time.time()
+
+    # -- manifest -------------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "tool": {"name": "kvcanary", "version": __version__},
+            "command": list(c.command),
+            "started_at": self.started_at,
+            "platform": {"python": platform.python_version(), "machine": platform.machine(),
+                         "cpu_flags": _cpu_flags()},
+            "trace": {"path": str(c.trace_path), "format": c.trace_format,
+                      "sha256": file_digest(c.trace_path), "lines": c.trace.lines,
+                      "requests": len(c.trace.requests), "bad_lines": len(c.trace.bad),
+                      "length_policy": c.length_policy.as_dict()},
+            "buckets": {"bounds": c.buckets.spec(), "labels": c.buckets.labels},
+            "schedules": [s.label for s in c.schedules],
+            "options": {"parallel_targets": c.parallel_targets, "timeout_s": c.timeout_s,
+                        "phase_timeout_s": c.phase_timeout_s, "seed": c.seed,
+                        "salt_phases": c.salt_phases},
+            "targets": {n: r.manifest() for n, r in self.runs.items()},
+        }
+
+    def save_manifest(self) -> None:
+        write_json(self.cfg.run_dir / MANIFEST, self.manifest())
+
+    # -- the run --------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        write_bad_lines(self.cfg.run_dir, self.cfg.trace.bad)
+        self.save_manifest()
+        try:
+            if self.cfg.parallel_targets:
+                await asyncio.gather(*(self._target(r) for r in self.runs.values()))
+            else:
+                for r in self.runs.values():
+                    await self._target(r)
+        finally:
+            self.writer.close()
+            self.save_manifest()
+        return self.write_summary()
+
+    def write_summary(self) -> dict[str, Any]:
+        targets = {n: {"status": r.status, "reason": r.reason,
+                       "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
+                   for n, r in self.runs.items()}
+        summary = build_summary(read_results(self.cfg.run_dir), targets,
+                                {n: r.series for n, r in self.runs.items()},
+                                self.cfg.buckets.labels)
+        summary["run_dir"] = str(self.cfg.run_dir)
+        write_json(self.cfg.run_dir / SUMMARY, summary)
+        return summary
+
+    async def _target(self, run: TargetRun) -> None:
+        spec = run.spec
+        server: LocalServer | None = None
+        try:
+            if spec.is_local:
+                server = LocalServer(spec, self.cfg.run_dir / "servers" / f"{spec.name}.log",
+                                     startup_timeout_s=self.cfg.startup_timeout_s)
+                self.progress.status(f"[{spec.name}] starting vLLM ({spec.kv_cache_dtype} KV cache)")
+                server.start()
+                assert server.proc is not None
+                run.info["server"] = {"pid": server.proc.pid, "url": server.url,
+                                      "command": server.command()}
+                await asyncio.get_running_loop().run_in_executor(None, server.wait_healthy)
+                url = server.url
+            else:
+                assert spec.url is not None
+                url = spec.url
+            await self._serve(run, url, server)
+        except ServerStartError as exc:
+            run.status, run.reason = "failed", f"server did not start: {exc.reason}"
+            if server is not None:
+                run.info["engine_config"] = engine_config_from_log(server.log_text())
+                run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
+            self._record_unavailable(run)
+        finally:
+            if server is not None:
+                self.progress.status(f"[{spec.name}] stopping server")
+                await asyncio.get_running_loop().run_in_executor(None, server.stop)
+            self.save_manifest()
+
+    async def _serve(self, run: TargetRun, url: str, server: LocalServer | None) -> None:
+        spec = run.spec
+        async with aiohttp.ClientSession() as session:
+            info = await introspect(session, url)
+            run.info.update(info)
+            if server is not None:
+                log = server.log_text()
+                run.info["engine_config"] = engine_config_from_log(log)
+                run.info["scale_log_lines"] = scale_lines(log)
+                run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
+            served = (info.get("cache_config") or {}).get("cache_dtype")
+            if spec.expect_cache_dtype is not None:
+                if served is None:
+                    run.info["problems"].append("cache_dtype not reported by /metrics "
+                                                "(vllm:cache_config_info); cannot verify")
+                elif not cache_dtype_matches(spec.expect_cache_dtype, served):
+                    run.status = "failed"
+                    run.reason = (f"served cache_dtype is '{served}' but target '{spec.name}' "
+                                  f"expects '{spec.expect_cache_dtype}': the server is not "
+                                  "running the KV cache this target is meant to test")
+                    self._record_unavailable(run)
+                    return
+            if not info.get("model_id"):
+                run.status, run.reason = "failed", "no model served (GET /v1/models)"
+                self._record_unavailable(run)
+                return
+            self.save_manifest()
+            client = Client(url, info["model_id"], api_key=spec.api_key(),
+                            timeout_s=self.cfg.timeout_s, seed=self.cfg.seed,
+                            epoch=self.clock.epoch)
+            try:
+                await self._phases(run, session, client, url)
+            finally:
+                await client.close()
+        run.status = "ok"
+
+    async def _phases(self, run: TargetRun, session: aiohttp.ClientSession, client: Client,
+                      url: str) -> None:
+        reqs = self.cfg.trace.requests
+        self.progress.status(f"[{run.spec.name}] counting prompt tokens on the target tokenizer")
+        pool = await token_pool(session, url, client.model) if any(r.synth for r in reqs) else None
+        counts = await count_tokens(session, url, client.model, reqs)
+        run.info["tokens_counted"] = sum(c is not None for c in counts.values())
+        buckets = {rid: (self.cfg.buckets.label(n) if n is not None else "unknown")
+                   for rid, n in counts.items()}
+        series_file = JsonlWriter(self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl")
+
+        def sink(snap: MetricsSnapshot) -> None:
+            row = snap.to_json()
+            run.series.append(row)
+            series_file.write(row)
+
+        scraper = Scraper(session, url, self.clock.now, sink)
+        scraper.start()
+        try:
+            for sched in self.cfg.schedules:
+                await self._phase(run, sched, client, pool, counts, buckets)
+        finally:
+            await scraper.stop()
+            series_file.close()
+            run.info["scrape_failures"] = scraper.failures
+
+    async def _phase(self, run: TargetRun, sched: Schedule, client: Client,
+                     pool: TokenPool | None, counts: dict[str, int | None],
+                     buckets: dict[str, str]) -> None:
+        name, label = run.spec.name, sched.label
+        reqs = self.cfg.trace.requests
+        done: set[str] = set()
+        self.progress.phase(name, label, len(reqs))
+        salt = f"{self.cfg.run_dir.name}.{label}" if self.cfg.salt_phases else None
+
+        async def send(req: Request, scheduled: float) -> None:
+            res = Result(request_id=req.id, target=name, phase=label, bucket=buckets[req.id],
+                         scheduled=scheduled, prompt_tokens=counts[req.id])
+            ids = synthesize(req, pool) if req.synth is not None and pool is not None else None
+            try:
+                await client.send(req, res, ids, salt)
+            finally:
+                self.writer.write(res.to_json())
+                done.add(req.id)
+                self.progress.advance(name, label, res.status == "ok")
+
+        start = self.clock.now()
+        try:
+            await asyncio.wait_for(sched.run(reqs, send, self.clock), self.cfg.phase_timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        end = self.clock.now()
+        # Requests the phase never sent (time limit) are results too.
+        for req in reqs:
+            if req.id not in done:
+                res = Result(request_id=req.id, target=name, phase=label,
+                             bucket=buckets[req.id], scheduled=end, status="cancelled",
+                             error_kind="cancelled",
+                             error=f"not sent: phase time limit {self.cfg.phase_timeout_s:g} s")
+                self.writer.write(res.to_json())
+        run.phases[label] = {"start": start, "end": end}
+        self.save_manifest()
+
+    def _record_unavailable(self, run: TargetRun) -> None:
+        """A target that cannot serve still accounts for every planned request."""
+        now = self.clock.now()
+        for sched in self.cfg.schedules:
+            run.phases.setdefault(sched.label, {"start": now, "end": now})
+            for req in self.cfg.trace.requests:
+                res = Result(request_id=req.id, target=run.spec.name, phase=sched.label,
+                             bucket="unknown", scheduled=now, status="error",
+                             error_kind="unavailable", error=run.reason)
+                self.writer.write(res.to_json())
+
+
+async def token_pool(session: aiohttp.ClientSession, url: str, model: str) -> TokenPool:
+    ids = await _tokenize(session, url, {"model": model, "prompt": POOL_TEXT,
+                                         "add_special_tokens": False})
+    if ids is None:
+        raise ServerStartError("?", "the target has no /tokenize endpoint; synthetic prompts "
+                               "need the target's tokenizer", url)
+    return TokenPool(ids)
+
+
+async def _tokenize(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[int] | None:
+    try:
+        async with session.post(url + "/tokenize", json=body,
+                                timeout=aiohttp.ClientTimeout(total=60)) as r:
+            if r.status != 200:
+                return None
+            data = await r.json()
+            return list(data.get("tokens") or [])
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def count_tokens(session: aiohttp.ClientSession, url: str, model: str,
+                       reqs: Sequence[Request], concurrency: int = 16) -> dict[str, int | None]:
+    """Prompt length of each request on the target's own tokenizer (chat template applied)."""
+    out: dict[str, int | None] = {}
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(req: Request) -> None:
+        known = req.declared_tokens
+        if known is not None:
+            out[req.id] = known
+            return
+        if req.api == "chat":
+            body: dict[str, Any] = {"model": model, "messages": list(req.messages or ()),
+                                    "add_generation_prompt": True}
+            if req.tools:
+                body["tools"] = list(req.tools)
+        else:
+            body = {"model": model, "prompt": req.prompt}
+        async with sem:
+            ids = await _tokenize(session, url, body)
+        out[req.id] = len(ids) if ids is not None else req.input_tokens
+
+    await asyncio.gather(*(one(r) for r in reqs))
+    return out
+
+
+def _cpu_flags() -> dict[str, bool]:
+    """The CPU features that decide which vLLM CPU kernels (FP8 KV among them) exist."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile")}
+
+
+def load_results(run_dir: Path) -> list[Result]:
+    return list(read_results(run_dir))

@@ -1,0 +1,270 @@
+"""``replay``: the command line. Parses options, shows progress, prints the table.
+
+Exit codes: 0 every target served the whole run; 2 bad input or usage; 3 at least one target
+failed (did not start, or serves something other than its spec); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID,
+                           TextColumn, TimeElapsedColumn)
+
+from . import __version__
+from ._buckets import DEFAULT_BOUNDS, Buckets
+from ._errors import InputError, KvcanaryError
+from ._importers import IMPORTERS, LengthPolicy, load, sniff_format
+from ._runner import RunConfig, Runner
+from ._rundir import new_run_dir
+from ._schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
+from ._table import summary_table
+from ._targets import load_targets_config, parse_targets
+from ._trace import Request
+
+EXIT_OK, EXIT_INPUT, EXIT_TARGET_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+
+console = Console(stderr=True)
+
+
+class RichProgress:
+    """Progress bars per target x phase, and a status line for slow steps."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.p = progress
+        self.tasks: dict[tuple[str, str], TaskID] = {}
+        self.status_task = progress.add_task("", total=None)
+
+    def status(self, message: str) -> None:
+        self.p.update(self.status_task, description=message)
+
+    def phase(self, target: str, label: str, total: int) -> None:
+        self.status(f"[{target}] replaying ({label})")
+        self.tasks[(target, label)] = self.p.add_task(f"{target} {label}", total=total)
+
+    def advance(self, target: str, label: str, ok: bool) -> None:
+        self.p.advance(self.tasks[(target, label)])
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise InputError(f"{option}: '{text}' is not a comma-separated list of integers") from None
+    if not values or any(v < 1 for v in values):
+        raise InputError(f"{option}: give positive integers, e.g. 1,4,16")
+    return values
+
+
+def build_schedules(reqs: Sequence[Request], concurrency: str, rate: float | None,
+                    trace_times: bool, time_scale: float, max_in_flight: int,
+                    seed: int) -> list[ClosedLoop | OpenLoop]:
+    if rate is not None and trace_times:
+        raise InputError("--rate and --trace-times are exclusive: pick one open-loop schedule")
+    try:
+        if trace_times:
+            return [OpenLoop(trace_offsets([r.t for r in reqs], time_scale), max_in_flight,
+                             name=f"trace-x{time_scale:g}")]
+        if rate is not None:
+            return [OpenLoop(poisson_offsets(len(reqs), rate, seed), max_in_flight,
+                             name=f"poisson-{rate:g}rps")]
+    except ValueError as exc:
+        raise InputError(f"schedule: {exc}") from None
+    return [ClosedLoop(c) for c in _int_list(concurrency, "--concurrency")]
+
+
+def _install_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so servers we started are stopped."""
+    def handler(signum: int, frame: Any) -> NoReturn:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _guard(fn: Callable[[], int]) -> NoReturn:
+    try:
+        code = fn()
+    except InputError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        code = EXIT_INPUT
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: results so far are in the run directory")
+        code = EXIT_INTERRUPTED
+    except KvcanaryError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        code = EXIT_TARGET_FAILED
+    sys.exit(code)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--trace", "trace_path", type=click.Path(path_type=Path),
+              help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV).")
+@click.option("--trace-format", default="auto", show_default=True,
+              type=click.Choice(["auto", *IMPORTERS]), help="Format of --trace.")
+@click.option("--targets", default="bf16,fp8", show_default=True,
+              help="Comma-separated: bf16/fp8 (local servers of --model), name=URL, or names "
+                   "from --targets-file.")
+@click.option("--targets-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml).")
+@click.option("--model", "model_dir", type=click.Path(path_type=Path),
+              help="Model for the built-in bf16/fp8 local targets [default: the embedded "
+                   "test model, built on first use].")
+@click.option("--concurrency", default="4", show_default=True,
+              help="Closed loop: requests in flight; a list sweeps levels (1,4,16).")
+@click.option("--rate", type=float, help="Open loop: Poisson arrivals at this many requests/s.")
+@click.option("--trace-times", is_flag=True, help="Open loop at the trace's own timestamps.")
+@click.option("--time-scale", default=1.0, show_default=True,
+              help="With --trace-times: multiply gaps (0.5 = twice as fast).")
+@click.option("--max-in-flight", default=0, show_default=True,
+              help="Open loop: cap on requests in flight (0 = none).")
+@click.option("--buckets", "bucket_spec", default=DEFAULT_BOUNDS, show_default=True,
+              help="Context-length bucket bounds in tokens.")
+@click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail",
+              show_default=True, help="A bad trace line stops the run, or is skipped and listed.")
+@click.option("--length-scale", default=1.0, show_default=True,
+              help="Length-only traces: scale input/output lengths (fit a small model).")
+@click.option("--max-input-tokens", type=int, help="Length-only traces: cap prompt length.")
+@click.option("--max-output-tokens", type=int, help="Length-only traces: cap output length.")
+@click.option("--limit", type=int, help="Replay only the first N requests.")
+@click.option("--parallel-targets", is_flag=True,
+              help="Run targets at the same time (default: one after another, fair on shared "
+                   "hardware).")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True,
+              help="Per-request timeout, seconds.")
+@click.option("--phase-timeout", "phase_timeout_s", default=3600.0, show_default=True,
+              help="Time limit per phase; unsent requests are recorded as cancelled.")
+@click.option("--share-prefix-cache", is_flag=True,
+              help="Let a phase reuse the prefix cache earlier phases filled (default: a "
+                   "cache salt per phase keeps phases comparable).")
+@click.option("--out", "out_dir", default=Path("reports"), type=click.Path(path_type=Path),
+              show_default=True, help="Where run directories go.")
+@click.option("--run-id", help="Name of the run directory [default: timestamp].")
+@click.option("--seed", default=0, show_default=True, help="Sampling and schedule seed.")
+@click.version_option(__version__, prog_name="kvcanary replay")
+@click.pass_context
+def main(ctx: click.Context, **opts: Any) -> None:
+    """Replay a trace against BF16 and FP8 vLLM servers, bucketed by context length.
+
+    \b
+    replay --trace traces/sample.jsonl --targets bf16,fp8
+    replay --trace prod.jsonl --targets bf16=http://127.0.0.1:8000,fp8=http://127.0.0.1:8001
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if opts["trace_path"] is None:
+        click.echo(ctx.get_help())
+        ctx.exit(EXIT_INPUT)
+    _install_sigterm()
+    _guard(lambda: _run(opts))
+
+
+def _run(o: dict[str, Any]) -> int:
+    trace_path: Path = o["trace_path"]
+    policy = LengthPolicy(o["length_scale"], o["max_input_tokens"], o["max_output_tokens"])
+    fmt = sniff_format(trace_path) if o["trace_format"] == "auto" and trace_path.is_file() \
+        else o["trace_format"]
+    trace = load(trace_path, fmt, policy, o["on_bad_line"])
+    if o["limit"] is not None:
+        trace.requests = trace.requests[: max(0, o["limit"])]
+    if trace.bad:
+        console.print(f"[yellow]skipped {len(trace.bad)} bad line(s)[/yellow] "
+                      f"(first: {trace.bad[0]}); all are listed in bad_lines.jsonl")
+    if not trace.requests:
+        raise InputError(f"{trace_path}: no valid requests to replay")
+    buckets = Buckets.parse(o["bucket_spec"])
+    schedules = build_schedules(trace.requests, o["concurrency"], o["rate"], o["trace_times"],
+                                o["time_scale"], o["max_in_flight"], o["seed"])
+    config = load_targets_config(o["targets_file"]) if o["targets_file"] else None
+    model_dir = o["model_dir"]
+    needs_default = any(n.strip() in ("bf16", "fp8") for n in o["targets"].split(","))
+    if model_dir is None and needs_default and not (config and all(
+            n.strip() in config for n in o["targets"].split(","))):
+        from .testmodel import ensure_default_model
+
+        console.print("using the embedded test model (built on first use)")
+        model_dir = ensure_default_model()
+    specs = parse_targets(o["targets"], model_dir.resolve() if model_dir else None, config)
+    run_dir = new_run_dir(o["out_dir"], o["run_id"])
+    cfg = RunConfig(trace=trace, trace_path=trace_path, trace_format=fmt, targets=specs,
+                    schedules=schedules, buckets=buckets, run_dir=run_dir,
+                    length_policy=policy, parallel_targets=o["parallel_targets"],
+                    timeout_s=o["timeout_s"], phase_timeout_s=o["phase_timeout_s"],
+                    seed=o["seed"], salt_phases=not o["share_prefix_cache"])
+    console.print(f"run directory: [bold]{run_dir}[/bold] - {len(trace.requests)} requests, "
+                  f"{len(specs)} target(s), schedules {', '.join(s.label for s in schedules)}")
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=False) as bar:
+        runner = Runner(cfg, RichProgress(bar))
+        summary = asyncio.run(runner.run())
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=170)
+    out.print(summary_table(summary))
+    failed = [(n, t["reason"]) for n, t in summary["targets"].items() if t["status"] != "ok"]
+    for name, reason in failed:
+        console.print(f"[red]target {name} failed:[/red] {reason}")
+    console.print(f"results: {run_dir}")
+    return EXIT_TARGET_FAILED if failed else EXIT_OK
+
+
+@main.group()
+def trace() -> None:
+    """Validate and import traces."""
+
+
+@trace.command("validate")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+def trace_validate(path: Path, fmt: str) -> None:
+    """Check every line of a trace; list each bad one with its field and reason."""
+    def run() -> int:
+        loaded = load(path, fmt, on_bad_line="skip")
+        for err in loaded.bad:
+            click.echo(str(err))
+        click.echo(f"{path}: {len(loaded.requests)} valid request(s), {len(loaded.bad)} bad "
+                   f"line(s)")
+        return EXIT_INPUT if loaded.bad else EXIT_OK
+
+    _guard(run)
+
+
+@trace.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--length-scale", default=1.0, show_default=True)
+@click.option("--max-input-tokens", type=int)
+@click.option("--max-output-tokens", type=int)
+@click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail")
+def trace_import(path: Path, fmt: str, output: Path, length_scale: float,
+                 max_input_tokens: int | None, max_output_tokens: int | None,
+                 on_bad_line: str) -> None:
+    """Convert a Mooncake or Azure trace into kvcanary's v1 format."""
+    def run() -> int:
+        policy = LengthPolicy(length_scale, max_input_tokens, max_output_tokens)
+        loaded = load(path, fmt, policy, on_bad_line)  # type: ignore[arg-type]
+        with output.open("w", encoding="utf-8") as fh:
+            for req in loaded.requests:
+                fh.write(req.model_dump_json(exclude_none=True) + "\n")
+        click.echo(f"wrote {len(loaded.requests)} request(s) to {output}; "
+                   f"{len(loaded.bad)} bad line(s) skipped")
+        return EXIT_OK
+
+    _guard(run)
+
+
+@main.command("model")
+@click.option("--out", type=click.Path(path_type=Path), help="Folder [default: the cache].")
+def model_cmd(out: Path | None) -> None:
+    """Build the embedded test model (deterministic; no download) and print its folder."""
+    from .testmodel import build, ensure_default_model
+
+    click.echo(str(build(out) if out else ensure_default_model()))

@@ -1,0 +1,70 @@
+"""Shared fixtures. Real vLLM CPU servers are started once per session and always stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data" / "traces"
+ARTIFACTS = ROOT / "tests" / "artifacts"
+
+
+def cpu_can_serve_fp8_kv() -> bool:
+    """vLLM CPU's FP8 KV kernels need AVX-512 or AMX (its own check, in cpu_attn.py)."""
+    try:
+        import torch
+
+        return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from replay.testmodel import ensure_default_model
+
+    return ensure_default_model()
+
+
+def _serve(name: str, dtype: str, model: Path, tmp: Path) -> Iterator[LocalServer]:
+    spec = TargetSpec(name=name, model=str(model), kv_cache_dtype=dtype, args=DEFAULT_MODEL_ARGS,
+                      expect_cache_dtype=dtype)
+    server = LocalServer(spec, tmp / f"{name}.log")
+    server.start()
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def bf16_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    yield from _serve("bf16", "auto", model_dir, tmp_path_factory.mktemp("servers"))
+
+
+@pytest.fixture(scope="session")
+def fp8_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    if not cpu_can_serve_fp8_kv():
+        pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM CPU cannot serve an FP8 KV cache")
+    yield from _serve("fp8", "fp8", model_dir, tmp_path_factory.mktemp("servers"))
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Loopback traffic must never go through a proxy the environment may define.
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
