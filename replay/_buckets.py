@@ -4,6 +4,7 @@ reported per bucket. Bounds are token counts on the target's own tokenizer."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Buckets:
     @property
     def labels(self) -> list[str]:
         b = self.bounds
-        return ([f"<{_fmt(b[0])}"] + [f"{_fmt(lo)}-{_fmt(hi)}" for lo, hi in zip(b, b[1:])]
+        return ([f"<{_fmt(b[0])}"] + [f"{_fmt(lo)}-{_fmt(hi)}" for lo, hi in itertools.pairwise(b)]
                 + [f">={_fmt(b[-1])}"])
 
     def label(self, tokens: int) -> str:

@@ -93,7 +93,7 @@ class Client:
         result.sent = self.now()
         try:
             await asyncio.wait_for(self._stream(path, body, result), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             _fail(result, "timeout", f"no complete answer within {self.timeout_s:g} s")
         except aiohttp.ClientConnectorError as exc:
             _fail(result, "connect", f"cannot connect: {exc}")
@@ -140,7 +140,7 @@ class Client:
 class _Accumulator:
     """Folds streamed chunks into a Result."""
 
-    __slots__ = ("r", "now", "_usage_seen", "_prev_completion", "_text", "_calls")
+    __slots__ = ("_calls", "_prev_completion", "_text", "_usage_seen", "now", "r")
 
     def __init__(self, result: Result, now: Callable[[], float]) -> None:
         self.r = result
@@ -157,7 +157,7 @@ class _Accumulator:
         if "error" in ev and not ev.get("choices"):
             err = ev["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
-            self.r.status, self.r.error_kind, self.r.error = "error", "server_error", str(msg)[:2000]
+            _fail(self.r, "server_error", str(msg)[:2000])
             return
         usage = ev.get("usage")
         new_tokens = None

@@ -76,7 +76,8 @@ def _positive_int(obj: dict[str, Any], key: str) -> int:
 
 
 def import_mooncake(path: Path, policy: LengthPolicy) -> Iterator[Parsed]:
-    """Mooncake: ``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` (512-token blocks)."""
+    """Mooncake: ``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids``
+    (one id per 512-token block)."""
     src = str(path)
     for lineno, raw in iter_lines(path):
         try:

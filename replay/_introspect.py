@@ -97,7 +97,7 @@ async def introspect(session: aiohttp.ClientSession, base_url: str) -> dict[str,
                     out[key] = orjson.loads(await r.read())
                 else:
                     out["problems"].append(f"GET {path}: HTTP {r.status}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError) as exc:
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
             out["problems"].append(f"GET {path}: {exc!r}")
     models = (out.get("models") or {}).get("data") or []
     if models:
@@ -110,7 +110,7 @@ async def introspect(session: aiohttp.ClientSession, base_url: str) -> dict[str,
     try:
         text = await fetch_metrics(session, base_url)
         out["cache_config"] = parse_metrics(text).cache_info
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         out["cache_config"] = {}
         out["problems"].append(f"GET /metrics: {exc!r}")
     return out
@@ -140,7 +140,7 @@ class Scraper:
         t = self.now()
         try:
             snap = parse_metrics(await fetch_metrics(self.session, self.base_url), t)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             self.failures += 1
             return None
         self.snapshots.append(snap)

@@ -24,8 +24,15 @@ from ._errors import ServerStartError
 from ._importers import LengthPolicy
 from ._introspect import MetricsSnapshot, Scraper, engine_config_from_log, introspect
 from ._records import Result
-from ._rundir import (MANIFEST, SUMMARY, JsonlWriter, file_digest, read_results,
-                      write_bad_lines, write_json)
+from ._rundir import (
+    MANIFEST,
+    SUMMARY,
+    JsonlWriter,
+    file_digest,
+    read_results,
+    write_bad_lines,
+    write_json,
+)
 from ._schedule import ClosedLoop, MonotonicClock, OpenLoop
 from ._summary import build_summary
 from ._synth import POOL_TEXT, TokenPool, synthesize
@@ -157,7 +164,8 @@ class Runner:
             if spec.is_local:
                 server = LocalServer(spec, self.cfg.run_dir / "servers" / f"{spec.name}.log",
                                      startup_timeout_s=self.cfg.startup_timeout_s)
-                self.progress.status(f"[{spec.name}] starting vLLM ({spec.kv_cache_dtype} KV cache)")
+                self.progress.status(
+                    f"[{spec.name}] starting vLLM ({spec.kv_cache_dtype} KV cache)")
                 server.start()
                 assert server.proc is not None
                 run.info["server"] = {"pid": server.proc.pid, "url": server.url,
@@ -236,7 +244,7 @@ class Runner:
         scraper.start()
         try:
             for sched in self.cfg.schedules:
-                await self._phase(run, sched, client, pool, counts, buckets)
+                await self._phase(run, sched, client, pool, counts, buckets, scraper)
         finally:
             await scraper.stop()
             series_file.close()
@@ -244,7 +252,7 @@ class Runner:
 
     async def _phase(self, run: TargetRun, sched: Schedule, client: Client,
                      pool: TokenPool | None, counts: dict[str, int | None],
-                     buckets: dict[str, str]) -> None:
+                     buckets: dict[str, str], scraper: Scraper) -> None:
         name, label = run.spec.name, sched.label
         reqs = self.cfg.trace.requests
         done: set[str] = set()
@@ -262,12 +270,15 @@ class Runner:
                 done.add(req.id)
                 self.progress.advance(name, label, res.status == "ok")
 
-        start = self.clock.now()
+        # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
+        before = await scraper.scrape_once()
+        start = before.t if before is not None else self.clock.now()
         try:
             await asyncio.wait_for(sched.run(reqs, send, self.clock), self.cfg.phase_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
-        end = self.clock.now()
+        after = await scraper.scrape_once()
+        end = after.t if after is not None else self.clock.now()
         # Requests the phase never sent (time limit) are results too.
         for req in reqs:
             if req.id not in done:
@@ -300,7 +311,8 @@ async def token_pool(session: aiohttp.ClientSession, url: str, model: str) -> To
     return TokenPool(ids)
 
 
-async def _tokenize(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[int] | None:
+async def _tokenize(session: aiohttp.ClientSession, url: str,
+                    body: dict[str, Any]) -> list[int] | None:
     try:
         async with session.post(url + "/tokenize", json=body,
                                 timeout=aiohttp.ClientTimeout(total=60)) as r:
@@ -308,7 +320,7 @@ async def _tokenize(session: aiohttp.ClientSession, url: str, body: dict[str, An
                 return None
             data = await r.json()
             return list(data.get("tokens") or [])
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 

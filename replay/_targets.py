@@ -187,13 +187,16 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
-_ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+# "(Worker pid=1) ERROR 11-30 12:14:12 [file.py:10] NotImplementedError: ..." or a bare
+# traceback line; warnings that merely mention an error type do not count.
+_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?(ERROR\s+\S+\s+\S+\s+\[[^\]]+\]\s+)?")
+_ERROR_LINE = re.compile(r"^([A-Za-z_][A-Za-z_.]*(?:Error|Exception)): (.+)$")
 
 
 def failure_reason(log_text: str) -> str:
-    """The root cause a vLLM log states: the first distinct 'XError: message' line."""
+    """The root cause a vLLM log states: the first 'XError: message' line of a traceback."""
     for line in log_text.splitlines():
-        m = _ERROR_LINE.search(line)
+        m = _ERROR_LINE.match(_LOG_PREFIX.sub("", line.strip(), count=1))
         if m and "Engine core initialization failed" not in m.group(2):
             return f"{m.group(1)}: {m.group(2).strip()}"
     tail = [ln for ln in log_text.splitlines() if ln.strip()][-3:]

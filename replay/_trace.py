@@ -120,7 +120,8 @@ def parse_line(raw: bytes | str, path: str, lineno: int) -> Request:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise TraceError(path, lineno, "(line)", f"not valid JSON ({exc}); one object a line")
+        raise TraceError(path, lineno, "(line)",
+                         f"not valid JSON ({exc}); one object a line") from None
     if not isinstance(obj, dict):
         raise TraceError(path, lineno, "(line)", "a trace line must be a JSON object")
     if isinstance(obj.get("id"), int) and not isinstance(obj.get("id"), bool):
@@ -159,7 +160,8 @@ def collect(path: str, items: Iterable[tuple[int, Request | TraceError]],
             if first == lineno:
                 out.requests.append(item)
                 continue
-            item = TraceError(path, lineno, "id", f"duplicate id '{item.id}' (first on line {first})")
+            item = TraceError(path, lineno, "id",
+                              f"duplicate id '{item.id}' (first on line {first})")
         if on_bad_line == "fail":
             raise item
         out.bad.append(item)

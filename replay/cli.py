@@ -15,15 +15,22 @@ from typing import Any, NoReturn
 
 import click
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID,
-                           TextColumn, TimeElapsedColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from . import __version__
 from ._buckets import DEFAULT_BOUNDS, Buckets
 from ._errors import InputError, KvcanaryError
 from ._importers import IMPORTERS, LengthPolicy, load, sniff_format
-from ._runner import RunConfig, Runner
 from ._rundir import new_run_dir
+from ._runner import RunConfig, Runner
 from ._schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
 from ._table import summary_table
 from ._targets import load_targets_config, parse_targets
@@ -149,7 +156,7 @@ def _guard(fn: Callable[[], int]) -> NoReturn:
 @click.option("--seed", default=0, show_default=True, help="Sampling and schedule seed.")
 @click.version_option(__version__, prog_name="kvcanary replay")
 @click.pass_context
-def main(ctx: click.Context, **opts: Any) -> None:
+def main(ctx: click.Context, /, **opts: Any) -> None:
     """Replay a trace against BF16 and FP8 vLLM servers, bucketed by context length.
 
     \b
@@ -268,3 +275,7 @@ def model_cmd(out: Path | None) -> None:
     from .testmodel import build, ensure_default_model
 
     click.echo(str(build(out) if out else ensure_default_model()))
+
+
+if __name__ == "__main__":
+    main()

@@ -38,7 +38,8 @@ DEFAULT_ARCH: dict[str, Any] = {
 
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
-    "You may call tools. Answer with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n"
+    "You may call tools. Answer with "
+    "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n"
     "<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n"
     "{% endif %}"
     "{% for message in messages %}"

@@ -6,8 +6,7 @@ import pytest
 
 from replay._buckets import Buckets
 from replay._errors import ConfigError, InputError
-from replay._targets import (cache_dtype_matches, failure_reason, load_targets_config,
-                             parse_targets)
+from replay._targets import cache_dtype_matches, failure_reason, load_targets_config, parse_targets
 
 
 def test_default_buckets() -> None:
@@ -31,7 +30,7 @@ def test_parse_targets() -> None:
     ext = parse_targets("fp8-gpu=http://127.0.0.1:8001/,base=http://127.0.0.1:8000", None)
     assert ext[0].url == "http://127.0.0.1:8001" and ext[0].expect_cache_dtype == "fp8"
     assert ext[1].expect_cache_dtype is None
-    with pytest.raises(ConfigError, match="unknown target 'int4'.*Available: bf16, fp8"):
+    with pytest.raises(ConfigError, match=r"unknown target 'int4'.*Available: bf16, fp8"):
         parse_targets("int4", model)
     with pytest.raises(ConfigError, match="duplicate"):
         parse_targets("bf16,bf16", model)
@@ -48,10 +47,10 @@ def test_targets_config_errors_name_the_table(tmp_path: Path) -> None:
     assert "KEY" not in str(cfg["remote"].describe().values()) or \
         cfg["remote"].describe()["api_key_env"] == "KEY"
     p.write_text('[targets.bad]\nmodel = "/m"\nurl = "http://x"\n')
-    with pytest.raises(ConfigError, match=r"\[targets.bad\]: set exactly one"):
+    with pytest.raises(ConfigError, match=r"\[targets\.bad\]: set exactly one"):
         load_targets_config(p)
     p.write_text('[targets.bad]\nmodel = "/m"\ncolour = 1\n')
-    with pytest.raises(ConfigError, match="unknown key.*colour"):
+    with pytest.raises(ConfigError, match=r"unknown key.*colour"):
         load_targets_config(p)
     p.write_text("not toml [")
     with pytest.raises(ConfigError, match="not valid TOML"):
@@ -78,10 +77,21 @@ def test_cache_dtype_matching() -> None:
 
 def test_failure_reason_finds_the_root_cause() -> None:
     log = ("INFO starting\n"
-           "(Worker pid=1) ERROR     raise NotImplementedError(\n"
-           "(Worker pid=1) ERROR NotImplementedError: FP8 KV cache on CPU requires x86 with "
-           "AVX-512 or AMX.\n"
+           "(APIServer pid=1) WARNING 11-30 12:12:29 [system_utils.py:255] Found ulimit of 20000"
+           " and failed. This can cause fd limit errors like `OSError: [Errno 24] Too many`\n"
+           "(Worker pid=1) ERROR 11-30 12:14:12 [multiproc_executor.py:1063]     raise "
+           "NotImplementedError(\n"
+           "(Worker pid=1) ERROR 11-30 12:14:12 [multiproc_executor.py:1063] "
+           "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.\n"
            "RuntimeError: Engine core initialization failed. See root cause above.\n")
     assert failure_reason(log) == ("NotImplementedError: FP8 KV cache on CPU requires x86 "
                                    "with AVX-512 or AMX.")
     assert failure_reason("") == "the server exited without output"
+
+
+def test_shipped_example_targets_file_loads() -> None:
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_targets_config(root / "scenarios" / "targets.example.toml")
+    assert set(cfg) == {"bf16-gpu", "fp8-gpu", "fp8-local"}
+    assert cfg["fp8-local"].is_local and cfg["fp8-local"].expect_cache_dtype == "fp8"
+    assert cfg["fp8-gpu"].api_key_env == "FP8_SERVER_KEY"

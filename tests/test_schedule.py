@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 from collections.abc import Coroutine
 from typing import Any
 
@@ -121,6 +122,6 @@ def test_poisson_offsets_are_seeded_and_have_the_rate() -> None:
     a = poisson_offsets(4000, rate=20.0, seed=3)
     assert a == poisson_offsets(4000, rate=20.0, seed=3)
     assert a != poisson_offsets(4000, rate=20.0, seed=4)
-    assert a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:]))
+    assert a[0] == 0.0 and all(x <= y for x, y in itertools.pairwise(a))
     measured = (len(a) - 1) / a[-1]
     assert 19.0 < measured < 21.0

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -39,7 +41,7 @@ def test_split_anywhere_gives_the_same_events(cut: int) -> None:
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_split_into_many_pieces(cuts: list[int]) -> None:
     bounds = sorted(set(cuts) | {0, len(STREAM)})
-    chunks = [STREAM[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [STREAM[a:b] for a, b in itertools.pairwise(bounds)]
     assert decode(chunks) == EXPECTED
 
 

@@ -1,0 +1,79 @@
+"""End to end on real vLLM CPU servers, the way a user runs it: the README's command.
+
+Runs first in the vLLM suite (file order), so its own servers do not share the CPU with the
+session servers of the other integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from replay._importers import load
+
+from .conftest import ROOT, cpu_can_serve_fp8_kv
+
+pytestmark = pytest.mark.vllm
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_replay_sample_bf16_fp8_from_the_command_line(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "replay.cli", "--trace", "traces/sample.jsonl",
+           "--targets", "bf16,fp8", "--buckets", "256,1K", "--concurrency", "1,4",
+           "--out", str(tmp_path), "--run-id", "e2e"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    run_dir = tmp_path / "e2e"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    bf16, fp8 = summary["targets"]["bf16"], summary["targets"]["fp8"]
+
+    # The terminal table shows every bucket of the sample.
+    for label in ("<256", "256-1K", ">=1K"):
+        assert label in proc.stdout
+    assert bf16["status"] == "ok" and bf16["cache_dtype"] == "auto"
+
+    # Every scheduled request appears exactly once per target and phase.
+    reqs = {r.id for r in load(ROOT / "traces" / "sample.jsonl").requests}
+    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    seen = Counter((r["target"], r["phase"], r["request_id"]) for r in rows)
+    expected = {(t, p, i) for t in ("bf16", "fp8") for p in ("c1", "c4") for i in reqs}
+    assert set(seen) == expected and set(seen.values()) == {1}
+    assert all(r["status"] == "ok" for r in rows if r["target"] == "bf16")
+    assert {r["bucket"] for r in rows if r["target"] == "bf16"} == {"<256", "256-1K", ">=1K"}
+
+    if cpu_can_serve_fp8_kv():
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert fp8["status"] == "ok" and fp8["cache_dtype"].startswith("fp8")
+        ratio = fp8["kv_cache_size_tokens"] / bf16["kv_cache_size_tokens"]
+        assert 1.9 <= ratio <= 2.1
+    else:
+        # vLLM CPU refuses FP8 KV without AVX-512/AMX: the run records the refusal in the
+        # server's own words, accounts for every request, and exits with the target code.
+        assert proc.returncode == 3, proc.stderr[-3000:]
+        assert fp8["status"] == "failed"
+        assert "AVX-512" in fp8["reason"]
+        assert all(r["error_kind"] == "unavailable" for r in rows if r["target"] == "fp8")
+        assert "target fp8 failed" in proc.stderr
+
+    # Servers the tool started are gone.
+    for name in ("bf16", "fp8"):
+        pid = manifest["targets"][name]["server"]["pid"]
+        assert not _alive(pid), f"server of {name} (pid {pid}) still running"
+        assert (run_dir / "servers" / f"{name}.log").stat().st_size > 0

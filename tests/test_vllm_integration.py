@@ -1,0 +1,126 @@
+"""Integration against a real vLLM CPU server (started once per session)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import vllm
+
+from replay._buckets import Buckets
+from replay._importers import LengthPolicy, load
+from replay._introspect import introspect
+from replay._rundir import new_run_dir, read_results
+from replay._runner import RunConfig, Runner
+from replay._schedule import ClosedLoop
+from replay._targets import LocalServer, TargetSpec
+
+from .conftest import ROOT, SHARED_DATA
+
+pytestmark = pytest.mark.vllm
+
+
+async def _introspect(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s:
+        return await introspect(s, url)
+
+
+def replay(server_url: str, trace: Path, tmp_path: Path, *, name: str = "bf16",
+           expect: str | None = "auto", concurrency: tuple[int, ...] = (1,),
+           buckets: str = "256,1K", policy: LengthPolicy | None = None) -> dict[str, Any]:
+    policy = policy or LengthPolicy()
+    cfg = RunConfig(trace=load(trace, policy=policy), trace_path=trace, trace_format="auto",
+                    targets=[TargetSpec(name=name, url=server_url, expect_cache_dtype=expect)],
+                    schedules=[ClosedLoop(c) for c in concurrency],
+                    buckets=Buckets.parse(buckets), run_dir=new_run_dir(tmp_path),
+                    length_policy=policy)
+    return asyncio.run(Runner(cfg).run())
+
+
+def test_introspection_reports_what_runs(bf16_server: LocalServer, model_dir: Path) -> None:
+    info = asyncio.run(_introspect(bf16_server.url))
+    config = json.loads((model_dir / "config.json").read_text())
+    assert info["engine_version"] == vllm.__version__
+    assert info["max_model_len"] == config["max_position_embeddings"]
+    cache = info["cache_config"]
+    assert cache["cache_dtype"] == "auto"
+    # 1 GiB of cache / (K and V x layers x KV heads x head size x 2 bytes of bf16)
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] \
+        * config["head_dim"] * 2
+    assert int(cache["kv_cache_size_tokens"]) == (1 << 30) // per_token
+
+
+def test_every_request_once_and_ttft_agrees_with_server(bf16_server: LocalServer,
+                                                        tmp_path: Path) -> None:
+    trace = ROOT / "traces" / "sample.jsonl"
+    summary = replay(bf16_server.url, trace, tmp_path, concurrency=(1, 3))
+    run_dir = Path(summary["run_dir"])
+    ids = {r.id for r in load(trace).requests}
+    results = list(read_results(run_dir))
+    seen = Counter((r.phase, r.request_id) for r in results)
+    assert set(seen) == {(p, i) for p in ("c1", "c3") for i in ids}
+    assert set(seen.values()) == {1}
+    assert all(r.status == "ok" for r in results)
+    assert all(r.output_tokens == 24 or r.finish_reason == "stop" for r in results)
+
+    phase = summary["targets"]["bf16"]["phases"]["c1"]
+    client_ms = phase["all"]["ttft_ms"]["mean"]
+    server_ms = phase["server"]["server_ttft_mean_ms"]
+    assert server_ms is not None and client_ms is not None
+    # Client TTFT adds HTTP and tokenization to the engine's; at concurrency 1 they agree.
+    assert abs(client_ms - server_ms) <= 0.2 * server_ms + 25, (client_ms, server_ms)
+    # Metrics time series were scraped into the run directory.
+    series = (run_dir / "metrics" / "bf16.jsonl").read_text().splitlines()
+    assert len(series) >= 2 and "kv_usage" in json.loads(series[-1])
+
+
+MOONCAKE_LINES = (2, 138, 67, 134)  # 138 shares 14 prefix blocks with 2; 134 shares 5 with 67
+
+
+def test_mooncake_exact_lengths_and_shared_prefixes(bf16_server: LocalServer,
+                                                    tmp_path: Path) -> None:
+    src = SHARED_DATA / "mooncake_conversation_trace.jsonl"
+    if not src.exists():
+        pytest.skip("shared trace data not present")
+    lines = src.read_text().splitlines()
+    trace = tmp_path / "mooncake_subset.jsonl"
+    trace.write_text("".join(lines[n - 1] + "\n" for n in MOONCAKE_LINES))
+    # Blocks of 512 * 0.25 = 128 tokens: one vLLM block each, so shared blocks can hit.
+    policy = LengthPolicy(scale=0.25, max_output_tokens=4)
+    summary = replay(bf16_server.url, trace, tmp_path, policy=policy)
+    reqs = {r.id: r for r in load(trace, policy=policy).requests}
+    results = list(read_results(Path(summary["run_dir"])))
+    assert len(results) == len(MOONCAKE_LINES) and all(r.status == "ok" for r in results)
+    for r in results:
+        synth = reqs[r.request_id].synth
+        assert synth is not None
+        assert r.prompt_tokens == synth.input_tokens  # the server's own count
+        assert r.output_tokens == 4
+    server = summary["targets"]["bf16"]["phases"]["c1"]["server"]
+    assert server["prefix_cache_hit_rate"] is not None and server["prefix_cache_hit_rate"] > 0.2
+
+
+def test_served_dtype_contradicting_the_spec_is_an_error(bf16_server: LocalServer,
+                                                         tmp_path: Path) -> None:
+    summary = replay(bf16_server.url, ROOT / "traces" / "sample.jsonl", tmp_path,
+                     name="fp8", expect="fp8")
+    fp8 = summary["targets"]["fp8"]
+    assert fp8["status"] == "failed"
+    assert "served cache_dtype is 'auto' but target 'fp8' expects 'fp8'" in fp8["reason"]
+    results = list(read_results(Path(summary["run_dir"])))
+    assert results and all(r.error_kind == "unavailable" for r in results)
+
+
+@pytest.mark.fp8
+def test_fp8_server_capacity_is_twice_bf16(bf16_server: LocalServer,
+                                           fp8_server: LocalServer) -> None:
+    bf16 = asyncio.run(_introspect(bf16_server.url))["cache_config"]
+    fp8 = asyncio.run(_introspect(fp8_server.url))["cache_config"]
+    assert fp8["cache_dtype"].startswith("fp8")
+    ratio = int(fp8["kv_cache_size_tokens"]) / int(bf16["kv_cache_size_tokens"])
+    assert ratio == pytest.approx(2.0, rel=0.05)
