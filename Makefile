@@ -7,10 +7,10 @@ setup:
 	bash scripts/setup
 
 fmt:
-	$(PY) -m ruff format replay kvcal tests bench scenarios traces
+	$(PY) -m ruff format .
 
 lint:
-	$(PY) -m ruff check replay kvcal tests bench scenarios traces
+	$(PY) -m ruff check .
 
 types:
 	$(PY) -m mypy

@@ -20,7 +20,7 @@ import aiohttp
 from . import __version__
 from ._buckets import Buckets
 from ._client import Client
-from ._errors import ServerStartError
+from ._errors import ServerStartError, TargetError
 from ._importers import LengthPolicy
 from ._introspect import MetricsSnapshot, Scraper, engine_config_from_log, introspect
 from ._records import Result
@@ -170,14 +170,18 @@ class Runner:
                 assert server.proc is not None
                 run.info["server"] = {"pid": server.proc.pid, "url": server.url,
                                       "command": server.command()}
+                self.save_manifest()
                 await asyncio.get_running_loop().run_in_executor(None, server.wait_healthy)
                 url = server.url
             else:
                 assert spec.url is not None
                 url = spec.url
             await self._serve(run, url, server)
-        except ServerStartError as exc:
-            run.status, run.reason = "failed", f"server did not start: {exc.reason}"
+        except TargetError as exc:
+            reason = exc.reason if isinstance(exc, ServerStartError) else str(exc)
+            run.status = "failed"
+            run.reason = f"server did not start: {reason}" if isinstance(
+                exc, ServerStartError) else reason
             if server is not None:
                 run.info["engine_config"] = engine_config_from_log(server.log_text())
                 run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
@@ -306,8 +310,8 @@ async def token_pool(session: aiohttp.ClientSession, url: str, model: str) -> To
     ids = await _tokenize(session, url, {"model": model, "prompt": POOL_TEXT,
                                          "add_special_tokens": False})
     if ids is None:
-        raise ServerStartError("?", "the target has no /tokenize endpoint; synthetic prompts "
-                               "need the target's tokenizer", url)
+        raise TargetError(f"{url} has no usable /tokenize endpoint; synthetic prompts are "
+                          "made of the target's own token ids")
     return TokenPool(ids)
 
 

@@ -88,9 +88,10 @@ def build_schedules(reqs: Sequence[Request], concurrency: str, rate: float | Non
 
 
 def _install_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so servers we started are stopped."""
-    def handler(signum: int, frame: Any) -> NoReturn:
-        raise KeyboardInterrupt
+    """SIGTERM unwinds like Ctrl-C (asyncio cancels the run, ``finally`` blocks stop the
+    servers we started)."""
+    def handler(signum: int, frame: Any) -> None:
+        signal.raise_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, handler)
 
@@ -198,6 +199,8 @@ def _run(o: dict[str, Any]) -> int:
         console.print("using the embedded test model (built on first use)")
         model_dir = ensure_default_model()
     specs = parse_targets(o["targets"], model_dir.resolve() if model_dir else None, config)
+    for spec in specs:
+        spec.api_key()  # a missing key variable is bad input, found before any server starts
     run_dir = new_run_dir(o["out_dir"], o["run_id"])
     cfg = RunConfig(trace=trace, trace_path=trace_path, trace_format=fmt, targets=specs,
                     schedules=schedules, buckets=buckets, run_dir=run_dir,

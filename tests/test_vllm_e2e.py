@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -77,3 +79,43 @@ def test_replay_sample_bf16_fp8_from_the_command_line(tmp_path: Path) -> None:
         pid = manifest["targets"][name]["server"]["pid"]
         assert not _alive(pid), f"server of {name} (pid {pid}) still running"
         assert (run_dir / "servers" / f"{name}.log").stat().st_size > 0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # Only zombies left counts as gone.
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_the_servers_it_started(tmp_path: Path, sig: signal.Signals) -> None:
+    cmd = [sys.executable, "-m", "replay.cli", "--trace", "traces/sample.jsonl",
+           "--targets", "bf16", "--buckets", "256,1K", "--out", str(tmp_path), "--run-id", "int"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    manifest = tmp_path / "int" / "manifest.json"
+    pid = None
+    deadline = time.monotonic() + 120
+    while pid is None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        try:
+            pid = json.loads(manifest.read_text())["targets"]["bf16"]["server"]["pid"]
+        except (OSError, ValueError, KeyError):
+            pass
+    assert pid is not None, "the server never started"
+    time.sleep(3)  # let the server get going (engine processes spawned)
+    assert _group_alive(pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert b"interrupted" in err
+    assert not _group_alive(pid), "server processes survived the interrupt"
