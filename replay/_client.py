@@ -67,6 +67,7 @@ class Client:
             "seed": self.seed,
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "return_token_ids": True,
         }
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
@@ -159,6 +160,8 @@ class _Accumulator:
             msg = err.get("message", err) if isinstance(err, dict) else err
             _fail(self.r, "server_error", str(msg)[:2000])
             return
+        if ev.get("prompt_token_ids") and self.r.prompt_ids is None:
+            self.r.prompt_ids = list(ev["prompt_token_ids"])
         usage = ev.get("usage")
         new_tokens = None
         if isinstance(usage, dict):
@@ -171,6 +174,10 @@ class _Accumulator:
                 self._prev_completion = ct
         produced = False
         for choice in ev.get("choices") or ():
+            if choice.get("token_ids"):
+                self.r.output_ids.extend(choice["token_ids"])
+            if choice.get("prompt_token_ids") and self.r.prompt_ids is None:
+                self.r.prompt_ids = list(choice["prompt_token_ids"])
             if "delta" in choice:
                 delta = choice["delta"] or {}
                 content = delta.get("content")

@@ -49,6 +49,10 @@ class Result:
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
     output_text: str = ""
+    # Token ids as the server reports them (``return_token_ids``): the chat-templated prompt
+    # and the output, for agreement positions and teacher-forced scoring.
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     # True when the server did not report usage per chunk, so tokens were counted as chunks.

@@ -7,7 +7,9 @@
       bad_lines.jsonl        trace lines that were skipped, with file, line, field and reason
       metrics/<target>.jsonl server /metrics scraped about once a second
       servers/<target>.log   stdout/stderr of servers kvcanary started
-      summary.json           per target x bucket x phase aggregates
+      grades.jsonl           per result: checker grade, agreement with the reference
+      teacher_forced.jsonl   the reference's answers scored under each target (per token)
+      summary.json           per target x bucket x phase aggregates, and quality
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ RESULTS = "results.jsonl"
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 BAD_LINES = "bad_lines.jsonl"
+GRADES = "grades.jsonl"
+TEACHER_FORCED = "teacher_forced.jsonl"
 
 
 def new_run_dir(root: Path, run_id: str | None = None) -> Path:

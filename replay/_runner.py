@@ -11,22 +11,26 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from . import __version__
 from ._buckets import Buckets
 from ._client import Client
-from ._errors import ServerStartError, TargetError
+from ._errors import ConfigError, ServerStartError, TargetError
+from ._grading import CONTROL_SUFFIX, grade_rows, quality
 from ._importers import LengthPolicy
 from ._introspect import MetricsSnapshot, Scraper, engine_config_from_log, introspect
 from ._records import Result
 from ._rundir import (
+    GRADES,
     MANIFEST,
     SUMMARY,
+    TEACHER_FORCED,
     JsonlWriter,
     file_digest,
     read_results,
@@ -36,8 +40,11 @@ from ._rundir import (
 from ._schedule import ClosedLoop, MonotonicClock, OpenLoop
 from ._summary import build_summary
 from ._synth import POOL_TEXT, TokenPool, synthesize
+from ._systems import compare_systems, throughput_ratio
 from ._targets import LocalServer, TargetSpec, cache_dtype_matches, scale_lines
+from ._teacher import score as tf_score
 from ._trace import Request, TraceLoad
+from ._verdict import Thresholds, decide, facts_from_run
 
 Schedule = ClosedLoop | OpenLoop
 
@@ -79,6 +86,13 @@ class RunConfig:
     # A prefix-cache salt per phase, so a phase does not reuse the cache a previous phase
     # filled with the same prompts (that would flatter TTFT). Sharing within a phase stays.
     salt_phases: bool = True
+    # Quality: the target others are compared with (default: bf16, else the first), an A/A
+    # replay of it for the noise floor, and teacher-forced scoring of its answers.
+    reference: str | None = None
+    control: bool = False
+    teacher_forced: bool = True
+    tolerance: float = 0.05
+    thresholds: Thresholds = field(default_factory=Thresholds)
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
 
 
@@ -104,7 +118,21 @@ class Runner:
         self.progress = progress or QuietProgress()
         self.clock = MonotonicClock()
         self.writer = JsonlWriter(cfg.run_dir / "results.jsonl")
-        self.runs = {s.name: TargetRun(s) for s in cfg.targets}
+        names = [s.name for s in cfg.targets]
+        self.reference = cfg.reference or ("bf16" if "bf16" in names else names[0])
+        if self.reference not in names:
+            raise ConfigError(f"--reference: '{self.reference}' is not one of the targets "
+                              f"{names}")
+        # The reference goes first: the others are compared with (and scored on) its answers.
+        ordered = sorted(cfg.targets, key=lambda s: s.name != self.reference)
+        self.runs = {s.name: TargetRun(s) for s in ordered}
+        self.control: TargetRun | None = None
+        if cfg.control:
+            ref = self.runs[self.reference].spec
+            self.control = TargetRun(replace(ref, name=ref.name + CONTROL_SUFFIX))
+        self.ref_answers: dict[str, Result] = {}
+        self.ref_done: asyncio.Event | None = None
+        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED)
         self.started_at = time.time()
 
     # -- manifest -------------------------------------------------------------------------
@@ -125,8 +153,13 @@ class Runner:
             "options": {"parallel_targets": c.parallel_targets, "timeout_s": c.timeout_s,
                         "phase_timeout_s": c.phase_timeout_s, "seed": c.seed,
                         "salt_phases": c.salt_phases},
-            "targets": {n: r.manifest() for n, r in self.runs.items()},
+            "reference": self.reference,
+            "targets": {n: r.manifest() for n, r in self.all_runs().items()},
         }
+
+    def all_runs(self) -> dict[str, TargetRun]:
+        extra = {self.control.spec.name: self.control} if self.control else {}
+        return {**self.runs, **extra}
 
     def save_manifest(self) -> None:
         write_json(self.cfg.run_dir / MANIFEST, self.manifest())
@@ -135,6 +168,7 @@ class Runner:
     async def run(self) -> dict[str, Any]:
         write_bad_lines(self.cfg.run_dir, self.cfg.trace.bad)
         self.save_manifest()
+        self.ref_done = asyncio.Event()
         try:
             if self.cfg.parallel_targets:
                 await asyncio.gather(*(self._target(r) for r in self.runs.values()))
@@ -143,17 +177,37 @@ class Runner:
                     await self._target(r)
         finally:
             self.writer.close()
+            self.tf_writer.close()
             self.save_manifest()
         return self.write_summary()
 
     def write_summary(self) -> dict[str, Any]:
+        runs = self.all_runs()
         targets = {n: {"status": r.status, "reason": r.reason,
                        "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
-                   for n, r in self.runs.items()}
-        summary = build_summary(read_results(self.cfg.run_dir), targets,
-                                {n: r.series for n, r in self.runs.items()},
+                   for n, r in runs.items()}
+        results = load_results(self.cfg.run_dir)
+        summary = build_summary(results, targets, {n: r.series for n, r in runs.items()},
                                 self.cfg.buckets.labels)
         summary["run_dir"] = str(self.cfg.run_dir)
+        rows = grade_rows(results, {r.id: r for r in self.cfg.trace.requests}, self.reference)
+        with (self.cfg.run_dir / GRADES).open("w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(orjson.dumps(row).decode() + "\n")
+        tf_rows = [orjson.loads(line) for line in
+                   (self.cfg.run_dir / TEACHER_FORCED).read_bytes().splitlines() if line.strip()]
+        summary["quality"] = quality(rows, tf_rows, self.reference, self.cfg.buckets.labels,
+                                     self.cfg.tolerance, self.cfg.seed)
+        candidate = next((n for n in self.runs if n != self.reference and "cal" not in n), None)
+        first = self.cfg.schedules[0].label
+        if candidate is not None:
+            summary["systems"] = compare_systems(results, self.reference, candidate, first,
+                                                 self.cfg.seed)
+            summary["systems"]["throughput_ratio"] = throughput_ratio(
+                summary, self.reference, candidate, first)
+        verdict = decide(facts_from_run(summary, self.manifest(), candidate=candidate),
+                         self.cfg.thresholds)
+        summary["verdict"] = verdict.to_json()
         write_json(self.cfg.run_dir / SUMMARY, summary)
         return summary
 
@@ -187,6 +241,8 @@ class Runner:
                 run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
             self._record_unavailable(run)
         finally:
+            if spec.name == self.reference and self.ref_done is not None:
+                self.ref_done.set()  # also on failure: nobody waits forever
             if server is not None:
                 self.progress.status(f"[{spec.name}] stopping server")
                 await asyncio.get_running_loop().run_in_executor(None, server.stop)
@@ -249,6 +305,20 @@ class Runner:
         try:
             for sched in self.cfg.schedules:
                 await self._phase(run, sched, client, pool, counts, buckets, scraper)
+            if run.spec.name == self.reference:
+                assert self.ref_done is not None
+                if self.control is not None:
+                    # A/A: the same server, the same requests, again (its own cache salt).
+                    self.control.info = dict(run.info)
+                    for sched in self.cfg.schedules:
+                        await self._phase(self.control, sched, client, pool, counts, buckets,
+                                          scraper)
+                    self.control.status = "ok"
+                self.ref_done.set()
+            if self.cfg.teacher_forced:
+                await self._teacher_forced(run, session, url, client.model)
+                if run.spec.name == self.reference and self.control is not None:
+                    await self._teacher_forced(self.control, session, url, client.model)
         finally:
             await scraper.stop()
             series_file.close()
@@ -261,7 +331,8 @@ class Runner:
         reqs = self.cfg.trace.requests
         done: set[str] = set()
         self.progress.phase(name, label, len(reqs))
-        salt = f"{self.cfg.run_dir.name}.{label}" if self.cfg.salt_phases else None
+        # Per target too: the A/A control must not reuse the reference's cache on its server.
+        salt = f"{self.cfg.run_dir.name}.{name}.{label}" if self.cfg.salt_phases else None
 
         async def send(req: Request, scheduled: float) -> None:
             res = Result(request_id=req.id, target=name, phase=label, bucket=buckets[req.id],
@@ -271,6 +342,8 @@ class Runner:
                 await client.send(req, res, ids, salt)
             finally:
                 self.writer.write(res.to_json())
+                if name == self.reference and label == self.cfg.schedules[0].label:
+                    self.ref_answers[req.id] = res
                 done.add(req.id)
                 self.progress.advance(name, label, res.status == "ok")
 
@@ -293,6 +366,31 @@ class Runner:
                 self.writer.write(res.to_json())
         run.phases[label] = {"start": start, "end": end}
         self.save_manifest()
+
+    async def _teacher_forced(self, run: TargetRun, session: aiohttp.ClientSession, url: str,
+                              model: str, concurrency: int = 4) -> None:
+        """Score the reference's first-phase answers under this target."""
+        assert self.ref_done is not None
+        await self.ref_done.wait()
+        answers = [r for r in self.ref_answers.values()
+                   if r.status == "ok" and r.prompt_ids and r.output_ids]
+        if not answers:
+            return
+        name = run.spec.name
+        self.progress.phase(name, "teacher-forced", len(answers))
+        sem = asyncio.Semaphore(concurrency)
+        salt = f"{self.cfg.run_dir.name}.{name}.tf"
+
+        async def one(ref: Result) -> None:
+            assert ref.prompt_ids is not None
+            async with sem:
+                s = await tf_score(session, url, model, ref.prompt_ids, ref.output_ids,
+                                   salt=salt, timeout_s=self.cfg.timeout_s)
+            self.tf_writer.write({"target": name, "request_id": ref.request_id,
+                                  "bucket": ref.bucket, **s.to_json()})
+            self.progress.advance(name, "teacher-forced", s.error is None)
+
+        await asyncio.gather(*(one(r) for r in answers))
 
     def _record_unavailable(self, run: TargetRun) -> None:
         """A target that cannot serve still accounts for every planned request."""

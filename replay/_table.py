@@ -48,3 +48,84 @@ def summary_table(summary: dict[str, Any]) -> Table:
                        else 100 * srv["prefix_cache_hit_rate"], "{:.0f}%") if first else "",
                 )
     return t
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def _interval(lo: float | None, hi: float | None, signed: bool = True) -> str:
+    if lo is None or hi is None:
+        return ""
+    return f" [{100 * lo:+.0f}, {100 * hi:+.0f}]" if signed else \
+        f" [{100 * lo:.0f}-{100 * hi:.0f}%]"
+
+
+def quality_table(q: dict[str, Any]) -> Table:
+    """Pass rates with intervals, the paired difference to the reference with its noise
+    floor, agreement and teacher-forced divergence, per target x phase x bucket."""
+    t = Table(title=f"quality vs {q['reference']} (pass rate, paired difference in points)")
+    for col in ("target", "phase", "bucket", "graded", "pass rate [95%]", "Δ vs ref [95%]",
+                "McNemar p", "noise floor Δ", "agree exact", "first div", "TF ΔNLL/tok",
+                "TF top-1", "evidence"):
+        t.add_column(col, justify="left" if col in ("target", "phase", "bucket") else "right")
+    for phase, targets in q["phases"].items():
+        for name, tq in targets.items():
+            for bucket, row in tq["buckets"].items():
+                w = row["wilson"]
+                vs = row["vs_reference"] or {}
+                floor = row.get("noise_floor") or {}
+                tf = row["teacher_forced"]
+                is_ref = name == q["reference"]
+                t.add_row(
+                    name, phase, bucket, str(row["graded"]),
+                    _pct(row["pass_rate"]) + (_interval(w[0], w[1], signed=False) if w else ""),
+                    "" if is_ref or not vs else f"{100 * vs['diff']:+.1f}"
+                    + _interval(vs["lo"], vs["hi"]),
+                    "" if is_ref or not vs else f"{vs['mcnemar_p']:.3f}",
+                    "" if floor.get("diff") is None else f"{100 * floor['diff']:+.1f}"
+                    + _interval(floor.get("lo"), floor.get("hi")),
+                    "" if is_ref else _pct(row["agreement"]["exact"]),
+                    "" if is_ref else _f(row["agreement"]["first_divergence_median"], "{:.0f}"),
+                    _f(tf["nll_delta_mean"], "{:+.4f}"),
+                    _pct(tf["top1_agreement"]),
+                    "ok" if row["evidence"]["sufficient"] else
+                    f"need {row['evidence']['needed']}",
+                )
+            shift = tq.get("shift")
+            if shift and shift["pairs"]:
+                t.add_row(name, phase, "all (stratified)", str(shift["pairs"]), "", "",
+                          f"{shift['p_value']:.3f} {shift['direction']}", "", "", "", "", "", "")
+    return t
+
+
+def compare_table(a: dict[str, Any], b: dict[str, Any], name_a: str, name_b: str) -> Table:
+    """Two runs side by side: verdict, then pass rate and TTFT p50 per target x bucket."""
+    va, vb = (s.get("verdict") or {} for s in (a, b))
+    t = Table(title=f"A = {name_a}  ->  B = {name_b}\nverdict: {va.get('verdict', '–')} -> "
+                    f"{vb.get('verdict', '–')}")
+    for col in ("target", "phase", "bucket", "pass A", "pass B", "Δ pass", "TTFT p50 A",
+                "TTFT p50 B", "E2E p50 A", "E2E p50 B"):
+        t.add_column(col, justify="left" if col in ("target", "phase", "bucket") else "right")
+    keys = []
+    for s in (a, b):
+        for name, tgt in s.get("targets", {}).items():
+            for phase, ph in (tgt.get("phases") or {}).items():
+                for bucket in ph.get("buckets") or {}:
+                    if (name, phase, bucket) not in keys:
+                        keys.append((name, phase, bucket))
+
+    def get(s: dict[str, Any], name: str, phase: str, bucket: str) -> tuple[Any, Any, Any]:
+        row = ((((s.get("targets", {}).get(name) or {}).get("phases") or {}).get(phase) or {})
+               .get("buckets") or {}).get(bucket) or {}
+        q = ((((s.get("quality") or {}).get("phases") or {}).get(phase) or {}).get(name) or {})
+        pr = ((q.get("buckets") or {}).get(bucket) or {}).get("pass_rate")
+        return pr, (row.get("ttft_ms") or {}).get("p50"), (row.get("e2e_ms") or {}).get("p50")
+
+    for name, phase, bucket in keys:
+        pa, ta, ea = get(a, name, phase, bucket)
+        pb, tb, eb = get(b, name, phase, bucket)
+        delta = "–" if pa is None or pb is None else f"{100 * (pb - pa):+.1f}"
+        t.add_row(name, phase, bucket, _pct(pa), _pct(pb), delta, _f(ta), _f(tb), _f(ea, "{:.0f}"),
+                  _f(eb, "{:.0f}"))
+    return t

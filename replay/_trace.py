@@ -17,6 +17,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ._errors import TraceError
+from .checkers import SpecError, parse_check
 
 FORMAT_VERSION = 1
 TASKS = ("retrieval", "tool", "code", "json", "chat", "perf")
@@ -77,6 +78,12 @@ class Request(BaseModel):
                 raise ValueError("prompt: empty prompt")
             if isinstance(self.prompt, tuple) and not self.prompt:
                 raise ValueError("prompt: empty token-id list")
+        if self.check is not None:
+            # A bad checker spec is found when the trace loads, before any request is sent.
+            try:
+                parse_check(self.check)
+            except SpecError as exc:
+                raise ValueError(f"check.{exc.field}: {exc.reason}") from None
         return self
 
     @property

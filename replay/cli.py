@@ -7,6 +7,7 @@ failed (did not start, or serves something other than its spec); 130 interrupted
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -32,9 +33,10 @@ from ._importers import IMPORTERS, LengthPolicy, load, sniff_format
 from ._rundir import new_run_dir
 from ._runner import RunConfig, Runner
 from ._schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
-from ._table import summary_table
+from ._table import compare_table, quality_table, summary_table
 from ._targets import load_targets_config, parse_targets
 from ._trace import Request
+from ._verdict import Thresholds
 
 EXIT_OK, EXIT_INPUT, EXIT_TARGET_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
 
@@ -111,50 +113,81 @@ def _guard(fn: Callable[[], int]) -> NoReturn:
     sys.exit(code)
 
 
+RUN_OPTIONS = [
+    click.option("--trace", "trace_path", type=click.Path(path_type=Path),
+                  help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV)."),
+    click.option("--trace-format", default="auto", show_default=True,
+                  type=click.Choice(["auto", *IMPORTERS]), help="Format of --trace."),
+    click.option("--targets", default="bf16,fp8", show_default=True,
+                  help="Comma-separated: bf16/fp8 (local servers of --model), name=URL, or names "
+                       "from --targets-file."),
+    click.option("--targets-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+                  help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml)."),
+    click.option("--model", "model_dir", type=click.Path(path_type=Path),
+                  help="Model for the built-in bf16/fp8 local targets [default: the embedded "
+                       "test model, built on first use]."),
+    click.option("--concurrency", default="4", show_default=True,
+                  help="Closed loop: requests in flight; a list sweeps levels (1,4,16)."),
+    click.option("--rate", type=float, help="Open loop: Poisson arrivals at this many requests/s."),
+    click.option("--trace-times", is_flag=True, help="Open loop at the trace's own timestamps."),
+    click.option("--time-scale", default=1.0, show_default=True,
+                  help="With --trace-times: multiply gaps (0.5 = twice as fast)."),
+    click.option("--max-in-flight", default=0, show_default=True,
+                  help="Open loop: cap on requests in flight (0 = none)."),
+    click.option("--buckets", "bucket_spec", default=DEFAULT_BOUNDS, show_default=True,
+                  help="Context-length bucket bounds in tokens."),
+    click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail",
+                  show_default=True, help=
+                 "A bad trace line stops the run, or is skipped and listed."),
+    click.option("--length-scale", default=1.0, show_default=True,
+                  help="Length-only traces: scale input/output lengths (fit a small model)."),
+    click.option("--max-input-tokens", type=int, help="Length-only traces: cap prompt length."),
+    click.option("--max-output-tokens", type=int, help="Length-only traces: cap output length."),
+    click.option("--limit", type=int, help="Replay only the first N requests."),
+    click.option("--parallel-targets", is_flag=True,
+                  help="Run targets at the same time (default: one after another, fair on shared "
+                       "hardware)."),
+    click.option("--timeout", "timeout_s", default=600.0, show_default=True,
+                  help="Per-request timeout, seconds."),
+    click.option("--phase-timeout", "phase_timeout_s", default=3600.0, show_default=True,
+                  help="Time limit per phase; unsent requests are recorded as cancelled."),
+    click.option("--reference", help="Target the others are compared with [default: bf16, else "
+                  "the first]."),
+    click.option("--control", is_flag=True,
+                  help="Replay the reference a second time (A/A): the noise floor of every "
+                 "metric."),
+    click.option("--no-teacher-forced", is_flag=True,
+                  help="Skip scoring the reference's answers under each target "
+                 "(prompt_logprobs)."),
+    click.option("--tolerance", default=0.05, show_default=True,
+                  help="Quality drop (pass-rate points, 0.05 = 5) a bucket must be able to "
+                 "detect."),
+    click.option("--share-prefix-cache", is_flag=True,
+                  help="Let a phase reuse the prefix cache earlier phases filled (default: a "
+                       "cache salt per phase keeps phases comparable)."),
+    click.option("--out", "out_dir", default=Path("reports"), type=click.Path(path_type=Path),
+                  show_default=True, help="Where run directories go."),
+    click.option("--run-id", help="Name of the run directory [default: timestamp]."),
+    click.option("--seed", default=0, show_default=True, help="Sampling and schedule seed."),
+    click.option("--min-pairs", default=20, show_default=True,
+                 help="Graded pairs a bucket needs before it counts as evidence."),
+    click.option("--required-capacity-ratio", default=1.5, show_default=True,
+                 help="FP8/BF16 KV-cache capacity that counts as the gain."),
+    click.option("--alpha", default=0.05, show_default=True,
+                 help="Significance level for a repeatable loss."),
+    click.option("--markdown", "markdown_path", type=click.Path(path_type=Path),
+                 help="Also write the Markdown summary here (for a PR comment)."),
+]
+
+
+def run_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(RUN_OPTIONS):
+        f = option(f)
+    return f
+
+
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--trace", "trace_path", type=click.Path(path_type=Path),
-              help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV).")
-@click.option("--trace-format", default="auto", show_default=True,
-              type=click.Choice(["auto", *IMPORTERS]), help="Format of --trace.")
-@click.option("--targets", default="bf16,fp8", show_default=True,
-              help="Comma-separated: bf16/fp8 (local servers of --model), name=URL, or names "
-                   "from --targets-file.")
-@click.option("--targets-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml).")
-@click.option("--model", "model_dir", type=click.Path(path_type=Path),
-              help="Model for the built-in bf16/fp8 local targets [default: the embedded "
-                   "test model, built on first use].")
-@click.option("--concurrency", default="4", show_default=True,
-              help="Closed loop: requests in flight; a list sweeps levels (1,4,16).")
-@click.option("--rate", type=float, help="Open loop: Poisson arrivals at this many requests/s.")
-@click.option("--trace-times", is_flag=True, help="Open loop at the trace's own timestamps.")
-@click.option("--time-scale", default=1.0, show_default=True,
-              help="With --trace-times: multiply gaps (0.5 = twice as fast).")
-@click.option("--max-in-flight", default=0, show_default=True,
-              help="Open loop: cap on requests in flight (0 = none).")
-@click.option("--buckets", "bucket_spec", default=DEFAULT_BOUNDS, show_default=True,
-              help="Context-length bucket bounds in tokens.")
-@click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail",
-              show_default=True, help="A bad trace line stops the run, or is skipped and listed.")
-@click.option("--length-scale", default=1.0, show_default=True,
-              help="Length-only traces: scale input/output lengths (fit a small model).")
-@click.option("--max-input-tokens", type=int, help="Length-only traces: cap prompt length.")
-@click.option("--max-output-tokens", type=int, help="Length-only traces: cap output length.")
-@click.option("--limit", type=int, help="Replay only the first N requests.")
-@click.option("--parallel-targets", is_flag=True,
-              help="Run targets at the same time (default: one after another, fair on shared "
-                   "hardware).")
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True,
-              help="Per-request timeout, seconds.")
-@click.option("--phase-timeout", "phase_timeout_s", default=3600.0, show_default=True,
-              help="Time limit per phase; unsent requests are recorded as cancelled.")
-@click.option("--share-prefix-cache", is_flag=True,
-              help="Let a phase reuse the prefix cache earlier phases filled (default: a "
-                   "cache salt per phase keeps phases comparable).")
-@click.option("--out", "out_dir", default=Path("reports"), type=click.Path(path_type=Path),
-              show_default=True, help="Where run directories go.")
-@click.option("--run-id", help="Name of the run directory [default: timestamp].")
-@click.option("--seed", default=0, show_default=True, help="Sampling and schedule seed.")
+@run_options
 @click.version_option(__version__, prog_name="kvcanary replay")
 @click.pass_context
 def main(ctx: click.Context, /, **opts: Any) -> None:
@@ -170,10 +203,22 @@ def main(ctx: click.Context, /, **opts: Any) -> None:
         click.echo(ctx.get_help())
         ctx.exit(EXIT_INPUT)
     _install_sigterm()
-    _guard(lambda: _run(opts))
+    _guard(lambda: _run(opts, canary=False))
 
 
-def _run(o: dict[str, Any]) -> int:
+@main.command("canary")
+@run_options
+def canary(**opts: Any) -> None:
+    """Replay, then apply the stop rule: quiet, Markdown verdict on stdout, exit code per
+    verdict (0 keep, 10 calibrate, 11 per-head/skip layers, 12 reject, 13 insufficient
+    evidence; 2 bad input, 130 interrupted)."""
+    if opts["trace_path"] is None:
+        raise click.UsageError("--trace is required")
+    _install_sigterm()
+    _guard(lambda: _run(opts, canary=True))
+
+
+def _run(o: dict[str, Any], canary: bool) -> int:
     trace_path: Path = o["trace_path"]
     policy = LengthPolicy(o["length_scale"], o["max_input_tokens"], o["max_output_tokens"])
     fmt = sniff_format(trace_path) if o["trace_format"] == "auto" and trace_path.is_file() \
@@ -206,23 +251,85 @@ def _run(o: dict[str, Any]) -> int:
                     schedules=schedules, buckets=buckets, run_dir=run_dir,
                     length_policy=policy, parallel_targets=o["parallel_targets"],
                     timeout_s=o["timeout_s"], phase_timeout_s=o["phase_timeout_s"],
-                    seed=o["seed"], salt_phases=not o["share_prefix_cache"])
+                    seed=o["seed"], salt_phases=not o["share_prefix_cache"],
+                    reference=o["reference"], control=o["control"],
+                    teacher_forced=not o["no_teacher_forced"], tolerance=o["tolerance"],
+                    thresholds=Thresholds(tolerance=o["tolerance"], alpha=o["alpha"],
+                                          min_pairs=o["min_pairs"],
+                                          required_capacity_ratio=o["required_capacity_ratio"]))
     console.print(f"run directory: [bold]{run_dir}[/bold] - {len(trace.requests)} requests, "
                   f"{len(specs)} target(s), schedules {', '.join(s.label for s in schedules)}")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=False) as bar:
-        runner = Runner(cfg, RichProgress(bar))
+                  transient=canary, disable=canary) as bar:
+        runner = Runner(cfg, RichProgress(bar))  # may raise ConfigError (--reference)
         summary = asyncio.run(runner.run())
+    html, md = _write_reports(run_dir)
+    if o["markdown_path"]:
+        Path(o["markdown_path"]).write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
+    verdict = summary["verdict"]
+    if canary:
+        click.echo(md.read_text(encoding="utf-8"))
+        console.print(f"verdict: {verdict['verdict']} (exit {verdict['exit_code']}); "
+                      f"report: {html}")
+        return int(verdict["exit_code"])
     out = Console()
     if not out.is_terminal:
         out = Console(width=170)
     out.print(summary_table(summary))
+    if summary.get("quality", {}).get("phases"):
+        out.print(quality_table(summary["quality"]))
+        for note in summary["quality"]["notes"]:
+            console.print(f"[yellow]note:[/yellow] {note}")
     failed = [(n, t["reason"]) for n, t in summary["targets"].items() if t["status"] != "ok"]
     for name, reason in failed:
         console.print(f"[red]target {name} failed:[/red] {reason}")
-    console.print(f"results: {run_dir}")
+    style = "green" if verdict["verdict"] == "keep" else "yellow"
+    console.print(f"[bold {style}]{verdict['headline']}[/bold {style}]")
+    console.print(f"results: {run_dir}  report: {html}")
     return EXIT_TARGET_FAILED if failed else EXIT_OK
+
+
+def _write_reports(run_dir: Path) -> tuple[Path, Path]:
+    from ._report import write_reports
+
+    html, md = write_reports(run_dir)
+    return Path(html), Path(md)
+
+
+@main.command("report")
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+def report_cmd(run_dir: Path) -> None:
+    """Re-render report.html and report.md from a run directory's saved results."""
+    def run() -> int:
+        if not (run_dir / "summary.json").exists():
+            raise InputError(f"{run_dir}: no summary.json; is this a kvcanary run directory?")
+        for path in _write_reports(run_dir):
+            click.echo(str(path))
+        return EXIT_OK
+
+    _guard(run)
+
+
+@main.command("compare")
+@click.argument("run_a", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("run_b", type=click.Path(path_type=Path, file_okay=False, exists=True))
+def compare_cmd(run_a: Path, run_b: Path) -> None:
+    """Compare two runs (before/after calibration): verdicts, pass rates, latency per bucket."""
+    def run() -> int:
+        summaries = []
+        for d in (run_a, run_b):
+            try:
+                summaries.append(json.loads((d / "summary.json").read_text(encoding="utf-8")))
+            except (OSError, ValueError) as exc:
+                raise InputError(f"{d}: cannot read summary.json: {exc}") from None
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=170)
+        out.print(compare_table(summaries[0], summaries[1], str(run_a), str(run_b)))
+        return EXIT_OK
+
+    _guard(run)
 
 
 @main.group()

@@ -124,3 +124,84 @@ def test_fp8_server_capacity_is_twice_bf16(bf16_server: LocalServer,
     assert fp8["cache_dtype"].startswith("fp8")
     ratio = int(fp8["kv_cache_size_tokens"]) / int(bf16["kv_cache_size_tokens"])
     assert ratio == pytest.approx(2.0, rel=0.05)
+
+
+def test_graded_replay_with_control_reports_quality(bf16_server: LocalServer,
+                                                    tmp_path: Path) -> None:
+    """The graded sample with --control: pass rates, agreement, teacher-forced divergence and
+    the noise floor per bucket, and every grade kept in grades.jsonl."""
+    trace = ROOT / "traces" / "sample.jsonl"
+    reqs = load(trace).requests
+    cfg = RunConfig(trace=load(trace), trace_path=trace, trace_format="v1",
+                    targets=[TargetSpec(name="bf16", url=bf16_server.url,
+                                        expect_cache_dtype="auto")],
+                    schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
+                    run_dir=new_run_dir(tmp_path), control=True)
+    summary = asyncio.run(Runner(cfg).run())
+    run_dir = Path(summary["run_dir"])
+    q = summary["quality"]["phases"]["c2"]
+    assert set(q) == {"bf16", "bf16-control"}
+    graded_per_bucket = Counter()
+    grades = [json.loads(x) for x in (run_dir / "grades.jsonl").read_text().splitlines()]
+    assert len(grades) == 2 * len(reqs)
+    for g in grades:
+        if g["target"] == "bf16" and g["grade"] is not None:
+            graded_per_bucket[g["bucket"]] += 1
+            assert g["grade"]["reason"]
+    assert set(graded_per_bucket) == {"<256", "256-1K", ">=1K"}
+    for bucket, n in graded_per_bucket.items():
+        ref = q["bf16"]["buckets"][bucket]
+        ctl = q["bf16-control"]["buckets"][bucket]
+        assert ref["graded"] == n and ref["pass_rate"] is not None and ref["wilson"] is not None
+        assert ctl["vs_reference"]["pairs"] == n
+        assert ctl["agreement"]["compared"] > 0
+        assert ref["noise_floor"] is not None and ctl["noise_floor"] is not None
+        assert ctl["teacher_forced"]["tokens"] > 0 and ref["teacher_forced"]["tokens"] > 0
+        assert not ref["evidence"]["sufficient"] and ref["evidence"]["needed"] > n
+    # The A/A control scores the reference's own answers: same server, same numbers.
+    assert q["bf16-control"]["teacher_forced"]["nll_delta_mean"] == pytest.approx(0, abs=1e-3)
+    tf = [json.loads(x) for x in (run_dir / "teacher_forced.jsonl").read_text().splitlines()]
+    assert tf and all(t["error"] is None for t in tf)
+    assert all(t["n"] == len(t["nll"]) > 0 for t in tf)
+
+
+@pytest.mark.fp8
+def test_fp8_teacher_forced_scores_differ_from_bf16(bf16_server: LocalServer,
+                                                    fp8_server: LocalServer,
+                                                    tmp_path: Path) -> None:
+    trace = ROOT / "traces" / "sample.jsonl"
+    cfg = RunConfig(trace=load(trace), trace_path=trace, trace_format="v1",
+                    targets=[TargetSpec(name="bf16", url=bf16_server.url),
+                             TargetSpec(name="fp8", url=fp8_server.url,
+                                        expect_cache_dtype="fp8")],
+                    schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
+                    run_dir=new_run_dir(tmp_path))
+    summary = asyncio.run(Runner(cfg).run())
+    tf = summary["quality"]["phases"]["c2"]["fp8"]["teacher_forced"]
+    assert tf["tokens"] > 0 and not tf["identical_to_reference"]
+    assert tf["nll_delta_mean"] != 0
+
+
+def test_canary_fp8_target_serving_bf16_is_the_fallback_verdict(bf16_server: LocalServer,
+                                                                tmp_path: Path) -> None:
+    """The "fp8" URL actually serves cache_dtype=auto: reject for this path, with that
+    evidence, exit code 12, a Markdown verdict on stdout and the reports written."""
+    import subprocess
+    import sys
+
+    url = bf16_server.url
+    md = tmp_path / "comment.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "canary", "--trace", "traces/sample.jsonl",
+         "--targets", f"bf16={url},fp8={url}", "--buckets", "256,1K", "--concurrency", "2",
+         "--limit", "6", "--out", str(tmp_path), "--run-id", "canary", "--markdown", str(md)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 12, proc.stderr[-3000:]
+    assert "REJECT FP8 for this path" in proc.stdout
+    assert "served cache_dtype is 'auto'" in proc.stdout
+    assert md.read_text() == proc.stdout.rstrip("\n") + "\n" or "REJECT" in md.read_text()
+    summary = json.loads((tmp_path / "canary" / "summary.json").read_text())
+    assert summary["verdict"]["verdict"] == "reject"
+    assert any("served cache_dtype is 'auto'" in e["text"]
+               for e in summary["verdict"]["evidence"])
+    assert (tmp_path / "canary" / "report.html").exists()

@@ -1,0 +1,192 @@
+"""Grades per request and quality per target x bucket, against the reference target.
+
+Each answered request gets its checker's grade and its agreement with the reference's answer
+to the same request in the same phase (exact, normalized, first divergent token). A request
+that failed is not a quality result: it is counted as an error and left out of the pairs.
+Quality per bucket pairs each target with the reference on the requests both answered; the
+A/A control (the reference replayed a second time) gives the noise floor.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _stats as stats
+from ._records import Result
+from ._trace import Request
+from .checkers import Answer, Checker, normalize, parse_check
+
+CONTROL_SUFFIX = "-control"
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token; None when identical."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def agreement(r: Result, ref: Result) -> dict[str, Any]:
+    calls = [(c.name, c.arguments) for c in r.tool_calls]
+    ref_calls = [(c.name, c.arguments) for c in ref.tool_calls]
+    exact = r.output_text == ref.output_text and calls == ref_calls
+    return {
+        "exact": exact,
+        "normalized": exact or (normalize(r.output_text) == normalize(ref.output_text)
+                                and calls == ref_calls),
+        "first_divergence": first_divergence(r.output_ids, ref.output_ids)
+        if r.output_ids or ref.output_ids else (None if exact else 0),
+    }
+
+
+def grade_rows(results: Sequence[Result], requests: Mapping[str, Request],
+               reference: str) -> list[dict[str, Any]]:
+    """One row per result: checker grade and agreement with the reference."""
+    checkers: dict[str, Checker] = {}
+    refs = {(r.phase, r.request_id): r for r in results if r.target == reference}
+    rows = []
+    for r in results:
+        req = requests.get(r.request_id)
+        row: dict[str, Any] = {"target": r.target, "phase": r.phase, "request_id": r.request_id,
+                               "bucket": r.bucket, "answered": r.status == "ok",
+                               "task": req.task if req else None, "grade": None,
+                               "agreement": None}
+        if r.status != "ok":
+            row["error"] = f"{r.error_kind}: {r.error}"
+        else:
+            if req is not None and req.check is not None:
+                if req.id not in checkers:
+                    checkers[req.id] = parse_check(req.check)
+                answer = Answer(r.output_text, tuple(r.tool_calls))
+                row["grade"] = checkers[req.id].grade(answer).to_json()
+            ref = refs.get((r.phase, r.request_id))
+            if r.target != reference and ref is not None and ref.status == "ok":
+                row["agreement"] = agreement(r, ref)
+        rows.append(row)
+    return rows
+
+
+def _rate(values: Iterable[bool]) -> float | None:
+    v = list(values)
+    return sum(v) / len(v) if v else None
+
+
+def _pairs(rows_t: Mapping[str, Mapping[str, Any]], rows_ref: Mapping[str, Mapping[str, Any]],
+           ) -> tuple[list[bool], list[bool]]:
+    """Checker outcomes of the requests both targets answered and graded (ref, target)."""
+    a, b = [], []
+    for rid, row in rows_t.items():
+        ref = rows_ref.get(rid)
+        if row["grade"] is not None and ref is not None and ref["grade"] is not None:
+            a.append(bool(ref["grade"]["passed"]))
+            b.append(bool(row["grade"]["passed"]))
+    return a, b
+
+
+def compare(rows_t: Mapping[str, Mapping[str, Any]], rows_ref: Mapping[str, Mapping[str, Any]],
+            tolerance: float, seed: int) -> dict[str, Any]:
+    """Pass rate, paired difference to the reference, McNemar, agreement, evidence."""
+    graded = [r["grade"]["passed"] for r in rows_t.values() if r["grade"] is not None]
+    k, n = sum(graded), len(graded)
+    a, b = _pairs(rows_t, rows_ref)
+    out: dict[str, Any] = {"answered": sum(r["answered"] for r in rows_t.values()),
+                           "requests": len(rows_t), "graded": n, "passed": k,
+                           "pass_rate": k / n if n else None, "wilson": stats.wilson(k, n)}
+    diff = stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+    mc = stats.mcnemar_exact(a, b)
+    out["vs_reference"] = None if diff is None else {
+        "pairs": diff.n, "diff": diff.diff, "lo": diff.lo, "hi": diff.hi,
+        "mcnemar_p": mc.p_value, "ref_only": mc.a_only, "target_only": mc.b_only}
+    agree = [r["agreement"] for r in rows_t.values() if r["agreement"] is not None]
+    divs = [x["first_divergence"] for x in agree if x["first_divergence"] is not None]
+    out["agreement"] = {"compared": len(agree),
+                        "exact": _rate(x["exact"] for x in agree),
+                        "normalized": _rate(x["normalized"] for x in agree),
+                        "first_divergence_median": float(np.median(divs)) if divs else None}
+    ev = stats.evidence(len(a), tolerance=tolerance,
+                        discordance=(mc.a_only + mc.b_only) / len(a) if a else None)
+    out["evidence"] = {"sufficient": ev.sufficient, "needed": ev.needed, "reason": ev.reason}
+    return out
+
+
+def teacher_forced(tf: Mapping[str, Mapping[str, Any]], tf_ref: Mapping[str, Mapping[str, Any]],
+                   ids: Iterable[str]) -> dict[str, Any]:
+    """Mean NLL difference per token to the reference's own scores, and top-1 agreement."""
+    deltas: list[float] = []
+    top1: list[bool] = []
+    errors = 0
+    for rid in ids:
+        s, base = tf.get(rid), tf_ref.get(rid)
+        if not s or not base or s["error"] or base["error"] or s["n"] != base["n"]:
+            errors += s is not None
+            continue
+        deltas.extend(x - y for x, y in zip(s["nll"], base["nll"], strict=True))
+        top1.extend(s["top1"])
+    return {"tokens": len(deltas), "errors": errors,
+            "nll_delta_mean": float(np.mean(deltas)) if deltas else None,
+            "top1_agreement": _rate(top1),
+            "identical_to_reference": bool(deltas) and all(d == 0.0 for d in deltas)}
+
+
+def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, Any]],
+            reference: str, bucket_order: Sequence[str], tolerance: float = 0.05,
+            seed: int = 0) -> dict[str, Any]:
+    """phase -> target -> {buckets: {...}, all: {...}, shift: {...}} plus notes."""
+    by: dict[str, dict[str, dict[str, Mapping[str, Any]]]] = defaultdict(
+        lambda: defaultdict(dict))
+    for row in rows:
+        by[row["phase"]][row["target"]][row["request_id"]] = row
+    tf: dict[str, dict[str, Any]] = defaultdict(dict)
+    for t in tf_rows:
+        tf[t["target"]][t["request_id"]] = t
+    out: dict[str, Any] = {"reference": reference, "tolerance": tolerance, "phases": {},
+                           "notes": []}
+    control = reference + CONTROL_SUFFIX
+    for phase, targets in by.items():
+        ref_rows = targets.get(reference, {})
+        p_out: dict[str, Any] = {}
+        for target, t_rows in targets.items():
+            buckets = sorted({r["bucket"] for r in t_rows.values()},
+                             key=lambda b: bucket_order.index(b) if b in bucket_order else 99)
+            t_out: dict[str, Any] = {"buckets": {}, "all": compare(t_rows, ref_rows, tolerance,
+                                                                  seed)}
+            strata = []
+            for b in buckets:
+                sub = {k: v for k, v in t_rows.items() if v["bucket"] == b}
+                row = compare(sub, ref_rows, tolerance, seed)
+                row["teacher_forced"] = teacher_forced(tf.get(target, {}), tf.get(reference, {}),
+                                                       sub)
+                t_out["buckets"][b] = row
+                strata.append(_pairs(sub, ref_rows))
+            shift = stats.stratified_shift(strata) if target != reference else None
+            t_out["shift"] = None if shift is None else {
+                "p_value": shift.p_value, "direction": shift.direction,
+                "ref_only": shift.a_only, "target_only": shift.b_only, "pairs": shift.n}
+            t_out["teacher_forced"] = teacher_forced(tf.get(target, {}), tf.get(reference, {}),
+                                                     t_rows)
+            p_out[target] = t_out
+        if control in p_out:
+            for t_out in p_out.values():
+                for b, row in t_out["buckets"].items():
+                    floor = p_out[control]["buckets"].get(b)
+                    row["noise_floor"] = None if floor is None else {
+                        "diff": (floor["vs_reference"] or {}).get("diff"),
+                        "lo": (floor["vs_reference"] or {}).get("lo"),
+                        "hi": (floor["vs_reference"] or {}).get("hi"),
+                        "agreement_exact": floor["agreement"]["exact"],
+                        "nll_delta_mean": floor["teacher_forced"]["nll_delta_mean"]}
+        out["phases"][phase] = p_out
+    for phase, p_out in out["phases"].items():
+        for target, t_out in p_out.items():
+            tf = t_out["teacher_forced"]
+            if target not in (reference, control) and tf["identical_to_reference"]:
+                out["notes"].append(
+                    f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: "
+                    "this path does not exercise a different KV cache on this backend; it is "
+                    "not evidence of no loss")
+    return out

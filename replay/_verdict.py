@@ -1,0 +1,295 @@
+"""The stop rule: one verdict with its evidence, and an exit code a pipeline can act on.
+
+    KEEP           FP8 at scale 1.0 matches the reference in every bucket (the interval of the
+                   paired difference stays above -tolerance, beyond the noise floor) and pays
+                   for itself (capacity, or latency).
+    CALIBRATE      the scale-1.0 gap is repeatable (significant in a bucket, or a consistent
+                   downward shift across buckets); or a calibrated target fixes it.
+    PER-HEAD/SKIP  after calibration a localized problem remains (one bucket): try per-head
+                   scales (FlashAttention only) or BF16 for the outlier layers.
+    REJECT         the backend fell back (served cache dtype is not FP8, scales not applied,
+                   the server refused FP8), calibrated quality still misses, or the workload is
+                   too short/prefill-heavy to recover the overhead with no capacity need.
+    INSUFFICIENT   no loss shown, but too few graded pairs to show there is none.
+
+``decide`` takes plain ``Facts`` (so every rule is table-tested); ``facts_from_run`` builds
+them from a run's summary and manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERDICTS: dict[str, tuple[int, str]] = {
+    "keep": (0, "KEEP FP8 at scale 1.0"),
+    "calibrate": (10, "CALIBRATE the FP8 K/V scales"),
+    "per_head_or_skip_layers": (11, "TRY PER-HEAD SCALES OR BF16 FOR SOME LAYERS"),
+    "reject": (12, "REJECT FP8 for this path"),
+    "insufficient_evidence": (13, "INSUFFICIENT EVIDENCE"),
+}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    tolerance: float = 0.05          # largest acceptable pass-rate drop per bucket (points/100)
+    alpha: float = 0.05              # significance for "repeatable"
+    min_pairs: int = 20              # graded pairs a bucket needs to count as evidence
+    required_capacity_ratio: float = 1.5  # FP8 / BF16 KV-cache tokens that count as the gain
+    capacity_needed_usage: float = 0.5    # peak KV usage of the reference that means "needed"
+
+
+@dataclass(frozen=True)
+class BucketFacts:
+    bucket: str
+    pairs: int
+    diff: float | None = None        # candidate - reference pass rate
+    lo: float | None = None
+    hi: float | None = None
+    mcnemar_p: float | None = None
+    floor_lo: float | None = None    # A/A control's interval low end (noise floor)
+    needed: int | None = None
+
+
+@dataclass(frozen=True)
+class ArmFacts:
+    """One FP8 target compared with the reference."""
+
+    name: str
+    serving_problems: tuple[str, ...] = ()
+    buckets: tuple[BucketFacts, ...] = ()
+    shift_p: float | None = None
+    shift_direction: str | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    reference: str
+    candidate: ArmFacts | None
+    calibrated: ArmFacts | None = None
+    capacity_ratio: float | None = None
+    latency_better: bool | None = None      # FP8 faster (TTFT or E2E) somewhere that matters
+    capacity_needed: bool | None = None     # the reference's cache ran close to full
+    below_break_even: bool | None = None
+    per_head_supported: bool = False
+    outlier_layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    exit_code: int
+    headline: str
+    reasons: tuple[str, ...]
+    evidence: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "headline": self.headline,
+                "reasons": list(self.reasons), "evidence": list(self.evidence)}
+
+
+def _verdict(kind: str, reasons: Sequence[str], evidence: Sequence[dict[str, Any]]) -> Verdict:
+    code, title = VERDICTS[kind]
+    return Verdict(kind, code, f"{title}: {reasons[0]}" if reasons else title, tuple(reasons),
+                   tuple(evidence))
+
+
+def _pts(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}"
+
+
+def _bucket_text(arm: str, ref: str, b: BucketFacts) -> str:
+    floor = "" if b.floor_lo is None else f", noise floor from {_pts(b.floor_lo)}"
+    return (f"{arm} vs {ref} in {b.bucket}: {_pts(b.diff)} points [{_pts(b.lo)}, {_pts(b.hi)}]"
+            f" over {b.pairs} pairs, McNemar p={b.mcnemar_p:.3g}{floor}"
+            if b.mcnemar_p is not None else f"{arm} in {b.bucket}: no graded pairs")
+
+
+def _evidence(kind: str, text: str, b: BucketFacts | None = None) -> dict[str, Any]:
+    return {"kind": kind, "text": text, **({} if b is None else asdict(b))}
+
+
+def losses(arm: ArmFacts, th: Thresholds) -> list[BucketFacts]:
+    """Buckets with a real loss: significant and below the noise floor, or an interval that
+    lies wholly below -tolerance."""
+    out = []
+    for b in arm.buckets:
+        if b.diff is None or b.lo is None or b.hi is None:
+            continue
+        beyond_floor = b.floor_lo is None or b.diff < b.floor_lo
+        significant = b.mcnemar_p is not None and b.mcnemar_p < th.alpha and b.diff < 0
+        if (significant and beyond_floor) or b.hi < -th.tolerance:
+            out.append(b)
+    return out
+
+
+def matches(arm: ArmFacts, th: Thresholds) -> tuple[bool, list[BucketFacts]]:
+    """(every bucket shown within tolerance, the buckets lacking evidence)."""
+    thin = [b for b in arm.buckets if b.pairs < th.min_pairs or b.lo is None]
+    ok = bool(arm.buckets) and not thin and all(
+        b.lo is not None and (b.lo >= -th.tolerance or (b.floor_lo is not None
+                                                        and b.lo >= b.floor_lo - th.tolerance))
+        for b in arm.buckets)
+    return ok, thin
+
+
+def _shifted(arm: ArmFacts, th: Thresholds) -> bool:
+    return arm.shift_p is not None and arm.shift_p < th.alpha and arm.shift_direction == "down"
+
+
+def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
+    ev: list[dict[str, Any]] = []
+    # 1. The serving path: a fallback means this path cannot be tested, so it is rejected.
+    for arm in (f.candidate, f.calibrated):
+        if arm is not None and arm.serving_problems:
+            ev += [_evidence("serving", p) for p in arm.serving_problems]
+            return _verdict("reject", [f"{arm.name}: {arm.serving_problems[0]}"], ev)
+    if f.candidate is None:
+        return _verdict("insufficient_evidence", ["no FP8 target to compare"], ev)
+
+    # 2. With a calibrated target, judge the calibration.
+    if f.calibrated is not None:
+        cal_loss = losses(f.calibrated, th)
+        ev += [_evidence("quality", _bucket_text(f.calibrated.name, f.reference, b), b)
+               for b in f.calibrated.buckets]
+        if not cal_loss and not _shifted(f.calibrated, th):
+            ok, thin = matches(f.calibrated, th)
+            if ok:
+                return _verdict("calibrate", [f"{f.calibrated.name} matches {f.reference} in "
+                                              "every bucket: ship the calibrated scales"], ev)
+            return _insufficient(f.calibrated, thin, ev)
+        if len(cal_loss) == 1 and len(f.calibrated.buckets) > 1:
+            b = cal_loss[0]
+            how = ("per-head scales (the backend supports them)" if f.per_head_supported else
+                   "BF16 for the outlier layers (--kv-cache-dtype-skip-layers "
+                   f"{','.join(map(str, f.outlier_layers)) or 'LAYERS'}); per-head scales "
+                   "need FlashAttention")
+            return _verdict("per_head_or_skip_layers", [
+                f"after calibration only {b.bucket} still loses ({_pts(b.diff)} points): try "
+                + how], ev)
+        where = ", ".join(b.bucket for b in cal_loss) or "across buckets"
+        return _verdict("reject", [f"calibrated quality still misses ({where})"], ev)
+
+    # 3. Scale 1.0 against the reference.
+    arm = f.candidate
+    ev += [_evidence("quality", _bucket_text(arm.name, f.reference, b), b) for b in arm.buckets]
+    lost = losses(arm, th)
+    if lost or _shifted(arm, th):
+        if lost:
+            b = lost[0]
+            reason = f"repeatable loss in {b.bucket}: {_bucket_text(arm.name, f.reference, b)}"
+        else:
+            reason = (f"consistent downward shift across buckets (stratified p="
+                      f"{arm.shift_p:.3g}) although no single bucket is significant")
+        return _verdict("calibrate", [reason], ev)
+    ok, thin = matches(arm, th)
+    if not ok:
+        return _insufficient(arm, thin, ev)
+    return _gain(f, th, ev)
+
+
+def _insufficient(arm: ArmFacts, thin: Sequence[BucketFacts],
+                  ev: list[dict[str, Any]]) -> Verdict:
+    need = [f"{b.bucket}: {b.pairs} graded pairs, about {b.needed or '?'} needed"
+            for b in thin] or [f"{arm.name}: an interval reaches below -tolerance"]
+    return _verdict("insufficient_evidence",
+                    [f"no loss shown, but too little evidence ({'; '.join(need)})"], ev)
+
+
+def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+    cap_ok = f.capacity_ratio is not None and f.capacity_ratio >= th.required_capacity_ratio
+    if f.capacity_ratio is not None:
+        ev.append(_evidence("systems", f"KV-cache capacity {f.capacity_ratio:.2f}x the reference "
+                            f"(required {th.required_capacity_ratio:g}x)"))
+    if cap_ok and f.capacity_needed is not False:
+        return _verdict("keep", [f"matches {f.reference} in every bucket and holds "
+                                 f"{f.capacity_ratio:.2f}x the KV cache"], ev)
+    if f.latency_better:
+        return _verdict("keep", [f"matches {f.reference} in every bucket and is faster"], ev)
+    if cap_ok:
+        # Capacity is there but this workload does not need it and pays FP8's overhead.
+        why = ("the workload sits below the latency break-even" if f.below_break_even else
+               "FP8 is slower here")
+        return _verdict("reject", [f"too short or prefill-heavy to pay off: {why}, and the "
+                                   "reference's cache never ran close to full"], ev)
+    return _verdict("reject", ["no memory or latency gain on this backend"], ev)
+
+
+# -- from a run -----------------------------------------------------------------------------
+
+
+def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str, Any],
+                     calibrated: bool) -> list[str]:
+    """What says this target does not run the FP8 path it is meant to test, or not the same
+    engine and model as the reference."""
+    out = []
+    if target.get("status") != "ok":
+        out.append(f"target failed: {target.get('reason')}")
+        return out
+    dtype = target.get("cache_dtype")
+    if dtype is not None and not str(dtype).startswith("fp8"):
+        out.append(f"served cache_dtype is '{dtype}', not FP8 (the backend fell back)")
+    info = manifest.get("targets", {}).get(name, {}) or {}
+    ref = manifest.get("targets", {}).get(manifest.get("reference", ""), {}) or {}
+    for key, what in (("engine_version", "engine version"), ("max_model_len", "max_model_len")):
+        if info.get(key) is not None and ref.get(key) is not None and info[key] != ref[key]:
+            out.append(f"{what} {info[key]} differs from the reference's {ref[key]}")
+    if not calibrated and info.get("model_root") and ref.get("model_root") and \
+            info["model_root"] != ref["model_root"]:
+        out.append(f"serves model {info['model_root']}, the reference {ref['model_root']}")
+    args = list((info.get("spec") or {}).get("args") or [])
+    if "--kv-cache-dtype-skip-layers" in args[:-1]:
+        want = args[args.index("--kv-cache-dtype-skip-layers") + 1]
+        served = (info.get("cache_config") or {}).get("kv_cache_dtype_skip_layers", "")
+        if not all(x.strip() in served for x in want.split(",")):
+            out.append(f"skip-layers configured as {want!r} but the server reports {served!r}")
+    lines = info.get("scale_log_lines") or []
+    if calibrated and any("scaling factor 1.0" in ln for ln in lines):
+        out.append("the server log says 'Using KV cache scaling factor 1.0': the calibrated "
+                   "scales were not applied")
+    if any("per-head" in ln.lower() and ("not supported" in ln.lower() or "reject" in ln.lower())
+           for ln in lines):
+        out.append("the backend rejected per-head scales")
+    return out
+
+
+def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
+                   candidate: str | None = None, calibrated: str | None = None) -> Facts:
+    q = summary.get("quality") or {}
+    reference = q.get("reference") or manifest.get("reference") or "bf16"
+    targets = summary.get("targets", {})
+    others = [n for n in targets if n != reference and not n.endswith("-control")]
+    cal = calibrated or next((n for n in others if "cal" in n), None)
+    cand = candidate or next((n for n in others if n != cal), None)
+    phases = q.get("phases") or {}
+    phase = next(iter(phases), None)
+
+    def arm(name: str | None, is_cal: bool) -> ArmFacts | None:
+        if name is None or name not in targets:
+            return None
+        problems = serving_problems(name, targets[name], manifest, is_cal)
+        tq = (phases.get(phase) or {}).get(name) if phase else None
+        buckets = []
+        for b, row in ((tq or {}).get("buckets") or {}).items():
+            vs, floor = row.get("vs_reference") or {}, row.get("noise_floor") or {}
+            buckets.append(BucketFacts(b, vs.get("pairs", 0), vs.get("diff"), vs.get("lo"),
+                                       vs.get("hi"), vs.get("mcnemar_p"), floor.get("lo"),
+                                       (row.get("evidence") or {}).get("needed")))
+        shift = (tq or {}).get("shift") or {}
+        return ArmFacts(name, tuple(problems), tuple(buckets), shift.get("p_value"),
+                        shift.get("direction"))
+
+    ref_t, cand_t = targets.get(reference, {}), targets.get(cand or "", {})
+    ratio = None
+    if ref_t.get("kv_cache_size_tokens") and cand_t.get("kv_cache_size_tokens"):
+        ratio = cand_t["kv_cache_size_tokens"] / ref_t["kv_cache_size_tokens"]
+    usage = [ph["server"]["peak_kv_usage"] for ph in (ref_t.get("phases") or {}).values()
+             if ph["server"].get("peak_kv_usage") is not None]
+    systems = summary.get("systems") or {}
+    return Facts(reference=reference, candidate=arm(cand, False), calibrated=arm(cal, True),
+                 capacity_ratio=ratio,
+                 latency_better=systems.get("latency_better"),
+                 capacity_needed=(max(usage) >= Thresholds().capacity_needed_usage)
+                 if usage else None,
+                 below_break_even=systems.get("below_break_even"))

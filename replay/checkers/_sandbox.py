@@ -1,0 +1,558 @@
+"""Run untrusted, model-written Python against a test snippet, in a sandbox.
+
+The code and the tests go into ``solution.py`` and ``test_solution.py`` (``from solution import
+*`` then the tests, then every ``test_*`` function they define is called, as pytest would). They
+pass iff that script runs to its end and exits 0: a random marker printed after the last test
+tells "ran to completion" from a solution that calls ``sys.exit(0)`` at import time.
+
+Isolation, strongest first; the first the machine allows is found once per process (a probe runs
+the real sandbox on a tiny program) and named in ``SandboxResult.isolation``:
+
+``root-ns`` (running as root, ``unshare`` allowed)
+    ``unshare --net --pid --mount --fork``: a network namespace (only ``lo``, down: nothing can be
+    reached, not even this machine's 127.0.0.1), a PID namespace (the code sees only its own
+    processes; when the sandbox ends, the kernel kills whatever it left behind) and a mount
+    namespace in which every mount is remounted read-only and ``/tmp`` is a fresh, size-limited
+    tmpfs holding just the two files (the working directory; ``/dev/shm`` is another one). A root
+    shell stays PID 1 of the namespace; the code runs under it as a dedicated unprivileged uid
+    (61000 + n, not in /etc/passwd, one per concurrent run), with no capabilities and
+    ``no_new_privs``. The uid matters because root ignores RLIMIT_NPROC: as that uid the process
+    limit holds, and the rest of the filesystem is root's anyway.
+``user-ns`` (not root, unprivileged user namespaces allowed)
+    The same namespaces inside a user namespace; the code keeps uid 0 *of that namespace* but
+    runs with every capability dropped (securebits ``noroot``), so it cannot undo the read-only
+    mounts. RLIMIT_NPROC counts only the namespace's processes (``unshare``, the shell, the code).
+``root-uid`` / ``plain`` (no namespaces)
+    A separate process in its own session with the same resource limits, in an empty temporary
+    directory; ``root-uid`` also drops to the dedicated uid. There is no network isolation
+    (``network_isolated`` is False and ``isolation`` says why) and world-writable places such as
+    ``/tmp`` stay writable; in ``plain`` mode the process limit counts all of this user's
+    processes, so it is approximate.
+
+Always: a scrubbed environment (PATH, LANG, HOME only), ``python -I -S -B`` (no site, no user
+paths, no PYTHON* variables), rlimits on CPU time (SIGXCPU at ``cpu_s``, SIGKILL a second later),
+address space, file size, open files, processes (threads count too) and core dumps, a wall
+timeout after which the whole process group is SIGKILLed, and, afterwards, a sweep that kills any
+process still running as the sandbox uid. stdout and stderr are read as they come and truncated
+in the middle beyond ``output_kb``.
+
+Not covered: files that any user may read stay readable (read-only, not hidden), and as root the
+interpreter is one any uid can run (``sys.executable`` when its path allows, else the system's
+``python3``), so the code gets that Python's standard library and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import grp
+import os
+import pwd
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    wall_s: float = 10.0        # wall-clock timeout, the whole process tree is killed after it
+    cpu_s: int = 5              # RLIMIT_CPU
+    memory_mb: int = 512        # RLIMIT_AS
+    file_size_mb: int = 1       # RLIMIT_FSIZE
+    max_procs: int = 0          # extra processes (threads count) the code may create; 0 = no fork
+    output_kb: int = 64         # stdout/stderr kept (truncated beyond)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxResult:
+    passed: bool                # tests ran to completion with exit 0
+    reason: str                 # "tests passed", "AssertionError: ...", "timed out after 10 s", ...
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    network_isolated: bool      # True when the code ran in its own network namespace
+    isolation: str              # what isolation was in force
+
+
+Mode = Literal["root-ns", "user-ns", "root-uid", "plain"]
+
+_ENV_PATH = "/usr/bin:/bin"
+_UID_BASE, _UID_COUNT = 61000, 2000
+_OPEN_FILES = 256
+_SETUP_FAILED = 125          # the namespace init's exit status when it could not set up
+_REASON_MAX = 300
+_TOOLS = ("unshare", "setpriv", "prlimit", "mount", "cp", "env")
+
+# PID 1 of the namespaces, run by /bin/sh as (namespace) root with the host directory as its
+# working directory. $1: tmpfs size in KiB, $2: owner uid of the new /tmp; then the command.
+_INIT = r"""
+set -u
+size=$1 owner=$2
+shift 2
+die() { echo "sandbox setup failed: $*" >&2; exit 125; }
+keep_flags() {  # per-mount flags a bind remount must repeat (they are locked in a user namespace)
+  local IFS=, o keep=""
+  for o in $1; do
+    case $o in nosuid|nodev|noexec|noatime|nodiratime|relatime|strictatime) keep="$keep,$o";; esac
+  done
+  echo "$keep"
+}
+mounts=$(cat /proc/self/mounts) || die "cannot read /proc/self/mounts"
+echo "$mounts" | while read -r _dev mp _type opts _rest; do
+  case ",$opts," in *,ro,*) continue;; esac
+  mp=$(printf '%b' "$mp")
+  mount -o "remount,bind,ro$(keep_flags "$opts")" "$mp" || { echo "read-only $mp" >&2; exit 1; }
+done || die "cannot make every mount read-only"
+# The host directory stays reachable through the working directory once /tmp is covered.
+mount -t tmpfs -o "size=${size}k,nr_inodes=1024,mode=700,uid=$owner,gid=$owner,nosuid,nodev" \
+  sandbox /tmp || die "cannot mount /tmp"
+cp solution.py test_solution.py /tmp/ || die "cannot copy the code"
+if [ -d /dev/shm ]; then
+  mount -t tmpfs -o "size=${size}k,nr_inodes=64,mode=1777,nosuid,nodev" shm /dev/shm \
+    || die "cannot mount /dev/shm"
+fi
+cd /tmp || die "cannot enter /tmp"
+"$@"
+exit $?
+"""
+
+_TEST_HEAD = """\
+import os as _kvc_os, sys as _kvc_sys
+_kvc_sys.path.insert(0, _kvc_os.path.dirname(_kvc_os.path.abspath(__file__)))
+from solution import *
+"""
+
+_TEST_TAIL = """
+def _kvc_finish():
+    for _name, _fn in list(globals().items()):
+        code = getattr(_fn, "__code__", None)
+        if (_name.startswith("test_") and code is not None and code.co_argcount == 0
+                and getattr(_fn, "__module__", None) == "__main__"):
+            _fn()
+    for _stream in (_kvc_sys.stdout, _kvc_sys.__stdout__):
+        if _stream is not None:
+            _stream.flush()
+    _kvc_os.write(1, b"\\n@@MARKER@@\\n")
+
+
+_kvc_finish()
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    mode: Mode
+    python: str
+    isolation: str
+
+    @property
+    def namespaces(self) -> bool:
+        return self.mode in ("root-ns", "user-ns")
+
+
+def run_python(code: str, tests: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run ``tests`` against ``code`` in the strongest sandbox this machine allows."""
+    return _execute(_plan(), code, tests, limits)
+
+
+# --- choosing the isolation ------------------------------------------------------------------
+
+
+_plan_lock = threading.Lock()
+
+
+def _plan() -> _Plan:
+    with _plan_lock:            # one probe, even when the first runs start together
+        return _choose_plan()
+
+
+@functools.cache
+def _choose_plan() -> _Plan:
+    """The strongest mode that works here (probed once: the real sandbox on a tiny program)."""
+    missing = [t for t in _TOOLS if shutil.which(t, path=_ENV_PATH) is None]
+    if os.geteuid() != 0:
+        why = f"missing {', '.join(missing)}" if missing else _probe("user-ns", sys.executable)
+        if why is None:
+            return _Plan("user-ns", sys.executable, "user+net+pid+mount namespaces (read-only "
+                         "filesystem, tmpfs /tmp, no capabilities), rlimits")
+        return _Plan("plain", sys.executable, f"rlimits only (no network namespace: {why}; "
+                     "process limit approximate, this user's files writable)")
+    pythons = _unprivileged_pythons()
+    if not pythons:
+        return _Plan("plain", sys.executable, "rlimits only, as root (no network namespace, "
+                     "no Python that an unprivileged uid can run)")
+    why = f"missing {', '.join(missing)}" if missing else "not probed"
+    for python in ([] if missing else pythons):
+        why = _probe("root-ns", python)
+        if why is None:
+            return _Plan("root-ns", python, "net+pid+mount namespaces (read-only filesystem, "
+                         "tmpfs /tmp), unprivileged uid, rlimits")
+    return _Plan("root-uid", pythons[0], f"unprivileged uid+rlimits only (no network "
+                 f"namespace: {why}; world-writable directories writable)")
+
+
+def _probe(mode: Mode, python: str) -> str | None:
+    """None when ``mode`` works with ``python`` (and really has no network), else why not."""
+    tests = ("import socket\n"
+             "assert [n for _, n in socket.if_nameindex()] == ['lo'], socket.if_nameindex()\n")
+    try:
+        res = _execute(_Plan(mode, python, mode), "", tests, SandboxLimits(wall_s=30))
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if res.passed else res.reason
+
+
+def _unprivileged_pythons() -> list[str]:
+    """Interpreters any uid may run (the venv's may live under root's 0700 home)."""
+    candidates = [sys.executable, getattr(sys, "_base_executable", sys.executable),
+                  shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or ""]
+    found: list[str] = []
+    for c in candidates:
+        real = os.path.realpath(c) if c else ""
+        if real and real not in found and _others_can_run(Path(real)):
+            found.append(real)
+    return found
+
+
+def _others_can_run(path: Path) -> bool:
+    try:
+        if path.stat().st_mode & 0o005 != 0o005:
+            return False
+        return all(p.stat().st_mode & 0o001 for p in path.parents)
+    except OSError:
+        return False
+
+
+# --- one run ---------------------------------------------------------------------------------
+
+
+def _execute(plan: _Plan, code: str, tests: str, limits: SandboxLimits) -> SandboxResult:
+    marker = f"kvcanary-done-{secrets.token_hex(16)}"
+    uid = _acquire_uid() if plan.mode in ("root-ns", "root-uid") else None
+    workdir = Path(tempfile.mkdtemp(prefix="kvcanary-sandbox-"))
+    try:
+        _write_files(workdir, code, tests, marker, uid if plan.mode == "root-uid" else None)
+        return _supervise(plan, workdir, uid, marker, limits)
+    finally:
+        if uid is not None:
+            _release_uid(uid)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _write_files(workdir: Path, code: str, tests: str, marker: str, owner: int | None) -> None:
+    (workdir / "solution.py").write_text(code, encoding="utf-8")
+    runner = _TEST_HEAD + tests + "\n" + _TEST_TAIL.replace("@@MARKER@@", marker)
+    (workdir / "test_solution.py").write_text(runner, encoding="utf-8")
+    for f in workdir.iterdir():
+        f.chmod(0o644)
+    if owner is not None:
+        os.chown(workdir, owner, owner)
+
+
+def _supervise(plan: _Plan, workdir: Path, uid: int | None, marker: str,
+               limits: SandboxLimits) -> SandboxResult:
+    argv, preexec, user = _command(plan, workdir, uid, limits)
+    home = "/tmp" if plan.namespaces else str(workdir)
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env(home), start_new_session=True,
+                            preexec_fn=preexec, user=user, group=user,
+                            extra_groups=None if user is None else [])
+    assert proc.stdout is not None and proc.stderr is not None
+    out = _Capture(proc.stdout, limits.output_kb * 1024)
+    err = _Capture(proc.stderr, limits.output_kb * 1024)
+    timed_out = False
+    try:
+        proc.wait(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:  # also on KeyboardInterrupt: nothing outlives the call
+        _kill_group(proc.pid)
+        if uid is not None:
+            _kill_uid(uid)
+        proc.wait()
+    duration = time.monotonic() - start
+    returncode: int | None = None
+    if not timed_out:
+        status = proc.returncode
+        returncode = _unwrap_shell_status(status) if plan.namespaces else status
+    stdout, completed = _strip_marker(out.text(), marker, out.ending())
+    stderr = err.text()
+    passed = not timed_out and returncode == 0 and completed
+    return SandboxResult(
+        passed=passed,
+        reason=_reason(passed, timed_out, returncode, completed, stderr, limits),
+        returncode=returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
+        duration_s=duration, network_isolated=plan.namespaces, isolation=plan.isolation)
+
+
+def _command(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits
+             ) -> tuple[list[str], Callable[[], None] | None, int | None]:
+    """argv, the preexec hook setting rlimits (modes without namespaces) and the uid to run as."""
+    python = [plan.python, "-I", "-S", "-B", "test_solution.py"]
+    if not plan.namespaces:
+        nproc = 1 + limits.max_procs
+        if plan.mode == "plain":        # the limit counts this user's tasks, our 2 readers too
+            nproc += _tasks_of_uid(os.getuid()) + 2
+        return python, functools.partial(_set_rlimits, limits, nproc), uid
+    unshare = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
+    if plan.mode == "user-ns":
+        unshare[1:1] = ["--user", "--map-root-user"]
+        drop = ["setpriv", "--securebits=+noroot,+noroot_locked,+no_setuid_fixup,"
+                "+no_setuid_fixup_locked,+keep_caps_locked"]
+        owner, nproc = 0, 3 + limits.max_procs        # unshare and the init shell count too
+    else:
+        assert uid is not None
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        owner, nproc = uid, 1 + limits.max_procs
+    drop += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    tmpfs_kib = 1024 * max(4, 4 * limits.file_size_mb)
+    argv = [*unshare, "--", "/bin/sh", "-c", _INIT, "kvcanary-sandbox", str(tmpfs_kib),
+            str(owner), "prlimit", *_prlimit_args(limits, nproc), "--",
+            "env", "-i", *(f"{k}={v}" for k, v in _env("/tmp").items()), *drop, *python]
+    return argv, None, None
+
+
+def _prlimit_args(limits: SandboxLimits, nproc: int) -> list[str]:
+    return [f"--{name}={soft}:{hard}" for name, (soft, hard) in _rlimits(limits, nproc).items()]
+
+
+def _rlimits(limits: SandboxLimits, nproc: int) -> dict[str, tuple[int, int]]:
+    """prlimit's names -> (soft, hard). The CPU soft limit sends SIGXCPU, the hard one SIGKILL."""
+    memory = limits.memory_mb * 1024 * 1024
+    fsize = limits.file_size_mb * 1024 * 1024
+    return {"cpu": (limits.cpu_s, limits.cpu_s + 1), "as": (memory, memory),
+            "fsize": (fsize, fsize), "nofile": (_OPEN_FILES, _OPEN_FILES),
+            "nproc": (nproc, nproc), "core": (0, 0)}
+
+
+_RESOURCE = {"cpu": resource.RLIMIT_CPU, "as": resource.RLIMIT_AS,
+             "fsize": resource.RLIMIT_FSIZE, "nofile": resource.RLIMIT_NOFILE,
+             "nproc": resource.RLIMIT_NPROC, "core": resource.RLIMIT_CORE}
+
+
+def _set_rlimits(limits: SandboxLimits, nproc: int) -> None:
+    """preexec hook of the modes without namespaces (runs after Popen switched the uid)."""
+    for name, pair in _rlimits(limits, nproc).items():
+        resource.setrlimit(_RESOURCE[name], pair)
+
+
+def _env(home: str) -> dict[str, str]:
+    return {"PATH": _ENV_PATH, "LANG": "C.UTF-8", "HOME": home}
+
+
+def _unwrap_shell_status(status: int) -> int:
+    """The init shell reports a signal death of the code as 128+n; turn it back into -n."""
+    if 128 < status < 128 + signal.NSIG:
+        return -(status - 128)
+    return status
+
+
+def _strip_marker(stdout: str, marker: str, ending: bytes) -> tuple[str, bool]:
+    """stdout without the completion marker, and whether the marker was the last thing printed."""
+    line = f"\n{marker}\n"
+    completed = ending.endswith(line.encode())
+    if completed:
+        cut = stdout.rfind(line)
+        if cut >= 0:
+            stdout = stdout[:cut] + stdout[cut + len(line):]
+    return stdout, completed
+
+
+# --- reasons ---------------------------------------------------------------------------------
+
+
+def _reason(passed: bool, timed_out: bool, returncode: int | None, completed: bool,
+            stderr: str, limits: SandboxLimits) -> str:
+    if passed:
+        return "tests passed"
+    if timed_out:
+        return f"timed out after {limits.wall_s:g} s"
+    assert returncode is not None
+    if returncode < 0:
+        return _signal_reason(-returncode)
+    last = _last_line(stderr)
+    if returncode == _SETUP_FAILED and last.startswith("sandbox setup failed"):
+        return _clip(last)
+    if returncode == 0:
+        return "exited with status 0 before the tests finished"
+    if not last:
+        return f"exited with status {returncode}"
+    return _clip(_classify(last))
+
+
+def _signal_reason(sig: int) -> str:
+    if sig == signal.SIGXCPU:
+        return "killed: CPU time limit"
+    if sig == signal.SIGXFSZ:
+        return "killed: file size limit"
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    if sig == signal.SIGKILL:
+        return "killed: SIGKILL (CPU time hard limit or out of memory)"
+    return f"killed: {name}"
+
+
+def _classify(line: str) -> str:
+    """The exception line, prefixed with the limit it points to when it points to one."""
+    if "MemoryError" in line or "Cannot allocate memory" in line:
+        return f"memory limit: {line}"
+    if "[Errno 27]" in line:                                   # EFBIG
+        return f"file size limit: {line}"
+    if "[Errno 11]" in line or "can't start new thread" in line:  # EAGAIN from fork/clone
+        return f"process limit: {line}"
+    return line
+
+
+def _last_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _REASON_MAX else text[:_REASON_MAX - 3] + "..."
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+class _Capture:
+    """Reads a pipe to its end on a thread; keeps its first and last ``limit / 2`` bytes."""
+
+    def __init__(self, stream: IO[bytes], limit: int) -> None:
+        self._stream = stream
+        self._head_max = limit // 2
+        self._tail_max = limit - self._head_max
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._ending = b""
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := os.read(self._stream.fileno(), 65536):
+                self._add(chunk)
+
+    def _add(self, chunk: bytes) -> None:
+        self._ending = (self._ending + chunk)[-256:]
+        room = self._head_max - len(self._head)
+        if room > 0:
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        self._tail += chunk
+        excess = len(self._tail) - self._tail_max
+        if excess > 0:
+            del self._tail[:excess]
+            self._dropped += excess
+
+    def _join(self) -> None:
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._stream.close()
+
+    def text(self) -> str:
+        self._join()
+        middle = f"\n[... {self._dropped} bytes truncated ...]\n".encode() if self._dropped else b""
+        return bytes(self._head + middle + self._tail).decode("utf-8", errors="replace")
+
+    def ending(self) -> bytes:
+        """The last bytes written, kept even when ``limit`` keeps nothing."""
+        self._join()
+        return self._ending
+
+
+# --- processes and uids ----------------------------------------------------------------------
+
+
+_uid_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+def _acquire_uid() -> int:
+    """A uid of our range that no account has and no process runs as, for this run alone."""
+    busy = {uid for _, uid, _ in _processes()}
+    start = secrets.randbelow(_UID_COUNT)
+    with _uid_lock:
+        for i in range(_UID_COUNT):
+            uid = _UID_BASE + (start + i) % _UID_COUNT
+            if uid in busy or uid in _uids_in_use or _is_account(uid):
+                continue
+            _uids_in_use.add(uid)
+            return uid
+    raise RuntimeError("no free sandbox uid")
+
+
+def _release_uid(uid: int) -> None:
+    with _uid_lock:
+        _uids_in_use.discard(uid)
+
+
+def _is_account(uid: int) -> bool:
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
+
+
+def _processes() -> Iterator[tuple[int, int, str]]:
+    """(pid, real uid, state letter) of every process, from /proc."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = Path(entry.path, "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        try:
+            yield int(entry.name), int(fields["Uid"].split()[0]), fields["State"].split()[0]
+        except (KeyError, ValueError, IndexError):
+            continue
+
+
+def _tasks_of_uid(uid: int) -> int:
+    """Threads of all processes of ``uid``: what RLIMIT_NPROC counts."""
+    total = 0
+    for pid, owner, _ in _processes():
+        if owner == uid:
+            with contextlib.suppress(OSError):
+                total += max(1, len(os.listdir(f"/proc/{pid}/task")))
+    return total
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every live process of the sandbox uid until none is left (bounded)."""
+    for _ in range(50):
+        alive = [pid for pid, owner, state in _processes() if owner == uid and state != "Z"]
+        if not alive:
+            return
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)

@@ -1,0 +1,214 @@
+"""Checkers over structure: JSON against a schema, tool calls, code run against its tests."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._base import Answer, Grade, SpecError, allowed_keys, get, register
+
+_TOOL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_FENCE = re.compile(r"```(?:[\w+-]*)\n(.*?)```", re.S)
+
+
+def first_json(text: str) -> Any:
+    """The first JSON value in the text (a fenced block, or the first '{'/'[' that parses)."""
+    for candidate in [m.group(1) for m in _FENCE.finditer(text)] + [text]:
+        dec = json.JSONDecoder()
+        for i, ch in enumerate(candidate):
+            if ch in "{[":
+                try:
+                    return dec.raw_decode(candidate, i)[0]
+                except json.JSONDecodeError:
+                    continue
+    raise ValueError("no JSON value in the answer")
+
+
+@register("json_schema")
+@dataclass(frozen=True)
+class JsonSchema:
+    """The answer holds JSON that validates against ``schema``."""
+
+    schema: Mapping[str, Any]
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> JsonSchema:
+        import jsonschema
+
+        allowed_keys(spec, "schema")
+        schema = get(spec, "schema", dict)
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise SpecError("schema", f"not a valid JSON schema: {exc.message}") from None
+        return cls(schema)
+
+    def grade(self, answer: Answer) -> Grade:
+        import jsonschema
+
+        try:
+            value = first_json(answer.text)
+        except ValueError as exc:
+            return Grade(False, str(exc), 0.0)
+        errors = sorted(jsonschema.validators.validator_for(self.schema)(self.schema)
+                        .iter_errors(value), key=lambda e: list(e.path))
+        if errors:
+            where = "/".join(map(str, errors[0].path)) or "(root)"
+            return Grade(False, f"schema violation at {where}: {errors[0].message}", 0.0)
+        return Grade(True, "valid against the schema", 1.0)
+
+
+def calls_from_answer(answer: Answer) -> tuple[list[tuple[str, Any]], str]:
+    """(name, arguments) pairs: streamed ``tool_calls`` first, else JSON in the text."""
+    if answer.tool_calls:
+        out = []
+        for c in answer.tool_calls:
+            try:
+                args = json.loads(c.arguments) if c.arguments.strip() else {}
+            except json.JSONDecodeError:
+                args = c.arguments  # kept as text: compares unequal, reason shows it
+            out.append((c.name, args))
+        return out, "streamed tool_calls"
+    blobs = _TOOL_TAG.findall(answer.text)
+    values = []
+    for blob in blobs or [answer.text]:
+        try:
+            values.append(first_json(blob))
+        except ValueError:
+            continue
+    out = []
+    for v in values:
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                args = item.get("arguments", item.get("parameters", {}))
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args)
+                    except json.JSONDecodeError:
+                        pass
+                out.append((item["name"], args))
+    return out, "JSON in the text"
+
+
+def same(want: Any, got: Any, coerce: bool) -> bool:
+    """Type-aware equality: 3 != "3" unless ``coerce``; 3 == 3.0 (JSON has one number type)."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        return want.keys() == got.keys() and all(same(want[k], got[k], coerce) for k in want)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(want) == len(got) and all(same(a, b, coerce) for a, b in zip(want, got,
+                                                                                strict=True))
+    if isinstance(want, bool) or isinstance(got, bool):
+        return (type(want) is type(got) and want == got) or (coerce and str(want).lower()
+                                                           == str(got).lower())
+    if isinstance(want, int | float) and isinstance(got, int | float):
+        return float(want) == float(got)
+    if coerce:
+        return str(want).strip() == str(got).strip()
+    return type(want) is type(got) and bool(want == got)
+
+
+@register("tool_call")
+@dataclass(frozen=True)
+class ToolCallCheck:
+    """The right tool(s) with the right arguments. ``match: exact`` (all arguments equal) or
+    ``subset`` (the expected ones are there and equal; extra arguments allowed).
+    ``coerce_types`` makes "3" equal 3 on purpose; by default types must agree.
+    A missing or an extra call fails, with the reason."""
+
+    calls: tuple[tuple[str, Mapping[str, Any]], ...]
+    subset: bool = False
+    coerce: bool = False
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> ToolCallCheck:
+        allowed_keys(spec, "calls", "match", "coerce_types")
+        calls = get(spec, "calls", list)
+        if not calls:
+            raise SpecError("calls", "must list at least one expected call")
+        parsed = []
+        for i, c in enumerate(calls):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
+                raise SpecError(f"calls.{i}.name", "each call needs a tool name")
+            args = c.get("arguments", {})
+            if not isinstance(args, dict):
+                raise SpecError(f"calls.{i}.arguments", "must be an object")
+            parsed.append((c["name"], args))
+        match = get(spec, "match", str, "exact")
+        if match not in ("exact", "subset"):
+            raise SpecError("match", "must be 'exact' or 'subset'")
+        return cls(tuple(parsed), match == "subset", get(spec, "coerce_types", bool, False))
+
+    def args_ok(self, want: Mapping[str, Any], got: Any) -> bool:
+        if not isinstance(got, dict):
+            return False
+        if self.subset:
+            return all(k in got and same(v, got[k], self.coerce) for k, v in want.items())
+        return same(dict(want), got, self.coerce)
+
+    def grade(self, answer: Answer) -> Grade:
+        got, source = calls_from_answer(answer)
+        if not got:
+            return Grade(False, "no tool call in the answer", 0.0)
+        remaining = list(got)
+        matched, problems = 0, []
+        for name, want in self.calls:
+            idx = next((i for i, (n, a) in enumerate(remaining)
+                        if n == name and self.args_ok(want, a)), None)
+            if idx is None:
+                same_name = [a for n, a in remaining if n == name]
+                problems.append(
+                    f"{name}: arguments {json.dumps(same_name[0])[:200]} != "
+                    f"{json.dumps(want)[:200]}" if same_name else f"missing call {name}")
+            else:
+                matched += 1
+                remaining.pop(idx)
+        if remaining and not problems:
+            problems.append(f"extra call(s): {[n for n, _ in remaining]}")
+        score = matched / max(len(self.calls), len(got))
+        if problems:
+            return Grade(False, "; ".join(problems) + f" (from {source})", score)
+        return Grade(True, f"all {matched} call(s) match (from {source})", 1.0)
+
+
+def extract_code(text: str) -> str:
+    """The first fenced block, else the whole answer."""
+    m = _FENCE.search(text)
+    return m.group(1) if m else text
+
+
+@register("code")
+@dataclass(frozen=True)
+class Code:
+    """Run the answer's code against ``tests`` (Python) in the sandbox; pass iff they pass."""
+
+    tests: str
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Code:
+        allowed_keys(spec, "tests", "language", "timeout_s", "memory_mb")
+        if get(spec, "language", str, "python") != "python":
+            raise SpecError("language", "only 'python' is supported")
+        tests = get(spec, "tests", str)
+        try:
+            compile(tests, "<tests>", "exec")
+        except SyntaxError as exc:
+            raise SpecError("tests", f"not valid Python: {exc}") from None
+        timeout = float(get(spec, "timeout_s", (int, float), 10.0))
+        memory = int(get(spec, "memory_mb", int, 512))
+        if not 0 < timeout <= 120 or not 32 <= memory <= 8192:
+            raise SpecError("timeout_s", "timeout_s must be in (0, 120], memory_mb in [32, 8192]")
+        return cls(tests, timeout, memory)
+
+    def grade(self, answer: Answer) -> Grade:
+        from ._sandbox import SandboxLimits, run_python
+
+        res = run_python(extract_code(answer.text), self.tests,
+                         SandboxLimits(wall_s=self.timeout_s, memory_mb=self.memory_mb))
+        detail = {"isolation": res.isolation, "network_isolated": res.network_isolated,
+                  "duration_s": round(res.duration_s, 3), "stderr": res.stderr[-500:]}
+        return Grade(res.passed, res.reason, 1.0 if res.passed else 0.0, detail)

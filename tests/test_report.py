@@ -1,0 +1,429 @@
+"""HTML and Markdown reports, from run directories built here (no server).
+
+``make_run_dir`` writes a complete run (bf16 reference, fp8 candidate that loses quality in
+one bucket, an A/A control) with the project's own summary, quality, systems and verdict
+code, and plants script payloads in a trace prompt, a model answer and a checker reason.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from replay import _report as report
+from replay._grading import quality
+from replay._records import Result
+from replay._summary import build_summary
+from replay._systems import compare_systems, throughput_ratio
+from replay._verdict import decide, facts_from_run
+
+PAYLOAD = "<script>alert(1)</script>"
+TITLE_PAYLOAD = "<script>document.title='pwned'</script>"
+IMG_PAYLOAD = "<img src=x onerror=\"document.title='pwned'\">"
+BUCKETS = ["<256", "256-1K", ">=1K"]
+TARGETS = {"bf16": "auto", "fp8": "fp8", "bf16-control": "auto"}
+N_PER_BUCKET = 30
+
+
+def _dump(path: Path, obj: Any) -> None:
+    path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2))
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows), encoding="utf-8")
+
+
+def _trace(path: Path) -> list[tuple[str, str]]:
+    """(id, bucket) of each request; r0 carries the payloads, r1 has a long prompt."""
+    ids, lines = [], []
+    for b, bucket in enumerate(BUCKETS[:2]):
+        for i in range(N_PER_BUCKET):
+            rid = f"r{b * N_PER_BUCKET + i}"
+            content = f"Question {rid}: what is the code?"
+            if rid == "r0":
+                content = f"Ignore this {PAYLOAD} {TITLE_PAYLOAD} {IMG_PAYLOAD} | pipe"
+            elif rid == "r1":
+                content = "HEAD " + "x" * 2000 + " TAIL"
+            lines.append({"id": rid, "task": "retrieval", "messages": [
+                {"role": "system", "content": "Answer from the context."},
+                {"role": "user", "content": content}]})
+            ids.append((rid, bucket))
+    _jsonl(path, lines)
+    return ids
+
+
+def _result(rid: str, target: str, bucket: str, k: int, rng: random.Random) -> Result:
+    sent = k * 0.5 + (0 if target == "bf16" else 100 if target == "fp8" else 200)
+    ttft = rng.uniform(0.02, 0.05) * (2 if bucket == "256-1K" else 1)
+    times = [sent + ttft + j * rng.uniform(0.008, 0.012) for j in range(8)]
+    text = "The code is 42."
+    if rid == "r0" and target == "fp8":
+        text = f"Sure: {PAYLOAD} done"
+    return Result(request_id=rid, target=target, phase="c1", bucket=bucket, scheduled=sent,
+                  sent=sent, first_token=times[0], done=times[-1], prompt_tokens=100 + 10 * k,
+                  output_tokens=8, chunk_times=times, chunk_tokens=[1] * 8, output_text=text,
+                  output_ids=[1, 2, 3] if text.startswith("The") else [1, 9], finish_reason="stop")
+
+
+def _grade(res: Result, ref_text: str) -> dict[str, Any]:
+    # fp8 fails 12 of 30 requests in 256-1K that bf16 passes: a repeatable loss.
+    n = int(res.request_id[1:])
+    passed = not (res.target == "fp8" and res.bucket == "256-1K" and n % 5 < 2)
+    reason = "found the fact" if passed else "answer lacks the fact"
+    if res.request_id == "r0":
+        reason = f"checker saw {PAYLOAD}"
+    agree = None
+    if res.target != "bf16":
+        exact = res.output_text == ref_text
+        agree = {"exact": exact, "normalized": exact, "first_divergence": None if exact else 1}
+    return {"target": res.target, "phase": res.phase, "request_id": res.request_id,
+            "bucket": res.bucket, "answered": True, "task": "retrieval",
+            "grade": {"passed": passed, "reason": reason, "score": float(passed), "detail": {}},
+            "agreement": agree}
+
+
+def _series(target: str) -> list[dict[str, Any]]:
+    base = 0 if target == "bf16" else 100 if target == "fp8" else 200
+    return [{"t": base + i * 1.0, "kv_usage": min(1.0, 0.02 * i), "running": i % 4,
+             "waiting": 0, "preemptions": 0, "prefix_queries": 10 * i, "prefix_hits": 4 * i}
+            for i in range(31)]
+
+
+def _manifest(trace: Path) -> dict[str, Any]:
+    targets = {}
+    for name, dtype in TARGETS.items():
+        base = 0 if name == "bf16" else 100 if name == "fp8" else 200
+        size = 20000 if dtype == "fp8" else 10000
+        targets[name] = {
+            "spec": {"name": name, "kv_cache_dtype": dtype, "expect_cache_dtype": dtype,
+                     "model": "/models/tiny"},
+            "status": "ok", "reason": None, "engine_version": "0.11.0", "model_id": "tiny",
+            "max_model_len": 4096, "server": {"pid": 1234, "url": "http://127.0.0.1:8000"},
+            "cache_config": {"cache_dtype": dtype, "kv_cache_size_tokens": str(size),
+                             "block_size": "16", "num_gpu_blocks": str(size // 16)},
+            "scale_log_lines": ["Using KV cache scaling factor 1.0 for fp8_e4m3"]
+            if dtype == "fp8" else [],
+            "engine_config": {"kv_cache_dtype": dtype}, "phases": {"c1": {
+                "start": float(base), "end": base + 30.0}}}
+    return {"tool": {"name": "kvcanary", "version": "0.1.0"}, "command": ["replay", "--trace",
+            str(trace)], "started_at": 1.7e9, "reference": "bf16", "schedules": ["c1"],
+            "buckets": {"bounds": "256,1K", "labels": BUCKETS},
+            "trace": {"path": str(trace), "sha256": None, "requests": 2 * N_PER_BUCKET,
+                      "bad_lines": 0}, "targets": targets}
+
+
+def make_run_dir(root: Path) -> Path:
+    """A complete run directory, summarized by the project's own code."""
+    run = root / "run1"
+    (run / "metrics").mkdir(parents=True)
+    ids = _trace(root / "trace.jsonl")
+    manifest = _manifest(root / "trace.jsonl")
+    rng = random.Random(0)
+    results = [_result(rid, t, bucket, k, rng) for t in TARGETS
+               for k, (rid, bucket) in enumerate(ids)]
+    ref_text = {r.request_id: r.output_text for r in results if r.target == "bf16"}
+    grades = [_grade(r, ref_text[r.request_id]) for r in results]
+    series = {t: _series(t) for t in TARGETS}
+    targets = {n: {"status": "ok", "reason": None, "cache_config": m["cache_config"],
+                   "phases": m["phases"]} for n, m in manifest["targets"].items()}
+    summary = build_summary(results, targets, series, BUCKETS)
+    summary["quality"] = quality(grades, [], "bf16", BUCKETS)
+    summary["systems"] = compare_systems(results, "bf16", "fp8", "c1")
+    summary["systems"]["throughput_ratio"] = throughput_ratio(summary, "bf16", "fp8", "c1")
+    summary["verdict"] = decide(facts_from_run(summary, manifest, candidate="fp8")).to_json()
+    _dump(run / "manifest.json", manifest)
+    _dump(run / "summary.json", summary)
+    _jsonl(run / "results.jsonl", [r.to_json() for r in results])
+    _jsonl(run / "grades.jsonl", grades)
+    for t, s in series.items():
+        _jsonl(run / "metrics" / f"{t}.jsonl", s)
+    return run
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+class _Sections(HTMLParser):
+    """Text of each section (by id) and the cell texts of its table rows."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.text: dict[str, str] = {}
+        self.attrs: list[tuple[str, str]] = []
+        self.rows: dict[str, list[list[str]]] = {}
+        self._sec: str | None = None
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.attrs += [(k, v or "") for k, v in attrs]
+        if tag == "section":
+            self._sec = dict(attrs).get("id") or "_"
+            self.text.setdefault(self._sec, "")
+            self.rows.setdefault(self._sec, [])
+        elif tag == "tr":
+            self._row = []
+        elif tag == "td":
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row.append("".join(self._cell))
+            self._cell = None
+        elif tag == "tr" and self._sec and self._row:
+            self.rows[self._sec].append(self._row)
+            self._row = None
+        elif tag == "section":
+            self._sec = None
+
+    def handle_data(self, data: str) -> None:
+        if self._sec:
+            self.text[self._sec] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def sections(html: str) -> _Sections:
+    p = _Sections()
+    p.feed(html)
+    return p
+
+
+SECTION_IDS = ["verdict", "serving", "quality", "systems", "latency", "capacity", "kv-usage",
+               "requests"]
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return make_run_dir(tmp_path)
+
+
+# -- the full report --------------------------------------------------------------------------
+
+def test_report_has_verdict_first_and_every_section(run_dir: Path) -> None:
+    html = report.render_html(run_dir)
+    assert html.startswith("<!DOCTYPE html>")
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert summary["verdict"]["verdict"] == "calibrate"
+    positions = [html.index(f'<section id="{s}"') for s in SECTION_IDS]
+    assert positions == sorted(positions)
+    s = sections(html)
+    assert "CALIBRATE" in s.text["verdict"]
+    assert "repeatable loss in 256-1K" in s.text["verdict"]
+    assert "could not be rendered" not in html
+    assert "not measured in this run" not in html
+    assert html.count("<svg") == 2 + 1 + 3  # TTFT + ITL, capacity, one KV chart per target
+
+
+def test_quality_rows_carry_intervals_and_noise_floor(run_dir: Path) -> None:
+    rows = sections(report.render_html(run_dir)).rows["quality"]
+    fp8 = {r[1]: r for r in rows if r[0] == "fp8"}
+    assert set(fp8) == {"<256", "256-1K"}
+    loss = fp8["256-1K"]
+    assert re.fullmatch(r"60\.0% \[42\.\d, 75\.\d\] \(18/30\)", loss[2])  # Wilson interval
+    assert loss[3].startswith("-40.0 [-")                       # paired Δ with its interval
+    assert loss[4] == "30" and float(loss[5]) < 0.05             # pairs, McNemar p
+    assert loss[6] == "+0.0 [+0.0, +0.0]"                        # the A/A control's noise floor
+    ref = next(r for r in rows if r[0] == "bf16")
+    assert ref[3:6] == ["reference", report.DASH, report.DASH]
+
+
+def test_serving_capacity_systems_and_kv_usage(run_dir: Path) -> None:
+    s = sections(report.render_html(run_dir))
+    serving = {r[0]: r for r in s.rows["serving"]}
+    assert serving["fp8"][4] == "fp8" and serving["fp8"][5] == "20,000"
+    assert serving["fp8"][10] == "none" and serving["bf16"][1] == "reference"
+    capacity = {r[0]: r for r in s.rows["capacity"]}
+    assert capacity["fp8"][3] == "2.00×"
+    assert any(r[1] == "TTFT" for r in s.rows["systems"])
+    assert "phase c1" in s.text["kv-usage"] and "100.0%" not in s.text["kv-usage"]
+    assert "60.0%" in s.text["kv-usage"]  # peak KV usage of the series
+
+
+def test_planted_payloads_are_text(run_dir: Path) -> None:
+    html = report.render_html(run_dir)
+    assert "<script" not in html.lower()
+    assert "<img" not in html.lower()
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    req = sections(html).text["requests"]
+    # r0's prompt, fp8's answer, and the checker reason of each of the three targets
+    assert req.count(PAYLOAD) == 5
+    assert html.count(escaped) == 5
+    assert "document.title=&#39;pwned&#39;" in html and "&lt;img src=x" in html
+
+
+def test_self_contained(run_dir: Path) -> None:
+    html = report.render_html(run_dir)
+    assert "Content-Security-Policy" in html
+    attrs = sections(html).attrs
+    assert not [a for a in attrs if a[0] in ("src", "srcset", "action", "data", "poster")]
+    assert {v[:1] for k, v in attrs if k == "href"} == {"#"}
+    assert "url(" not in html and "@import" not in html
+    # The SVG namespace, and the servers' URLs as text: nothing else names a network address.
+    assert sorted(re.findall(r"https?://[^\s\"<]+", html)) == \
+        ["http://127.0.0.1:8000"] * 3 + ["http://www.w3.org/2000/svg"] * 6
+
+
+def test_prompt_excerpt_and_request_order(run_dir: Path) -> None:
+    html = report.render_html(run_dir)
+    req = sections(html).text["requests"]
+    assert "HEAD " in req and " TAIL" in req and "characters omitted" in req
+    first = re.search(r'<details class="req" open>\s*<summary><b>([^<]+)</b>', html)
+    assert first and first.group(1) in {f"r{i}" for i in range(30, 60) if i % 5 < 2}
+    assert "regressed" in req
+
+
+def test_request_cap(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "MAX_REQUESTS", 5)
+    html = report.render_html(run_dir)
+    assert html.count('<details class="req"') == 5
+    assert "60 requests; showing the first 5" in html
+
+
+def test_prompt_not_available_without_trace(run_dir: Path) -> None:
+    (run_dir.parent / "trace.jsonl").unlink()
+    req = sections(report.render_html(run_dir)).text["requests"]
+    assert "prompt not available" in req and "not found" in req
+
+
+def test_changed_trace_is_noted(run_dir: Path) -> None:
+    m = orjson.loads((run_dir / "manifest.json").read_bytes())
+    m["trace"]["sha256"] = "0" * 64
+    _dump(run_dir / "manifest.json", m)
+    assert "has changed since the run" in report.render_html(run_dir)
+
+
+def test_missing_values_are_dashes_not_zeros(run_dir: Path) -> None:
+    s = orjson.loads((run_dir / "summary.json").read_bytes())
+    s["targets"]["fp8"]["kv_cache_size_tokens"] = None
+    s["targets"]["fp8"]["phases"]["c1"]["buckets"]["<256"]["ttft_ms"] = {
+        "mean": None, "p50": None, "p90": None, "p99": None}
+    _dump(run_dir / "summary.json", s)
+    m = orjson.loads((run_dir / "manifest.json").read_bytes())
+    del m["targets"]["fp8"]["cache_config"]["kv_cache_size_tokens"]
+    _dump(run_dir / "manifest.json", m)
+    sec = sections(report.render_html(run_dir))
+    cap = {r[0]: r for r in sec.rows["capacity"]}
+    assert cap["fp8"][2] == report.DASH and cap["fp8"][3] == report.DASH
+    lat = [r for r in sec.rows["latency"] if r[:2] == ["fp8", "<256"]]
+    assert lat[0][5] == " / ".join([report.DASH] * 3)
+
+
+# -- partial and odd run directories ---------------------------------------------------------
+
+def test_empty_run_dir(tmp_path: Path) -> None:
+    html = report.render_html(tmp_path)
+    s = sections(html)
+    assert set(SECTION_IDS) <= set(s.text)
+    for sid in SECTION_IDS:
+        assert "not measured in this run" in s.text[sid], sid
+    assert "NO VERDICT" in s.text["verdict"]
+    assert "not measured in this run" in report.render_markdown(tmp_path)
+
+
+def test_failed_target_run(run_dir: Path) -> None:
+    """Like a run where the fp8 server did not start: no results or grades for it."""
+    s = orjson.loads((run_dir / "summary.json").read_bytes())
+    s["targets"]["fp8"].update(status="failed", reason="server did not start: exit 1",
+                               cache_dtype=None, kv_cache_size_tokens=None, phases={})
+    s["verdict"] = decide(facts_from_run(s, {}, candidate="fp8")).to_json()
+    del s["systems"]
+    _dump(run_dir / "summary.json", s)
+    html = report.render_html(run_dir)
+    sec = sections(html)
+    assert "REJECT" in sec.text["verdict"]
+    serving = {r[0]: r for r in sec.rows["serving"]}
+    assert serving["fp8"][2] == "failed" and "server did not start" in serving["fp8"][10]
+    assert "Systems comparison: not measured in this run" in sec.text["systems"]
+
+
+@pytest.mark.parametrize("key", ["targets", "quality", "systems", "verdict", "version"])
+@pytest.mark.parametrize("junk", [None, "text", 3, [1, 2], {"x": [None]}])
+def test_odd_summary_values_never_crash(run_dir: Path, key: str, junk: Any) -> None:
+    s = orjson.loads((run_dir / "summary.json").read_bytes())
+    s[key] = junk
+    _dump(run_dir / "summary.json", s)
+    s_html = sections(report.render_html(run_dir))
+    assert set(SECTION_IDS) <= set(s_html.text)
+    report.render_markdown(run_dir)
+
+
+def test_odd_rows_never_crash(run_dir: Path) -> None:
+    with (run_dir / "results.jsonl").open("a") as fh:
+        fh.write('{"request_id": 5, "target": null, "chunk_times": "x", "ttft": "fast"}\n')
+        fh.write("[1, 2]\n{not json\n")
+    with (run_dir / "grades.jsonl").open("a") as fh:
+        fh.write('{"grade": "yes", "agreement": 3}\n')
+    (run_dir / "metrics" / "fp8.jsonl").write_text('{"t": "now", "kv_usage": null}\n')
+    html = report.render_html(run_dir)
+    assert "results.jsonl: 2 unreadable line(s) skipped" in html
+    assert "could not be rendered" not in html
+
+
+# -- Markdown and files -----------------------------------------------------------------------
+
+def test_markdown(run_dir: Path) -> None:
+    text = report.render_markdown(run_dir)
+    assert text.startswith("## kvcanary `run1`: CALIBRATE")
+    assert "repeatable loss in 256-1K" in text
+    assert "### Evidence" in text and "### Serving path" in text
+    assert "| fp8 | 256-1K | 60.0% [" in text and "(18/30) | -40.0 [" in text
+    assert "### Latency" in text and "| 256-1K | TTFT |" in text
+    assert "<" not in text.replace("&lt;", "")  # bucket "<256" escaped too
+
+
+def test_markdown_cells_are_escaped() -> None:
+    assert report.md("a|b\n<script>") == "a\\|b &lt;script&gt;"
+
+
+def test_markdown_tables_keep_their_shape(run_dir: Path) -> None:
+    s = orjson.loads((run_dir / "summary.json").read_bytes())
+    s["verdict"]["evidence"].append({"kind": "serving", "text": "a | b <b>"})
+    s["targets"]["fp8"]["cache_dtype"] = "fp8|e4m3"
+    _dump(run_dir / "summary.json", s)
+    text = report.render_markdown(run_dir)
+    assert "a \\| b &lt;b&gt;" in text and "fp8\\|e4m3" in text
+    table: list[int] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            table.append(len(re.findall(r"(?<!\\)\|", line)))
+        elif table:
+            assert len(set(table)) == 1, table
+            table = []
+
+
+def test_write_reports(run_dir: Path) -> None:
+    html_path, md_path = report.write_reports(run_dir)
+    assert (html_path, md_path) == (run_dir / "report.html", run_dir / "report.md")
+    assert html_path.read_text(encoding="utf-8") == report.render_html(run_dir)
+    assert md_path.read_text(encoding="utf-8") == report.render_markdown(run_dir)
+    assert not list(run_dir.glob("*.tmp"))
+
+
+# -- pieces ------------------------------------------------------------------------------------
+
+def test_formatting_of_missing_values() -> None:
+    for f in (report.f_sig, report.f_int, report.f_pct, report.f_pts, report.f_p,
+              report.f_ratio):
+        assert f(None) == report.DASH
+        assert f(float("nan")) == report.DASH
+        assert f(True) == report.DASH
+    assert report.f_pct(0.0) == "0.0%" and report.f_sig(0) == "0.00"
+    assert report.f_est(-0.1, -0.2, None, report.f_pts) == f"-10.0 [-20.0, {report.DASH}]"
+
+
+def test_charts() -> None:
+    assert report.box_chart([("bucket a", [("x", "#000", [])])], "ms", "t") is None
+    chart = report.box_chart([("bucket a", [("x", "#000", [1.0, 2.0, 3.0]),
+                                            ("y", "#111", [])])], "ms", "t")
+    assert chart is not None and any(s.text == "no data" for s in chart.shapes)
+    assert report.bar_chart([("a", "#000", None)], "tokens", "t") is None
+    assert report.line_chart([], "#000", [], "t") is None
+    top, ticks = report._axis(87.0)
+    assert top == 100 and ticks[0] == 0 and ticks[-1] == 100
+    assert len(report._thin([(float(i), 0.0) for i in range(10000)], 100)) == 100
