@@ -165,6 +165,15 @@ class Run:
         names += [r.get("phase") for r in self.results]
         return list(dict.fromkeys(n for n in names if isinstance(n, str)))
 
+    def in_order(self, d: object, kind: str) -> list[tuple[str, Any]]:
+        """Items of a JSON object in the run's order of buckets, targets or phases (summary.json
+        is written with sorted keys, which would put "256-1K" before "<256")."""
+        order = {"bucket": [str(b) for b in lst(dig(self.manifest, "buckets", "labels"))],
+                 "target": self.targets(), "phase": self.phases()}[kind]
+        items = obj(d)
+        return sorted(items.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order
+                      else len(order))
+
     def color(self, target: str) -> str:
         if target.endswith(CONTROL_SUFFIX):
             return CONTROL_COLOR
@@ -414,27 +423,32 @@ def _box_row(name: str, color: str, q: tuple[float, ...] | None, y: float, left:
 
 def line_chart(points: Sequence[tuple[float, float]], color: str,
                windows: Sequence[tuple[str, float, float]], label: str) -> Chart | None:
-    """A 0-100% series over seconds since its first point, with phase windows shaded."""
+    """A usage fraction over seconds since its first point, with phase windows shaded. The
+    y axis runs to a round value above the peak (at most 100%) so a small peak stays visible;
+    its top label says where that is."""
     if not points:
         return None
     t0 = points[0][0]
     top, ticks = _axis(max(points[-1][0] - t0, 1.0), 8)
+    ytop = min(1.0, _axis(max(max(v for _, v in points), 0.01), 2)[0])
     left, right, y0, y1, width = 50.0, 940.0, 10.0, 150.0, 960
 
     def sx(t: float) -> float:
-        return round(left + (right - left) * (t - t0) / top, 1)
+        return round(left + (right - left) * (min(max(t, t0), t0 + top) - t0) / top, 1)
 
     def sy(v: float) -> float:
-        return round(y1 - (y1 - y0) * max(0.0, min(v, 1.0)), 1)
+        return round(y1 - (y1 - y0) * max(0.0, min(v / ytop, 1.0)), 1)
 
     shapes = _xaxis(left, right, y1, top, ticks, "s", y0)
-    for name, a, b in windows:
-        shapes += [Shape("rect", sx(a), y0, w=max(1.0, sx(b) - sx(a)), h=y1 - y0,
-                         color="#94a3b8", opacity=0.12, title=f"phase {name}"),
-                   Shape("text", sx(a) + 3, y0 + 11, text=name, size=10, color="#475569")]
-    for v in (0.0, 0.5, 1.0):
+    for i, (name, a, b) in enumerate(windows):  # labels alternate rows: windows can be narrow
+        if sx(b) > sx(a):
+            shapes += [Shape("rect", sx(a), y0, w=sx(b) - sx(a), h=y1 - y0, color="#94a3b8",
+                             opacity=0.12, title=name),
+                       Shape("text", sx(a) + 3, y0 + 11 + 12 * (i % 2), text=name, size=10,
+                             color="#475569")]
+    for v in (0.0, ytop / 2, ytop):
         shapes += [Shape("line", left, sy(v), x2=right, y2=sy(v), color="#e2e8f0"),
-                   Shape("text", left - 6, sy(v) + 4, text=f"{100 * v:.0f}%", anchor="end",
+                   Shape("text", left - 6, sy(v) + 4, text=f"{100 * v:.3g}%", anchor="end",
                          size=10, color="#64748b")]
     pts = " ".join(f"{sx(t)},{sy(v)}" for t, v in _thin(points))
     shapes.append(Shape("poly", points=pts, color=color))
@@ -499,7 +513,7 @@ def glance(run: Run) -> list[tuple[str, str]]:
     targets = obj(run.summary.get("targets"))
     a, b = (num(dig(targets, n or "", "kv_cache_size_tokens")) for n in (ref, cand))
     cap = b / a if a and b else None
-    phase = next(iter(obj(dig(run.summary, "quality", "phases"))), None)
+    phase = next(iter(run.in_order(dig(run.summary, "quality", "phases"), "phase")), (None,))[0]
     pairs = dig(run.summary, "quality", "phases", phase or "", cand or "", "all",
                 "vs_reference", "pairs")
     return [("reference", text(ref)), ("candidate", text(cand)),
@@ -578,11 +592,11 @@ def quality_view(run: Run) -> dict[str, Any]:
     q = obj(run.summary.get("quality"))
     tol = num(q.get("tolerance"))
     tables = []
-    for phase, targets in obj(q.get("phases")).items():
+    for phase, targets in run.in_order(q.get("phases"), "phase"):
         t = Table(QUALITY_HEADERS, caption=f"phase {phase}")
         shifts = []
-        for target, tq in obj(targets).items():
-            for bucket, row in obj(dig(tq, "buckets")).items():
+        for target, tq in run.in_order(targets, "target"):
+            for bucket, row in run.in_order(dig(tq, "buckets"), "bucket"):
                 t.add(*_quality_row(str(target), str(bucket), obj(row), tol,
                                     target == run.reference))
             shift = obj(dig(tq, "shift"))
@@ -610,7 +624,8 @@ def _quality_row(target: str, bucket: str, row: Mapping[str, Any], tol: float | 
             f"{f_pct(ag.get('exact'))} / {f_pct(ag.get('normalized'))}",
             f_int(ag.get("first_divergence_median")),
             f"{_f_nll(tf.get('nll_delta_mean'))} / {f_pct(tf.get('top1_agreement'))}",
-            Cell(evidence, "" if ev.get("sufficient") else "dim", text(ev.get("reason")))]
+            Cell(evidence, "nowrap" + ("" if ev.get("sufficient") else " dim"),
+                 text(ev.get("reason")))]
 
 
 def _f_rate(row: Mapping[str, Any]) -> str:
@@ -619,6 +634,8 @@ def _f_rate(row: Mapping[str, Any]) -> str:
     rate = f_pct(row.get("pass_rate"))
     if num(wil[0]) is not None or num(wil[1]) is not None:
         rate += f" [{f_pct(wil[0]).rstrip('%')}, {f_pct(wil[1]).rstrip('%')}]"
+    if not num(row.get("graded")):
+        return f"{rate} (none graded)"
     return f"{rate} ({f_int(row.get('passed'))}/{f_int(row.get('graded'))})"
 
 
@@ -647,7 +664,7 @@ def systems_view(run: Run) -> dict[str, Any] | None:
     lat = Table(["Bucket", "Metric", f"{ref} median (ms)", f"{cand} median (ms)",
                  "Δ mean, ms [95% CI]", "Pairs"], caption=f"phase {text(s.get('phase'))}, "
                 f"{cand} − {ref} on the same requests (negative: {cand} is faster)")
-    for bucket, row in obj(s.get("buckets")).items():
+    for bucket, row in run.in_order(s.get("buckets"), "bucket"):
         for key, name in SYS_METRICS:
             m = obj(obj(row).get(key))
             cls = "good" if (num(m.get("hi")) or 0) < 0 else "bad" if (num(m.get("lo")) or 0) > 0 \
@@ -723,12 +740,28 @@ def _groups(run: Run, dist: Mapping[tuple[str, str, str, str], list[float]], pha
                              or (phase, b, t, "itl") in dist]) for b in buckets]
 
 
+def _windows(run: Run, name: str) -> list[tuple[str, float, float]]:
+    """Phase windows on this target's server: its own, and those of targets that shared it
+    (the A/A control replays on the reference's server)."""
+    url = dig(run.manifest, "targets", name, "server", "url")
+    out = []
+    for other in run.targets():
+        m = obj(dig(run.manifest, "targets", other))
+        if other != name and (url is None or dig(m, "server", "url") != url):
+            continue
+        for phase, w in run.in_order(m.get("phases"), "phase"):
+            a, b = num(dig(w, "start")), num(dig(w, "end"))
+            if a is not None and b is not None:
+                out.append((phase if other == name else f"{other} {phase}", a, b))
+    return out
+
+
 def _latency_table(run: Run, phase: str) -> Table | None:
     t = Table(["Target", "Bucket", "Requests", "OK", "Errors", "TTFT p50 / p90 / p99 (ms)",
                "ITL p50 / p90 / p99 (ms)", "E2E p50 / p90 (ms)", "Queue delay p90 (ms)"])
     for name in run.targets():
-        for bucket, row in obj(dig(run.summary, "targets", name, "phases", phase,
-                                   "buckets")).items():
+        for bucket, row in run.in_order(dig(run.summary, "targets", name, "phases", phase,
+                                            "buckets"), "bucket"):
             row = obj(row)
             kinds = ", ".join(f"{k}: {n}" for k, n in obj(row.get("errors_by_kind")).items())
             t.add(name, str(bucket), f_int(row.get("requests")), f_int(row.get("ok")),
@@ -755,9 +788,9 @@ def capacity_view(run: Run) -> dict[str, Any]:
         s, cfg = obj(targets.get(name)), obj(dig(run.manifest, "targets", name, "cache_config"))
         size = num(s.get("kv_cache_size_tokens")) or _float(cfg.get("kv_cache_size_tokens"))
         bars.append((name, run.color(name), size))
-        phase = next(iter(obj(s.get("phases"))), None)
+        phase = next(iter(run.in_order(s.get("phases"), "phase")), ("", None))[1]
         conc = [f"{b}: {f_sig(dig(row, 'capacity', 'concurrency_at_context'))}" for b, row in
-                obj(dig(s, "phases", phase or "", "buckets")).items()]
+                run.in_order(dig(phase, "buckets"), "bucket")]
         t.add(name, text(s.get("cache_dtype") or cfg.get("cache_dtype")), f_int(size),
               f_ratio(size / ref_size if size and ref_size else None),
               text(cfg.get("block_size")), text(cfg.get("num_gpu_blocks")),
@@ -771,17 +804,16 @@ def kv_view(run: Run) -> dict[str, Any]:
     for name in run.targets():
         pts = sorted((float(s["t"]), float(s["kv_usage"])) for s in run.series.get(name, [])
                      if num(s.get("t")) is not None and num(s.get("kv_usage")) is not None)
-        windows = [(str(p), float(w["start"]), float(w["end"])) for p, w in
-                   obj(dig(run.manifest, "targets", name, "phases")).items()
-                   if num(obj(w).get("start")) is not None and num(obj(w).get("end")) is not None]
-        chart = line_chart(pts, run.color(name), windows, f"{name}: KV-cache usage over time")
+        peak = f_pct(max(v for _, v in pts)) if pts else DASH
+        chart = line_chart(pts, run.color(name), _windows(run, name),
+                           f"{name}: KV-cache usage over time (peak {peak})")
         if chart:
             charts.append(chart)
     t = Table(["Target", "Phase", "Duration (s)", "Peak KV usage", "Peak running",
                "Peak waiting", "Preemptions", "Prefix-cache hit rate", "Server TTFT mean (ms)",
                "Output tok/s"])
     for name in run.targets():
-        for phase, ph in obj(dig(run.summary, "targets", name, "phases")).items():
+        for phase, ph in run.in_order(dig(run.summary, "targets", name, "phases"), "phase"):
             srv = obj(obj(ph).get("server"))
             t.add(name, str(phase), f_sig(obj(ph).get("duration_s")),
                   f_pct(srv.get("peak_kv_usage")), f_int(srv.get("peak_running")),
@@ -794,7 +826,10 @@ def kv_view(run: Run) -> dict[str, Any]:
 # -- per-request drill-down ---------------------------------------------------------------
 
 def requests_view(run: Run) -> dict[str, Any]:
-    grades = {(g.get("target"), g.get("phase"), g.get("request_id")): g for g in run.grades}
+    def key(row: Mapping[str, Any]) -> tuple[str, str, str]:
+        return str(row.get("target")), str(row.get("phase")), str(row.get("request_id"))
+
+    grades = {key(g): g for g in run.grades}
     by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in run.results:
         by_id[str(r.get("request_id"))].append(r)
@@ -804,8 +839,7 @@ def requests_view(run: Run) -> dict[str, Any]:
     for i, (rid, rs) in enumerate(by_id.items()):
         rs.sort(key=lambda r: (phases.get(str(r.get("phase")), 99),
                                rank.get(str(r.get("target")), 99)))
-        attempts = [_attempt(r, grades.get((r.get("target"), r.get("phase"), rid)))
-                    for r in rs]
+        attempts = [_attempt(r, grades.get(key(r))) for r in rs]
         flags = _flags(run, attempts)
         items.append((_severity(flags), i, rid, rs, attempts, flags))
     items.sort(key=lambda x: (x[0], x[1]))
@@ -869,7 +903,7 @@ def _badges(run: Run, attempts: Sequence[Mapping[str, Any]]) -> list[tuple[str, 
         graded = [a["passed"] for a in mine if a["passed"] is not None]
         bad = sum(not a["ok"] for a in mine)
         label = f"{sum(graded)}/{len(graded)} pass" if graded else "ungraded"
-        label += f", {bad} error" if bad else ""
+        label += f", {bad} error{'s' if bad > 1 else ''}" if bad else ""
         cls = "bad" if bad or (graded and not all(graded)) else "good" if graded else "dim"
         out.append((t, label, cls))
     return out
@@ -1000,7 +1034,8 @@ def _md_section(title: str, t: Table | None, cols: Sequence[str] | None = None) 
     if t is None:
         return [f"### {title}", "", "Not measured in this run.", ""]
     idx = [i for i, h in enumerate(t.headers) if cols is None or h in cols]
-    out = [f"### {title}", ""] + ([f"_{md(t.caption)}_", ""] if t.caption else [])
+    caption = [f"_{md(t.caption)}_", ""] if t.caption and t.caption not in title else []
+    out = [f"### {title}", "", *caption]
     out.append("| " + " | ".join(md(t.headers[i]) for i in idx) + " |")
     out.append("|" + "|".join(" --- " for _ in idx) + "|")
     out += ["| " + " | ".join(md(row[i].text) for i in idx) + " |" for row in t.rows]

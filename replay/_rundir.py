@@ -85,6 +85,37 @@ def write_bad_lines(run_dir: Path, bad: Iterable[TraceError]) -> int:
     return n
 
 
+def repair_jsonl(path: Path) -> int:
+    """A crash can leave half a line at the end: cut it off. Returns the bytes removed."""
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return 0
+    keep = data.rfind(b"\n") + 1
+    with path.open("r+b") as fh:
+        fh.truncate(keep)
+    return len(data) - keep
+
+
+def rewrite_jsonl(path: Path, rows: Iterable[Any]) -> None:
+    """Replace a JSONL file atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(orjson.dumps(row).decode() + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> Iterator[Any]:
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                yield orjson.loads(raw)
+
+
 def read_results(run_dir: Path) -> Iterator[Result]:
     path = run_dir / RESULTS
     if not path.exists():

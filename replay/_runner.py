@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -29,11 +30,16 @@ from ._records import Result
 from ._rundir import (
     GRADES,
     MANIFEST,
+    RESULTS,
     SUMMARY,
     TEACHER_FORCED,
     JsonlWriter,
     file_digest,
+    read_json,
+    read_jsonl,
     read_results,
+    repair_jsonl,
+    rewrite_jsonl,
     write_bad_lines,
     write_json,
 )
@@ -93,6 +99,11 @@ class RunConfig:
     teacher_forced: bool = True
     tolerance: float = 0.05
     thresholds: Thresholds = field(default_factory=Thresholds)
+    # Interrupts: in-flight requests get this long to finish before they are cancelled.
+    drain_s: float = 30.0
+    # Continue an interrupted or killed run in ``run_dir``: send only what has no final result.
+    resume: bool = False
+    cli_options: dict[str, Any] = field(default_factory=dict)
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
 
 
@@ -117,7 +128,6 @@ class Runner:
         self.cfg = cfg
         self.progress = progress or QuietProgress()
         self.clock = MonotonicClock()
-        self.writer = JsonlWriter(cfg.run_dir / "results.jsonl")
         names = [s.name for s in cfg.targets]
         self.reference = cfg.reference or ("bf16" if "bf16" in names else names[0])
         if self.reference not in names:
@@ -132,6 +142,16 @@ class Runner:
             self.control = TargetRun(replace(ref, name=ref.name + CONTROL_SUFFIX))
         self.ref_answers: dict[str, Result] = {}
         self.ref_done: asyncio.Event | None = None
+        self.stopping = asyncio.Event()
+        self.interrupted = False
+        self._drain_task: asyncio.Task[None] | None = None
+        self.resume_note: dict[str, Any] = {}
+        self.done: dict[tuple[str, str], set[str]] = {}
+        self.tf_done: set[tuple[str, str]] = set()
+        self.previous: dict[str, Any] = {}
+        if cfg.resume:
+            self._load_previous()
+        self.writer = JsonlWriter(cfg.run_dir / RESULTS)
         self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED)
         self.started_at = time.time()
 
@@ -154,6 +174,9 @@ class Runner:
                         "phase_timeout_s": c.phase_timeout_s, "seed": c.seed,
                         "salt_phases": c.salt_phases},
             "reference": self.reference,
+            "cli_options": self.cfg.cli_options,
+            "interrupted": self.interrupted,
+            "resumed": self.resume_note or None,
             "targets": {n: r.manifest() for n, r in self.all_runs().items()},
         }
 
@@ -169,17 +192,76 @@ class Runner:
         write_bad_lines(self.cfg.run_dir, self.cfg.trace.bad)
         self.save_manifest()
         self.ref_done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.interrupt)
+        main = asyncio.ensure_future(self._all_targets())
+        self._main = main
         try:
-            if self.cfg.parallel_targets:
-                await asyncio.gather(*(self._target(r) for r in self.runs.values()))
-            else:
-                for r in self.runs.values():
-                    await self._target(r)
+            await main
+        except asyncio.CancelledError:
+            if not self.interrupted:
+                raise
         finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            if self._drain_task is not None:
+                self._drain_task.cancel()
             self.writer.close()
             self.tf_writer.close()
             self.save_manifest()
         return self.write_summary()
+
+    async def _all_targets(self) -> None:
+        if self.cfg.parallel_targets:
+            await asyncio.gather(*(self._target(r) for r in self.runs.values()))
+            return
+        for r in self.runs.values():
+            if self.stopping.is_set():
+                break
+            await self._target(r)
+
+    def interrupt(self) -> None:
+        """First Ctrl-C/SIGTERM: send nothing more, let in-flight requests finish for up to
+        ``drain_s``, then cancel them. A second one cancels at once. Summary and reports are
+        written either way; ``--resume`` completes the run."""
+        if self.stopping.is_set():
+            self._main.cancel()
+            return
+        self.interrupted = True
+        self.stopping.set()
+        self.progress.status(f"interrupted: draining in-flight requests (up to "
+                             f"{self.cfg.drain_s:g} s; Ctrl-C again to stop now)")
+
+        async def drain() -> None:
+            await asyncio.sleep(self.cfg.drain_s)
+            self._main.cancel()
+
+        self._drain_task = asyncio.ensure_future(drain())
+
+    def _load_previous(self) -> None:
+        """Repair and read what an earlier process of this run wrote."""
+        run_dir = self.cfg.run_dir
+        dropped = repair_jsonl(run_dir / RESULTS)
+        kept, redo = [], 0
+        for r in read_results(run_dir):
+            if r.status == "cancelled" and not (r.error or "").startswith("not sent: phase"):
+                redo += 1  # cut short by the interrupt: it will be sent again
+                continue
+            kept.append(r)
+            self.done.setdefault((r.target, r.phase), set()).add(r.request_id)
+            if r.target == self.reference and r.phase == self.cfg.schedules[0].label:
+                self.ref_answers[r.request_id] = r
+        rewrite_jsonl(run_dir / RESULTS, [r.to_json() for r in kept])
+        tf_dropped = repair_jsonl(run_dir / TEACHER_FORCED)
+        for row in read_jsonl(run_dir / TEACHER_FORCED):
+            self.tf_done.add((row["target"], row["request_id"]))
+        try:
+            self.previous = read_json(run_dir / MANIFEST).get("targets", {})
+        except (OSError, ValueError):
+            self.previous = {}
+        self.resume_note = {"kept_results": len(kept), "resent_interrupted": redo,
+                            "repaired_bytes": dropped + tf_dropped}
 
     def write_summary(self) -> dict[str, Any]:
         runs = self.all_runs()
@@ -187,15 +269,16 @@ class Runner:
                        "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
                    for n, r in runs.items()}
         results = load_results(self.cfg.run_dir)
-        summary = build_summary(results, targets, {n: r.series for n, r in runs.items()},
-                                self.cfg.buckets.labels)
+        series = {n: r.series for n, r in runs.items()}
+        if self.control is not None:  # the control ran on the reference's server
+            series[self.control.spec.name] = series[self.reference]
+        summary = build_summary(results, targets, series, self.cfg.buckets.labels)
         summary["run_dir"] = str(self.cfg.run_dir)
         rows = grade_rows(results, {r.id: r for r in self.cfg.trace.requests}, self.reference)
         with (self.cfg.run_dir / GRADES).open("w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(orjson.dumps(row).decode() + "\n")
-        tf_rows = [orjson.loads(line) for line in
-                   (self.cfg.run_dir / TEACHER_FORCED).read_bytes().splitlines() if line.strip()]
+        tf_rows = list(read_jsonl(self.cfg.run_dir / TEACHER_FORCED))
         summary["quality"] = quality(rows, tf_rows, self.reference, self.cfg.buckets.labels,
                                      self.cfg.tolerance, self.cfg.seed)
         candidate = next((n for n in self.runs if n != self.reference and "cal" not in n), None)
@@ -211,9 +294,48 @@ class Runner:
         write_json(self.cfg.run_dir / SUMMARY, summary)
         return summary
 
+    def _complete(self, name: str) -> bool:
+        """Resume: every phase has a final result for every request (and scores if due)."""
+        ids = {r.id for r in self.cfg.trace.requests}
+        names = [name] + ([self.control.spec.name] if self.control and name == self.reference
+                          else [])
+        phases_done = all(ids <= self.done.get((n, s.label), set())
+                          for n in names for s in self.cfg.schedules)
+        tf_due = self.cfg.teacher_forced and any(
+            (n, rid) not in self.tf_done for n in names for rid, r in self.ref_answers.items()
+            if r.status == "ok" and r.output_ids)
+        return phases_done and not tf_due
+
+    async def _healthy_or_stopped(self, server: LocalServer) -> bool:
+        health: asyncio.Future[None] = asyncio.get_running_loop().run_in_executor(
+            None, server.wait_healthy)
+        stop: asyncio.Future[Any] = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait([health, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if health.done():
+            health.result()  # raises ServerStartError when the server died
+            return True
+        # The polling thread ends by itself once the server is stopped.
+        health.add_done_callback(lambda f: f.exception())
+        return False
+
+    def _restore(self, run: TargetRun) -> None:
+        prev = dict(self.previous.get(run.spec.name) or {})
+        run.status, run.reason = prev.pop("status", "ok"), prev.pop("reason", None)
+        run.phases = prev.pop("phases", {}) or {}
+        prev.pop("spec", None)
+        run.info = prev
+
     async def _target(self, run: TargetRun) -> None:
         spec = run.spec
         server: LocalServer | None = None
+        if self.cfg.resume and spec.name in self.previous and self._complete(spec.name):
+            self._restore(run)
+            if self.control is not None and spec.name == self.reference:
+                self._restore(self.control)
+            if spec.name == self.reference and self.ref_done is not None:
+                self.ref_done.set()
+            return
         try:
             if spec.is_local:
                 server = LocalServer(spec, self.cfg.run_dir / "servers" / f"{spec.name}.log",
@@ -225,7 +347,8 @@ class Runner:
                 run.info["server"] = {"pid": server.proc.pid, "url": server.url,
                                       "command": server.command()}
                 self.save_manifest()
-                await asyncio.get_running_loop().run_in_executor(None, server.wait_healthy)
+                if not await self._healthy_or_stopped(server):
+                    return  # interrupted while starting: the finally below stops it
                 url = server.url
             else:
                 assert spec.url is not None
@@ -305,6 +428,8 @@ class Runner:
         try:
             for sched in self.cfg.schedules:
                 await self._phase(run, sched, client, pool, counts, buckets, scraper)
+            if self.stopping.is_set():
+                return
             if run.spec.name == self.reference:
                 assert self.ref_done is not None
                 if self.control is not None:
@@ -315,7 +440,7 @@ class Runner:
                                           scraper)
                     self.control.status = "ok"
                 self.ref_done.set()
-            if self.cfg.teacher_forced:
+            if self.cfg.teacher_forced and not self.stopping.is_set():
                 await self._teacher_forced(run, session, url, client.model)
                 if run.spec.name == self.reference and self.control is not None:
                     await self._teacher_forced(self.control, session, url, client.model)
@@ -328,7 +453,10 @@ class Runner:
                      pool: TokenPool | None, counts: dict[str, int | None],
                      buckets: dict[str, str], scraper: Scraper) -> None:
         name, label = run.spec.name, sched.label
-        reqs = self.cfg.trace.requests
+        before_done = self.done.get((name, label), set())
+        reqs = [r for r in self.cfg.trace.requests if r.id not in before_done]
+        if not reqs or self.stopping.is_set():
+            return  # resumed: this phase is complete (or the run is being interrupted)
         done: set[str] = set()
         self.progress.phase(name, label, len(reqs))
         # Per target too: the A/A control must not reuse the reference's cache on its server.
@@ -351,20 +479,24 @@ class Runner:
         before = await scraper.scrape_once()
         start = before.t if before is not None else self.clock.now()
         try:
-            await asyncio.wait_for(sched.run(reqs, send, self.clock), self.cfg.phase_timeout_s)
+            await asyncio.wait_for(sched.run(reqs, send, self.clock, self.stopping),
+                                   self.cfg.phase_timeout_s)
         except TimeoutError:
             pass
         after = await scraper.scrape_once()
         end = after.t if after is not None else self.clock.now()
-        # Requests the phase never sent (time limit) are results too.
+        # Requests the phase never sent (time limit) are results too; after an interrupt they
+        # are left for --resume to send.
         for req in reqs:
-            if req.id not in done:
+            if req.id not in done and not self.stopping.is_set():
                 res = Result(request_id=req.id, target=name, phase=label,
                              bucket=buckets[req.id], scheduled=end, status="cancelled",
                              error_kind="cancelled",
                              error=f"not sent: phase time limit {self.cfg.phase_timeout_s:g} s")
                 self.writer.write(res.to_json())
-        run.phases[label] = {"start": start, "end": end}
+        run.phases[label] = {"start": start, "end": end,
+                             **({"resumed": True} if before_done else {}),
+                             **({"interrupted": True} if self.stopping.is_set() else {})}
         self.save_manifest()
 
     async def _teacher_forced(self, run: TargetRun, session: aiohttp.ClientSession, url: str,
@@ -373,7 +505,8 @@ class Runner:
         assert self.ref_done is not None
         await self.ref_done.wait()
         answers = [r for r in self.ref_answers.values()
-                   if r.status == "ok" and r.prompt_ids and r.output_ids]
+                   if r.status == "ok" and r.prompt_ids and r.output_ids
+                   and (run.spec.name, r.request_id) not in self.tf_done]
         if not answers:
             return
         name = run.spec.name

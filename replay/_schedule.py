@@ -51,12 +51,13 @@ class ClosedLoop:
     def label(self) -> str:
         return f"c{self.concurrency}"
 
-    async def run(self, items: Iterable[T], send: Send[T], clock: Clock) -> None:
+    async def run(self, items: Iterable[T], send: Send[T], clock: Clock,
+                  stop: asyncio.Event | None = None) -> None:
         it = iter(items)
         lock = asyncio.Lock()
 
         async def worker() -> None:
-            while True:
+            while stop is None or not stop.is_set():
                 async with lock:
                     item = next(it, _END)
                 if item is _END:
@@ -84,14 +85,16 @@ class OpenLoop:
     def label(self) -> str:
         return self.name
 
-    async def run(self, items: Iterable[T], send: Send[T], clock: Clock) -> None:
+    async def run(self, items: Iterable[T], send: Send[T], clock: Clock,
+                  stop: asyncio.Event | None = None) -> None:
         start = clock.now()
         slots = asyncio.Semaphore(self.max_in_flight) if self.max_in_flight > 0 else None
         tasks: set[asyncio.Task[object]] = set()
         try:
             for item, offset in zip(items, self.offsets, strict=False):
                 due = start + offset
-                await clock.sleep_until(due)
+                if not await _sleep_unless_stopped(clock, due, stop):
+                    break
                 if slots is not None:
                     await slots.acquire()
                 task = asyncio.ensure_future(_guarded(send(item, due), slots))
@@ -102,6 +105,23 @@ class OpenLoop:
         finally:
             for task in tasks:
                 task.cancel()
+
+
+async def _sleep_unless_stopped(clock: Clock, due: float, stop: asyncio.Event | None) -> bool:
+    """Sleep until ``due``; False as soon as ``stop`` is set (an interrupt sends no more)."""
+    if stop is None:
+        await clock.sleep_until(due)
+        return True
+    if stop.is_set():
+        return False
+    sleeper = asyncio.ensure_future(clock.sleep_until(due))
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        waiter.cancel()
+    return not stop.is_set()
 
 
 async def _guarded(aw: Awaitable[object], slots: asyncio.Semaphore | None) -> object:

@@ -30,7 +30,7 @@ from . import __version__
 from ._buckets import DEFAULT_BOUNDS, Buckets
 from ._errors import InputError, KvcanaryError
 from ._importers import IMPORTERS, LengthPolicy, load, sniff_format
-from ._rundir import new_run_dir
+from ._rundir import file_digest, new_run_dir
 from ._runner import RunConfig, Runner
 from ._schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
 from ._table import compare_table, quality_table, summary_table
@@ -175,6 +175,12 @@ RUN_OPTIONS = [
                  help="FP8/BF16 KV-cache capacity that counts as the gain."),
     click.option("--alpha", default=0.05, show_default=True,
                  help="Significance level for a repeatable loss."),
+    click.option("--drain", "drain_s", default=30.0, show_default=True,
+                 help="On Ctrl-C: seconds in-flight requests get to finish."),
+    click.option("--resume", "resume_dir", type=click.Path(path_type=Path, file_okay=False,
+                                                           exists=True),
+                 help="Continue an interrupted or killed run in this run directory (its "
+                      "options are read from its manifest)."),
     click.option("--markdown", "markdown_path", type=click.Path(path_type=Path),
                  help="Also write the Markdown summary here (for a PR comment)."),
 ]
@@ -199,7 +205,7 @@ def main(ctx: click.Context, /, **opts: Any) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    if opts["trace_path"] is None:
+    if opts["trace_path"] is None and opts["resume_dir"] is None:
         click.echo(ctx.get_help())
         ctx.exit(EXIT_INPUT)
     _install_sigterm()
@@ -212,13 +218,30 @@ def canary(**opts: Any) -> None:
     """Replay, then apply the stop rule: quiet, Markdown verdict on stdout, exit code per
     verdict (0 keep, 10 calibrate, 11 per-head/skip layers, 12 reject, 13 insufficient
     evidence; 2 bad input, 130 interrupted)."""
-    if opts["trace_path"] is None:
+    if opts["trace_path"] is None and opts["resume_dir"] is None:
         raise click.UsageError("--trace is required")
     _install_sigterm()
     _guard(lambda: _run(opts, canary=True))
 
 
+def _resume_options(run_dir: Path) -> dict[str, Any]:
+    """The options the interrupted run was started with, from its manifest."""
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+        saved = dict(manifest["cli_options"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(f"--resume {run_dir}: no readable manifest.json with the run's "
+                         "options; is this a kvcanary run directory?") from None
+    for key in ("trace_path", "targets_file", "model_dir", "out_dir", "markdown_path"):
+        if saved.get(key) is not None:
+            saved[key] = Path(saved[key])
+    saved["resume_dir"], saved["trace_sha256"] = run_dir, manifest["trace"]["sha256"]
+    return saved
+
+
 def _run(o: dict[str, Any], canary: bool) -> int:
+    if o.get("resume_dir") is not None:
+        o = _resume_options(o["resume_dir"])
     trace_path: Path = o["trace_path"]
     policy = LengthPolicy(o["length_scale"], o["max_input_tokens"], o["max_output_tokens"])
     fmt = sniff_format(trace_path) if o["trace_format"] == "auto" and trace_path.is_file() \
@@ -246,7 +269,13 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     specs = parse_targets(o["targets"], model_dir.resolve() if model_dir else None, config)
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
-    run_dir = new_run_dir(o["out_dir"], o["run_id"])
+    if o.get("resume_dir") is not None:
+        run_dir = o["resume_dir"]
+        if file_digest(trace_path) != o["trace_sha256"]:
+            raise InputError(f"--resume: {trace_path} changed since the run started (its "
+                             "sha256 differs); resuming would mix two traces")
+    else:
+        run_dir = new_run_dir(o["out_dir"], o["run_id"])
     cfg = RunConfig(trace=trace, trace_path=trace_path, trace_format=fmt, targets=specs,
                     schedules=schedules, buckets=buckets, run_dir=run_dir,
                     length_policy=policy, parallel_targets=o["parallel_targets"],
@@ -256,7 +285,10 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                     teacher_forced=not o["no_teacher_forced"], tolerance=o["tolerance"],
                     thresholds=Thresholds(tolerance=o["tolerance"], alpha=o["alpha"],
                                           min_pairs=o["min_pairs"],
-                                          required_capacity_ratio=o["required_capacity_ratio"]))
+                                          required_capacity_ratio=o["required_capacity_ratio"]),
+                    drain_s=o["drain_s"], resume=o.get("resume_dir") is not None,
+                    cli_options={k: str(v) if isinstance(v, Path) else v for k, v in o.items()
+                                 if k not in ("resume_dir", "trace_sha256")})
     console.print(f"run directory: [bold]{run_dir}[/bold] - {len(trace.requests)} requests, "
                   f"{len(specs)} target(s), schedules {', '.join(s.label for s in schedules)}")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
@@ -265,6 +297,10 @@ def _run(o: dict[str, Any], canary: bool) -> int:
         runner = Runner(cfg, RichProgress(bar))  # may raise ConfigError (--reference)
         summary = asyncio.run(runner.run())
     html, md = _write_reports(run_dir)
+    if runner.interrupted:
+        console.print(f"[yellow]interrupted[/yellow]: partial summary and report written; "
+                      f"continue with: replay --resume {run_dir}")
+        return EXIT_INTERRUPTED
     if o["markdown_path"]:
         Path(o["markdown_path"]).write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
     verdict = summary["verdict"]

@@ -19,6 +19,7 @@ import pytest
 from replay import _report as report
 from replay._grading import quality
 from replay._records import Result
+from replay._rundir import write_json
 from replay._summary import build_summary
 from replay._systems import compare_systems, throughput_ratio
 from replay._verdict import decide, facts_from_run
@@ -32,7 +33,7 @@ N_PER_BUCKET = 30
 
 
 def _dump(path: Path, obj: Any) -> None:
-    path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2))
+    write_json(path, obj)  # as the runner writes them: sorted keys ("256-1K" before "<256")
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -89,10 +90,15 @@ def _grade(res: Result, ref_text: str) -> dict[str, Any]:
 
 
 def _series(target: str) -> list[dict[str, Any]]:
-    base = 0 if target == "bf16" else 100 if target == "fp8" else 200
-    return [{"t": base + i * 1.0, "kv_usage": min(1.0, 0.02 * i), "running": i % 4,
-             "waiting": 0, "preemptions": 0, "prefix_queries": 10 * i, "prefix_hits": 4 * i}
-            for i in range(31)]
+    """Scrapes of one server; the control replays on the reference's server (bf16's series
+    runs on through the control's phase, at 200-230 s)."""
+    if target == "bf16-control":
+        return []
+    base = 0 if target == "bf16" else 100
+    ts = [*range(31), *range(200, 231)] if target == "bf16" else range(100, 131)
+    return [{"t": float(t), "kv_usage": 0.02 * ((t - base) % 100), "running": t % 4,
+             "waiting": 0, "preemptions": 0, "prefix_queries": 10 * t, "prefix_hits": 4 * t}
+            for t in ts]
 
 
 def _manifest(trace: Path) -> dict[str, Any]:
@@ -104,7 +110,8 @@ def _manifest(trace: Path) -> dict[str, Any]:
             "spec": {"name": name, "kv_cache_dtype": dtype, "expect_cache_dtype": dtype,
                      "model": "/models/tiny"},
             "status": "ok", "reason": None, "engine_version": "0.11.0", "model_id": "tiny",
-            "max_model_len": 4096, "server": {"pid": 1234, "url": "http://127.0.0.1:8000"},
+            "max_model_len": 4096, "server": {"pid": 1234, "url": "http://127.0.0.1:800"
+                                              + ("1" if name == "fp8" else "0")},
             "cache_config": {"cache_dtype": dtype, "kv_cache_size_tokens": str(size),
                              "block_size": "16", "num_gpu_blocks": str(size // 16)},
             "scale_log_lines": ["Using KV cache scaling factor 1.0 for fp8_e4m3"]
@@ -142,7 +149,8 @@ def make_run_dir(root: Path) -> Path:
     _jsonl(run / "results.jsonl", [r.to_json() for r in results])
     _jsonl(run / "grades.jsonl", grades)
     for t, s in series.items():
-        _jsonl(run / "metrics" / f"{t}.jsonl", s)
+        if s:
+            _jsonl(run / "metrics" / f"{t}.jsonl", s)
     return run
 
 
@@ -217,7 +225,7 @@ def test_report_has_verdict_first_and_every_section(run_dir: Path) -> None:
     assert "repeatable loss in 256-1K" in s.text["verdict"]
     assert "could not be rendered" not in html
     assert "not measured in this run" not in html
-    assert html.count("<svg") == 2 + 1 + 3  # TTFT + ITL, capacity, one KV chart per target
+    assert html.count("<svg") == 2 + 1 + 2  # TTFT + ITL, capacity, one KV chart per server
 
 
 def test_quality_rows_carry_intervals_and_noise_floor(run_dir: Path) -> None:
@@ -233,6 +241,12 @@ def test_quality_rows_carry_intervals_and_noise_floor(run_dir: Path) -> None:
     assert ref[3:6] == ["reference", report.DASH, report.DASH]
 
 
+def test_rows_follow_the_runs_order_not_sorted_keys(run_dir: Path) -> None:
+    rows = sections(report.render_html(run_dir)).rows["quality"]
+    assert [r[:2] for r in rows] == [[t, b] for t in ("bf16", "fp8", "bf16-control")
+                                     for b in ("<256", "256-1K")]
+
+
 def test_serving_capacity_systems_and_kv_usage(run_dir: Path) -> None:
     s = sections(report.render_html(run_dir))
     serving = {r[0]: r for r in s.rows["serving"]}
@@ -241,8 +255,11 @@ def test_serving_capacity_systems_and_kv_usage(run_dir: Path) -> None:
     capacity = {r[0]: r for r in s.rows["capacity"]}
     assert capacity["fp8"][3] == "2.00×"
     assert any(r[1] == "TTFT" for r in s.rows["systems"])
-    assert "phase c1" in s.text["kv-usage"] and "100.0%" not in s.text["kv-usage"]
-    assert "60.0%" in s.text["kv-usage"]  # peak KV usage of the series
+    kv = s.text["kv-usage"]
+    assert "bf16: KV-cache usage over time (peak 60.0%)" in kv
+    assert "bf16-control c1" in kv  # the control's phase, on the reference's server
+    peaks = {r[0]: r[3] for r in s.rows["kv-usage"]}
+    assert peaks == {"bf16": "60.0%", "fp8": "60.0%", "bf16-control": report.DASH}
 
 
 def test_planted_payloads_are_text(run_dir: Path) -> None:
@@ -265,8 +282,9 @@ def test_self_contained(run_dir: Path) -> None:
     assert {v[:1] for k, v in attrs if k == "href"} == {"#"}
     assert "url(" not in html and "@import" not in html
     # The SVG namespace, and the servers' URLs as text: nothing else names a network address.
+    servers = ["http://127.0.0.1:8000"] * 2 + ["http://127.0.0.1:8001"]
     assert sorted(re.findall(r"https?://[^\s\"<]+", html)) == \
-        ["http://127.0.0.1:8000"] * 3 + ["http://www.w3.org/2000/svg"] * 6
+        [*servers, *["http://www.w3.org/2000/svg"] * 5]
 
 
 def test_prompt_excerpt_and_request_order(run_dir: Path) -> None:
@@ -351,6 +369,31 @@ def test_odd_summary_values_never_crash(run_dir: Path, key: str, junk: Any) -> N
     s_html = sections(report.render_html(run_dir))
     assert set(SECTION_IDS) <= set(s_html.text)
     report.render_markdown(run_dir)
+
+
+def _paths(doc: Any, pre: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc[:2]) \
+        if isinstance(doc, list) else ()
+    return [p for k, v in items for p in [(*pre, k), *_paths(v, (*pre, k))]]
+
+
+@pytest.mark.parametrize("name", ["summary.json", "manifest.json"])
+def test_odd_nested_values_never_crash(run_dir: Path, name: str) -> None:
+    """Any value anywhere replaced by junk: every section still renders."""
+    doc = orjson.loads((run_dir / name).read_bytes())
+    rng = random.Random(name)
+    paths = _paths(doc)
+    for _ in range(40):
+        path, junk = rng.choice(paths), rng.choice([None, "x", -1.5, [1, 2], {"x": [None]}])
+        copy = orjson.loads(orjson.dumps(doc))
+        node = copy
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = junk
+        _dump(run_dir / name, copy)
+        html = report.render_html(run_dir)
+        assert "could not be rendered" not in html, (path, junk)
+        report.render_markdown(run_dir)
 
 
 def test_odd_rows_never_crash(run_dir: Path) -> None:

@@ -58,7 +58,7 @@ def test_verdict_and_sections_render(rendered: tuple[str, Path]) -> None:
     assert re.search(r'<section id="verdict"[^>]*>\s*<div class="word">CALIBRATE</div>', dom)
     for sid in SECTION_IDS:
         assert f'<section id="{sid}"' in dom, sid
-    assert dom.count("<svg") == 6
+    assert dom.count("<svg") == 5
     assert "not measured in this run" not in dom
 
 

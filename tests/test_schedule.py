@@ -125,3 +125,20 @@ def test_poisson_offsets_are_seeded_and_have_the_rate() -> None:
     assert a[0] == 0.0 and all(x <= y for x, y in itertools.pairwise(a))
     measured = (len(a) - 1) / a[-1]
     assert 19.0 < measured < 21.0
+
+
+@pytest.mark.parametrize("kind", ["open", "closed"])
+def test_stop_sends_nothing_more(kind: str) -> None:
+    clock = FakeClock()
+    stop = asyncio.Event()
+    sent: list[int] = []
+
+    async def send(item: int, scheduled: float) -> None:
+        sent.append(item)
+        if item == 2:
+            stop.set()
+        await clock.sleep(1.0)
+
+    sched = OpenLoop([float(i) for i in range(10)]) if kind == "open" else ClosedLoop(1)
+    clock.drive(sched.run(range(10), send, clock, stop))
+    assert sent == [0, 1, 2]

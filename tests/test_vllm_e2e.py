@@ -119,3 +119,60 @@ def test_interrupt_stops_the_servers_it_started(tmp_path: Path, sig: signal.Sign
     assert proc.returncode == 130, err.decode()[-2000:]
     assert b"interrupted" in err
     assert not _group_alive(pid), "server processes survived the interrupt"
+
+
+def _results(run_dir: Path) -> list[dict[str, object]]:
+    path = run_dir / "results.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_interrupted_run_resumes_with_every_request_exactly_once(tmp_path: Path,
+                                                                 how: str) -> None:
+    run_dir = tmp_path / "r"
+    cmd = [sys.executable, "-m", "replay.cli", "--trace", "traces/sample.jsonl",
+           "--targets", "bf16", "--buckets", "256,1K", "--concurrency", "1,2", "--drain", "5",
+           "--limit", "16",
+           "--out", str(tmp_path), "--run-id", "r"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while len(_results(run_dir)) < 6 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert len(_results(run_dir)) >= 6, "the run never got going"
+    server_pid = json.loads((run_dir / "manifest.json").read_text())["targets"]["bf16"][
+        "server"]["pid"]
+    if how == "sigint":
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err.decode()[-2000:]
+        assert b"--resume" in err
+        # The partial run is reported: summary and report exist, the manifest says so.
+        assert json.loads((run_dir / "manifest.json").read_text())["interrupted"] is True
+        assert (run_dir / "summary.json").exists() and (run_dir / "report.html").exists()
+    else:
+        proc.kill()
+        proc.communicate(timeout=60)
+        # A crash mid-write leaves half a line; resume must repair it.
+        with (run_dir / "results.jsonl").open("a") as fh:
+            fh.write('{"request_id": "half-writ')
+    deadline = time.monotonic() + 60
+    while _group_alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _group_alive(server_pid), "the server outlived the tool"
+    before = len(_results(run_dir))
+
+    done = subprocess.run([sys.executable, "-m", "replay.cli", "--resume", str(run_dir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _results(run_dir)
+    ids = {r.id for r in load(ROOT / "traces" / "sample.jsonl").requests[:16]}
+    seen = Counter((r["phase"], r["request_id"]) for r in rows)
+    assert set(seen) == {(p, i) for p in ("c1", "c2") for i in ids}
+    assert set(seen.values()) == {1}, "a request appears twice"
+    assert all(r["status"] == "ok" for r in rows)
+    note = json.loads((run_dir / "manifest.json").read_text())["resumed"]
+    assert note["kept_results"] >= before - 2
+    if how == "sigkill":
+        assert note["repaired_bytes"] == len('{"request_id": "half-writ')
