@@ -116,7 +116,11 @@ class Client:
         async with self._session.post(self.base_url + path, json=body) as resp:
             if resp.status != 200:
                 text = (await resp.text(errors="replace"))[:2000]
-                _fail(result, "http", f"HTTP {resp.status}: {text}")
+                retry = resp.headers.get("Retry-After")
+                # No automatic retry: a 429 is a result (the server's capacity), with the
+                # server's own hint kept.
+                hint = f" (Retry-After: {retry})" if retry else ""
+                _fail(result, "http", f"HTTP {resp.status}{hint}: {text}")
                 result.http_status = resp.status
                 return
             result.http_status = 200

@@ -288,8 +288,8 @@ class Runner:
                                                  self.cfg.seed)
             summary["systems"]["throughput_ratio"] = throughput_ratio(
                 summary, self.reference, candidate, first)
-        verdict = decide(facts_from_run(summary, self.manifest(), candidate=candidate),
-                         self.cfg.thresholds)
+        verdict = decide(facts_from_run(summary, self.manifest(), candidate=candidate,
+                                        thresholds=self.cfg.thresholds), self.cfg.thresholds)
         summary["verdict"] = verdict.to_json()
         write_json(self.cfg.run_dir / SUMMARY, summary)
         return summary

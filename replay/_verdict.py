@@ -19,7 +19,7 @@ them from a run's summary and manifest.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 VERDICTS: dict[str, tuple[int, str]] = {
@@ -38,6 +38,7 @@ class Thresholds:
     min_pairs: int = 20              # graded pairs a bucket needs to count as evidence
     required_capacity_ratio: float = 1.5  # FP8 / BF16 KV-cache tokens that count as the gain
     capacity_needed_usage: float = 0.5    # peak KV usage of the reference that means "needed"
+    max_error_rate: float = 0.05          # failed requests above this make a target "failed"
 
 
 @dataclass(frozen=True)
@@ -219,8 +220,23 @@ def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
 # -- from a run -----------------------------------------------------------------------------
 
 
+def error_problem(name: str, target: Mapping[str, Any], max_rate: float) -> str | None:
+    """A target whose requests fail is a failed target, not a quality result."""
+    total, kinds = 0, dict[str, int]()
+    for ph in (target.get("phases") or {}).values():
+        a = ph.get("all") or {}
+        total += a.get("requests", 0)
+        for k, n in (a.get("errors_by_kind") or {}).items():
+            kinds[k] = kinds.get(k, 0) + n
+    failed = sum(kinds.values())
+    if total and failed / total > max_rate:
+        detail = ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items()))
+        return f"{failed} of {total} requests failed ({detail})"
+    return None
+
+
 def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str, Any],
-                     calibrated: bool) -> list[str]:
+                     calibrated: bool, max_error_rate: float = 0.05) -> list[str]:
     """What says this target does not run the FP8 path it is meant to test, or not the same
     engine and model as the reference."""
     out = []
@@ -244,6 +260,9 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
         served = (info.get("cache_config") or {}).get("kv_cache_dtype_skip_layers", "")
         if not all(x.strip() in served for x in want.split(",")):
             out.append(f"skip-layers configured as {want!r} but the server reports {served!r}")
+    failing = error_problem(name, target, max_error_rate)
+    if failing:
+        out.append(failing)
     lines = info.get("scale_log_lines") or []
     if calibrated and any("scaling factor 1.0" in ln for ln in lines):
         out.append("the server log says 'Using KV cache scaling factor 1.0': the calibrated "
@@ -255,7 +274,8 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
 
 
 def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
-                   candidate: str | None = None, calibrated: str | None = None) -> Facts:
+                   candidate: str | None = None, calibrated: str | None = None,
+                   thresholds: Thresholds = Thresholds()) -> Facts:
     q = summary.get("quality") or {}
     reference = q.get("reference") or manifest.get("reference") or "bf16"
     targets = summary.get("targets", {})
@@ -268,7 +288,8 @@ def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
     def arm(name: str | None, is_cal: bool) -> ArmFacts | None:
         if name is None or name not in targets:
             return None
-        problems = serving_problems(name, targets[name], manifest, is_cal)
+        problems = serving_problems(name, targets[name], manifest, is_cal,
+                                    thresholds.max_error_rate)
         tq = (phases.get(phase) or {}).get(name) if phase else None
         buckets = []
         for b, row in ((tq or {}).get("buckets") or {}).items():
@@ -280,6 +301,7 @@ def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
         return ArmFacts(name, tuple(problems), tuple(buckets), shift.get("p_value"),
                         shift.get("direction"))
 
+    ref_problem = error_problem(reference, targets.get(reference, {}), thresholds.max_error_rate)
     ref_t, cand_t = targets.get(reference, {}), targets.get(cand or "", {})
     ratio = None
     if ref_t.get("kv_cache_size_tokens") and cand_t.get("kv_cache_size_tokens"):
@@ -287,7 +309,12 @@ def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
     usage = [ph["server"]["peak_kv_usage"] for ph in (ref_t.get("phases") or {}).values()
              if ph["server"].get("peak_kv_usage") is not None]
     systems = summary.get("systems") or {}
-    return Facts(reference=reference, candidate=arm(cand, False), calibrated=arm(cal, True),
+    candidate_arm = arm(cand, False)
+    if ref_problem and candidate_arm is not None:
+        # Without a working reference there is nothing to compare with.
+        candidate_arm = replace(candidate_arm, serving_problems=(
+            f"the reference {reference}: {ref_problem}", *candidate_arm.serving_problems))
+    return Facts(reference=reference, candidate=candidate_arm, calibrated=arm(cal, True),
                  capacity_ratio=ratio,
                  latency_better=systems.get("latency_better"),
                  capacity_needed=(max(usage) >= Thresholds().capacity_needed_usage)

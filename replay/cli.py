@@ -224,6 +224,17 @@ def canary(**opts: Any) -> None:
     _guard(lambda: _run(opts, canary=True))
 
 
+def _warn_unscanned(path: Path, requests: Sequence[Request]) -> None:
+    """Text traces should pass through `replay trace anonymize` before they are shared."""
+    from ._anonymize import is_scanned
+
+    has_text = any(r.messages or isinstance(r.prompt, str) for r in requests)
+    if has_text and path.suffix == ".jsonl" and not is_scanned(path):
+        console.print(f"[yellow]warning:[/yellow] {path} was not anonymized by kvcanary; run "
+                      "`replay trace anonymize` (and `replay trace scan`) before sharing "
+                      "production traces")
+
+
 def _resume_options(run_dir: Path) -> dict[str, Any]:
     """The options the interrupted run was started with, from its manifest."""
     try:
@@ -254,6 +265,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                       f"(first: {trace.bad[0]}); all are listed in bad_lines.jsonl")
     if not trace.requests:
         raise InputError(f"{trace_path}: no valid requests to replay")
+    _warn_unscanned(trace_path, trace.requests)
     buckets = Buckets.parse(o["bucket_spec"])
     schedules = build_schedules(trace.requests, o["concurrency"], o["rate"], o["trace_times"],
                                 o["time_scale"], o["max_in_flight"], o["seed"])
@@ -410,6 +422,72 @@ def trace_import(path: Path, fmt: str, output: Path, length_scale: float,
         click.echo(f"wrote {len(loaded.requests)} request(s) to {output}; "
                    f"{len(loaded.bad)} bad line(s) skipped")
         return EXIT_OK
+
+    _guard(run)
+
+
+def _secret(secret_env: str | None, secret_file: Path | None) -> bytes:
+    """The pseudonym key: from an environment variable or a file, never a command argument
+    (which would land in shell history and process lists)."""
+    import os
+
+    if (secret_env is None) == (secret_file is None):
+        raise InputError("give exactly one of --secret-env VAR and --secret-file PATH")
+    if secret_env is not None:
+        value = os.environ.get(secret_env)
+        if not value:
+            raise InputError(f"--secret-env: environment variable {secret_env} is not set")
+        return value.encode()
+    assert secret_file is not None
+    try:
+        data = secret_file.read_bytes().strip()
+    except OSError as exc:
+        raise InputError(f"--secret-file: cannot read {secret_file}: {exc}") from None
+    if not data:
+        raise InputError(f"--secret-file: {secret_file} is empty")
+    return data
+
+
+@trace.command("anonymize")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--secret-env", help="Environment variable holding the pseudonym key.")
+@click.option("--secret-file", type=click.Path(path_type=Path, dir_okay=False),
+              help="File holding the pseudonym key.")
+def trace_anonymize(path: Path, output: Path, secret_env: str | None,
+                    secret_file: Path | None) -> None:
+    """Scrub PII and secrets (emails, phones, IPs, cards, IBANs, keys, JWTs, credentials in
+    URLs) from a v1 trace, in messages, tool arguments and checks alike, with consistent
+    pseudonyms keyed by a secret; then re-scan the output."""
+    def run() -> int:
+        from ._anonymize import anonymize_file, scan_file
+
+        counts = anonymize_file(path, output, _secret(secret_env, secret_file))
+        found = {k: n for k, n in counts.items() if n}
+        click.echo(f"wrote {output}: replaced {sum(found.values())} item(s) {found or ''}")
+        lines, left = scan_file(output)
+        if left:
+            for lineno, f in left[:20]:
+                click.echo(f"{output}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
+            return 1
+        click.echo(f"scan of {output}: {lines} line(s), nothing left")
+        return EXIT_OK
+
+    _guard(run)
+
+
+@trace.command("scan")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+def trace_scan(path: Path) -> None:
+    """Report PII and secrets left in a trace; exit 1 when anything is found."""
+    def run() -> int:
+        from ._anonymize import scan_file
+
+        lines, found = scan_file(path)
+        for lineno, f in found:
+            click.echo(f"{path}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
+        click.echo(f"{path}: {lines} line(s) scanned, {len(found)} finding(s)")
+        return 1 if found else EXIT_OK
 
     _guard(run)
 

@@ -205,3 +205,29 @@ def test_canary_fp8_target_serving_bf16_is_the_fallback_verdict(bf16_server: Loc
     assert any("served cache_dtype is 'auto'" in e["text"]
                for e in summary["verdict"]["evidence"])
     assert (tmp_path / "canary" / "report.html").exists()
+
+
+def test_api_key_never_reaches_any_run_artifact(bf16_server: LocalServer, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from replay._report import write_reports
+
+    key = "sk-planted-0123456789abcdefSECRET"
+    monkeypatch.setenv("KVC_PLANTED_KEY", key)
+    trace = ROOT / "traces" / "sample.jsonl"
+    loaded = load(trace)
+    loaded.requests = loaded.requests[:4]
+    cfg = RunConfig(trace=loaded, trace_path=trace, trace_format="v1",
+                    targets=[TargetSpec(name="bf16", url=bf16_server.url,
+                                        api_key_env="KVC_PLANTED_KEY")],
+                    schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
+                    run_dir=new_run_dir(tmp_path))
+    summary = asyncio.run(Runner(cfg).run())
+    run_dir = Path(summary["run_dir"])
+    write_reports(run_dir)
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert len(files) >= 8
+    for p in files:
+        assert key.encode() not in p.read_bytes(), f"the API key leaked into {p}"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["targets"]["bf16"]["spec"]["api_key_env"] == "KVC_PLANTED_KEY"
+    assert all(r.status == "ok" for r in read_results(run_dir))

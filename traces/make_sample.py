@@ -3,7 +3,10 @@ buckets (<256, 256-1K, >=1K tokens on the embedded test model): chat and complet
 and a checker of every kind (retrieval, tool_call, code, json_schema, number, exact, regex,
 contains).
 
-    python traces/make_sample.py > traces/sample.jsonl
+    python traces/make_sample.py > /tmp/sample.jsonl
+    replay trace anonymize /tmp/sample.jsonl -o traces/sample.jsonl --secret-env SECRET
+
+(the content is synthetic: anonymize finds nothing and only adds its "scanned" marker)
 """
 
 from __future__ import annotations

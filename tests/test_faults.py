@@ -1,0 +1,79 @@
+"""The fault matrix: every fault is a recorded result, never a crash, never a lost request.
+
+The faulty target sits beside a healthy real vLLM server; the healthy one must be unaffected
+and the verdict must treat the faulty one as a failed target, not as a quality result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from replay._buckets import Buckets
+from replay._importers import load
+from replay._rundir import new_run_dir, read_results
+from replay._runner import RunConfig, Runner
+from replay._schedule import ClosedLoop
+from replay._targets import LocalServer, TargetSpec
+
+from .conftest import ROOT
+from .fault_server import describe, fault_server
+
+pytestmark = pytest.mark.vllm
+
+TRACE = ROOT / "traces" / "sample.jsonl"
+LIMIT = 8
+
+# mode -> (error kind, words in the reason); None = the request succeeds
+FAULTS = {
+    "http500": ("http", "HTTP 500"),
+    "http429": ("http", "HTTP 429"),
+    "http400": ("http", "maximum context length"),
+    "bad_json": ("protocol", "bad JSON"),
+    "no_done": ("protocol", "without [DONE]"),
+    "stall": ("timeout", "no complete answer within"),
+    "reset": ("disconnect", "connection lost"),
+    "trickle": ("timeout", "no complete answer within"),
+    "split": None,
+}
+
+
+@pytest.mark.parametrize("mode", list(FAULTS))
+def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) -> None:
+    trace = load(TRACE)
+    trace.requests = trace.requests[:LIMIT]
+    with fault_server(mode) as bad:
+        cfg = RunConfig(trace=trace, trace_path=TRACE, trace_format="v1",
+                        targets=[TargetSpec(name="bf16", url=bf16_server.url),
+                                 TargetSpec(name="fp8", url=bad.url, expect_cache_dtype="fp8")],
+                        schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
+                        run_dir=new_run_dir(tmp_path), timeout_s=3.0,
+                        teacher_forced=False, parallel_targets=True)
+        summary = asyncio.run(Runner(cfg).run())
+        reached = bad.requests
+    results = list(read_results(Path(summary["run_dir"])))
+    ids = {r.id for r in trace.requests}
+    seen = Counter((r.target, r.request_id) for r in results)
+    assert set(seen) == {(t, i) for t in ("bf16", "fp8") for i in ids}
+    assert set(seen.values()) == {1}  # exactly once, no retries
+    assert reached == LIMIT  # every request was sent once to the faulty server
+    assert all(r.status == "ok" for r in results if r.target == "bf16")  # unaffected
+    fp8 = [r for r in results if r.target == "fp8"]
+    expected = FAULTS[mode]
+    if expected is None:
+        assert all(r.status == "ok" and r.output_tokens == 3 for r in fp8)
+        assert all(r.chunk_tokens == [1, 2] for r in fp8)
+        return
+    kind, words = expected
+    assert all(r.status == "error" and r.error_kind == kind for r in fp8), \
+        {(r.error_kind, r.error) for r in fp8}
+    assert all(words in (r.error or "") for r in fp8)
+    assert describe(summary, "fp8") == {kind: LIMIT}
+    verdict = summary["verdict"]
+    assert verdict["verdict"] == "reject"
+    assert any("requests failed" in e["text"] for e in verdict["evidence"])
+    if mode == "http429":
+        assert all("Retry-After: 7" in (r.error or "") for r in fp8)
