@@ -114,7 +114,9 @@ def import_azure(path: Path, policy: LengthPolicy) -> Iterator[Parsed]:
     src = str(path)
     first: float | None = None
     try:
-        fh = path.open(newline="", encoding="utf-8")
+        # Undecodable bytes become lone surrogates: the row's field then fails validation
+        # with its line and field named, instead of breaking the whole stream.
+        fh = path.open(newline="", encoding="utf-8", errors="surrogateescape")
     except OSError as exc:
         raise InputError(f"{src}: cannot read: {exc}") from None
     with fh:
@@ -128,12 +130,15 @@ def import_azure(path: Path, policy: LengthPolicy) -> Iterator[Parsed]:
             raise TraceError(src, 1, "(header)", f"missing column(s) {sorted(need - header)}; "
                              "expected TIMESTAMP,ContextTokens,GeneratedTokens")
         while True:
+            at = reader.line_num
             try:
                 row = next(reader)
             except StopIteration:
                 break
-            except (UnicodeDecodeError, csv.Error) as exc:
+            except csv.Error as exc:
                 yield reader.line_num, TraceError(src, reader.line_num, "(line)", str(exc))
+                if reader.line_num == at:
+                    break  # the reader cannot move past this point
                 continue
             lineno = reader.line_num
             try:

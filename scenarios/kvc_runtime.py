@@ -118,45 +118,41 @@ class LLMFailure(Exception):
 
 def add_arguments(parser: Any) -> None:
     """kvcanary's options, on Locust's command line and (except the file of targets) in the
-    web UI's start form, where they can be changed before each test."""
-    g = parser  # not an argument group: only the parser's own arguments reach the web UI
-    g.add_argument("--kvc-trace", default="traces/sample.jsonl",
-                   help="Trace file: kvcanary v1 JSONL, Mooncake JSONL or Azure CSV")
-    g.add_argument("--kvc-target", default="",
-                   help="Server: URL, NAME=URL (bf16/fp8 names check the served KV cache "
-                        "dtype) or a name from --kvc-targets-file; empty: the Host field")
-    g.add_argument("--kvc-targets-file", default="", include_in_web_ui=False,
-                   help="TOML with [targets.NAME] tables (scenarios/targets.example.toml)")
-    g.add_argument("--kvc-buckets", default=DEFAULT_BOUNDS,
-                   help="Context-length bucket bounds in target tokens, e.g. 8K,32K,64K")
-    g.add_argument("--kvc-checkers", default="on", choices=["on", "off"],
-                   help="Grade answers with the trace's checkers (check <bucket> entries, "
-                        "grades.jsonl)")
-    g.add_argument("--kvc-shape", default="users", choices=list(SHAPES),
-                   help="Load shape: users (Locust's -u/-r), step (--kvc-levels sweep), "
-                        "trace (the trace's own timestamps)")
-    g.add_argument("--kvc-levels", default="1,4,16",
-                   help="Step sweep: concurrency levels, in order")
-    g.add_argument("--kvc-hold", type=float, default=30.0,
-                   help="Step sweep: seconds each level holds after its ramp")
-    g.add_argument("--kvc-ramp", type=float, default=4.0,
-                   help="Step sweep: users started (or stopped) per second between levels")
-    g.add_argument("--kvc-time-scale", type=float, default=1.0,
-                   help="Trace shape: multiply the trace's gaps (0.5 = twice as fast)")
-    g.add_argument("--kvc-max-in-flight", type=int, default=32,
-                   help="Trace shape: users kept, so at most this many requests in flight")
-    g.add_argument("--kvc-loop", default="off", choices=["on", "off"],
-                   help="Start the trace over when it is exhausted (off: each request once, "
-                        "and the test ends with the trace)")
-    g.add_argument("--kvc-limit", type=int, default=0,
-                   help="Replay only the first N trace requests (0: all)")
-    g.add_argument("--kvc-run-dir", default="",
-                   help="Run directory [default: reports/locust-<timestamp>]")
-    g.add_argument("--kvc-timeout", type=float, default=600.0,
-                   help="Per-request timeout, seconds")
-    g.add_argument("--kvc-seed", type=int, default=0, help="Sampling seed")
-    g.add_argument("--kvc-itl-events", type=int, default=DEFAULT_ITL_EVENTS,
-                   help="At most this many itl events per request (sampled evenly)")
+    web UI's start form, where they can be changed before each test. (Not an argument group:
+    only the parser's own ``add_argument`` marks options for the web UI.)"""
+    add = parser.add_argument
+    add("--kvc-trace", default="traces/sample.jsonl",
+        help="Trace file: kvcanary v1 JSONL, Mooncake JSONL or Azure CSV")
+    add("--kvc-target", default="",
+        help="Server: URL, NAME=URL (bf16/fp8 names check the served KV cache dtype) or a "
+             "name from --kvc-targets-file; wins over Host; empty: the Host field")
+    add("--kvc-targets-file", default="", include_in_web_ui=False,
+        help="TOML with [targets.NAME] tables (scenarios/targets.example.toml)")
+    add("--kvc-buckets", default=DEFAULT_BOUNDS,
+        help="Context-length bucket bounds in target tokens, e.g. 8K,32K,64K")
+    add("--kvc-checkers", default="on", choices=["on", "off"],
+        help="Grade answers with the trace's checkers (check <bucket> entries, grades.jsonl)")
+    add("--kvc-shape", default="users", choices=list(SHAPES),
+        help="Load shape: users (Locust's -u/-r), step (--kvc-levels sweep), trace (the "
+             "trace's own timestamps)")
+    add("--kvc-levels", default="1,4,16", help="Step sweep: concurrency levels, in order")
+    add("--kvc-hold", type=float, default=30.0,
+        help="Step sweep: seconds each level holds after its ramp")
+    add("--kvc-ramp", type=float, default=4.0,
+        help="Step sweep: users started (or stopped) per second between levels")
+    add("--kvc-time-scale", type=float, default=1.0,
+        help="Trace shape: multiply the trace's gaps (0.5 = twice as fast)")
+    add("--kvc-max-in-flight", type=int, default=32,
+        help="Trace shape: users kept, so at most this many requests in flight")
+    add("--kvc-loop", default="off", choices=["on", "off"],
+        help="Start the trace over when it is exhausted (off: each request once, and the "
+             "test ends with the trace)")
+    add("--kvc-limit", type=int, default=0, help="Replay only the first N trace requests (0: all)")
+    add("--kvc-run-dir", default="", help="Run directory [default: reports/locust-<timestamp>]")
+    add("--kvc-timeout", type=float, default=600.0, help="Per-request timeout, seconds")
+    add("--kvc-seed", type=int, default=0, help="Sampling seed")
+    add("--kvc-itl-events", type=int, default=DEFAULT_ITL_EVENTS,
+        help="At most this many itl events per request (sampled evenly)")
 
 
 @dataclass
@@ -166,7 +162,7 @@ class Config:
     trace_path: Path
     trace_format: str
     requests: list[Request]
-    recorder_trace: TraceLoad
+    trace: TraceLoad
     sha256: str
     limit: int
     buckets: Buckets
@@ -205,7 +201,7 @@ def read_config(env: Environment, mode: str, common: bool) -> Config:
     spec = resolve_target(str(opts.kvc_target), env.host, str(opts.kvc_targets_file) or None)
     spec.api_key()  # a missing key variable is found before anything is sent
     plan = load_plan(opts, mode, common)
-    return Config(trace_path=path, trace_format=fmt, requests=reqs, recorder_trace=trace,
+    return Config(trace_path=path, trace_format=fmt, requests=reqs, trace=trace,
                   sha256=file_digest(path), limit=limit, buckets=Buckets.parse(opts.kvc_buckets),
                   spec=spec, mode=mode, plan=plan, loop=opts.kvc_loop == "on",
                   checkers=opts.kvc_checkers == "on", time_scale=float(opts.kvc_time_scale),
@@ -236,6 +232,9 @@ class AsyncBridge:
         fut.add_done_callback(done.set)
         try:
             done.get(timeout=timeout)
+        except gevent.Timeout:
+            fut.cancel()
+            raise TimeoutError(f"no answer within {timeout} s") from None
         except BaseException:
             fut.cancel()
             raise
@@ -286,7 +285,6 @@ class Shard:
         self.pending: list[dict[str, Any]] = []
         self.stopping = self.done = False
         self.checkers: dict[str, Checker] = {}
-        self.requests: dict[str, Request] = {}
         self._prep = gevent.spawn(self._prepare)
         self._sink = gevent.spawn(self._sink_loop)
 
@@ -306,7 +304,6 @@ class Shard:
             reqs = trace_requests(load(path), p.limit)
             self.offsets = trace_offsets([r.t for r in reqs], p.time_scale)
             self.items = [(i, reqs[i]) for i in shard_indices(len(reqs), p.shard, p.shards)]
-            self.requests = {r.id: r for _, r in self.items}
             self.prepared = self.bridge.call(
                 prepare(self.spec, [r for _, r in self.items], Buckets.parse(p.buckets)))
             self.client = self.bridge.call(self._make_client(self.prepared.model))
@@ -314,14 +311,20 @@ class Shard:
                 self._warm_checkers()
             log.info("kvcanary: shard %d/%d ready: %d requests", p.shard + 1, p.shards,
                      len(self.items))
-        except (KvcanaryError, OSError, ValueError) as exc:
-            self.failure = str(exc)
-            log.error("kvcanary: shard %d/%d cannot run: %s", p.shard + 1, p.shards, exc)
+        except Exception as exc:  # any reason this shard cannot run fails the target
+            self.failure = str(exc) if isinstance(exc, KvcanaryError) else repr(exc)
+            log.error("kvcanary: shard %d/%d cannot run: %s", p.shard + 1, p.shards,
+                      self.failure)
+            if not self.stopping:  # in the web UI's Failures tab too
+                self.env.events.request.fire(request_type="LLM", name="prepare target",
+                                             response_time=0, response_length=0, context={},
+                                             exception=LLMFailure(self.failure))
         finally:
             self.ready.set()
-            self.env.runner.send_message(MSG_READY, {"shard": p.shard,
-                                                     "requests": len(self.items),
-                                                     "failure": self.failure})
+            if not self.stopping:
+                self.env.runner.send_message(MSG_READY, {"run": p.run_id, "shard": p.shard,
+                                                         "requests": len(self.items),
+                                                         "failure": self.failure})
 
     def _warm_checkers(self) -> None:
         """Grade a blank answer once per checker kind before the go: first use imports
@@ -437,7 +440,8 @@ class Shard:
     def _flush(self) -> None:
         while self.pending:
             batch, self.pending = self.pending[:RESULTS_BATCH], self.pending[RESULTS_BATCH:]
-            self.env.runner.send_message(MSG_RESULTS, {"shard": self.plan.shard, "rows": batch})
+            self.env.runner.send_message(MSG_RESULTS, {"run": self.plan.run_id,
+                                                       "shard": self.plan.shard, "rows": batch})
 
     def _finish(self, stopped: bool) -> None:
         if self.done:
@@ -446,8 +450,8 @@ class Shard:
             self._record_unsent("unavailable", f"target unavailable: {self.failure}")
         self._flush()
         self.done = True
-        self.env.runner.send_message(MSG_DONE, {"shard": self.plan.shard, "stopped": stopped,
-                                                "failure": self.failure})
+        self.env.runner.send_message(MSG_DONE, {"run": self.plan.run_id, "shard": self.plan.shard,
+                                                "stopped": stopped, "failure": self.failure})
         self.wake.set()
 
     def _record_unsent(self, kind: str, reason: str) -> None:
@@ -475,11 +479,16 @@ class Shard:
             self._prep.kill()
             self.ready.set()
         self.go.set()
-        for fut in list(self.futures):
+        in_flight = list(self.futures)
+        for fut in in_flight:
             fut.cancel()
         deadline = time.monotonic() + STOP_WAIT_S
         while self.running and time.monotonic() < deadline:
             gevent.sleep(0.05)
+        unsent = len(self.outstanding) + (0 if self.plan.loop else
+                                          len(self.items) - self.cursor)
+        log.info("kvcanary: shard %d/%d stopping: %d in flight cancelled, %d not sent (%s)",
+                 self.plan.shard + 1, self.plan.shards, len(in_flight), unsent, kind)
         self._record_unsent(kind, reason)
         self._finish(stopped=True)
 
@@ -548,6 +557,12 @@ class Kvc:
             opts = env.parsed_options
             if opts is not None and (opts.headless or opts.autostart):
                 self.validate()
+            if opts is not None and not env.host:
+                try:  # the start form's Host field shows the target
+                    env.host = resolve_target(str(opts.kvc_target), None,
+                                              str(opts.kvc_targets_file) or None).url
+                except KvcanaryError:
+                    pass
         if not isinstance(runner, MasterRunner):  # worker role
             runner.register_message(MSG_PLAN, self._on_plan)
             runner.register_message(MSG_PHASE, self._on_phase)
@@ -575,10 +590,14 @@ class Kvc:
         """Headless and --autostart runs check their options before anything starts."""
         assert self.env is not None
         try:
-            read_config(self.env, *self.shape_mode())
+            cfg = read_config(self.env, *self.shape_mode())
         except KvcanaryError as exc:
             log.error("kvcanary: %s", exc)
             sys.exit(2)
+        opts = self.env.parsed_options
+        if cfg.loop and cfg.mode == "users" and not getattr(opts, "run_time", None):
+            log.warning("kvcanary: --kvc-loop on with the users shape and no --run-time: the "
+                        "test runs until it is stopped")
 
     # master: test lifecycle ----------------------------------------------------------------
     def begin(self) -> None:
@@ -598,6 +617,7 @@ class Kvc:
             return
         self.tests_started += 1
         runner = self.runner
+        self.env.host = cfg.spec.url  # the web UI's header shows what is measured
         clients = self._workers()
         epoch_wall, epoch = time.time(), time.perf_counter()
         base = RunPlan(run_id=run_dir.name, trace_path=str(cfg.trace_path),
@@ -609,7 +629,7 @@ class Kvc:
                        epoch_wall=epoch_wall, shards=max(1, len(clients)))
         opts = self.env.parsed_options
         recorder = RunRecorder(
-            run_dir=run_dir, trace=cfg.recorder_trace, trace_path=cfg.trace_path,
+            run_dir=run_dir, trace=cfg.trace, trace_path=cfg.trace_path,
             trace_format=cfg.trace_format, trace_sha256=cfg.sha256, requests=cfg.requests,
             buckets=cfg.buckets, spec=cfg.spec, schedules=cfg.plan.labels,
             options={"driver": "locust", "shape": cfg.mode, "timeout_s": cfg.timeout_s,
@@ -661,8 +681,11 @@ class Kvc:
         except Exception as exc:
             test.recorder.info.setdefault("problems", []).append(f"introspection: {exc!r}")
             return
-        test.tap = tap
         test.recorder.info.update(info)
+        if test.closed:  # the test ended while the target was being introspected
+            self.bridge.call(tap.stop(), timeout=30)
+            return
+        test.tap = tap
         test.recorder.save_manifest()
 
     def tick(self, shape: Any) -> tuple[int, float] | None:
@@ -701,8 +724,16 @@ class Kvc:
         log.info("kvcanary: phase %s", label)
         self.runner.send_message(MSG_PHASE, {"label": label})
 
-    def _on_ready(self, environment: Environment, msg: Any, **_: Any) -> None:
+    def _current(self, msg: Any) -> Test | None:
+        """The test a worker's message belongs to (None: an earlier test's, or none)."""
         test = self.test
+        if test is None or msg.data.get("run") != test.base.run_id:
+            log.warning("kvcanary: %s from an earlier test ignored", msg.type)
+            return None
+        return test
+
+    def _on_ready(self, environment: Environment, msg: Any, **_: Any) -> None:
+        test = self._current(msg)
         if test is None or test.closed:
             return
         test.ready[int(msg.data["shard"])] = msg.data.get("failure")
@@ -713,6 +744,11 @@ class Kvc:
             self._fail(test, failures[0])
             return
         test.go_at = test.now()
+        first = test.cfg.plan.tick(0.0)
+        if first is not None and test.shards > 1 and first.users < test.shards:
+            log.warning("kvcanary: %d user(s) for %d workers: a worker without users leaves "
+                        "its shard waiting; use at least one user per worker (a multiple of "
+                        "the worker count keeps the shards even)", first.users, test.shards)
         self._set_phase(test, test.cfg.plan.labels[0])
 
     def _fail(self, test: Test, reason: str) -> None:
@@ -725,7 +761,7 @@ class Kvc:
                                             "reason": f"target unavailable: {reason}"})
 
     def _on_results(self, environment: Environment, msg: Any, **_: Any) -> None:
-        test = self.test
+        test = self._current(msg)
         if test is None:
             return
         test.recorder.add_results(msg.data["rows"])
@@ -735,7 +771,7 @@ class Kvc:
                         "exit", len(msg.data["rows"]))
 
     def _on_done(self, environment: Environment, msg: Any, **_: Any) -> None:
-        test = self.test
+        test = self._current(msg)
         if test is None or test.closed:
             return
         test.done.add(int(msg.data["shard"]))

@@ -77,3 +77,49 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
     assert any("requests failed" in e["text"] for e in verdict["evidence"])
     if mode == "http429":
         assert all("Retry-After: 7" in (r.error or "") for r in fp8)
+
+
+def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
+    """A real vLLM server SIGKILLed mid-run: the run finishes, every request has one result,
+    the ones after the kill fail as connection errors, the verdict calls the target failed."""
+    import os
+    import signal
+    import threading
+
+    from replay._targets import DEFAULT_MODEL_ARGS
+
+    spec = TargetSpec(name="fp8", model=str(model_dir), kv_cache_dtype="auto",
+                      args=DEFAULT_MODEL_ARGS)
+    server = LocalServer(spec, tmp_path / "victim.log")
+    server.start()
+    try:
+        server.wait_healthy()
+        assert server.proc is not None
+        pgid = server.proc.pid
+        trace = load(TRACE)
+        cfg = RunConfig(trace=trace, trace_path=TRACE, trace_format="v1",
+                        targets=[TargetSpec(name="fp8", url=server.url)],
+                        schedules=[ClosedLoop(1)], buckets=Buckets.parse("256,1K"),
+                        run_dir=new_run_dir(tmp_path), timeout_s=30.0, teacher_forced=False)
+        results_file = cfg.run_dir / "results.jsonl"
+
+        def killer() -> None:
+            for _ in range(1200):
+                if results_file.exists() and len(results_file.read_text().splitlines()) >= 5:
+                    os.killpg(pgid, signal.SIGKILL)
+                    return
+                threading.Event().wait(0.1)
+
+        t = threading.Thread(target=killer)
+        t.start()
+        summary = asyncio.run(Runner(cfg).run())
+        t.join()
+    finally:
+        server.stop()
+    results = list(read_results(Path(summary["run_dir"])))
+    assert Counter(r.request_id for r in results) == Counter(r.id for r in trace.requests)
+    ok = [r for r in results if r.status == "ok"]
+    failed = [r for r in results if r.status != "ok"]
+    assert len(ok) >= 5 and failed
+    assert {r.error_kind for r in failed} <= {"connect", "disconnect"}
+    assert summary["verdict"]["verdict"] == "reject"

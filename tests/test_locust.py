@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -238,7 +239,7 @@ def test_one_asyncio_loop_in_a_greenlet_keeps_the_core_clients_timing(tmp_path: 
     assert len(gaps) == 4 * 29
     batched = sum(g < 0.005 for g in gaps) / len(gaps)
     median = sorted(gaps)[len(gaps) // 2]
-    assert batched < 0.1 and 0.015 < median < 0.03, (batched, median)
+    assert batched < 0.2 and 0.012 < median < 0.04, (batched, median)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package")
@@ -253,6 +254,36 @@ def test_web_ui_start_form_has_the_kvcanary_parameters(tmp_path: Path) -> None:
     for name in ("kvc_trace", "kvc_target", "kvc_buckets", "kvc_checkers", "kvc_shape",
                  "kvc_levels", "kvc_time_scale"):
         assert name in dom.stdout, name
+
+
+def test_web_ui_picks_a_shape_and_takes_its_parameters_from_the_form(tmp_path: Path) -> None:
+    """Start from the web UI's form (its HTTP API): the Shape picker and the kvcanary fields
+    apply to that test; a second test gets a run directory of its own."""
+    port, run_dir = free_port(), tmp_path / "run"
+    url = f"http://127.0.0.1:{port}/"
+    form = urllib.parse.urlencode({"user_count": 2, "spawn_rate": 2, "shape_class": "StepSweep",
+                                   "kvc_levels": "2,3", "kvc_hold": 1}).encode()
+    with started(locust("--web-host", "127.0.0.1", "--web-port", str(port), "--class-picker",
+                        "--kvc-target", f"http://127.0.0.1:{free_port()}", "--kvc-limit", "3",
+                        "--kvc-run-dir", str(run_dir)), tmp_path / "locust.log"):
+        wait_http(url)
+        for attempt in (1, 2):
+            with urllib.request.urlopen(url + "swarm", data=form, timeout=10) as resp:
+                assert json.load(resp)["success"]
+            deadline = time.monotonic() + 60
+            while True:  # nothing answers at the target: the test fails fast and stops
+                with urllib.request.urlopen(url + "stats/requests", timeout=10) as resp:
+                    state = json.load(resp)
+                done = run_dir if attempt == 1 else tmp_path / "run-2"
+                if state["state"] == "stopped" and (done / "summary.json").exists():
+                    break
+                assert time.monotonic() < deadline, _tail(tmp_path / "locust.log")
+                time.sleep(0.5)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["driver"]["shape"] == "step" and manifest["schedules"] == ["c2", "c3"]
+    assert manifest["targets"]["target"]["status"] == "failed"
+    assert "prepare target" in {s["name"] for s in state["stats"]}  # the reason, in the UI
+    assert len(rows(tmp_path / "run-2")) == 3
 
 
 # -- against the real vLLM CPU server --------------------------------------------------------

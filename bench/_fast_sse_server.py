@@ -1,0 +1,255 @@
+"""A fast fake OpenAI-compatible streaming server that stamps its own send times.
+
+Run by ``client_overhead.py`` as a separate process (so its CPU never counts against the
+client under test), on a listening socket the parent already bound to 127.0.0.1 and passes
+down as a file descriptor (no port race). Minimal HTTP/1.1 with keep-alive and chunked
+responses, the shape uvicorn gives vLLM's streams:
+
+* ``POST /v1/completions`` and ``POST /v1/chat/completions`` (``stream: true`` only): sends
+  ``max_tokens`` one-token chunks, token k due ``ttft + (k-1) * itl`` after the request was
+  read (``--ttft-ms``, ``--itl-ms``) and sent as soon as the event loop's millisecond timers
+  allow; the schedule is absolute, so timer rounding does not add up. Every chunk carries ``usage``
+  with the cumulative ``completion_tokens`` (as vLLM does with ``continuous_usage_stats``)
+  and ``server_t``, its send time; then a usage-only chunk (``include_usage``) and
+  ``data: [DONE]``.
+* ``GET /v1/models``: one model, ``bench``, ``max_model_len`` 4096.
+* ``GET /bench/stamps?prefix=P``: pops and returns the stamps of every finished stream whose
+  id starts with P: ``{"streams": {id: {"recv": t, "sends": [t, ...]}}, "cpu_s": ...}``.
+  A stream's id is the body's ``user`` field, else the ``x-request-id`` header (what
+  ``vllm bench serve`` sends), else ``anon-N``.
+
+Times are ``time.perf_counter()``, which on Linux is CLOCK_MONOTONIC, one clock for every
+process on the machine, so the client's arrival times compare directly with these stamps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import signal
+import socket
+import time
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+MAX_MODEL_LEN = 4096
+MAX_HEADER_BYTES = 64 * 1024
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_KEPT_STREAMS = 200_000  # stamps kept until fetched; beyond this the server refuses work
+MODELS = orjson.dumps({"object": "list", "data": [{
+    "id": "bench", "object": "model", "root": "bench", "owned_by": "kvcanary-bench",
+    "max_model_len": MAX_MODEL_LEN}]})
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+STAMPS: dict[str, tuple[float, list[float]]] = {}
+
+
+def _chunked(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _response(status: int, body: bytes, ctype: bytes = b"application/json") -> bytes:
+    reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 503: b"Busy"}[status]
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, reason, ctype, len(body), body))
+
+
+class _Stream:
+    """One streamed answer: pre-rendered JSON around the two numbers that change per chunk."""
+
+    __slots__ = ("due", "head", "k", "n", "prompt", "proto", "recv", "sends", "sid", "tail",
+                 "timer", "usage_only")
+
+    def __init__(self, proto: ServerProtocol, sid: str, body: dict[str, Any], chat: bool
+                 ) -> None:
+        self.proto, self.sid = proto, sid
+        self.n = max(1, min(int(body.get("max_tokens") or 16), MAX_MODEL_LEN))
+        self.k = 0
+        self.prompt = _prompt_tokens(body)
+        if chat:
+            obj, choice = b"chat.completion.chunk", b'"delta":{"role":"assistant","content":" tok"}'
+        else:
+            obj, choice = b"text_completion", b'"text":" tok","logprobs":null'
+        envelope = b'{"id":%s,"object":"%s","created":%d,"model":"bench","choices":[' % (
+            orjson.dumps(f"cmpl-{sid}"), obj, int(time.time()))
+        self.head = envelope + b'{"index":0,%s,"finish_reason":' % choice
+        self.tail = envelope + b"],"
+        opts = body.get("stream_options") or {}
+        self.usage_only = bool(opts.get("include_usage"))
+        self.recv = time.perf_counter()
+        self.due = self.recv + proto.ttft_s
+        self.sends: list[float] = []
+        self.timer: asyncio.TimerHandle | None = None
+
+    def usage(self, k: int) -> bytes:
+        return b'"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
+            self.prompt, self.prompt + k, k)
+
+    def emit(self) -> None:
+        """Send the next token (stamped), then schedule the one after or finish."""
+        self.k += 1
+        last = self.k == self.n
+        t = time.perf_counter()
+        event = b"data: %s%s,\"stop_reason\":null}],%s,\"server_t\":%s}\n\n" % (
+            self.head, b'"length"' if last else b"null", self.usage(self.k), repr(t).encode())
+        out = _chunked(event)
+        if last:
+            if self.usage_only:
+                out += _chunked(b"data: %s%s}\n\n" % (self.tail, self.usage(self.k)))
+            out += _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+        self.proto.transport.write(out)
+        self.sends.append(t)
+        if last:
+            self.timer = None
+            self.proto.stream_done(self)
+        else:
+            self.due += self.proto.itl_s
+            self.timer = self.proto.loop.call_later(max(0.0, self.due - t), self.emit)
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return len(prompt)
+    if isinstance(prompt, str):
+        return max(1, len(prompt.split()))
+    msgs = body.get("messages") or []
+    return max(1, sum(len(str(m.get("content", "")).split()) for m in msgs))
+
+
+class ServerProtocol(asyncio.Protocol):
+    """HTTP/1.1, one request at a time per connection (aiohttp does not pipeline)."""
+
+    ttft_s = 0.020
+    itl_s = 0.005
+    anon = 0
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport
+        self.buf = b""
+        self.stream: _Stream | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.stream is not None and self.stream.timer is not None:
+            self.stream.timer.cancel()
+        self.stream = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > MAX_HEADER_BYTES + MAX_BODY_BYTES:
+            self.transport.close()
+            return
+        self._next_request()
+
+    def stream_done(self, stream: _Stream) -> None:
+        STAMPS[stream.sid] = (stream.recv, stream.sends)
+        self.stream = None
+        self._next_request()
+
+    def _next_request(self) -> None:
+        if self.stream is not None:
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > MAX_HEADER_BYTES:
+                self.transport.close()
+            return
+        lines = self.buf[:end].decode("latin-1").split("\r\n")
+        fields = (ln.partition(":") for ln in lines[1:])
+        headers = {k.strip().lower(): v.strip() for k, _, v in fields}
+        length = headers.get("content-length", "0")
+        size = int(length) if length.isdigit() else MAX_BODY_BYTES + 1
+        if "chunked" in headers.get("transfer-encoding", "") or size > MAX_BODY_BYTES:
+            self.transport.write(_response(400, b'{"error":"unsupported request body"}'))
+            self.transport.close()
+            return
+        if len(self.buf) < end + 4 + size:
+            return
+        body, self.buf = self.buf[end + 4:end + 4 + size], self.buf[end + 4 + size:]
+        method, _, rest = lines[0].partition(" ")
+        self._route(method, rest.rpartition(" ")[0], headers, body)
+
+    def _route(self, method: str, target: str, headers: dict[str, str], body: bytes) -> None:
+        url = urlsplit(target)
+        if method == "GET" and url.path == "/v1/models":
+            self.transport.write(_response(200, MODELS))
+        elif method == "GET" and url.path == "/health":
+            self.transport.write(_response(200, b"{}"))
+        elif method == "GET" and url.path == "/bench/stamps":
+            prefix = parse_qs(url.query).get("prefix", [""])[0]
+            self.transport.write(_response(200, _pop_stamps(prefix)))
+        elif method == "POST" and url.path in ("/v1/completions", "/v1/chat/completions"):
+            self._start(headers, body, chat=url.path.endswith("chat/completions"))
+        else:
+            self.transport.write(_response(404, b'{"error":"not found"}'))
+        if self.stream is None and self.buf:
+            self._next_request()
+
+    def _start(self, headers: dict[str, str], raw: bytes, chat: bool) -> None:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            self.transport.write(_response(400, b'{"error":"body is not JSON"}'))
+            return
+        if not isinstance(body, dict) or body.get("stream") is not True:
+            self.transport.write(_response(400, b'{"error":"only stream=true is served"}'))
+            return
+        if len(STAMPS) >= MAX_KEPT_STREAMS:
+            self.transport.write(_response(503, b'{"error":"stamps not fetched"}'))
+            return
+        sid = body.get("user") or headers.get("x-request-id")
+        if not isinstance(sid, str) or not sid:
+            ServerProtocol.anon += 1
+            sid = f"anon-{ServerProtocol.anon}"
+        self.stream = _Stream(self, sid, body, chat)
+        self.transport.write(SSE_HEAD)
+        self.stream.timer = self.loop.call_later(self.ttft_s, self.stream.emit)
+
+
+def _pop_stamps(prefix: str) -> bytes:
+    keys = [k for k in STAMPS if k.startswith(prefix)]
+    streams = {k: {"recv": STAMPS[k][0], "sends": STAMPS.pop(k)[1]} for k in keys}
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return orjson.dumps({"streams": streams, "cpu_s": ru.ru_utime + ru.ru_stime})
+
+
+async def _serve(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    sock = socket.socket(fileno=fd)
+    server = await loop.create_server(ServerProtocol, sock=sock, backlog=1024)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fd", type=int, required=True, help="listening socket, already bound")
+    ap.add_argument("--ttft-ms", type=float, default=20.0)
+    ap.add_argument("--itl-ms", type=float, default=5.0)
+    args = ap.parse_args()
+    ServerProtocol.ttft_s, ServerProtocol.itl_s = args.ttft_ms / 1e3, args.itl_ms / 1e3
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(args.fd))
+    else:
+        uvloop.run(_serve(args.fd))
+
+
+if __name__ == "__main__":
+    main()
