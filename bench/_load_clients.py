@@ -1,8 +1,9 @@
 """The load generators ``client_overhead.py`` measures, each run in a process of its own.
 
-``python bench/_load_clients.py KIND --url U --streams S --waves W --tokens T --prefix P``
-opens S connections (one warm-up request per stream, not measured), then has each of S
-streams send W requests back to back, and prints one JSON object: the process's CPU seconds
+``python bench/_load_clients.py KIND --url U --streams S --waves W --tokens T --prefix P
+--result-file F`` opens S connections (one warm-up request per stream, not measured), then
+has each of S streams send W requests back to back, and writes one JSON object to F: the
+process's CPU seconds
 (``getrusage``, user + system) and wall seconds over the measured load only, and per request
 what the client saw. Kinds:
 
@@ -176,6 +177,7 @@ def main() -> None:
     ap.add_argument("--prefix", required=True)
     ap.add_argument("--api", choices=["completions", "chat"], default="completions")
     ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    ap.add_argument("--result-file", type=Path, required=True, help="where the JSON goes")
     a = ap.parse_args()
     slots = plan(a.prefix, a.streams, a.waves, a.tokens, a.api)
     warm = warmup_plan(a.prefix, a.streams, a.api)
@@ -189,7 +191,8 @@ def main() -> None:
     else:
         out = asyncio.run(coro)
     out["kind"] = a.kind
-    sys.stdout.buffer.write(orjson.dumps(out))
+    # A file, not stdout: uvloop leaves stdio non-blocking, which can cut a large write short.
+    a.result_file.write_bytes(orjson.dumps(out))
 
 
 if __name__ == "__main__":

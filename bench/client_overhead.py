@@ -193,16 +193,19 @@ class FastServer:
 def run_client(opts: Options, server: FastServer, kind: str, streams: int, prefix: str
                ) -> dict[str, Any]:
     """One measured load in a fresh client process, joined with the server's stamps."""
-    cmd = [sys.executable, str(BENCH / "_load_clients.py"), kind, "--url", server.url,
-           "--streams", str(streams), "--waves", str(opts.waves), "--tokens", str(opts.tokens),
-           "--prefix", prefix, "--api", opts.api, "--loop", opts.loop]
-    _, cpu0 = server.stamps("cpu-only")
-    done = subprocess.run(cmd, capture_output=True, timeout=CLIENT_TIMEOUT_S, env=_env(),
-                          preexec_fn=_pinned(0 if opts.pin else None))
-    if done.returncode != 0:
-        raise RuntimeError(f"{kind} client failed ({done.returncode}):\n"
-                           f"{done.stderr.decode(errors='replace')[-3000:]}")
-    out = orjson.loads(done.stdout)
+    with tempfile.TemporaryDirectory(prefix="client-overhead-") as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(BENCH / "_load_clients.py"), kind, "--url", server.url,
+               "--streams", str(streams), "--waves", str(opts.waves),
+               "--tokens", str(opts.tokens), "--prefix", prefix, "--api", opts.api,
+               "--loop", opts.loop, "--result-file", str(result)]
+        _, cpu0 = server.stamps("cpu-only")
+        done = subprocess.run(cmd, capture_output=True, timeout=CLIENT_TIMEOUT_S, env=_env(),
+                              preexec_fn=_pinned(0 if opts.pin else None))
+        if done.returncode != 0 or not result.exists():
+            raise RuntimeError(f"{kind} client failed ({done.returncode}):\n"
+                               f"{done.stderr.decode(errors='replace')[-3000:]}")
+        out = orjson.loads(result.read_bytes())
     stamps, cpu1 = server.stamps(prefix)
     server.stamps("warm-" + prefix)  # drop the warm-up stamps
     return analyse(kind, streams, out, stamps, cpu1 - cpu0)

@@ -81,7 +81,7 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
 
 def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
     """A real vLLM server SIGKILLed mid-run: the run finishes, every request has one result,
-    the ones after the kill fail as connection errors, the verdict calls the target failed."""
+    the ones after the kill fail as connection errors, and the summary counts them by kind."""
     import os
     import signal
     import threading
@@ -121,5 +121,6 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
     ok = [r for r in results if r.status == "ok"]
     failed = [r for r in results if r.status != "ok"]
     assert len(ok) >= 5 and failed
-    assert {r.error_kind for r in failed} <= {"connect", "disconnect"}
-    assert summary["verdict"]["verdict"] == "reject"
+    kinds = Counter(r.error_kind for r in failed)
+    assert set(kinds) <= {"connect", "disconnect"}
+    assert describe(summary, "fp8") == dict(kinds)
