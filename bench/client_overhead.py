@@ -590,6 +590,7 @@ def resummarize(path: Path, console: Console) -> None:
     opts = parse_args(["--streams", ",".join(map(str, cfg["streams"]))])
     doc["summary"] = summarize(opts, doc["runs"], doc["vllm_bench"])
     doc["targets"] = targets(doc["summary"])
+    doc["summary_recomputed"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     render(console, doc["summary"], doc["targets"])
     path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     console.print(f"re-summarized {path} (measured {doc['machine']['date']})")
