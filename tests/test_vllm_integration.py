@@ -231,3 +231,54 @@ def test_api_key_never_reaches_any_run_artifact(bf16_server: LocalServer, tmp_pa
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["targets"]["bf16"]["spec"]["api_key_env"] == "KVC_PLANTED_KEY"
     assert all(r.status == "ok" for r in read_results(run_dir))
+
+
+def test_report_of_a_real_run_in_chromium(bf16_server: LocalServer, tmp_path: Path) -> None:
+    """A real replay (bf16 reference, an "fp8" URL that serves BF16), a <script> planted in a
+    trace prompt and, through the saved results, in a model answer; `replay report`
+    re-renders; headless Chromium shows the verdict, every section, and the payloads as text."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.test_report import SECTION_IDS
+    from tests.test_report_browser import ARTIFACTS, chromium
+
+    if shutil.which("chromium") is None:
+        pytest.skip("needs Debian's chromium package (scripts/setup --with-browser)")
+    payload = "<script>document.title='pwned'</script>"
+    lines = (ROOT / "traces" / "sample.jsonl").read_text().splitlines()[:5]
+    first = json.loads(lines[0])
+    first["messages"][-1]["content"] = payload + first["messages"][-1]["content"]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    url = bf16_server.url
+    run = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "--trace", str(trace), "--targets",
+         f"bf16={url},fp8={url}", "--buckets", "256,1K", "--concurrency", "2", "--out",
+         str(tmp_path), "--run-id", "real"], cwd=ROOT, capture_output=True, text=True,
+        timeout=900)
+    assert run.returncode == 3, run.stderr[-2000:]  # the "fp8" target serves BF16
+    run_dir = tmp_path / "real"
+    results = (run_dir / "results.jsonl").read_text().splitlines()
+    answered = json.loads(results[0])
+    answered["output_text"] = payload + answered["output_text"]
+    (run_dir / "results.jsonl").write_text("\n".join([json.dumps(answered), *results[1:]]) + "\n")
+    again = subprocess.run([sys.executable, "-m", "replay.cli", "report", str(run_dir)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    page = (run_dir / "report.html").resolve().as_uri()
+    dom = chromium(tmp_path / "profile", "--dump-dom", page)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert ("REJECT" in dom.stdout and "served cache_dtype is &#39;auto&#39;" in dom.stdout) \
+        or "served cache_dtype is 'auto'" in dom.stdout
+    for sid in SECTION_IDS:
+        assert f'<section id="{sid}"' in dom.stdout, sid
+    assert "pwned" not in dom.stdout.split("<title>", 1)[1].split("</title>", 1)[0]
+    assert dom.stdout.count("&lt;script&gt;document.title='pwned'&lt;/script&gt;") >= 2
+    assert "<script>document.title" not in dom.stdout
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report_real_run.png"
+    snap = chromium(tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1400,2400",
+                    page)
+    assert snap.returncode == 0 and shot.stat().st_size > 10_000
