@@ -470,3 +470,19 @@ def test_charts() -> None:
     top, ticks = report._axis(87.0)
     assert top == 100 and ticks[0] == 0 and ticks[-1] == 100
     assert len(report._thin([(float(i), 0.0) for i in range(10000)], 100)) == 100
+
+
+def test_replay_compare_two_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    a = make_run_dir(tmp_path / "a")
+    b = make_run_dir(tmp_path / "b")
+    out = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(a), str(b)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "verdict: calibrate -> calibrate" in out.stdout
+    assert "Δ pass" in out.stdout and "fp8" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(a), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "summary.json" in bad.stderr
