@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import os
 import platform
 import resource
@@ -459,6 +460,23 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def client_version() -> dict[str, Any]:
+    """Which kvcanary client was measured: file digests and the git commit (tree may differ)."""
+    files = ("replay/_client.py", "replay/_sse.py", "replay/_records.py")
+    out: dict[str, Any] = {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:12]
+                           for f in files}
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %cI", "--",
+                               *files], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *files],
+                               capture_output=True, text=True, timeout=10)
+        out["last_commit"] = head.stdout.strip() or None
+        out["uncommitted_changes"] = bool(dirty.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        out["last_commit"] = None
+    return out
+
+
 def machine_info(opts: Options) -> dict[str, Any]:
     from importlib.metadata import version
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -471,6 +489,7 @@ def machine_info(opts: Options) -> dict[str, Any]:
         "clock": f"time.perf_counter = {time.get_clock_info('perf_counter').implementation}"
                  " in every process",
         "pinning": "server on CPU 1, clients on CPU 0" if opts.pin else "none",
+        "kvcanary_client": client_version(),
     }
 
 
