@@ -11,16 +11,38 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from . import _stats as stats
 from ._records import Result
-from ._trace import Request
 from .checkers import Answer, Checker, normalize, parse_check
 
 CONTROL_SUFFIX = "-control"
+
+
+class Gradable(Protocol):
+    """What grading needs of a trace record (a ``Request`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def check(self) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GradingSpec:
+    """A trace record without its prompt: a long run keeps one per request it sent."""
+
+    id: str
+    task: str
+    check: dict[str, Any] | None
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -44,7 +66,7 @@ def agreement(r: Result, ref: Result) -> dict[str, Any]:
     }
 
 
-def grade_rows(results: Sequence[Result], requests: Mapping[str, Request],
+def grade_rows(results: Sequence[Result], requests: Mapping[str, Gradable],
                reference: str) -> list[dict[str, Any]]:
     """One row per result: checker grade and agreement with the reference."""
     checkers: dict[str, Checker] = {}

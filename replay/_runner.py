@@ -11,10 +11,12 @@ import platform
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from array import array
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -23,7 +25,7 @@ from . import __version__
 from ._buckets import Buckets
 from ._client import Client
 from ._errors import ConfigError, ServerStartError, TargetError
-from ._grading import CONTROL_SUFFIX, grade_rows, quality
+from ._grading import CONTROL_SUFFIX, GradingSpec, grade_rows, quality
 from ._importers import LengthPolicy
 from ._introspect import MetricsSnapshot, Scraper, engine_config_from_log, introspect
 from ._records import Result
@@ -49,10 +51,11 @@ from ._synth import POOL_TEXT, TokenPool, synthesize
 from ._systems import compare_systems, throughput_ratio
 from ._targets import LocalServer, TargetSpec, cache_dtype_matches, scale_lines
 from ._teacher import score as tf_score
-from ._trace import Request, TraceLoad
+from ._trace import Request, TraceSource
 from ._verdict import Thresholds, decide, facts_from_run
 
 Schedule = ClosedLoop | OpenLoop
+T = TypeVar("T")
 
 
 class Progress(Protocol):
@@ -76,7 +79,9 @@ class QuietProgress:
 
 @dataclass
 class RunConfig:
-    trace: TraceLoad
+    # A ``StreamedTrace`` (the CLI) is re-read for each pass; the runner never holds all of
+    # the requests, only what is in flight and what its results need.
+    trace: TraceSource
     trace_path: Path
     trace_format: str
     targets: Sequence[TargetSpec]
@@ -140,7 +145,6 @@ class Runner:
         if cfg.control:
             ref = self.runs[self.reference].spec
             self.control = TargetRun(replace(ref, name=ref.name + CONTROL_SUFFIX))
-        self.ref_answers: dict[str, Result] = {}
         self.ref_done: asyncio.Event | None = None
         self.stopping = asyncio.Event()
         self.interrupted = False
@@ -166,7 +170,7 @@ class Runner:
                          "cpu_flags": _cpu_flags()},
             "trace": {"path": str(c.trace_path), "format": c.trace_format,
                       "sha256": file_digest(c.trace_path), "lines": c.trace.lines,
-                      "requests": len(c.trace.requests), "bad_lines": len(c.trace.bad),
+                      "requests": c.trace.count, "bad_lines": c.trace.bad_count,
                       "length_policy": c.length_policy.as_dict()},
             "buckets": {"bounds": c.buckets.spec(), "labels": c.buckets.labels},
             "schedules": [s.label for s in c.schedules],
@@ -189,7 +193,7 @@ class Runner:
 
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        write_bad_lines(self.cfg.run_dir, self.cfg.trace.bad)
+        write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad())
         self.save_manifest()
         self.ref_done = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -248,11 +252,9 @@ class Runner:
             if r.status == "cancelled" and not (r.error or "").startswith("not sent: phase"):
                 redo += 1  # cut short by the interrupt: it will be sent again
                 continue
-            kept.append(r)
+            kept.append(r.to_json())
             self.done.setdefault((r.target, r.phase), set()).add(r.request_id)
-            if r.target == self.reference and r.phase == self.cfg.schedules[0].label:
-                self.ref_answers[r.request_id] = r
-        rewrite_jsonl(run_dir / RESULTS, [r.to_json() for r in kept])
+        rewrite_jsonl(run_dir / RESULTS, kept)
         tf_dropped = repair_jsonl(run_dir / TEACHER_FORCED)
         for row in read_jsonl(run_dir / TEACHER_FORCED):
             self.tf_done.add((row["target"], row["request_id"]))
@@ -268,13 +270,15 @@ class Runner:
         targets = {n: {"status": r.status, "reason": r.reason,
                        "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
                    for n, r in runs.items()}
-        results = load_results(self.cfg.run_dir)
+        # Prompt ids are only for teacher-forced scoring, which reads them from the file.
+        results = load_results(self.cfg.run_dir, prompt_ids=False)
         series = {n: r.series for n, r in runs.items()}
         if self.control is not None:  # the control ran on the reference's server
             series[self.control.spec.name] = series[self.reference]
         summary = build_summary(results, targets, series, self.cfg.buckets.labels)
         summary["run_dir"] = str(self.cfg.run_dir)
-        rows = grade_rows(results, {r.id: r for r in self.cfg.trace.requests}, self.reference)
+        rows = grade_rows(results, self._grading_specs({r.request_id for r in results}),
+                          self.reference)
         with (self.cfg.run_dir / GRADES).open("w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(orjson.dumps(row).decode() + "\n")
@@ -294,16 +298,39 @@ class Runner:
         write_json(self.cfg.run_dir / SUMMARY, summary)
         return summary
 
+    def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
+        """Task and checker of each request that has results: what grading needs of the
+        trace, without the prompts."""
+        return {r.id: GradingSpec(r.id, r.task, r.check)
+                for r in self.cfg.trace.iter_requests() if r.id in ids}
+
+    def _reference_answers(self) -> Iterator[Result]:
+        """The reference's answers in the first phase that teacher-forced scoring can use,
+        read back from results.jsonl rather than kept in memory."""
+        path = self.cfg.run_dir / RESULTS
+        if not path.exists():
+            return
+        first = self.cfg.schedules[0].label
+        with path.open("rb") as fh:
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break  # another target's line, still being written (after ours)
+                row = orjson.loads(raw)
+                if (row["target"] == self.reference and row["phase"] == first
+                        and row["status"] == "ok" and row.get("prompt_ids")
+                        and row.get("output_ids")):
+                    yield Result.from_json(row)
+
     def _complete(self, name: str) -> bool:
         """Resume: every phase has a final result for every request (and scores if due)."""
-        ids = {r.id for r in self.cfg.trace.requests}
         names = [name] + ([self.control.spec.name] if self.control and name == self.reference
                           else [])
-        phases_done = all(ids <= self.done.get((n, s.label), set())
-                          for n in names for s in self.cfg.schedules)
+        done = [self.done.get((n, s.label), set()) for n in names for s in self.cfg.schedules]
+        phases_done = all(all(req.id in d for d in done)
+                          for req in self.cfg.trace.iter_requests())
         tf_due = self.cfg.teacher_forced and any(
-            (n, rid) not in self.tf_done for n in names for rid, r in self.ref_answers.items()
-            if r.status == "ok" and r.output_ids)
+            (n, r.request_id) not in self.tf_done for r in self._reference_answers()
+            for n in names)
         return phases_done and not tf_due
 
     async def _healthy_or_stopped(self, server: LocalServer) -> bool:
@@ -409,13 +436,12 @@ class Runner:
 
     async def _phases(self, run: TargetRun, session: aiohttp.ClientSession, client: Client,
                       url: str) -> None:
-        reqs = self.cfg.trace.requests
+        trace = self.cfg.trace
         self.progress.status(f"[{run.spec.name}] counting prompt tokens on the target tokenizer")
-        pool = await token_pool(session, url, client.model) if any(r.synth for r in reqs) else None
-        counts = await count_tokens(session, url, client.model, reqs)
-        run.info["tokens_counted"] = sum(c is not None for c in counts.values())
-        buckets = {rid: (self.cfg.buckets.label(n) if n is not None else "unknown")
-                   for rid, n in counts.items()}
+        pool = await token_pool(session, url, client.model) if trace.has_synth else None
+        counts = await prompt_token_counts(session, url, client.model, trace.iter_requests(),
+                                           trace.count)
+        run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
         series_file = JsonlWriter(self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl")
 
         def sink(snap: MetricsSnapshot) -> None:
@@ -427,7 +453,7 @@ class Runner:
         scraper.start()
         try:
             for sched in self.cfg.schedules:
-                await self._phase(run, sched, client, pool, counts, buckets, scraper)
+                await self._phase(run, sched, client, pool, counts, scraper)
             if self.stopping.is_set():
                 return
             if run.spec.name == self.reference:
@@ -436,8 +462,7 @@ class Runner:
                     # A/A: the same server, the same requests, again (its own cache salt).
                     self.control.info = dict(run.info)
                     for sched in self.cfg.schedules:
-                        await self._phase(self.control, sched, client, pool, counts, buckets,
-                                          scraper)
+                        await self._phase(self.control, sched, client, pool, counts, scraper)
                     self.control.status = "ok"
                 self.ref_done.set()
             if self.cfg.teacher_forced and not self.stopping.is_set():
@@ -450,50 +475,67 @@ class Runner:
             run.info["scrape_failures"] = scraper.failures
 
     async def _phase(self, run: TargetRun, sched: Schedule, client: Client,
-                     pool: TokenPool | None, counts: dict[str, int | None],
-                     buckets: dict[str, str], scraper: Scraper) -> None:
+                     pool: TokenPool | None, counts: array[int], scraper: Scraper) -> None:
         name, label = run.spec.name, sched.label
         before_done = self.done.get((name, label), set())
-        reqs = [r for r in self.cfg.trace.requests if r.id not in before_done]
-        if not reqs or self.stopping.is_set():
+        # Resume: the results of an earlier process are all for this trace's requests.
+        total = self.cfg.trace.count - len(before_done)
+        if total <= 0 or self.stopping.is_set():
             return  # resumed: this phase is complete (or the run is being interrupted)
-        done: set[str] = set()
-        self.progress.phase(name, label, len(reqs))
+        self.progress.phase(name, label, total)
         # Per target too: the A/A control must not reuse the reference's cache on its server.
         salt = f"{self.cfg.run_dir.name}.{name}.{label}" if self.cfg.salt_phases else None
 
-        async def send(req: Request, scheduled: float) -> None:
-            res = Result(request_id=req.id, target=name, phase=label, bucket=buckets[req.id],
-                         scheduled=scheduled, prompt_tokens=counts[req.id])
+        def bucket(i: int) -> str:
+            n = counts[i]
+            return self.cfg.buckets.label(n) if n != UNKNOWN else "unknown"
+
+        # The schedule pulls requests from the file as it sends them; ``pending`` holds the
+        # ones it has pulled and not finished (at most what is in flight, plus one waiting for
+        # its time), so what a time limit leaves unsent is ``pending`` and the rest of ``todo``.
+        pending: dict[int, Request] = {}
+
+        def pulled(items: Iterator[tuple[int, Request]]) -> Iterator[tuple[int, Request]]:
+            for i, req in items:
+                pending[i] = req
+                yield i, req
+
+        async def send(item: tuple[int, Request], scheduled: float) -> None:
+            i, req = item
+            res = Result(request_id=req.id, target=name, phase=label, bucket=bucket(i),
+                         scheduled=scheduled, prompt_tokens=_count(counts[i]))
             ids = synthesize(req, pool) if req.synth is not None and pool is not None else None
             try:
                 await client.send(req, res, ids, salt)
             finally:
                 self.writer.write(res.to_json())
-                if name == self.reference and label == self.cfg.schedules[0].label:
-                    self.ref_answers[req.id] = res
-                done.add(req.id)
+                pending.pop(i, None)
                 self.progress.advance(name, label, res.status == "ok")
 
-        # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
-        before = await scraper.scrape_once()
-        start = before.t if before is not None else self.clock.now()
-        try:
-            await asyncio.wait_for(sched.run(reqs, send, self.clock, self.stopping),
-                                   self.cfg.phase_timeout_s)
-        except TimeoutError:
-            pass
-        after = await scraper.scrape_once()
-        end = after.t if after is not None else self.clock.now()
-        # Requests the phase never sent (time limit) are results too; after an interrupt they
-        # are left for --resume to send.
-        for req in reqs:
-            if req.id not in done and not self.stopping.is_set():
-                res = Result(request_id=req.id, target=name, phase=label,
-                             bucket=buckets[req.id], scheduled=end, status="cancelled",
-                             error_kind="cancelled",
-                             error=f"not sent: phase time limit {self.cfg.phase_timeout_s:g} s")
-                self.writer.write(res.to_json())
+        with closing(self.cfg.trace.iter_requests()) as reqs:
+            todo = ((i, r) for i, r in enumerate(reqs) if r.id not in before_done)
+            # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
+            before = await scraper.scrape_once()
+            start = before.t if before is not None else self.clock.now()
+            try:
+                await asyncio.wait_for(sched.run(pulled(todo), send, self.clock, self.stopping),
+                                       self.cfg.phase_timeout_s)
+            except TimeoutError:
+                pass
+            after = await scraper.scrape_once()
+            end = after.t if after is not None else self.clock.now()
+            # Requests the phase never sent (time limit) are results too; after an interrupt
+            # they are left for --resume to send.
+            if not self.stopping.is_set():
+                unsent = sorted(pending.items())
+                pending.clear()
+                for i, req in [*unsent, *todo]:
+                    res = Result(request_id=req.id, target=name, phase=label,
+                                 bucket=bucket(i), scheduled=end, status="cancelled",
+                                 error_kind="cancelled",
+                                 error=f"not sent: phase time limit "
+                                       f"{self.cfg.phase_timeout_s:g} s")
+                    self.writer.write(res.to_json())
         run.phases[label] = {"start": start, "end": end,
                              **({"resumed": True} if before_done else {}),
                              **({"interrupted": True} if self.stopping.is_set() else {})}
@@ -504,33 +546,37 @@ class Runner:
         """Score the reference's first-phase answers under this target."""
         assert self.ref_done is not None
         await self.ref_done.wait()
-        answers = [r for r in self.ref_answers.values()
-                   if r.status == "ok" and r.prompt_ids and r.output_ids
-                   and (run.spec.name, r.request_id) not in self.tf_done]
-        if not answers:
-            return
         name = run.spec.name
-        self.progress.phase(name, "teacher-forced", len(answers))
-        sem = asyncio.Semaphore(concurrency)
+
+        def answers() -> Iterator[Result]:
+            return (r for r in self._reference_answers()
+                    if (name, r.request_id) not in self.tf_done)
+
+        due = sum(1 for _ in answers())
+        if not due:
+            return
+        self.progress.phase(name, "teacher-forced", due)
         salt = f"{self.cfg.run_dir.name}.{name}.tf"
 
         async def one(ref: Result) -> None:
             assert ref.prompt_ids is not None
-            async with sem:
-                s = await tf_score(session, url, model, ref.prompt_ids, ref.output_ids,
-                                   salt=salt, timeout_s=self.cfg.timeout_s)
+            s = await tf_score(session, url, model, ref.prompt_ids, ref.output_ids,
+                               salt=salt, timeout_s=self.cfg.timeout_s)
             self.tf_writer.write({"target": name, "request_id": ref.request_id,
                                   "bucket": ref.bucket, **s.to_json()})
             self.progress.advance(name, "teacher-forced", s.error is None)
 
-        await asyncio.gather(*(one(r) for r in answers))
+        # The answers are read from the results file as the workers take them (their token
+        # ids are the bulk of a result), never all at once.
+        with closing(answers()) as items:
+            await pooled(items, one, concurrency)
 
     def _record_unavailable(self, run: TargetRun) -> None:
         """A target that cannot serve still accounts for every planned request."""
         now = self.clock.now()
         for sched in self.cfg.schedules:
             run.phases.setdefault(sched.label, {"start": now, "end": now})
-            for req in self.cfg.trace.requests:
+            for req in self.cfg.trace.iter_requests():
                 res = Result(request_id=req.id, target=run.spec.name, phase=sched.label,
                              bucket="unknown", scheduled=now, status="error",
                              error_kind="unavailable", error=run.reason)
@@ -559,30 +605,69 @@ async def _tokenize(session: aiohttp.ClientSession, url: str,
         return None
 
 
+async def pooled(items: Iterator[T], work: Callable[[T], Awaitable[None]],
+                 concurrency: int) -> None:
+    """``work`` on every item, ``concurrency`` at a time, taking items only as workers free
+    up: a million items are never a million pending coroutines."""
+    async def worker() -> None:
+        for item in items:  # shared: each item goes to exactly one worker
+            await work(item)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+@contextmanager
+def closing(items: Iterator[T]) -> Iterator[Iterator[T]]:
+    """Close a generator (and the file it reads) when the reader stops early; plain
+    iterators have nothing to close."""
+    try:
+        yield items
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
+UNKNOWN = -1  # a prompt length the target could not count (``counts`` hold no None)
+
+
+def _count(n: int) -> int | None:
+    return None if n == UNKNOWN else n
+
+
+async def prompt_token_counts(session: aiohttp.ClientSession, url: str, model: str,
+                              reqs: Iterable[Request], n: int,
+                              concurrency: int = 16) -> array[int]:
+    """Prompt length of each of the ``n`` requests on the target's own tokenizer (chat
+    template applied), by position in ``reqs``; ``UNKNOWN`` where it cannot be counted.
+    Eight bytes a request, whatever the prompts hold."""
+    out = array("q", [UNKNOWN]) * n
+
+    async def one(item: tuple[int, Request]) -> None:
+        i, req = item
+        known = req.declared_tokens
+        if known is None:
+            if req.api == "chat":
+                body: dict[str, Any] = {"model": model, "messages": list(req.messages or ()),
+                                        "add_generation_prompt": True}
+                if req.tools:
+                    body["tools"] = list(req.tools)
+            else:
+                body = {"model": model, "prompt": req.prompt}
+            ids = await _tokenize(session, url, body)
+            known = len(ids) if ids is not None else req.input_tokens
+        out[i] = UNKNOWN if known is None else known
+
+    with closing(iter(reqs)) as items:
+        await pooled(enumerate(items), one, concurrency)
+    return out
+
+
 async def count_tokens(session: aiohttp.ClientSession, url: str, model: str,
                        reqs: Sequence[Request], concurrency: int = 16) -> dict[str, int | None]:
-    """Prompt length of each request on the target's own tokenizer (chat template applied)."""
-    out: dict[str, int | None] = {}
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(req: Request) -> None:
-        known = req.declared_tokens
-        if known is not None:
-            out[req.id] = known
-            return
-        if req.api == "chat":
-            body: dict[str, Any] = {"model": model, "messages": list(req.messages or ()),
-                                    "add_generation_prompt": True}
-            if req.tools:
-                body["tools"] = list(req.tools)
-        else:
-            body = {"model": model, "prompt": req.prompt}
-        async with sem:
-            ids = await _tokenize(session, url, body)
-        out[req.id] = len(ids) if ids is not None else req.input_tokens
-
-    await asyncio.gather(*(one(r) for r in reqs))
-    return out
+    """``prompt_token_counts`` by request id, for callers that hold their requests."""
+    counts = await prompt_token_counts(session, url, model, reqs, len(reqs), concurrency)
+    return {r.id: _count(c) for r, c in zip(reqs, counts, strict=True)}
 
 
 def _cpu_flags() -> dict[str, bool]:
@@ -599,5 +684,13 @@ def _cpu_flags() -> dict[str, bool]:
     return {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile")}
 
 
-def load_results(run_dir: Path) -> list[Result]:
-    return list(read_results(run_dir))
+def load_results(run_dir: Path, prompt_ids: bool = True) -> list[Result]:
+    """Every result of a run; ``prompt_ids=False`` drops the prompt token ids (often the
+    largest part of a result) for readers that do not use them."""
+    if prompt_ids:
+        return list(read_results(run_dir))
+    out = []
+    for r in read_results(run_dir):
+        r.prompt_ids = None
+        out.append(r)
+    return out

@@ -11,7 +11,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -75,9 +75,10 @@ _END = object()
 class OpenLoop:
     """Send each item at ``start + offsets[i]``; ``max_in_flight`` bounds open requests
     (0 = unbounded). A request that waits for a slot keeps its scheduled time, so the
-    queueing shows in latency-from-schedule."""
+    queueing shows in latency-from-schedule. ``offsets`` is iterated once per run: a list, or
+    a re-iterable that computes them as it goes (``PoissonOffsets``, ``TraceOffsets``)."""
 
-    offsets: Sequence[float]
+    offsets: Iterable[float]
     max_in_flight: int = 0
     name: str = "open"
 
@@ -135,19 +136,49 @@ async def _guarded(aw: Awaitable[object], slots: asyncio.Semaphore | None) -> ob
 def trace_offsets(times: Sequence[float | None], time_scale: float = 1.0) -> list[float]:
     """Offsets from the trace's own timestamps, relative to the first, scaled
     (``time_scale`` 0.5 replays twice as fast). Missing times count as 0."""
-    if time_scale <= 0 or not math.isfinite(time_scale):
-        raise ValueError("time_scale must be a positive number")
     base = min((t for t in times if t is not None), default=0.0)
-    return [((t if t is not None else base) - base) * time_scale for t in times]
+    return list(TraceOffsets(lambda: times, base, time_scale))
 
 
 def poisson_offsets(n: int, rate: float, seed: int = 0) -> list[float]:
     """Arrival offsets of a Poisson process at ``rate`` requests/s (private seeded RNG)."""
-    if rate <= 0 or not math.isfinite(rate):
-        raise ValueError("rate must be a positive number of requests per second")
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
+    return list(PoissonOffsets(n, rate, seed))
+
+
+@dataclass(frozen=True)
+class PoissonOffsets:
+    """``poisson_offsets`` computed as they are consumed, the same numbers on every pass, so
+    a long schedule holds no list of times."""
+
+    n: int
+    rate: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0 or not math.isfinite(self.rate):
+            raise ValueError("rate must be a positive number of requests per second")
+
+    def __iter__(self) -> Iterator[float]:
+        rng = random.Random(self.seed)
+        t = 0.0
+        for _ in range(self.n):
+            yield t
+            t += rng.expovariate(self.rate)
+
+
+@dataclass(frozen=True)
+class TraceOffsets:
+    """``trace_offsets`` computed as they are consumed: ``times`` gives the trace's
+    timestamps afresh on every pass, and ``base`` is their minimum (known from a scan)."""
+
+    times: Callable[[], Iterable[float | None]]
+    base: float
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0 or not math.isfinite(self.time_scale):
+            raise ValueError("time_scale must be a positive number")
+
+    def __iter__(self) -> Iterator[float]:
+        for t in self.times():
+            yield ((t if t is not None else self.base) - self.base) * self.time_scale

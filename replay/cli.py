@@ -10,7 +10,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,14 +28,14 @@ from rich.progress import (
 
 from . import __version__
 from ._buckets import DEFAULT_BOUNDS, Buckets
-from ._errors import InputError, KvcanaryError
-from ._importers import IMPORTERS, LengthPolicy, load, sniff_format
+from ._errors import InputError, KvcanaryError, TraceError
+from ._importers import IMPORTERS, LengthPolicy, StreamedTrace, scan, sniff_format, stream
 from ._rundir import file_digest, new_run_dir
 from ._runner import RunConfig, Runner
-from ._schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
+from ._schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
 from ._table import compare_table, quality_table, summary_table
 from ._targets import load_targets_config, parse_targets
-from ._trace import Request
+from ._trace import CheckStats
 from ._verdict import Thresholds
 
 EXIT_OK, EXIT_INPUT, EXIT_TARGET_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
@@ -72,17 +72,19 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
-def build_schedules(reqs: Sequence[Request], concurrency: str, rate: float | None,
+def build_schedules(trace: StreamedTrace, concurrency: str, rate: float | None,
                     trace_times: bool, time_scale: float, max_in_flight: int,
                     seed: int) -> list[ClosedLoop | OpenLoop]:
     if rate is not None and trace_times:
         raise InputError("--rate and --trace-times are exclusive: pick one open-loop schedule")
     try:
+        # Offsets are computed as the schedule consumes them (no list as long as the trace).
         if trace_times:
-            return [OpenLoop(trace_offsets([r.t for r in reqs], time_scale), max_in_flight,
-                             name=f"trace-x{time_scale:g}")]
+            times = TraceOffsets(lambda: (r.t for r in trace.iter_requests()),
+                                 trace.t_min or 0.0, time_scale)
+            return [OpenLoop(times, max_in_flight, name=f"trace-x{time_scale:g}")]
         if rate is not None:
-            return [OpenLoop(poisson_offsets(len(reqs), rate, seed), max_in_flight,
+            return [OpenLoop(PoissonOffsets(trace.count, rate, seed), max_in_flight,
                              name=f"poisson-{rate:g}rps")]
     except ValueError as exc:
         raise InputError(f"schedule: {exc}") from None
@@ -224,11 +226,10 @@ def canary(**opts: Any) -> None:
     _guard(lambda: _run(opts, canary=True))
 
 
-def _warn_unscanned(path: Path, requests: Sequence[Request]) -> None:
+def _warn_unscanned(path: Path, has_text: bool) -> None:
     """Text traces should pass through `replay trace anonymize` before they are shared."""
     from ._anonymize import is_scanned
 
-    has_text = any(r.messages or isinstance(r.prompt, str) for r in requests)
     if has_text and path.suffix == ".jsonl" and not is_scanned(path):
         console.print(f"[yellow]warning:[/yellow] {path} was not anonymized by kvcanary; run "
                       "`replay trace anonymize` (and `replay trace scan`) before sharing "
@@ -257,17 +258,17 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     policy = LengthPolicy(o["length_scale"], o["max_input_tokens"], o["max_output_tokens"])
     fmt = sniff_format(trace_path) if o["trace_format"] == "auto" and trace_path.is_file() \
         else o["trace_format"]
-    trace = load(trace_path, fmt, policy, o["on_bad_line"])
-    if o["limit"] is not None:
-        trace.requests = trace.requests[: max(0, o["limit"])]
-    if trace.bad:
-        console.print(f"[yellow]skipped {len(trace.bad)} bad line(s)[/yellow] "
-                      f"(first: {trace.bad[0]}); all are listed in bad_lines.jsonl")
-    if not trace.requests:
+    # One streaming pass checks the whole trace; the runner re-reads it for each pass, so the
+    # replay's memory does not grow with the trace's length.
+    trace = scan(trace_path, fmt, policy, o["on_bad_line"], o["limit"])
+    if trace.bad_count:
+        console.print(f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
+                      f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl")
+    if not trace.count:
         raise InputError(f"{trace_path}: no valid requests to replay")
-    _warn_unscanned(trace_path, trace.requests)
+    _warn_unscanned(trace_path, trace.has_text)
     buckets = Buckets.parse(o["bucket_spec"])
-    schedules = build_schedules(trace.requests, o["concurrency"], o["rate"], o["trace_times"],
+    schedules = build_schedules(trace, o["concurrency"], o["rate"], o["trace_times"],
                                 o["time_scale"], o["max_in_flight"], o["seed"])
     config = load_targets_config(o["targets_file"]) if o["targets_file"] else None
     model_dir = o["model_dir"]
@@ -301,7 +302,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                     drain_s=o["drain_s"], resume=o.get("resume_dir") is not None,
                     cli_options={k: str(v) if isinstance(v, Path) else v for k, v in o.items()
                                  if k not in ("resume_dir", "trace_sha256")})
-    console.print(f"run directory: [bold]{run_dir}[/bold] - {len(trace.requests)} requests, "
+    console.print(f"run directory: [bold]{run_dir}[/bold] - {trace.count} requests, "
                   f"{len(specs)} target(s), schedules {', '.join(s.label for s in schedules)}")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -391,12 +392,15 @@ def trace() -> None:
 def trace_validate(path: Path, fmt: str) -> None:
     """Check every line of a trace; list each bad one with its field and reason."""
     def run() -> int:
-        loaded = load(path, fmt, on_bad_line="skip")
-        for err in loaded.bad:
+        bad: list[int] = [0]  # streamed: each bad line is printed as it is found
+
+        def report(_k: int, err: TraceError) -> None:
+            bad[0] += 1
             click.echo(str(err))
-        click.echo(f"{path}: {len(loaded.requests)} valid request(s), {len(loaded.bad)} bad "
-                   f"line(s)")
-        return EXIT_INPUT if loaded.bad else EXIT_OK
+
+        valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report))
+        click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s)")
+        return EXIT_INPUT if bad[0] else EXIT_OK
 
     _guard(run)
 
@@ -415,12 +419,20 @@ def trace_import(path: Path, fmt: str, output: Path, length_scale: float,
     """Convert a Mooncake or Azure trace into kvcanary's v1 format."""
     def run() -> int:
         policy = LengthPolicy(length_scale, max_input_tokens, max_output_tokens)
-        loaded = load(path, fmt, policy, on_bad_line)  # type: ignore[arg-type]
-        with output.open("w", encoding="utf-8") as fh:
-            for req in loaded.requests:
-                fh.write(req.model_dump_json(exclude_none=True) + "\n")
-        click.echo(f"wrote {len(loaded.requests)} request(s) to {output}; "
-                   f"{len(loaded.bad)} bad line(s) skipped")
+        stats, bad = CheckStats(), [0]
+        # Streamed into a temporary file beside the output, renamed when the whole trace
+        # checked: a bad line in "fail" mode leaves no half-written output behind.
+        tmp = output.with_name(output.name + ".part")
+        try:
+            with tmp.open("w", encoding="utf-8") as fh:
+                for req in stream(path, fmt, policy, on_bad_line,  # type: ignore[arg-type]
+                                  lambda _k, _e: bad.__setitem__(0, bad[0] + 1), stats):
+                    fh.write(req.model_dump_json(exclude_none=True) + "\n")
+            tmp.replace(output)
+        finally:
+            tmp.unlink(missing_ok=True)
+        click.echo(f"wrote {stats.requests} request(s) to {output}; "
+                   f"{bad[0]} bad line(s) skipped")
         return EXIT_OK
 
     _guard(run)
