@@ -109,6 +109,8 @@ class Client:
             _fail(result, "disconnect", f"connection lost mid-answer: {exc!r}")
         except ProtocolError as exc:
             _fail(result, "protocol", str(exc))
+        except aiohttp.ClientError as exc:  # anything else the HTTP layer rejects
+            _fail(result, "protocol", f"bad HTTP response: {exc!r}")
         except asyncio.CancelledError:
             _fail(result, "cancelled", "cancelled before the answer completed")
             result.status = "cancelled"
@@ -166,6 +168,15 @@ class _Accumulator:
         self._calls: dict[int, ToolCall] = {}
 
     def add(self, ev: Any, t: float | None = None) -> None:
+        # A well-formed JSON event of the wrong shape (a choice that is a number, a token
+        # count that is a string) is the server's protocol error, recorded on the request;
+        # it must not escape as a TypeError that stops the whole run.
+        try:
+            self._add(ev, t)
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            raise ProtocolError(f"malformed SSE event ({exc}): {str(ev)[:200]}") from None
+
+    def _add(self, ev: Any, t: float | None) -> None:
         t = self.now() if t is None else t
         if not isinstance(ev, dict):
             raise ProtocolError(f"SSE event is not a JSON object: {str(ev)[:200]}")
@@ -179,7 +190,7 @@ class _Accumulator:
         usage = ev.get("usage")
         new_tokens = None
         if isinstance(usage, dict):
-            if usage.get("prompt_tokens") is not None:
+            if isinstance(usage.get("prompt_tokens"), int):
                 self.r.prompt_tokens = usage["prompt_tokens"]
             ct = usage.get("completion_tokens")
             if isinstance(ct, int):
@@ -195,13 +206,13 @@ class _Accumulator:
             if "delta" in choice:
                 delta = choice["delta"] or {}
                 content = delta.get("content")
-                if content:
+                if content and isinstance(content, str):
                     self._text.append(content)
                     produced = True
                 for frag in delta.get("tool_calls") or ():
                     self._tool_fragment(frag)
                     produced = True
-            elif choice.get("text"):
+            elif choice.get("text") and isinstance(choice["text"], str):
                 self._text.append(choice["text"])
                 produced = True
             if choice.get("finish_reason"):
@@ -216,6 +227,8 @@ class _Accumulator:
 
     def _tool_fragment(self, frag: dict[str, Any]) -> None:
         idx = frag.get("index", 0)
+        if not isinstance(idx, int):
+            raise TypeError(f"tool call index {idx!r} is not an integer")
         call = self._calls.get(idx)
         if call is None:
             call = self._calls[idx] = ToolCall(index=idx)
