@@ -85,7 +85,8 @@ def cache_dtype_matches(expected: str, served: str) -> bool:
 
 def parse_targets(text: str, default_model: Path | None,
                   config: Mapping[str, TargetSpec] | None = None) -> list[TargetSpec]:
-    """``bf16,fp8`` (built-ins on the default model), ``name=URL`` or names from a config."""
+    """``bf16,fp8`` (built-ins on the default model), ``name=URL``, ``name=MODEL_DIR`` (a
+    local server; dtype from the name: ``fp8-cal=DIR``) or names from a config."""
     specs: list[TargetSpec] = []
     for raw in (p.strip() for p in text.split(",")):
         if not raw:
@@ -95,9 +96,9 @@ def parse_targets(text: str, default_model: Path | None,
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
             raise ConfigError(f"--targets: '{name}' is not a valid target name "
                               "(letters, digits, '_', '-', '.')")
-        if sep:
-            if not re.match(r"https?://", url.strip()):
-                raise ConfigError(f"--targets: '{raw}': expected name=http://host:port")
+        if sep and not re.match(r"https?://", url.strip()):
+            specs.append(_local_dir_target(name, raw, Path(url.strip()).expanduser()))
+        elif sep:
             specs.append(TargetSpec(name=name, url=url.strip().rstrip("/"),
                                     expect_cache_dtype=expected_dtype_for(name, None)))
         elif config and name in config:
@@ -119,6 +120,20 @@ def parse_targets(text: str, default_model: Path | None,
     if len(set(names)) != len(names):
         raise ConfigError(f"--targets: duplicate target names in {names}")
     return specs
+
+
+def _local_dir_target(name: str, raw: str, model: Path) -> TargetSpec:
+    """``fp8-cal=DIR``: a local server on another checkpoint folder (a calibrated overlay,
+    say), its KV cache dtype taken from the name's bf16/fp8 prefix."""
+    if not (model / "config.json").is_file():
+        raise ConfigError(f"--targets: '{raw}': expected name=http://host:port or "
+                          f"name=MODEL_DIR; {model} is no model folder (no config.json)")
+    dtype = expected_dtype_for(name, None)
+    if dtype is None:
+        raise ConfigError(f"--targets: '{raw}': name a local model target bf16-... or fp8-... "
+                          "(e.g. fp8-cal=DIR) so its KV cache dtype is known")
+    return TargetSpec(name=name, model=str(model.resolve()), kv_cache_dtype=dtype,
+                      args=DEFAULT_MODEL_ARGS, expect_cache_dtype=dtype)
 
 
 # The embedded default model speaks hermes-style tool calls.

@@ -29,6 +29,7 @@ from rich.progress import (
 from . import __version__
 from ._buckets import DEFAULT_BOUNDS, Buckets
 from ._errors import InputError, KvcanaryError, TraceError
+from ._exclude import exclusion, refuse_overlap
 from ._importers import IMPORTERS, LengthPolicy, StreamedTrace, scan, sniff_format, stream
 from ._rundir import file_digest, new_run_dir
 from ._runner import RunConfig, Runner
@@ -146,6 +147,9 @@ RUN_OPTIONS = [
     click.option("--max-input-tokens", type=int, help="Length-only traces: cap prompt length."),
     click.option("--max-output-tokens", type=int, help="Length-only traces: cap output length."),
     click.option("--limit", type=int, help="Replay only the first N requests."),
+    click.option("--exclude-ids", type=click.Path(path_type=Path, dir_okay=False),
+                 help="Leave out the request ids this file lists (one a line), e.g. the "
+                      "calibration_ids.txt of `kvcal sample`."),
     click.option("--parallel-targets", is_flag=True,
                   help="Run targets at the same time (default: one after another, fair on shared "
                        "hardware)."),
@@ -244,7 +248,8 @@ def _resume_options(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError):
         raise InputError(f"--resume {run_dir}: no readable manifest.json with the run's "
                          "options; is this a kvcanary run directory?") from None
-    for key in ("trace_path", "targets_file", "model_dir", "out_dir", "markdown_path"):
+    for key in ("trace_path", "targets_file", "model_dir", "out_dir", "markdown_path",
+                "exclude_ids"):
         if saved.get(key) is not None:
             saved[key] = Path(saved[key])
     saved["resume_dir"], saved["trace_sha256"] = run_dir, manifest["trace"]["sha256"]
@@ -260,7 +265,11 @@ def _run(o: dict[str, Any], canary: bool) -> int:
         else o["trace_format"]
     # One streaming pass checks the whole trace; the runner re-reads it for each pass, so the
     # replay's memory does not grow with the trace's length.
-    trace = scan(trace_path, fmt, policy, o["on_bad_line"], o["limit"])
+    keep = exclusion(o.get("exclude_ids"))
+    trace = scan(trace_path, fmt, policy, o["on_bad_line"], o["limit"], keep=keep)
+    if keep is not None:
+        console.print(f"--exclude-ids: left out {keep.dropped} request(s) listed in "
+                      f"{keep.source}")
     if trace.bad_count:
         console.print(f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
                       f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl")
@@ -282,6 +291,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     specs = parse_targets(o["targets"], model_dir.resolve() if model_dir else None, config)
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
+    refuse_overlap(trace.iter_requests(), specs, trace_path)
     if o.get("resume_dir") is not None:
         run_dir = o["resume_dir"]
         if file_digest(trace_path) != o["trace_sha256"]:
