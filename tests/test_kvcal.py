@@ -39,6 +39,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRACE = ROOT / "traces" / "sample.jsonl"
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama checkpoint of our own (the test model's builder, random weights): kvcal must
+    work on any Llama-family folder, and these tests must not move when the default model
+    is replaced."""
+    from replay.testmodel import build
+
+    return build(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
 def _requests() -> list[Request]:
     return [Request.model_validate(json.loads(line))
             for line in SAMPLE_TRACE.read_text(encoding="utf-8").splitlines() if line.strip()]
