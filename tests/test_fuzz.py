@@ -72,6 +72,36 @@ def test_checker_specs(spec: object) -> None:
         assert err.field and err.reason
 
 
+SPEC_KEYS = ("all", "calls", "case_sensitive", "coerce_types", "fact", "flags", "fullmatch",
+             "language", "match", "memory_mb", "normalize", "passage_ids", "pattern",
+             "rel_tolerance", "schema", "tests", "timeout_s", "tolerance", "value", "values",
+             "which")
+
+
+@FAST
+@given(st.fixed_dictionaries(
+    {"type": st.sampled_from(["code", "contains", "exact", "json_schema", "number", "regex",
+                              "retrieval", "tool_call"]) | JSONISH},
+    optional=dict.fromkeys(SPEC_KEYS, JSONISH)))
+def test_checker_specs_with_real_keys(spec: dict[str, object]) -> None:
+    """Every checker's own keys with values of any type (and a 'type' of any type: atheris
+    found that a list there was a TypeError, which pydantic does not turn into a bad line)."""
+    try:
+        parse_check(spec)
+    except SpecError as err:
+        assert err.field and err.reason
+
+
+@pytest.mark.parametrize("kind", [["retrieval"], {"a": 1}, None, 3])
+def test_unhashable_or_odd_checker_type_is_a_bad_line(tmp_path: Path, kind: object) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "x"}],
+                                "check": {"type": kind}}) + "\n")
+    with pytest.raises(TraceError) as info:
+        load(path, "v1")
+    assert (info.value.line, info.value.field) == (1, "check.type")
+
+
 @FAST
 @given(st.text(max_size=300))
 def test_targets_config(tmp_path_factory, text: str) -> None:  # type: ignore[no-untyped-def]

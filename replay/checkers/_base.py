@@ -67,7 +67,7 @@ def parse_check(spec: Any) -> Checker:
     if not isinstance(spec, Mapping):
         raise SpecError("(check)", "must be an object with a 'type'")
     kind = spec.get("type")
-    if kind not in REGISTRY:
+    if not isinstance(kind, str) or kind not in REGISTRY:  # a list or dict is unhashable
         raise SpecError("type", f"unknown checker {kind!r}. "
                         f"Available: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[kind](spec)
@@ -79,7 +79,9 @@ def parse_check(spec: Any) -> Checker:
 def allowed_keys(spec: Mapping[str, Any], *keys: str) -> None:
     extra = set(spec) - {"type", *keys}
     if extra:
-        raise SpecError(sorted(extra)[0], f"unknown key for a '{spec['type']}' check; "
+        key = sorted(extra)[0]
+        # An empty key still needs a visible name in "file:line: field 'check.…'".
+        raise SpecError(key or '""', f"unknown key for a '{spec['type']}' check; "
                         f"valid keys: {', '.join(sorted(keys))}")
 
 
