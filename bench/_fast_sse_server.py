@@ -13,6 +13,9 @@ responses, the shape uvicorn gives vLLM's streams:
   and ``server_t``, its send time; then a usage-only chunk (``include_usage``) and
   ``data: [DONE]``.
 * ``GET /v1/models``: one model, ``bench``, ``max_model_len`` 4096.
+* ``POST /tokenize`` (vLLM's shape): ``{"tokens": [...], "count": n}``, one token per
+  whitespace-separated word of the prompt or the messages' contents (``memory.py`` replays
+  through kvcanary's CLI, which counts prompt tokens before it sends).
 * ``GET /bench/stamps?prefix=P``: pops and returns the stamps of every finished stream whose
   id starts with P: ``{"streams": {id: {"recv": t, "sends": [t, ...]}}, "cpu_s": ...}``.
   A stream's id is the body's ``user`` field, else the ``x-request-id`` header (what
@@ -190,10 +193,22 @@ class ServerProtocol(asyncio.Protocol):
             self.transport.write(_response(200, _pop_stamps(prefix)))
         elif method == "POST" and url.path in ("/v1/completions", "/v1/chat/completions"):
             self._start(headers, body, chat=url.path.endswith("chat/completions"))
+        elif method == "POST" and url.path == "/tokenize":
+            self._tokenize(body)
         else:
             self.transport.write(_response(404, b'{"error":"not found"}'))
         if self.stream is None and self.buf:
             self._next_request()
+
+    def _tokenize(self, raw: bytes) -> None:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            self.transport.write(_response(400, b'{"error":"body is not JSON"}'))
+            return
+        n = _prompt_tokens(body) if isinstance(body, dict) else 0
+        self.transport.write(_response(200, orjson.dumps(
+            {"tokens": list(range(n)), "count": n, "max_model_len": MAX_MODEL_LEN})))
 
     def _start(self, headers: dict[str, str], raw: bytes, chat: bool) -> None:
         try:

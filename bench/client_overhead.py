@@ -139,8 +139,8 @@ def _env() -> dict[str, str]:
 class FastServer:
     """The stamping SSE server in its own process; always stopped on exit."""
 
-    def __init__(self, opts: Options) -> None:
-        self.opts = opts
+    def __init__(self, ttft_ms: float, itl_ms: float, pin: bool) -> None:
+        self.ttft_ms, self.itl_ms, self.pin = ttft_ms, itl_ms, pin
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -150,10 +150,10 @@ class FastServer:
         sock.listen(1024)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         cmd = [sys.executable, str(BENCH / "_fast_sse_server.py"), "--fd", str(sock.fileno()),
-               "--ttft-ms", str(self.opts.ttft_ms), "--itl-ms", str(self.opts.itl_ms)]
+               "--ttft-ms", str(self.ttft_ms), "--itl-ms", str(self.itl_ms)]
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=(sock.fileno(),), env=_env(),
-                                         preexec_fn=_pinned(1 if self.opts.pin else None))
+                                         preexec_fn=_pinned(1 if self.pin else None))
         finally:
             sock.close()
         self._wait_ready()
@@ -585,7 +585,7 @@ def measure(opts: Options, console: Console
     tok = ensure_tokenizer(opts) if opts.vllm_bench else None
     quiet = QuietWait(opts.quiet_wait_s)
     retry_until = time.monotonic() + RETRY_WINDOW_S
-    with FastServer(opts) as server:
+    with FastServer(opts.ttft_ms, opts.itl_ms, opts.pin) as server:
         console.print(f"fast server at {server.url}")
         for n in opts.streams:
             for rep in range(opts.reps):
