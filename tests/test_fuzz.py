@@ -214,9 +214,9 @@ def test_importer_timestamps(tmp_path_factory, fmt: str, ts: object) -> None:  #
     import math
 
     path = tmp_path_factory.mktemp("f") / ("t.csv" if fmt == "azure" else "t.jsonl")
-    if fmt == "azure":
-        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                        f"{str(ts).replace(',', ' ').replace(chr(10), ' ')},10,5\n",
+    if fmt == "azure":  # one CSV field on one row: no separators, line breaks or quotes
+        field = str(ts).translate({ord(c): " " for c in ',"\r\n'})
+        path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{field},10,5\n",
                         encoding="utf-8", errors="surrogateescape")
     else:
         path.write_text(json.dumps({"timestamp": ts, "input_length": 10, "output_length": 5})
