@@ -15,8 +15,9 @@ blocks replay sends.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,9 @@ class Split:
 
 
 def split_key(request_id: str, seed: int) -> int:
-    """Where a request falls in the deterministic order (smallest keys calibrate)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}\0{request_id}".encode()).digest()[:8], "big")
+    """Where a request falls in the deterministic order (smallest keys calibrate); 128 bits,
+    so two ids never tie in practice."""
+    return int.from_bytes(hashlib.sha256(f"{seed}\0{request_id}".encode()).digest()[:16], "big")
 
 
 class PromptRenderer:
@@ -89,30 +91,41 @@ class PromptRenderer:
         return list(self.tok.encode(text, add_special_tokens=False)), str(text)
 
 
-def draw(requests: Sequence[Request], renderer: PromptRenderer, buckets: Buckets,
+def draw(requests: Iterable[Request], renderer: PromptRenderer, buckets: Buckets,
          per_bucket: int, seed: int, max_share: float = 0.5) -> Split:
     """Up to ``per_bucket`` calibration requests per bucket, never more than ``max_share`` of
-    a bucket (the rest of it must stay for evaluation); every other request evaluates."""
+    a bucket (the rest of it must stay for evaluation); every other request evaluates.
+
+    Streams: per bucket only the ``per_bucket`` smallest hash keys are kept with their
+    prompts (a max-heap), so memory grows with the sample, not with the trace (ids aside).
+    """
     if per_bucket < 1:
         raise InputError("--per-bucket must be at least 1")
     if not 0 < max_share < 1:
         raise InputError("--max-share must be between 0 and 1 (exclusive)")
-    by_bucket: dict[str, list[tuple[int, Request, list[int], str | None]]] = {}
+    heaps: dict[str, list[tuple[int, str, Sample]]] = {label: [] for label in buckets.labels}
+    sizes = dict.fromkeys(buckets.labels, 0)
+    order: list[str] = []
     for req in requests:
         ids, text = renderer.render(req)
-        by_bucket.setdefault(buckets.label(len(ids)), []).append(
-            (split_key(req.id, seed), req, ids, text))
+        label = buckets.label(len(ids))
+        sizes[label] += 1
+        order.append(req.id)
+        # max-heap by key (negated): its root is the first to give way to a smaller key
+        item = (-split_key(req.id, seed), req.id, Sample(req.id, label, tuple(ids), text))
+        if len(heaps[label]) < per_bucket:
+            heapq.heappush(heaps[label], item)
+        elif item[0] > heaps[label][0][0]:
+            heapq.heapreplace(heaps[label], item)
     out = Split()
-    chosen: set[str] = set()
     for label in buckets.labels:
-        members = sorted(by_bucket.get(label, []), key=lambda m: (m[0], m[1].id))
-        take = min(per_bucket, int(len(members) * max_share))
-        for _, req, ids, text in members[:take]:
-            out.calibration.append(Sample(req.id, label, tuple(ids), text))
-            chosen.add(req.id)
-        out.buckets[label] = {"available": len(members), "calibration": take,
+        take = min(per_bucket, int(sizes[label] * max_share))
+        smallest = sorted(heaps[label], key=lambda it: -it[0])[:take]
+        out.calibration.extend(sample for _, _, sample in smallest)
+        out.buckets[label] = {"available": sizes[label], "calibration": take,
                               "asked": per_bucket}
-    out.evaluation_ids = [r.id for r in requests if r.id not in chosen]
+    chosen = {s.id for s in out.calibration}
+    out.evaluation_ids = [i for i in order if i not in chosen]
     return out
 
 

@@ -116,25 +116,36 @@ def _tokenizer(model_dir: Path) -> Any:
 def _draw(model_dir: Path, trace: Path, trace_format: str, bucket_spec: str, per_bucket: int,
           max_share: float, seed: int, on_bad_line: str) -> tuple[Any, dict[str, Any]]:
     """Load the trace (replay's importers) and draw the stratified split."""
-    from replay._importers import load
+    from replay._errors import TraceError
+    from replay._importers import stream
     from replay._rundir import file_digest
 
     from ._checkpoint import model_digests
     from ._sample import PromptRenderer, draw
 
-    loaded = load(trace, trace_format, on_bad_line=on_bad_line)  # type: ignore[arg-type]
-    if loaded.bad:
-        console.print(f"[yellow]skipped {len(loaded.bad)} bad line(s)[/yellow] (first: "
-                      f"{loaded.bad[0]})")
+    if not trace.is_file():
+        raise InputError(f"--trace {trace}: no such file")
+    bad: list[TraceError] = []  # the first bad line only: a trace may have many
+    n_bad = [0]
+
+    def on_bad(_k: int, err: TraceError) -> None:
+        n_bad[0] += 1
+        bad[:] = bad or [err]
+
     buckets = Buckets.parse(bucket_spec)
-    split = draw(loaded.requests, PromptRenderer(_tokenizer(model_dir)), buckets, per_bucket,
-                 seed, max_share)
+    requests = stream(trace, trace_format, on_bad_line=on_bad_line,  # type: ignore[arg-type]
+                      bad=on_bad)
+    split = draw(requests, PromptRenderer(_tokenizer(model_dir)), buckets, per_bucket, seed,
+                 max_share)
+    if n_bad[0]:
+        console.print(f"[yellow]skipped {n_bad[0]} bad line(s)[/yellow] (first: {bad[0]}); "
+                      "`replay trace validate` lists them all")
     digests = model_digests(model_dir.resolve())
     info = {"trace": str(trace), "trace_sha256": file_digest(trace), "model": str(
         model_dir.resolve()), "tokenizer": digests["tokenizer"],
         "chat_template": digests["chat_template"], "bucket_bounds": buckets.spec(),
         "per_bucket": per_bucket, "max_share": max_share, "seed": seed,
-        "bad_lines": len(loaded.bad)}
+        "bad_lines": n_bad[0]}
     for label, row in split.buckets.items():
         if row["calibration"] < per_bucket and row["available"]:
             console.print(f"[yellow]note:[/yellow] bucket {label}: {row['calibration']} of "
