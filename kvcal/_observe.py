@@ -48,10 +48,15 @@ class KVStats:
     samples: int = 0
 
     @classmethod
-    def empty(cls, layers: int, kv_heads: int) -> KVStats:
-        return cls(torch.zeros(2, layers, kv_heads),
-                   torch.zeros(2, layers, NUM_BINS, dtype=torch.int64),
-                   torch.zeros(2, layers, dtype=torch.int64))
+    def empty(cls, layers: int, kv_heads: int, device: Any = "cpu") -> KVStats:
+        # on the model's device: no transfer or sync per cache write on a GPU
+        return cls(torch.zeros(2, layers, kv_heads, device=device),
+                   torch.zeros(2, layers, NUM_BINS, dtype=torch.int64, device=device),
+                   torch.zeros(2, layers, dtype=torch.int64, device=device))
+
+    def cpu(self) -> KVStats:
+        return KVStats(self.amax.cpu(), self.hist.cpu(), self.count.cpu(), self.tokens,
+                       self.samples)
 
     def observe(self, which: int, layer: int, states: torch.Tensor) -> None:
         """``states``: [batch, kv_heads, tokens, head_dim], as the cache receives them."""
@@ -90,10 +95,13 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
     return int(text.num_hidden_layers), kv_heads, head_dim
 
 
-def load_model(model_dir: str, dtype: str = "auto", device: str = "cpu") -> Any:
-    """The checkpoint in the dtype it declares (what vLLM computes in), in eval mode."""
+def load_model(model_dir: str, dtype: str = "auto", device: str = "auto") -> Any:
+    """The checkpoint in the dtype it declares (what vLLM computes in), in eval mode, on the
+    GPU when torch has one (``device="auto"``), else on the CPU."""
     from transformers import AutoModelForCausalLM
 
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
     return model.to(device).eval()
@@ -114,7 +122,7 @@ def observe(model: Any, samples: Sequence[Sequence[int]], chunk_tokens: int = 20
             on_sample: Callable[[int], None] | None = None) -> KVStats:
     """Running K/V statistics over every sample (each with a fresh cache)."""
     layers, kv_heads, _ = kv_shape(model.config)
-    stats = KVStats.empty(layers, kv_heads)
+    stats = KVStats.empty(layers, kv_heads, next(model.parameters()).device)
     for ids in samples:
         prefill(model, ids, ObservingCache(stats, model.config), chunk_tokens)
         stats.tokens += len(ids)
@@ -125,4 +133,4 @@ def observe(model: Any, samples: Sequence[Sequence[int]], chunk_tokens: int = 20
     if stats.samples and seen == 0:
         raise RuntimeError("the model never wrote its KV cache through past_key_values.update(); "
                            "this architecture is not supported by kvcal's observer")
-    return stats
+    return stats.cpu()
