@@ -39,14 +39,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRACE = ROOT / "traces" / "sample.jsonl"
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def build_test_model(factory: pytest.TempPathFactory) -> Path:
     """A Llama checkpoint of our own (the test model's builder, random weights): kvcal must
     work on any Llama-family folder, and these tests must not move when the default model
     is replaced."""
     from replay.testmodel import build
 
-    return build(tmp_path_factory.mktemp("model") / "tiny-llama")
+    return build(factory.mktemp("model") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_test_model(tmp_path_factory)
 
 
 def _requests() -> list[Request]:

@@ -27,25 +27,14 @@ from replay._teacher import TFScore, score
 from replay._trace import Request
 
 from .conftest import cpu_can_serve_fp8_kv
+from .test_kvcal import _requests, build_test_model
 
 pytestmark = pytest.mark.vllm
-ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT / "traces" / "sample.jsonl"
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Llama checkpoint of our own (the test model's builder, random weights): kvcal must
-    work on any Llama-family folder, and these tests must not move when the default model
-    is replaced."""
-    from replay.testmodel import build
-
-    return build(tmp_path_factory.mktemp("model") / "tiny-llama")
-
-
-def _requests() -> list[Request]:
-    return [Request.model_validate(json.loads(line))
-            for line in TRACE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return build_test_model(tmp_path_factory)
 
 
 def _renderer(model_dir: Path) -> PromptRenderer:
