@@ -128,7 +128,7 @@ RUN_OPTIONS = [
                   help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml)."),
     click.option("--model", "model_dir", type=click.Path(path_type=Path),
                   help="Model for the built-in bf16/fp8 local targets [default: the embedded "
-                       "test model, built on first use]."),
+                       "test model, shipped with kvcanary]."),
     click.option("--concurrency", default="4", show_default=True,
                   help="Closed loop: requests in flight; a list sweeps levels (1,4,16)."),
     click.option("--rate", type=float, help="Open loop: Poisson arrivals at this many requests/s."),
@@ -286,7 +286,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
             n.strip() in config for n in o["targets"].split(","))):
         from .testmodel import ensure_default_model
 
-        console.print("using the embedded test model (built on first use)")
+        console.print("using the embedded test model (trained, shipped with kvcanary)")
         model_dir = ensure_default_model()
     specs = parse_targets(o["targets"], model_dir.resolve() if model_dir else None, config)
     for spec in specs:
@@ -515,12 +515,20 @@ def trace_scan(path: Path) -> None:
 
 
 @main.command("model")
-@click.option("--out", type=click.Path(path_type=Path), help="Folder [default: the cache].")
-def model_cmd(out: Path | None) -> None:
-    """Build the embedded test model (deterministic; no download) and print its folder."""
-    from .testmodel import build, ensure_default_model
+@click.option("--twin", is_flag=True,
+              help="Derive the outlier twin (keys x256, queries /256: identical in BF16, keys "
+                   "past FP8's range) into the cache and print its folder.")
+@click.option("--random", "random_out", type=click.Path(path_type=Path),
+              help="Build the untrained factory model (random weights) into this folder.")
+def model_cmd(twin: bool, random_out: Path | None) -> None:
+    """Print the folder of the embedded test model (trained, shipped with kvcanary; regenerate
+    it with: python -m replay.testmodel_train --out replay/models/kvcanary-tiny-llama)."""
+    from .testmodel import build, ensure_default_model, ensure_twin_model
 
-    click.echo(str(build(out) if out else ensure_default_model()))
+    if random_out:
+        click.echo(str(build(random_out)))
+    else:
+        click.echo(str(ensure_twin_model() if twin else ensure_default_model()))
 
 
 if __name__ == "__main__":

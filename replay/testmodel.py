@@ -5,15 +5,18 @@ path support), a byte-level BPE tokenizer trained on a generated corpus, and a C
 template that renders tools the hermes way (``<tool_call>{...}</tool_call>``), so a server
 started with ``--tool-call-parser hermes`` streams real ``tool_calls``.
 
-``build()`` writes random weights; a trained checkpoint replaces them by passing
-``weights=`` (a state dict) and the corpus it was trained with. The default model is built
-once into a cache folder and reused; its digest is part of every run manifest.
+``build()`` writes random weights; ``replay.testmodel_train`` passes trained ones
+(``weights=``, ``tokenizer=``). The default model is a trained checkpoint committed under
+``replay/models/`` when there is one, else the random one built once into a cache folder; its
+digest is part of every run manifest. ``derive_twin()`` writes the outlier twin: the same
+function in BF16, with keys past the FP8 range.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 from collections.abc import Iterable, Mapping
@@ -128,7 +131,8 @@ def random_weights(arch: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
         sd[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
         sd[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     sd["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    sd["lm_head.weight"] = normal(v, h)
+    if not arch.get("tie_word_embeddings", False):
+        sd["lm_head.weight"] = normal(v, h)
     return sd
 
 
@@ -136,6 +140,7 @@ def llama_config(arch: Mapping[str, Any], tok: Any) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
+        "tie_word_embeddings": False,
         **arch,
         "vocab_size": tok.get_vocab_size(),
         "hidden_act": "silu",
@@ -143,7 +148,6 @@ def llama_config(arch: Mapping[str, Any], tok: Any) -> dict[str, Any]:
         "rope_theta": 10000.0,
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": False,
         "bos_token_id": tok.token_to_id("<|im_start|>"),
         "eos_token_id": tok.token_to_id("<|im_end|>"),
         "pad_token_id": tok.token_to_id("<|endoftext|>"),
@@ -157,6 +161,7 @@ def build(
     arch: Mapping[str, Any] | None = None,
     texts: Iterable[str] | None = None,
     weights: Mapping[str, Any] | None = None,
+    tokenizer: Any = None,
     seed: int = 0,
 ) -> Path:
     """Write a complete HF checkpoint folder (config, weights, tokenizer, chat template)."""
@@ -164,7 +169,8 @@ def build(
 
     arch = dict(DEFAULT_ARCH if arch is None else arch)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(corpus(seed=seed) if texts is None else texts, arch["vocab_size"])
+    tok = tokenizer or build_tokenizer(corpus(seed=seed) if texts is None else texts,
+                                       arch["vocab_size"])
     tok.save(str(out_dir / "tokenizer.json"))
     config = llama_config(arch, tok)
     arch["vocab_size"] = config["vocab_size"]
@@ -208,14 +214,31 @@ def checkpoint_digest(model_dir: Path) -> str:
     return h.hexdigest()
 
 
-def default_model_dir() -> Path:
-    """Where the embedded default model lives (built on first use)."""
+# The trained checkpoint ships inside the package (``python -m replay.testmodel_train``
+# regenerates it); the random builder remains for tests of the factory itself.
+EMBEDDED_DIR = Path(__file__).parent / "models" / DEFAULT_NAME
+TWIN_NAME = DEFAULT_NAME + "-outlier-twin"
+# The twin's smallest per-layer key amax is at least this many times E4M3's 448, so that a
+# large share of keys clips at scale 1.0 (a trained model's keys, amax 8-16, times 256 clip
+# 18-30% of elements and break answers; times 64 clipped under 1% and changed nothing).
+TWIN_CLIP_MARGIN = 4
+
+
+def cache_dir() -> Path:
     root = os.environ.get("KVCANARY_CACHE") or Path.home() / ".cache" / "kvcanary"
-    return Path(root) / "models" / DEFAULT_NAME
+    return Path(root) / "models"
+
+
+def default_model_dir() -> Path:
+    """The embedded default model: the trained checkpoint shipped with the package, or, in a
+    tree without one, the random factory model built into the cache."""
+    if (EMBEDDED_DIR / "kvcanary_model.json").exists():
+        return EMBEDDED_DIR
+    return cache_dir() / DEFAULT_NAME
 
 
 def ensure_default_model() -> Path:
-    """Build the default model once; rebuild if a previous build was interrupted."""
+    """The embedded default model, ready to serve (the random one is built on first use)."""
     out = default_model_dir()
     if not (out / "kvcanary_model.json").exists():
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -225,6 +248,80 @@ def ensure_default_model() -> Path:
 
             shutil.rmtree(out)
         tmp.rename(out)
+    return out
+
+
+def key_amax_per_layer(model_dir: Path) -> list[float]:
+    """Largest |K| per layer as it enters the cache (after RoPE), on held-out prompts."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import testmodel_tasks as tasks
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    amax: list[float] = []
+    for ex in tasks.heldout_set(1, offset=700_000):
+        ids = tok.apply_chat_template(ex.messages, tools=ex.tools,  # type: ignore[arg-type]
+                                      add_generation_prompt=True, tokenize=True,
+                                      return_dict=False)
+        with torch.no_grad():
+            cache = model(torch.tensor([list(ids)]), use_cache=True).past_key_values
+        layer_amax = [float(layer.keys.abs().max()) for layer in cache.layers]
+        amax = [max(a, b) for a, b in zip(amax, layer_amax, strict=True)] if amax else layer_amax
+    return amax
+
+
+def twin_factor(model_dir: Path) -> int:
+    """The power of two that puts every layer's keys well past the FP8 range."""
+    need = TWIN_CLIP_MARGIN * 448 / min(key_amax_per_layer(model_dir))
+    return int(max(2, 2 ** math.ceil(math.log2(need))))
+
+
+def derive_twin(src: Path, out: Path, factor: int) -> Path:
+    """An exact reparameterization of ``src`` whose keys exceed the FP8 range.
+
+    ``k_proj`` is multiplied and ``q_proj`` divided by the same power of two, so every BF16
+    product, RoPE rotation and attention score is scaled exactly and the model computes the
+    same bits; only the cached keys are ``factor`` times larger. Everything else is linked.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if factor < 2 or factor & (factor - 1):
+        raise ValueError(f"factor must be a power of two >= 2, not {factor}")
+    state = load_file(str(src / "model.safetensors"))
+    for name, tensor in state.items():
+        if name.endswith("self_attn.k_proj.weight"):
+            state[name] = (tensor.to(torch.float32) * factor).to(tensor.dtype)
+        elif name.endswith("self_attn.q_proj.weight"):
+            state[name] = (tensor.to(torch.float32) / factor).to(tensor.dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name not in ("model.safetensors", "kvcanary_model.json"):
+            (out / f.name).write_bytes(f.read_bytes())
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "kvcanary_model.json", {
+        "name": TWIN_NAME, "derived_from": checkpoint_digest(src), "k_proj_factor": factor,
+        "q_proj_factor": 1 / factor, "digest": checkpoint_digest(out)})
+    return out
+
+
+def ensure_twin_model() -> Path:
+    """The outlier twin of the embedded model, derived once into the cache folder."""
+    src = ensure_default_model()
+    out = cache_dir() / TWIN_NAME
+    marker = out / "kvcanary_model.json"
+    if marker.exists() and json.loads(marker.read_text())["derived_from"] == \
+            checkpoint_digest(src):
+        return out
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    derive_twin(src, tmp, twin_factor(src))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
     return out
 
 

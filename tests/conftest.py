@@ -33,6 +33,13 @@ def model_dir() -> Path:
     return ensure_default_model()
 
 
+@pytest.fixture(scope="session")
+def twin_dir() -> Path:
+    from replay.testmodel import ensure_twin_model
+
+    return ensure_twin_model()
+
+
 def _serve(name: str, dtype: str, model: Path, tmp: Path) -> Iterator[LocalServer]:
     spec = TargetSpec(name=name, model=str(model), kv_cache_dtype=dtype, args=DEFAULT_MODEL_ARGS,
                       expect_cache_dtype=dtype)
