@@ -1,10 +1,16 @@
 """Writes traces/sample.jsonl: a small, deterministic, graded trace across three context
 buckets (<256, 256-1K, >=1K tokens on the embedded test model): chat and completions, tools,
 and a checker of every kind (retrieval, tool_call, code, json_schema, number, exact, regex,
-contains).
+contains). Retrieval, tool and code requests are held-out examples of the tasks the embedded
+model was trained on (``replay.testmodel_tasks``), so they grade what a working model does; the
+other kinds exercise their checkers on requests the model was not trained for.
 
     python traces/make_sample.py > /tmp/sample.jsonl
     replay trace anonymize /tmp/sample.jsonl -o traces/sample.jsonl --secret-env SECRET
+
+``python traces/make_sample.py --heldout 30`` writes the evaluation trace instead
+(``traces/testmodel_heldout.jsonl``: 30 retrieval requests per length band, 30 tool calls, 30
+code tasks), the set the model's accuracy is measured on.
 
 (the content is synthetic: anonymize finds nothing and only adds its "scanned" marker)
 """
@@ -13,17 +19,13 @@ from __future__ import annotations
 
 import json
 import random
+import sys
+
+from replay import testmodel_tasks as tasks
 
 WORDS = ("river stone cloud ember forest harbor lantern meadow orbit pepper quartz saddle "
          "timber velvet willow anchor bridge cobalt falcon garnet hollow island jasper kernel "
          "ledger marble nectar oyster prism ridge summit tundra vector walnut zenith").split()
-
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "days": {"type": "integer"}},
-                   "required": ["city"]}}}
-
 
 def passages(rng: random.Random, n: int) -> str:
     out = []
@@ -40,26 +42,14 @@ def chat(rid: str, ctx: str, question: str, check: dict, task: str, **extra: obj
 
 
 def records_for(size: str, n_passages: int, rng: random.Random) -> list[dict]:
-    out = []
-    for k in range(2):
-        codes = [rng.randint(1000, 9999) for _ in range(n_passages)]
-        ctx = "\n".join(f"[P{i}] The {WORDS[i % len(WORDS)]} code is {c}." for i, c in
-                        enumerate(codes))
-        i = rng.randrange(n_passages)
-        out.append(chat(f"retrieval-{size}-{k}", ctx, f"Which passage names the "
-                        f"{WORDS[i % len(WORDS)]} code, and what is it?",
-                        {"type": "retrieval", "passage_ids": [f"P{i}"], "fact": str(codes[i])},
-                        "retrieval"))
+    band = {"short": 0, "medium": 1, "long": 2}[size]
+    # Held-out indices far from the evaluation set's, so the two traces share no request.
+    out = [tasks.trace_record(tasks.example("heldout", "retrieval", 500_000 + 10 * band + k,
+                                            shape=size)) for k in range(2)]
+    out.append(tasks.trace_record(tasks.example("heldout", "tool", 500_000 + band)))
+    out.append(tasks.trace_record(tasks.example("heldout", "code", 500_000 + band)))
     ctx = passages(rng, n_passages)
-    city = rng.choice(WORDS)
-    out.append(chat(f"tool-{size}", ctx, f"What is the weather in {city} for 2 days?",
-                    {"type": "tool_call", "calls": [{"name": "get_weather",
-                                                     "arguments": {"city": city, "days": 2}}]},
-                    "tool", tools=[WEATHER_TOOL], tool_choice="auto"))
     a, b = rng.randint(2, 9), rng.randint(2, 9)
-    out.append(chat(f"code-{size}", ctx, f"Write a Python function scale(x) returning x * {a} "
-                    f"+ {b}.", {"type": "code", "tests": f"assert scale(3) == {3 * a + b}\n"
-                                f"assert scale(0) == {b}\n"}, "code"))
     out.append(chat(f"json-{size}", ctx, "Reply with JSON: the first passage id and its colour.",
                     {"type": "json_schema", "schema": {
                         "type": "object", "required": ["id", "colour"],
@@ -82,6 +72,10 @@ def records_for(size: str, n_passages: int, rng: random.Random) -> list[dict]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--heldout"]:
+        for ex in tasks.heldout_set(int(sys.argv[2])):
+            print(json.dumps(tasks.trace_record(ex)))
+        return
     rng = random.Random(7)
     records = []
     for size, n_passages in (("short", 2), ("medium", 25), ("long", 80)):
