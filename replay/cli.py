@@ -128,7 +128,7 @@ RUN_OPTIONS = [
                   help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml)."),
     click.option("--model", "model_dir", type=click.Path(path_type=Path),
                   help="Model for the built-in bf16/fp8 local targets [default: the embedded "
-                       "test model, shipped with kvcanary]."),
+                       "test model: `replay model` prints it]."),
     click.option("--concurrency", default="4", show_default=True,
                   help="Closed loop: requests in flight; a list sweeps levels (1,4,16)."),
     click.option("--rate", type=float, help="Open loop: Poisson arrivals at this many requests/s."),
@@ -286,8 +286,8 @@ def _run(o: dict[str, Any], canary: bool) -> int:
             n.strip() in config for n in o["targets"].split(","))):
         from .testmodel import ensure_default_model
 
-        console.print("using the embedded test model (trained, shipped with kvcanary)")
         model_dir = ensure_default_model()
+        console.print(f"using the embedded test model {model_dir}")
     specs = parse_targets(o["targets"], model_dir.resolve() if model_dir else None, config)
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
@@ -521,8 +521,9 @@ def trace_scan(path: Path) -> None:
 @click.option("--random", "random_out", type=click.Path(path_type=Path),
               help="Build the untrained factory model (random weights) into this folder.")
 def model_cmd(twin: bool, random_out: Path | None) -> None:
-    """Print the folder of the embedded test model (trained, shipped with kvcanary; regenerate
-    it with: python -m replay.testmodel_train --out replay/models/kvcanary-tiny-llama)."""
+    """Print the folder of the default test model: a trained checkpoint committed under
+    replay/models/ (python -m replay.testmodel_train --out replay/models/kvcanary-tiny-llama),
+    else the deterministic random one, built on first use."""
     from .testmodel import build, ensure_default_model, ensure_twin_model
 
     if random_out:
