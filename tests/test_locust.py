@@ -346,7 +346,10 @@ def test_step_sweep_levels_are_phases(bf16_server: LocalServer, tmp_path: Path) 
     assert windows["c1"]["end"] == windows["c3"]["start"]
     assert windows["c1"]["end"] - windows["c1"]["start"] == pytest.approx(4 + 1 / 3, abs=1.2)
     got = rows(run_dir)
-    assert {r["phase"] for r in got if r["status"] == "ok"} == {"c1", "c3"}
+    # Every request is tagged with the level it was sent at. On a loaded machine a c3
+    # request may outlast the 4 s hold, so only c1 is sure to have finished ones.
+    assert {r["phase"] for r in got} == {"c1", "c3"}
+    assert any(r["status"] == "ok" and r["phase"] == "c1" for r in got)
     # requests in flight when the sweep ended are recorded as cancelled, not lost
     assert {r["status"] for r in got} <= {"ok", "cancelled"}
     report(run_dir)

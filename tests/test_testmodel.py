@@ -57,6 +57,22 @@ def test_training_tokenizer_makes_every_key_and_value_one_token(training_tokeniz
         assert tok.encode(special).ids == [tok.token_to_id(special)]
 
 
+def test_copy_sequences_learn_only_the_repeat() -> None:
+    """The copy warm-up supervises only tokens an earlier part of the sequence gives away:
+    the second copy of a random span, from its second token on."""
+    import random
+
+    from replay.testmodel_train import copy_sequence
+
+    rng = random.Random(0)
+    for _ in range(50):
+        seq, mask = copy_sequence(rng, 4096, len(SPECIAL_TOKENS))
+        n = len(seq) // 2
+        assert seq[:n] == seq[n:] and len(mask) == len(seq)
+        assert not any(mask[:n + 1]) and all(mask[n + 1:])
+        assert all(len(SPECIAL_TOKENS) <= t < 4096 for t in seq)
+
+
 def test_tokenizer_and_chat_template(model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
