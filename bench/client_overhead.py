@@ -99,8 +99,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--server-ttft-ms", type=float, default=20.0)
     ap.add_argument("--server-itl-ms", type=float, default=5.0)
     ap.add_argument("--api", choices=["completions", "chat"], default="completions")
-    ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
-                    help="event loop of the measured clients")
+    ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop",
+                    help="event loop of the measured clients (the replay CLI runs on uvloop "
+                         "where it is installed)")
     ap.add_argument("--no-pin", action="store_true",
                     help="do not pin the server to CPU 1 and the clients to CPU 0")
     ap.add_argument("--no-vllm-bench", action="store_true", help="skip vllm bench serve")

@@ -46,8 +46,14 @@ class Client:
         self._clock = clock
         self._epoch = epoch
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # ``sent`` is when the body was handed to the socket: aiohttp writes it from a task
+        # of its own, which under load runs milliseconds after the POST call (measured in
+        # bench/: most of the TTFT error at 64 streams was that wait, not the network).
+        trace = aiohttp.TraceConfig()
+        trace.on_request_chunk_sent.append(self._body_written)
         self._session = aiohttp.ClientSession(
             headers=headers,
+            trace_configs=[trace],
             connector=aiohttp.TCPConnector(limit=max_connections, force_close=False),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
         )
@@ -57,6 +63,11 @@ class Client:
 
     def now(self) -> float:
         return self._clock() - self._epoch
+
+    async def _body_written(self, _session: aiohttp.ClientSession, ctx: Any,
+                            _params: aiohttp.TraceRequestChunkSentParams) -> None:
+        if isinstance(ctx.trace_request_ctx, Result):
+            ctx.trace_request_ctx.sent = self.now()
 
     def payload(self, req: Request, prompt_ids: Sequence[int] | None = None,
                 cache_salt: str | None = None) -> tuple[str, dict[str, Any]]:
@@ -122,9 +133,9 @@ class Client:
 
     async def _stream(self, path: str, body: dict[str, Any], result: Result) -> None:
         data = orjson.dumps(body)
-        result.sent = self.now()
-        async with self._session.post(self.base_url + path, data=data,
-                                      headers=_JSON_HEADERS) as resp:
+        result.sent = self.now()  # until the body is written (a failed connect keeps this)
+        async with self._session.post(self.base_url + path, data=data, headers=_JSON_HEADERS,
+                                      trace_request_ctx=result) as resp:
             if resp.status != 200:
                 text = (await resp.text(errors="replace"))[:2000]
                 retry = resp.headers.get("Retry-After")
@@ -137,7 +148,8 @@ class Client:
             result.http_status = 200
             acc = _Accumulator(result, self.now)
             decoder = SSEDecoder()
-            async for chunk in resp.content.iter_any():
+            read = resp.content.readany  # what iter_any() calls, without its wrapper
+            while chunk := await read():
                 arrived = self.now()  # one stamp per read: every event in it arrived then
                 for event in decoder.feed(chunk):
                     if event is DONE:
@@ -177,34 +189,39 @@ class _Accumulator:
             raise ProtocolError(f"malformed SSE event ({exc}): {str(ev)[:200]}") from None
 
     def _add(self, ev: Any, t: float | None) -> None:
-        t = self.now() if t is None else t
+        # Runs once per streamed chunk: lookups are done once and the usual keys checked
+        # first (bench/: this was the client's largest own cost per token).
+        r = self.r
         if not isinstance(ev, dict):
             raise ProtocolError(f"SSE event is not a JSON object: {str(ev)[:200]}")
-        if "error" in ev and not ev.get("choices"):
+        choices = ev.get("choices")
+        if not choices and "error" in ev:
             err = ev["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
-            _fail(self.r, "server_error", str(msg)[:2000])
+            _fail(r, "server_error", str(msg)[:2000])
             return
-        if ev.get("prompt_token_ids") and self.r.prompt_ids is None:
-            self.r.prompt_ids = list(ev["prompt_token_ids"])
+        if r.prompt_ids is None and ev.get("prompt_token_ids"):
+            r.prompt_ids = list(ev["prompt_token_ids"])
         usage = ev.get("usage")
         new_tokens = None
         if isinstance(usage, dict):
             if isinstance(usage.get("prompt_tokens"), int):
-                self.r.prompt_tokens = usage["prompt_tokens"]
+                r.prompt_tokens = usage["prompt_tokens"]
             ct = usage.get("completion_tokens")
             if isinstance(ct, int):
                 self._usage_seen = True
                 new_tokens = ct - self._prev_completion
                 self._prev_completion = ct
         produced = False
-        for choice in ev.get("choices") or ():
-            if choice.get("token_ids"):
-                self.r.output_ids.extend(choice["token_ids"])
-            if choice.get("prompt_token_ids") and self.r.prompt_ids is None:
-                self.r.prompt_ids = list(choice["prompt_token_ids"])
-            if "delta" in choice:
-                delta = choice["delta"] or {}
+        for choice in choices or ():
+            ids = choice.get("token_ids")
+            if ids:
+                r.output_ids.extend(ids)
+            if r.prompt_ids is None and choice.get("prompt_token_ids"):
+                r.prompt_ids = list(choice["prompt_token_ids"])
+            delta = choice.get("delta")
+            if delta is not None or "delta" in choice:
+                delta = delta or {}
                 content = delta.get("content")
                 if content and isinstance(content, str):
                     self._text.append(content)
@@ -212,18 +229,23 @@ class _Accumulator:
                 for frag in delta.get("tool_calls") or ():
                     self._tool_fragment(frag)
                     produced = True
-            elif choice.get("text") and isinstance(choice["text"], str):
-                self._text.append(choice["text"])
-                produced = True
-            if choice.get("finish_reason"):
-                self.r.finish_reason = choice["finish_reason"]
+            else:
+                text = choice.get("text")
+                if text and isinstance(text, str):
+                    self._text.append(text)
+                    produced = True
+            finish = choice.get("finish_reason")
+            if finish:
+                r.finish_reason = finish
         if new_tokens is None:
             new_tokens = 1 if produced else 0
-        if new_tokens > 0 and (produced or self.r.chunk_times):
-            if self.r.first_token is None:
-                self.r.first_token = t
-            self.r.chunk_times.append(t)
-            self.r.chunk_tokens.append(new_tokens)
+        if new_tokens > 0 and (produced or r.chunk_times):
+            if t is None:
+                t = self.now()
+            if r.first_token is None:
+                r.first_token = t
+            r.chunk_times.append(t)
+            r.chunk_tokens.append(new_tokens)
 
     def _tool_fragment(self, frag: dict[str, Any]) -> None:
         idx = frag.get("index", 0)

@@ -45,6 +45,14 @@ def test_split_into_many_pieces(cuts: list[int]) -> None:
     assert decode(chunks) == EXPECTED
 
 
+def test_one_event_per_read_gives_the_same_events() -> None:
+    """How servers usually stream: each read is one whole event (the decoder's fast path)."""
+    events = [e + b"\n\n" for e in STREAM.split(b"\n\n") if e]
+    assert b"".join(events) == STREAM
+    assert decode(events) == EXPECTED
+    assert decode([b'data: {"x": 1}\n\n', b'data: {"x": 2}\n', b"\n"]) == [{"x": 1}, {"x": 2}]
+
+
 def test_bad_json_is_a_protocol_error() -> None:
     with pytest.raises(ProtocolError, match="bad JSON"):
         decode([b"data: {not json}\n\n"])

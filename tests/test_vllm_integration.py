@@ -80,6 +80,38 @@ def test_every_request_once_and_ttft_agrees_with_server(bf16_server: LocalServer
     assert len(series) >= 2 and "kv_usage" in json.loads(series[-1])
 
 
+def test_sent_is_when_the_body_reached_the_socket(bf16_server: LocalServer) -> None:
+    """A busy event loop delays aiohttp's body write; ``sent`` must follow the write, or the
+    client's TTFT would count its own queueing as the server's."""
+    import time
+
+    from replay._client import Client
+    from replay._records import Result
+    from replay._trace import Request
+
+    async def go() -> tuple[Result, float]:
+        assert bf16_server.spec.model is not None
+        client = Client(bf16_server.url, bf16_server.spec.model)  # clock: perf_counter
+        req = Request(id="r", api="completions", prompt="hello", max_tokens=2)
+        try:
+            await client.send(req, Result("warm", "t", "p", "b", 0.0))  # opens the connection
+            result = Result("r", "t", "p", "b", client.now())
+            task = asyncio.create_task(client.send(req, result))
+            await asyncio.sleep(0)  # the task stamps its first ``sent`` and awaits the write
+            busy_until = time.perf_counter() + 0.2
+            while time.perf_counter() < busy_until:  # other work holds the loop for 200 ms
+                pass
+            await task
+            return result, busy_until
+        finally:
+            await client.close()
+
+    result, busy_end = asyncio.run(go())
+    assert result.status == "ok", result.error
+    assert result.sent is not None and result.first_token is not None
+    assert busy_end <= result.sent <= result.first_token
+
+
 MOONCAKE_LINES = (2, 138, 67, 134)  # 138 shares 14 prefix blocks with 2; 134 shares 5 with 67
 
 
