@@ -104,7 +104,6 @@ class Client:
                    cache_salt: str | None = None) -> Result:
         """Stream one request into ``result`` (its scheduled time already set)."""
         path, body = self.payload(req, prompt_ids, cache_salt)
-        result.sent = self.now()
         try:
             # asyncio.timeout, not wait_for: no extra task, so the request starts in this
             # loop iteration instead of queueing behind every ready callback (measured in

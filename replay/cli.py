@@ -94,7 +94,7 @@ def build_schedules(trace: StreamedTrace, concurrency: str, rate: float | None,
 
 
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """Run the replay on uvloop where it is installed: the client then spends about half
+    """Run the replay on uvloop where it is installed: the client then spends about 0.6 of
     the CPU per streamed token, and its timestamps lag less at high concurrency (bench/).
     Same semantics as ``asyncio.run`` (an ``asyncio.Runner``; Ctrl-C cancels the run)."""
     try:
