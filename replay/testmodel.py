@@ -125,6 +125,9 @@ def random_weights(arch: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
         sd[p + "self_attn.k_proj.weight"] = normal(kv_out, h)
         sd[p + "self_attn.v_proj.weight"] = normal(kv_out, h)
         sd[p + "self_attn.o_proj.weight"] = normal(h, q_out)
+        if arch.get("attention_bias"):
+            for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out), ("o", h)):
+                sd[p + f"self_attn.{name}_proj.bias"] = torch.zeros(n, dtype=torch.bfloat16)
         sd[p + "mlp.gate_proj.weight"] = normal(inter, h)
         sd[p + "mlp.up_proj.weight"] = normal(inter, h)
         sd[p + "mlp.down_proj.weight"] = normal(h, inter)
@@ -141,13 +144,13 @@ def llama_config(arch: Mapping[str, Any], tok: Any) -> dict[str, Any]:
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "tie_word_embeddings": False,
-        **arch,
-        "vocab_size": tok.get_vocab_size(),
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "attention_bias": False,
         "mlp_bias": False,
+        **arch,
+        "vocab_size": tok.get_vocab_size(),
         "bos_token_id": tok.token_to_id("<|im_start|>"),
         "eos_token_id": tok.token_to_id("<|im_end|>"),
         "pad_token_id": tok.token_to_id("<|endoftext|>"),
@@ -281,9 +284,9 @@ def twin_factor(model_dir: Path) -> int:
 def derive_twin(src: Path, out: Path, factor: int) -> Path:
     """An exact reparameterization of ``src`` whose keys exceed the FP8 range.
 
-    ``k_proj`` is multiplied and ``q_proj`` divided by the same power of two, so every BF16
-    product, RoPE rotation and attention score is scaled exactly and the model computes the
-    same bits; only the cached keys are ``factor`` times larger. Everything else is linked.
+    ``k_proj`` (weight and bias) is multiplied and ``q_proj`` divided by the same power of
+    two, so every BF16 product, RoPE rotation and attention score is scaled exactly and the
+    model computes the same bits; only the cached keys are ``factor`` times larger.
     """
     import torch
     from safetensors.torch import load_file, save_file
@@ -292,9 +295,9 @@ def derive_twin(src: Path, out: Path, factor: int) -> Path:
         raise ValueError(f"factor must be a power of two >= 2, not {factor}")
     state = load_file(str(src / "model.safetensors"))
     for name, tensor in state.items():
-        if name.endswith("self_attn.k_proj.weight"):
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
             state[name] = (tensor.to(torch.float32) * factor).to(tensor.dtype)
-        elif name.endswith("self_attn.q_proj.weight"):
+        elif name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
             state[name] = (tensor.to(torch.float32) / factor).to(tensor.dtype)
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(src.iterdir()):

@@ -4,8 +4,11 @@ Every example is a chat request (messages, tools) plus the answer the model shou
 checker spec that grades it, so the same generator feeds training, held-out evaluation and the
 sample traces. Formats are chosen so that a 4-layer model can learn them on two CPU cores:
 
-- retrieval: records ``- kelu 733 (P03) filler...``; the answer repeats the key and copies what
-  follows it (``Answer: kelu 733 (P03)``), a pure induction-head lookup at any distance.
+- retrieval: records ``- kelu 733 (P03) filler...`` and ``Find the value of kelu.``; the
+  answer ``The value of kelu 733`` is two induction-head lookups at any distance: the key is
+  what followed `` of`` (a word only the question uses), the value what followed the key. The
+  passage id is in the records but not asked for: after ``(P`` every record continues
+  differently, so copying it needs a lookup a 4-layer model does not learn in the budget.
 - tool: a hermes-style ``<tool_call>`` whose arguments are copied from the question.
 - code: a two-step function; the operation/constant combinations in ``heldout_code_combo``
   never appear in training, so passing them is composition, not memorization.
@@ -35,7 +38,7 @@ VALUES = [str(n) for n in range(100, 1000)]
 FILLER = (
     "the river runs past an old stone mill and the cloud hangs low over the forest "
     "while a lantern burns in the harbor window near the meadow where timber is stacked "
-    "for winter and the orbit of the moon is calm tonight above the quiet summit"
+    "for winter and the moon is calm tonight above the quiet summit"
 ).split()
 
 CITIES = (
@@ -123,14 +126,13 @@ def retrieval(rng: random.Random, ex_id: str, records: int, filler: int,
     names = ", ".join(keys[i] for i in asked)
     noun = "value" if queries == 1 else "values"
     user = "Records:\n" + "\n".join(lines) + f"\nFind the {noun} of {names}."
-    answer = "Answer: " + "; ".join(f"{keys[i]} {values[i]} (P{pids[i]:02d})" for i in asked)
-    first = asked[0]
+    # "The value of" mirrors the question, so the key is copied from after its " of".
+    answer = f"The {noun} of " + ", ".join(f"{keys[i]} {values[i]}" for i in asked)
     return Example(
         id=ex_id, family="retrieval",
         messages=[{"role": "user", "content": user}],
         answer={"role": "assistant", "content": answer},
-        check={"type": "retrieval", "passage_ids": [f"P{pids[first]:02d}"],
-               "fact": values[first]},
+        check={"type": "retrieval", "fact": values[asked[0]]},
         meta={"records": records, "queries": queries, "band": band},
     )
 
