@@ -66,8 +66,9 @@ def test_every_request_once_and_ttft_agrees_with_server(bf16_server: LocalServer
     assert set(seen) == {(p, i) for p in ("c1", "c3") for i in max_tokens}
     assert set(seen.values()) == {1}
     assert all(r.status == "ok" for r in results)
-    assert all(r.output_tokens == max_tokens[r.request_id] or r.finish_reason == "stop"
-               for r in results)
+    # The model stops on its own (a text answer, or a tool call it made) or at max_tokens.
+    assert all(r.output_tokens == max_tokens[r.request_id]
+               or r.finish_reason in ("stop", "tool_calls") for r in results)
 
     phase = summary["targets"]["bf16"]["phases"]["c1"]
     client_ms = phase["all"]["ttft_ms"]["mean"]
