@@ -103,6 +103,7 @@ MSG_READY, MSG_RESULTS, MSG_DONE = "kvc_ready", "kvc_results", "kvc_done"
 RESULTS_BATCH = 64
 STOP_WAIT_S = 15.0  # how long a stopping test waits for in-flight results and workers
 NO_PLAN_WAIT_S = 30.0
+SCRAPE_WAIT_S = 5.0  # a phase-edge /metrics scrape; past it the point is a gap, not a stall
 SHAPES = ("users", "step", "trace")
 
 
@@ -718,11 +719,24 @@ class Kvc:
     def _set_phase(self, test: Test, label: str) -> None:
         if label == test.label:
             return
+        self._scrape(test)  # the closing phase's last point, stamped before the boundary
         test.label = label
         test.recorder.open_phase(label, test.now())
+        self._scrape(test)  # the new phase's first point, as the CLI scrapes at phase edges
         test.recorder.save_manifest()
         log.info("kvcanary: phase %s", label)
         self.runner.send_message(MSG_PHASE, {"label": label})
+
+    def _scrape(self, test: Test) -> None:
+        """One /metrics point now. The tap's loop scrapes about once a second, so a phase
+        shorter than that (a fast machine) would otherwise have no point inside its window;
+        a failed scrape is counted by the tap, never an error of the run."""
+        if test.tap is None or self.bridge is None:
+            return
+        try:
+            self.bridge.call(test.tap.scrape_once(), timeout=SCRAPE_WAIT_S)
+        except TimeoutError as exc:
+            log.warning("kvcanary: metrics: %s", exc)
 
     def _current(self, msg: Any) -> Test | None:
         """The test a worker's message belongs to (None: an earlier test's, or none)."""
@@ -803,8 +817,9 @@ class Kvc:
             log.warning("kvcanary: no final report from shard(s) %s; their missing results "
                         "are recorded as unavailable", missing)
         test.closed = True
-        test.recorder.close_phase(test.now())
         if test.tap is not None:
+            # Stopped before the phase closes: the tap's last scrape falls inside the window,
+            # so counter deltas cover the whole phase however short it was.
             assert self.bridge is not None
             try:
                 failures = self.bridge.call(test.tap.stop(), timeout=30)
@@ -812,6 +827,7 @@ class Kvc:
             except Exception as exc:
                 log.warning("kvcanary: metrics: %r", exc)
             test.tap = None
+        test.recorder.close_phase(test.now())
         self._account_missing(test)
         summary = test.recorder.finish()
         self._log_summary(test, summary)
