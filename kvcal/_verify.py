@@ -1,8 +1,10 @@
 """Did the serving engine apply the calibrated scales? Asked of the engine itself.
 
 Three kinds of evidence, each recorded: the served ``cache_dtype`` (``/metrics``), the
-server log (``quantization=compressed-tensors``; vLLM's "Using KV cache scaling factor 1.0"
-warning means no scales were loaded), and teacher-forced scores of the same token sequences
+server log (the engine line's ``quantization=compressed-tensors`` means the checkpoint's
+scales went through a quantization method; ``quantization=None``, or vLLM's "Using KV cache
+scaling factor 1.0" warning, means the server runs at scale 1.0: see
+``replay._scale_log``), and teacher-forced scores of the same token sequences
 under the calibrated FP8 server and a scale-1.0 FP8 server of the original model: scales
 that were applied change the dequantized K/V and so the scores. A server that refuses to
 start (no FP8 KV kernels on this CPU, per-head scales on a backend without them) is a result,
@@ -22,6 +24,7 @@ import aiohttp
 
 from replay._errors import ServerStartError
 from replay._introspect import introspect
+from replay._scale_log import UNKNOWN, scale_evidence
 from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec, scale_lines
 from replay._teacher import TFScore, score
 
@@ -29,7 +32,6 @@ from ._sample import Sample
 
 APPLIED, NOT_APPLIED, UNSUPPORTED = "applied", "not_applied", "unsupported"
 EXIT_CODES = {APPLIED: 0, NOT_APPLIED: 1, UNSUPPORTED: 3}
-SCALE_ONE = "Using KV cache scaling factor 1.0"
 
 
 @dataclass
@@ -44,6 +46,10 @@ class ServerCheck:
     cache_dtype: str | None = None
     quantization: str | None = None
     scale_one_warning: bool = False
+    # What the log says the server runs with (replay._scale_log): "checkpoint", one of the
+    # two "default-1.0-..." sources, or "unknown" (a server reached by URL has no log here).
+    scales: str = UNKNOWN
+    runs_at_scale_one: bool | None = None
     log_lines: list[str] = field(default_factory=list)
     log: str | None = None
 
@@ -70,11 +76,10 @@ class Verification:
 
 def _from_log(check: ServerCheck, log_text: str) -> None:
     check.log_lines = scale_lines(log_text)
-    check.scale_one_warning = SCALE_ONE in log_text
-    for line in log_text.splitlines():
-        if "quantization=" in line:
-            check.quantization = line.split("quantization=", 1)[1].split(",", 1)[0]
-            break
+    ev = scale_evidence(log_text)
+    check.scale_one_warning = ev.warning
+    check.scales, check.runs_at_scale_one = ev.source, ev.runs_at_scale_one
+    check.quantization = ev.quantization
 
 
 def split_for_scoring(ids: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -199,16 +204,17 @@ def _decide(cal: ServerCheck, tf: dict[str, Any], reasons: list[str]) -> tuple[s
         return UNSUPPORTED, reasons
     if cal.cache_dtype is not None and not cal.cache_dtype.startswith("fp8"):
         return NOT_APPLIED, [*reasons, f"served cache_dtype is '{cal.cache_dtype}', not FP8"]
-    if cal.scale_one_warning:
-        return NOT_APPLIED, [*reasons, f"the server log says '{SCALE_ONE}': the checkpoint's "
-                             "scales were not loaded"]
+    if cal.scale_one_warning or cal.runs_at_scale_one:
+        why = "the server log says 'Using KV cache scaling factor 1.0'" if cal.scale_one_warning \
+            else "the engine runs with quantization=None (vLLM's default k/v scales of 1.0)"
+        return NOT_APPLIED, [*reasons, f"{why}: the checkpoint's scales were not loaded"]
     if tf and tf["positions"] and tf["differing_positions"] == 0:
         return NOT_APPLIED, [*reasons, "teacher-forced scores are identical to scale 1.0 at "
                              f"all {tf['positions']} positions"]
     if not tf or not tf["positions"]:
         return APPLIED if cal.quantization == "compressed-tensors" else NOT_APPLIED, [
             *reasons, "no scale-1.0 comparison; judged by the log alone (quantization="
-            f"{cal.quantization}, no scale-1.0 warning)"]
+            f"{cal.quantization}, scales from {cal.scales})"]
     return APPLIED, [*reasons, f"teacher-forced scores differ from scale 1.0 at "
                      f"{tf['differing_positions']} of {tf['positions']} positions (mean |dNLL| "
                      f"{tf['mean_abs_nll_delta']:.4g}); log: quantization={cal.quantization}"]

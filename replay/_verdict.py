@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ._scale_log import SCALE_ONE_WARNING, from_engine_config
+
 VERDICTS: dict[str, tuple[int, str]] = {
     "keep": (0, "KEEP FP8 at scale 1.0"),
     "calibrate": (10, "CALIBRATE the FP8 K/V scales"),
@@ -264,9 +266,10 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
     if failing:
         out.append(failing)
     lines = info.get("scale_log_lines") or []
-    if calibrated and any("scaling factor 1.0" in ln for ln in lines):
-        out.append("the server log says 'Using KV cache scaling factor 1.0': the calibrated "
-                   "scales were not applied")
+    scales = from_engine_config(info.get("engine_config") or {},
+                                any(SCALE_ONE_WARNING in ln for ln in lines))
+    if calibrated and scales.runs_at_scale_one:
+        out.append(f"{scales.explain()}: the calibrated scales were not applied")
     if any("per-head" in ln.lower() and ("not supported" in ln.lower() or "reject" in ln.lower())
            for ln in lines):
         out.append("the backend rejected per-head scales")

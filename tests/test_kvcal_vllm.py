@@ -148,8 +148,13 @@ def test_verify_scales_applied(calibrated: Path, tmp_path: Path) -> None:
     code, result = _verify(calibrated, tmp_path)
     assert code == 0 and result["status"] == "applied", result["reasons"]
     assert result["servers"][0]["cache_dtype"].startswith("fp8")
-    assert not result["servers"][0]["scale_one_warning"]
-    assert result["servers"][1]["scale_one_warning"]  # the original runs at scale 1.0
+    cal, base = result["servers"]
+    assert cal["scales"] == "checkpoint" and cal["runs_at_scale_one"] is False
+    assert cal["quantization"] == "compressed-tensors" and not cal["scale_one_warning"]
+    # The original runs at scale 1.0, and vLLM CPU 0.32 says so only through its engine line
+    # (quantization=None); it logs no "Using KV cache scaling factor 1.0" for such a model.
+    assert base["scales"] == "default-1.0-no-quantization-config", base
+    assert base["runs_at_scale_one"] is True and base["quantization"] is None
     assert result["teacher_forced"]["differing_positions"] > 0
 
 
