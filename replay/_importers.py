@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from ._errors import InputError, TraceError
 from ._trace import (
+    UTF8_BOM,
     CheckStats,
     OnBadLine,
     Request,
@@ -132,8 +133,9 @@ def import_azure(path: Path, policy: LengthPolicy) -> Records:
     first: float | None = None
     try:
         # Undecodable bytes become lone surrogates: the row's field then fails validation
-        # with its line and field named, instead of breaking the whole stream.
-        fh = path.open(newline="", encoding="utf-8", errors="surrogateescape")
+        # with its line and field named, instead of breaking the whole stream. utf-8-sig:
+        # a CSV saved by Excel starts with a byte order mark, which is not part of TIMESTAMP.
+        fh = path.open(newline="", encoding="utf-8-sig", errors="surrogateescape")
     except OSError as exc:
         raise InputError(f"{src}: cannot read: {exc}") from None
     with fh:
@@ -216,7 +218,7 @@ def sniff_format(path: Path) -> str:
     """Guess the format from the first line: CSV header, Mooncake keys, or v1."""
     try:
         with path.open("rb") as fh:
-            head = fh.readline(65536).strip()
+            head = fh.readline(65536).removeprefix(UTF8_BOM).strip()
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc}") from None
     if head.startswith(b"TIMESTAMP"):
@@ -234,8 +236,11 @@ def load(path: Path, fmt: str = "auto", policy: LengthPolicy | None = None,
 
 
 def resolve_format(path: Path, fmt: str) -> str:
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; give the trace file in it")
     if not path.is_file():
-        raise InputError(f"{path}: no such trace file")
+        raise InputError(f"{path}: no such trace file" if not path.exists()
+                         else f"{path}: not a regular file; give a trace file")
     return sniff_format(path) if fmt == "auto" else fmt
 
 

@@ -57,6 +57,12 @@ class TargetSpec:
                               f"{self.api_key_env} (api_key_env) is not set")
         return key
 
+    def auth_headers(self) -> dict[str, str]:
+        """What every call to this target carries, and calls elsewhere never do: each session
+        opened toward the target is made with these headers (and follows no redirect)."""
+        key = self.api_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def describe(self) -> dict[str, Any]:
         """For the manifest: everything but secrets (the key's variable name only)."""
         return {"name": self.name, "url": self.url, "api_key_env": self.api_key_env,

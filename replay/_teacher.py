@@ -10,11 +10,17 @@ not exercise the FP8 cache on this backend, and the report says so rather than "
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from ._introspect import EndpointError, fetch_json, quote
+
+# One prompt_logprobs entry is about 100 bytes a position: room for prompts of ~500k tokens.
+MAX_SCORES_BODY = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +41,12 @@ def _position(entry: Any, token: int) -> tuple[float, bool] | None:
     if not isinstance(entry, dict):
         return None
     hit = entry.get(str(token))
-    if not isinstance(hit, dict) or not isinstance(hit.get("logprob"), int | float):
+    if not isinstance(hit, dict):
         return None
-    return -float(hit["logprob"]), hit.get("rank") == 1
+    lp = hit.get("logprob")
+    if not isinstance(lp, int | float) or isinstance(lp, bool) or not math.isfinite(lp):
+        return None
+    return -float(lp), hit.get("rank") == 1
 
 
 def parse_scores(body: Any, prompt_len: int, output_ids: Sequence[int]) -> TFScore:
@@ -68,11 +77,11 @@ async def score(session: aiohttp.ClientSession, url: str, model: str,
     if salt:
         body["cache_salt"] = salt
     try:
-        async with session.post(url + "/v1/completions", json=body,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            if r.status != 200:
-                return TFScore(0, error=f"HTTP {r.status}: {(await r.text())[:300]}")
-            data = await r.json()
-    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        return TFScore(0, error=f"request failed: {exc!r}")
-    return parse_scores(data, len(prompt_ids), output_ids)
+        ans = await fetch_json(session, "POST", url, "/v1/completions", json_body=body,
+                               timeout_s=timeout_s, max_bytes=MAX_SCORES_BODY)
+    except EndpointError as exc:
+        return TFScore(0, error=str(exc))
+    scored = parse_scores(ans.value, len(prompt_ids), output_ids)
+    if scored.error is not None:
+        return TFScore(0, error=f"{ans.label}: {scored.error}; got {quote(ans.body)}")
+    return scored

@@ -186,10 +186,16 @@ def parse_line(raw: bytes | str, path: str, lineno: int) -> Request:
     raise TraceError(path, lineno, fld, reason)
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Non-blank lines with 1-based numbers, streamed (a trace may not fit in memory)."""
+    """Non-blank lines with 1-based numbers, streamed (a trace may not fit in memory). A
+    UTF-8 byte order mark (what Windows editors and Excel write) is not part of line 1."""
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(UTF8_BOM)
             if raw.strip():
                 yield lineno, raw
 

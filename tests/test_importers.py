@@ -78,6 +78,31 @@ def test_bad_rows_name_line_and_field(tmp_path: Path) -> None:
         load(wrong, "azure")
 
 
+BOM = b"\xef\xbb\xbf"
+BOM_CASES = {
+    "mooncake": b'{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+                b'{"timestamp": 5, "input_length": 20, "output_length": 5}\n',
+    "azure": b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,5\n"
+             b"2023-11-16 18:15:47,20,5\n",
+    "v1": b'{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n'
+          b'{"id": "b", "api": "completions", "prompt": "hi"}\n',
+}
+
+
+@pytest.mark.parametrize("fmt", list(BOM_CASES))
+@pytest.mark.parametrize("given", ["auto", "named"])
+def test_a_byte_order_mark_is_accepted(fmt: str, given: str, tmp_path: Path) -> None:
+    """Files saved by Excel or Windows editors start with a UTF-8 BOM: the format is still
+    recognised and the first record is still read."""
+    path = tmp_path / ("t.csv" if fmt == "azure" else "t.jsonl")
+    path.write_bytes(BOM + BOM_CASES[fmt])
+    assert sniff_format(path) == fmt
+    loaded = load(path, fmt if given == "named" else "auto")
+    assert not loaded.bad and len(loaded.requests) == 2
+    first = {"mooncake": "mooncake-1", "azure": "azure-2", "v1": "a"}[fmt]
+    assert loaded.requests[0].id == first
+
+
 POOL = TokenPool(range(100, 400))
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay._errors import TraceError
-from replay._importers import load
+from replay._errors import InputError, TraceError
+from replay._importers import load, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,6 +81,29 @@ def test_invalid_utf8_is_a_bad_line(tmp_path: Path) -> None:
     path.write_bytes(json.dumps(GOOD).encode() + b'\n{"id": "\xff\xfe"}\n')
     loaded = load(path, on_bad_line="skip")
     assert len(loaded.requests) == 1 and loaded.bad[0].line == 2
+
+
+def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    """What Windows editors write at the start of a UTF-8 file; line 1 is still line 1."""
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n"
+                     + json.dumps({**GOOD, "id": "b"}).encode() + b"\n")
+    assert [r.id for r in load(path).requests] == ["a", "b"]
+    assert [r.id for r in scan(path).iter_requests()] == ["a", "b"]
+
+
+def test_bom_later_in_the_file_is_still_a_bad_line(tmp_path: Path) -> None:
+    path = write(tmp_path, [GOOD, "\ufeff" + json.dumps({**GOOD, "id": "b"})])
+    with pytest.raises(TraceError) as info:
+        load(path)
+    assert info.value.line == 2
+
+
+def test_a_directory_or_a_missing_path_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="is a directory; give the trace file in it"):
+        load(tmp_path)
+    with pytest.raises(InputError, match="no such trace file"):
+        load(tmp_path / "missing.jsonl")
 
 
 def test_shipped_sample_is_valid_and_varied() -> None:
