@@ -5,6 +5,9 @@ to the same request in the same phase (exact, normalized, first divergent token)
 that failed is not a quality result: it is counted as an error and left out of the pairs.
 Quality per bucket pairs each target with the reference on the requests both answered; the
 A/A control (the reference replayed a second time) gives the noise floor.
+
+Grading is bounded (``checkers.Grader``): an answer that makes its checker raise, run too long
+or read too much fails with a "checker error" reason; it never stops the run's analysis.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 from . import _stats as stats
 from ._records import Result
-from .checkers import Answer, Checker, normalize, parse_check
+from .checkers import Answer, Grader, normalize
 
 CONTROL_SUFFIX = "-control"
 
@@ -67,9 +70,11 @@ def agreement(r: Result, ref: Result) -> dict[str, Any]:
 
 
 def grade_rows(results: Sequence[Result], requests: Mapping[str, Gradable],
-               reference: str) -> list[dict[str, Any]]:
+               reference: str, grader: Grader | None = None) -> list[dict[str, Any]]:
     """One row per result: checker grade and agreement with the reference."""
-    checkers: dict[str, Checker] = {}
+    if grader is None:
+        with Grader() as own:
+            return grade_rows(results, requests, reference, own)
     refs = {(r.phase, r.request_id): r for r in results if r.target == reference}
     rows = []
     for r in results:
@@ -82,10 +87,8 @@ def grade_rows(results: Sequence[Result], requests: Mapping[str, Gradable],
             row["error"] = f"{r.error_kind}: {r.error}"
         else:
             if req is not None and req.check is not None:
-                if req.id not in checkers:
-                    checkers[req.id] = parse_check(req.check)
                 answer = Answer(r.output_text, tuple(r.tool_calls))
-                row["grade"] = checkers[req.id].grade(answer).to_json()
+                row["grade"] = grader.grade(req.check, answer).to_json()
             ref = refs.get((r.phase, r.request_id))
             if r.target != reference and ref is not None and ref.status == "ok":
                 row["agreement"] = agreement(r, ref)
@@ -155,6 +158,20 @@ def teacher_forced(tf: Mapping[str, Mapping[str, Any]], tf_ref: Mapping[str, Map
             "identical_to_reference": bool(deltas) and all(d == 0.0 for d in deltas)}
 
 
+def checker_error_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One note per target whose answers could not all be graded (they count as failed)."""
+    errors: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    first: dict[str, str] = {}
+    for row in rows:
+        kind = ((row.get("grade") or {}).get("detail") or {}).get("checker_error")
+        if kind:
+            errors[row["target"]][kind] += 1
+            first.setdefault(row["target"], f"{row['request_id']}: {row['grade']['reason']}")
+    return [f"{target}: {sum(kinds.values())} answer(s) failed with a checker error "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); first: "
+            f"{first[target]}" for target, kinds in errors.items()]
+
+
 def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, Any]],
             reference: str, bucket_order: Sequence[str], tolerance: float = 0.05,
             seed: int = 0) -> dict[str, Any]:
@@ -203,6 +220,7 @@ def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, An
                         "agreement_exact": floor["agreement"]["exact"],
                         "nll_delta_mean": floor["teacher_forced"]["nll_delta_mean"]}
         out["phases"][phase] = p_out
+    out["notes"] += checker_error_notes(rows)
     for phase, p_out in out["phases"].items():
         for target, t_out in p_out.items():
             tf = t_out["teacher_forced"]

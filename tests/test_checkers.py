@@ -108,6 +108,8 @@ def test_bool_is_not_an_integer() -> None:
     ({"type": "tool_call", "calls": [{"arguments": {}}]}, "calls.0.name"),
     ({"type": "tool_call", "calls": [{"name": "f"}], "match": "fuzzy"}, "match"),
     ({"type": "json_schema", "schema": {"type": "nonsense"}}, "schema"),
+    ({"type": "json_schema", "schema": {"$ref": "https://example.com/s.json"}}, "schema.$ref"),
+    ({"type": "json_schema", "schema": {"items": [{"$ref": "s.json"}]}}, "schema.items.0.$ref"),
     ({"type": "code", "tests": "assert f(1) ==="}, "tests"),
     ({"type": "code", "tests": "pass", "language": "rust"}, "language"),
     ({"type": "exact", "value": "x", "colour": 1}, "colour"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay._grading import agreement, first_divergence, grade_rows, quality
+from replay._grading import GradingSpec, agreement, first_divergence, grade_rows, quality
 from replay._records import Result
 from replay._teacher import parse_scores
 from replay._trace import Request
@@ -60,3 +60,18 @@ def test_quality_pairs_only_answered_requests_and_flags_identical_tf() -> None:
     assert fp8["agreement"]["exact"] == 2 / 3
     assert fp8["teacher_forced"]["identical_to_reference"] is True
     assert any("does not exercise" in n for n in q["notes"])
+
+
+def test_grade_rows_turns_a_bad_spec_into_a_failed_grade() -> None:
+    """A check that cannot be built (as when a run directory is re-graded by a newer version
+    with stricter specs) fails its answers with the reason; the other answers are graded."""
+    reqs: dict[str, Any] = {
+        "bad": GradingSpec("bad", "json", {"type": "json_schema",
+                                           "schema": {"$ref": "http://127.0.0.1:9/s"}}),
+        "good": GradingSpec("good", "chat", {"type": "exact", "value": "yes"})}
+    rows = grade_rows([res("bf16", "bad", "{}", [1]), res("bf16", "good", "yes", [1])], reqs,
+                      "bf16")
+    bad, good = (r["grade"] for r in rows)
+    assert bad["passed"] is False and bad["reason"].startswith("checker error: SpecError")
+    assert bad["detail"] == {"checker_error": "exception"}
+    assert good["passed"] is True

@@ -299,3 +299,137 @@ for path in ["/proc/{os.getpid()}/environ", "/proc/{os.getppid()}/environ",
     assert res.passed, res
     assert secret not in res.stdout + res.stderr
     assert res.stdout.splitlines()[0] == "['HOME', 'LANG', 'PATH']"
+
+
+# --- the verdict's channel -------------------------------------------------------------------
+
+# Read every file the code can see beside it (the tests, the harness, anything), print it all
+# and every marker-looking token in it, write them to every descriptor, then exit 0 before the
+# tests run. A verdict that travelled on stdout, or through a file, would read "passed".
+FORGER = r"""
+import os, re, sys
+seen = []
+for d in {os.getcwd(), os.path.dirname(os.path.abspath(__file__)), *sys.path[:1]}:
+    try:
+        names = os.listdir(d)
+    except OSError:
+        continue
+    for name in names:
+        try:
+            with open(os.path.join(d, name), "rb") as f:
+                seen.append(f.read())
+        except OSError:
+            pass
+blob = b"\n".join(seen)
+tokens = set(re.findall(rb"kvcanary-done-[0-9a-f]{32}|\b[0-9a-f]{32}\b", blob))
+sys.stdout.buffer.write(blob)
+for t in tokens:
+    sys.stdout.buffer.write(b"\n" + t + b"\n")
+sys.stdout.flush()
+for fd in range(3, 64):
+    for t in tokens:
+        try:
+            os.write(fd, t + b"\n")
+        except OSError:
+            pass
+        try:
+            os.write(fd, t)
+        except OSError:
+            pass
+for t in tokens:
+    sys.stdout.buffer.write(b"\n" + t + b"\n")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_forged_completion_marker_does_not_pass() -> None:
+    res = run_python("import os\nprint('\\nkvcanary-done-' + '0' * 32)\nos._exit(0)\n",
+                     "assert 1 == 2\n")
+    assert not res.passed, res
+    assert res.returncode == 0
+    assert res.reason == "exited with status 0 before the tests finished"
+
+
+def test_reading_every_file_and_replaying_it_does_not_pass() -> None:
+    res = run_python(FORGER, "assert 1 == 2\n")
+    assert not res.passed, res
+    assert res.returncode == 0
+    assert "assert 1 == 2" in res.stdout  # it did read the tests
+
+
+def test_the_nonce_pipe_is_empty_and_closed_when_the_solution_runs() -> None:
+    code = """
+import os
+found = []
+for fd in range(3, 64):
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, 4096)
+    except OSError:
+        continue
+    found.append((fd, data))
+print(found)
+"""
+    res = run_python(code, "")
+    assert res.passed, res
+    assert res.stdout.strip() == "[]", res.stdout
+
+
+# --- namespaces ------------------------------------------------------------------------------
+
+
+def _seccomp_expected() -> str | None:
+    """Why this machine cannot lock namespaces, or None where it should."""
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        return f"no seccomp filter for {os.uname().machine}"
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError as exc:
+        return f"cannot read /proc/self/status: {exc}"
+    if "Seccomp:" not in status:
+        return "this kernel has no seccomp"
+    return None
+
+
+NAMESPACES = """
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+for name, flag in [("user", 0x10000000), ("net", 0x40000000), ("mount", 0x00020000)]:
+    rc = libc.unshare(flag)
+    print(name, rc, os.strerror(ctypes.get_errno()) if rc else "created")
+cli = subprocess.run(["unshare", "-Ur", "true"], capture_output=True, text=True)
+print("unshare-cli", cli.returncode, cli.stderr.strip())
+cli = subprocess.run(["unshare", "-Ur", "chroot", "/", "true"], capture_output=True, text=True)
+print("chroot", cli.returncode)
+"""
+
+
+def test_code_cannot_create_namespaces() -> None:
+    res = run_python(NAMESPACES, "", SandboxLimits(wall_s=10, max_procs=2))
+    why = _seccomp_expected()
+    if why is not None and not res.namespaces_locked:
+        pytest.skip(f"{why}: {res.isolation}")
+    assert res.passed, res
+    assert res.namespaces_locked, res.isolation
+    assert "no new namespaces" in res.isolation
+    lines = dict(line.split(" ", 1) for line in res.stdout.strip().splitlines())
+    for name in ("user", "net", "mount"):
+        assert lines[name].startswith("-1 "), res.stdout
+    assert lines["user"] == "-1 Operation not permitted"
+    assert not lines["unshare-cli"].startswith("0"), res.stdout
+    assert lines["chroot"] != "0", res.stdout
+
+
+def test_threads_and_processes_still_start_under_the_lock() -> None:
+    # clone3 is answered ENOSYS, so the C library must fall back to clone for both.
+    code = """
+import subprocess, threading
+t = threading.Thread(target=lambda: None)
+t.start()
+t.join()
+print(subprocess.run(["true"]).returncode)
+"""
+    res = run_python(code, "", SandboxLimits(wall_s=10, max_procs=2))
+    assert res.passed, res
+    assert res.stdout.strip() == "0"

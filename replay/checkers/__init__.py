@@ -4,12 +4,19 @@
     grade = check.grade(Answer(text, tool_calls))   # Grade(passed, reason, score, detail)
 
 Kinds: retrieval, tool_call, code, json_schema, regex, exact, number, contains.
+
+Answers nobody has read go through a ``Grader`` (time and size bounds, a checker's exception
+as the answer's failed grade; see ``_bounded``):
+
+    with Grader() as grader:
+        grade = grader.grade(spec, Answer(text, tool_calls))
 """
 
 from ._base import REGISTRY, Answer, Checker, Grade, SpecError, normalize, parse_check
+from ._bounded import GRADE_TIME_S, MAX_ANSWER_CHARS, Grader, grade_safely
 from ._structured import Code, JsonSchema, ToolCallCheck
 from ._text import Contains, Exact, Number, Regex, Retrieval
 
-__all__ = ["REGISTRY", "Answer", "Checker", "Code", "Contains", "Exact", "Grade", "JsonSchema",
-           "Number", "Regex", "Retrieval", "SpecError", "ToolCallCheck", "normalize",
-           "parse_check"]
+__all__ = ["GRADE_TIME_S", "MAX_ANSWER_CHARS", "REGISTRY", "Answer", "Checker", "Code", "Contains",
+           "Exact", "Grade", "Grader", "JsonSchema", "Number", "Regex", "Retrieval", "SpecError",
+           "ToolCallCheck", "grade_safely", "normalize", "parse_check"]

@@ -1,9 +1,34 @@
 """Run untrusted, model-written Python against a test snippet, in a sandbox.
 
-The code and the tests go into ``solution.py`` and ``test_solution.py`` (``from solution import
-*`` then the tests, then every ``test_*`` function they define is called, as pytest would). They
-pass iff that script runs to its end and exits 0: a random marker printed after the last test
-tells "ran to completion" from a solution that calls ``sys.exit(0)`` at import time.
+The code and the tests go into ``solution.py`` and ``test_solution.py``; a fixed harness,
+``kvc_harness.py``, runs ``from solution import *``, then the tests, then every ``test_*``
+function they define, as pytest would. They pass iff the harness ran to its end *and* the process
+exited 0.
+
+The verdict's channel. "Ran to its end" must not be something the solution can say: it can print
+anything, exit with any status at any time, and read every file beside it (the harness, the
+tests). So the proof is a fresh random nonce (128 bits) that is in no file, argument or variable
+of the environment: the supervisor writes it into a pipe before the sandbox starts, and passes
+the pipe's read end and the write end of a second, result pipe as inherited descriptors (their
+numbers are the harness's arguments). Before the solution is imported, the harness reads the
+nonce, closes the nonce pipe, and writes one trusted line to the result pipe (whether the
+namespace lock below holds); after the last test it writes the nonce there. The supervisor
+requires the result pipe to hold exactly that line and the nonce, and the exit status 0: output
+on stdout/stderr counts for nothing, an early exit never wrote the nonce, junk written to the
+result pipe spoils it, and reading files or the nonce pipe (empty and closed) yields nothing.
+What this cannot stop: code that sets out to find the nonce in the interpreter's memory (the
+harness's frame) can still forge it, and code sharing the interpreter with the tests can subvert
+them more simply (an object equal to everything); tests run in the solution's process are only
+as trustworthy as that. The channel closes every forgery that does not target this harness.
+
+The namespace lock. Before the nonce is read, the harness installs a seccomp filter (with
+``no_new_privs``; it holds for every process the code starts) under which ``unshare``,
+``clone`` with any ``CLONE_NEW*`` flag and ``setns`` fail with EPERM, ``clone3`` (whose flags a
+filter cannot read) with ENOSYS so that the C library falls back to ``clone``, and every system
+call of another ABI (32-bit, x32) with ENOSYS. Without it the unprivileged code could create a
+user namespace, and in it network and mount namespaces and a ``chroot``: no escape, but the
+first step of many. Where the kernel or architecture (x86-64 and AArch64 are known) does not
+allow the filter, ``SandboxResult.namespaces_locked`` is False and ``isolation`` says why.
 
 Isolation, strongest first; the first the machine allows is found once per process (a probe runs
 the real sandbox on a tiny program) and named in ``SandboxResult.isolation``:
@@ -38,7 +63,9 @@ in the middle beyond ``output_kb``.
 
 Not covered: files that any user may read stay readable (read-only, not hidden), and as root the
 interpreter is one any uid can run (``sys.executable`` when its path allows, else the system's
-``python3``), so the code gets that Python's standard library and nothing else.
+``python3``), so the code gets that Python's standard library and nothing else. In ``plain``
+mode the code runs as the supervisor's own user, who may read the supervisor's memory (and
+the nonce in it) where the kernel's ptrace policy allows.
 """
 
 from __future__ import annotations
@@ -84,6 +111,7 @@ class SandboxResult:
     duration_s: float
     network_isolated: bool      # True when the code ran in its own network namespace
     isolation: str              # what isolation was in force
+    namespaces_locked: bool = False  # the code could create no namespace (seccomp filter)
 
 
 Mode = Literal["root-ns", "user-ns", "root-uid", "plain"]
@@ -118,7 +146,7 @@ done || die "cannot make every mount read-only"
 # The host directory stays reachable through the working directory once /tmp is covered.
 mount -t tmpfs -o "size=${size}k,nr_inodes=1024,mode=700,uid=$owner,gid=$owner,nosuid,nodev" \
   sandbox /tmp || die "cannot mount /tmp"
-cp solution.py test_solution.py /tmp/ || die "cannot copy the code"
+cp solution.py test_solution.py kvc_harness.py /tmp/ || die "cannot copy the code"
 if [ -d /dev/shm ]; then
   mount -t tmpfs -o "size=${size}k,nr_inodes=64,mode=1777,nosuid,nodev" shm /dev/shm \
     || die "cannot mount /dev/shm"
@@ -128,27 +156,88 @@ cd /tmp || die "cannot enter /tmp"
 exit $?
 """
 
-_TEST_HEAD = """\
-import os as _kvc_os, sys as _kvc_sys
-_kvc_sys.path.insert(0, _kvc_os.path.dirname(_kvc_os.path.abspath(__file__)))
-from solution import *
-"""
+_HARNESS_FILE = "kvc_harness.py"
+_CHANNEL_MAX = 65536         # bytes read back from the result pipe (the harness writes ~100)
 
-_TEST_TAIL = """
-def _kvc_finish():
-    for _name, _fn in list(globals().items()):
-        code = getattr(_fn, "__code__", None)
-        if (_name.startswith("test_") and code is not None and code.co_argcount == 0
-                and getattr(_fn, "__module__", None) == "__main__"):
-            _fn()
-    for _stream in (_kvc_sys.stdout, _kvc_sys.__stdout__):
-        if _stream is not None:
-            _stream.flush()
-    _kvc_os.write(1, b"\\n@@MARKER@@\\n")
+# Trusted until its ``from solution import *``. argv: the nonce pipe's fd, the result pipe's fd.
+_HARNESS = r'''
+import os, sys
 
 
-_kvc_finish()
-"""
+def _kvc_lock_namespaces():
+    """Install the seccomp filter of the module docstring; "ok" or why not."""
+    try:
+        import ctypes
+        table = {"x86_64": (0xC000003E, 272, 56, 435, 308),
+                 "aarch64": (0xC00000B7, 97, 220, 435, 268)}
+        machine = os.uname().machine
+        if machine not in table:
+            return "no seccomp filter for " + machine
+        arch, unshare, clone, clone3, setns = table[machine]
+        allow, errno, eperm, enosys = 0x7FFF0000, 0x00050000, 1, 38
+        new_ns = 0x7E020080  # CLONE_NEW{NS,CGROUP,UTS,IPC,USER,PID,NET,TIME}
+        ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+        program = [
+            (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, errno | enosys),
+            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, errno | enosys),
+            (jeq, 0, 1, clone3), (ret, 0, 0, errno | enosys),
+            (jeq, 0, 1, setns), (ret, 0, 0, errno | eperm),
+            (jeq, 2, 0, unshare), (jeq, 1, 0, clone), (ret, 0, 0, allow),
+            (ld, 0, 0, 16), (jset, 0, 1, new_ns), (ret, 0, 0, errno | eperm),
+            (ret, 0, 0, allow),
+        ]
+
+        class Insn(ctypes.Structure):
+            _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte),
+                        ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
+
+        insns = (Insn * len(program))(*(Insn(*i) for i in program))
+        prog = Prog(len(program), insns)
+        libc = ctypes.CDLL(None, use_errno=True)
+        ulong = ctypes.c_ulong
+        libc.prctl.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
+        if libc.prctl(38, 1, 0, 0, 0) != 0:      # PR_SET_NO_NEW_PRIVS
+            return "no_new_privs: " + os.strerror(ctypes.get_errno())
+        if libc.prctl(22, 2, ctypes.addressof(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+            return "seccomp: " + os.strerror(ctypes.get_errno())
+        return "ok"
+    except Exception as exc:
+        return "seccomp: %s: %s" % (type(exc).__name__, exc)
+
+
+def _kvc_main():
+    nonce_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
+    del sys.argv[1:]
+    lock = _kvc_lock_namespaces()
+    nonce = os.read(nonce_fd, 64)
+    os.close(nonce_fd)
+    os.write(result_fd, ("lock " + lock.replace("\n", " ") + "\n").encode())
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "test_solution.py")
+    with open(path, encoding="utf-8") as f:  # read before the solution could replace it
+        tests = compile(f.read(), path, "exec")
+    sys.path.insert(0, here)
+    main = sys.modules["__main__"].__dict__
+    for name in ("_kvc_main", "_kvc_lock_namespaces"):
+        del main[name]
+    exec("from solution import *", main)
+    exec(tests, main)
+    for name, fn in list(main.items()):
+        code = getattr(fn, "__code__", None)
+        if (name.startswith("test_") and code is not None and code.co_argcount == 0
+                and getattr(fn, "__module__", None) == "__main__"):
+            fn()
+    for stream in (sys.stdout, sys.__stdout__):
+        if stream is not None:
+            stream.flush()
+    os.write(result_fd, nonce)
+
+
+_kvc_main()
+'''
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,37 +328,65 @@ def _others_can_run(path: Path) -> bool:
 
 
 def _execute(plan: _Plan, code: str, tests: str, limits: SandboxLimits) -> SandboxResult:
-    marker = f"kvcanary-done-{secrets.token_hex(16)}"
     uid = _acquire_uid() if plan.mode in ("root-ns", "root-uid") else None
     workdir = Path(tempfile.mkdtemp(prefix="kvcanary-sandbox-"))
     try:
-        _write_files(workdir, code, tests, marker, uid if plan.mode == "root-uid" else None)
-        return _supervise(plan, workdir, uid, marker, limits)
+        _write_files(workdir, code, tests, uid if plan.mode == "root-uid" else None)
+        return _supervise(plan, workdir, uid, limits)
     finally:
         if uid is not None:
             _release_uid(uid)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _write_files(workdir: Path, code: str, tests: str, marker: str, owner: int | None) -> None:
+def _write_files(workdir: Path, code: str, tests: str, owner: int | None) -> None:
     (workdir / "solution.py").write_text(code, encoding="utf-8")
-    runner = _TEST_HEAD + tests + "\n" + _TEST_TAIL.replace("@@MARKER@@", marker)
-    (workdir / "test_solution.py").write_text(runner, encoding="utf-8")
+    (workdir / "test_solution.py").write_text(tests + "\n", encoding="utf-8")
+    (workdir / _HARNESS_FILE).write_text(_HARNESS, encoding="utf-8")
     for f in workdir.iterdir():
         f.chmod(0o644)
     if owner is not None:
         os.chown(workdir, owner, owner)
 
 
-def _supervise(plan: _Plan, workdir: Path, uid: int | None, marker: str,
+def _supervise(plan: _Plan, workdir: Path, uid: int | None,
                limits: SandboxLimits) -> SandboxResult:
-    argv, preexec, user = _command(plan, workdir, uid, limits)
-    home = "/tmp" if plan.namespaces else str(workdir)
-    start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_env(home), start_new_session=True,
-                            preexec_fn=preexec, user=user, group=user,
-                            extra_groups=None if user is None else [])
+    nonce = secrets.token_hex(16).encode()
+    nonce_r, nonce_w = os.pipe()
+    try:
+        os.write(nonce_w, nonce)  # far below a pipe's buffer: never blocks
+    finally:
+        os.close(nonce_w)
+    try:
+        result_r, result_w = os.pipe()
+    except BaseException:
+        os.close(nonce_r)
+        raise
+    try:
+        argv, preexec, user = _command(plan, workdir, uid, limits, (nonce_r, result_w))
+        home = "/tmp" if plan.namespaces else str(workdir)
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(home),
+                                start_new_session=True, preexec_fn=preexec, user=user,
+                                group=user, extra_groups=None if user is None else [],
+                                pass_fds=(nonce_r, result_w))
+    except BaseException:
+        os.close(result_r)
+        raise
+    finally:
+        # Only the sandbox holds these ends now: the result pipe reads to its end once the
+        # sandbox is gone.
+        os.close(nonce_r)
+        os.close(result_w)
+    try:
+        return _watch(plan, proc, start, uid, limits, result_r, nonce)
+    finally:
+        os.close(result_r)
+
+
+def _watch(plan: _Plan, proc: subprocess.Popen[bytes], start: float, uid: int | None,
+           limits: SandboxLimits, result_r: int, nonce: bytes) -> SandboxResult:
     assert proc.stdout is not None and proc.stderr is not None
     out = _Capture(proc.stdout, limits.output_kb * 1024)
     err = _Capture(proc.stderr, limits.output_kb * 1024)
@@ -288,20 +405,38 @@ def _supervise(plan: _Plan, workdir: Path, uid: int | None, marker: str,
     if not timed_out:
         status = proc.returncode
         returncode = _unwrap_shell_status(status) if plan.namespaces else status
-    stdout, completed = _strip_marker(out.text(), marker, out.ending())
-    stderr = err.text()
+    lock, completed = _read_channel(result_r, nonce)
+    stdout, stderr = out.text(), err.text()
     passed = not timed_out and returncode == 0 and completed
+    isolation = plan.isolation + (", no new namespaces (seccomp)" if lock == "ok" else
+                                  f", namespace creation not blocked ({lock})")
     return SandboxResult(
         passed=passed,
         reason=_reason(passed, timed_out, returncode, completed, stderr, limits),
         returncode=returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
-        duration_s=duration, network_isolated=plan.namespaces, isolation=plan.isolation)
+        duration_s=duration, network_isolated=plan.namespaces, isolation=isolation,
+        namespaces_locked=lock == "ok")
 
 
-def _command(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits
-             ) -> tuple[list[str], Callable[[], None] | None, int | None]:
+def _read_channel(fd: int, nonce: bytes) -> tuple[str, bool]:
+    """The harness's lock report, and whether the rest of the result pipe is the nonce alone.
+    Read without blocking: a process that escaped the kill may still hold the write end."""
+    os.set_blocking(fd, False)
+    data = bytearray()
+    with contextlib.suppress(BlockingIOError):
+        while len(data) <= _CHANNEL_MAX and (chunk := os.read(fd, 65536)):
+            data += chunk
+    head, newline, rest = bytes(data).partition(b"\n")
+    if not newline or not head.startswith(b"lock "):
+        return "the harness did not start", False
+    lock = head[5:].decode("utf-8", errors="replace")
+    return lock, secrets.compare_digest(rest, nonce)
+
+
+def _command(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits,
+             channel: tuple[int, int]) -> tuple[list[str], Callable[[], None] | None, int | None]:
     """argv, the preexec hook setting rlimits (modes without namespaces) and the uid to run as."""
-    python = [plan.python, "-I", "-S", "-B", "test_solution.py"]
+    python = [plan.python, "-I", "-S", "-B", _HARNESS_FILE, *map(str, channel)]
     if not plan.namespaces:
         nproc = 1 + limits.max_procs
         if plan.mode == "plain":        # the limit counts this user's tasks, our 2 readers too
@@ -358,17 +493,6 @@ def _unwrap_shell_status(status: int) -> int:
     if 128 < status < 128 + signal.NSIG:
         return -(status - 128)
     return status
-
-
-def _strip_marker(stdout: str, marker: str, ending: bytes) -> tuple[str, bool]:
-    """stdout without the completion marker, and whether the marker was the last thing printed."""
-    line = f"\n{marker}\n"
-    completed = ending.endswith(line.encode())
-    if completed:
-        cut = stdout.rfind(line)
-        if cut >= 0:
-            stdout = stdout[:cut] + stdout[cut + len(line):]
-    return stdout, completed
 
 
 # --- reasons ---------------------------------------------------------------------------------
@@ -441,7 +565,6 @@ class _Capture:
         self._tail_max = limit - self._head_max
         self._head = bytearray()
         self._tail = bytearray()
-        self._ending = b""
         self._dropped = 0
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
@@ -452,7 +575,6 @@ class _Capture:
                 self._add(chunk)
 
     def _add(self, chunk: bytes) -> None:
-        self._ending = (self._ending + chunk)[-256:]
         room = self._head_max - len(self._head)
         if room > 0:
             self._head += chunk[:room]
@@ -472,11 +594,6 @@ class _Capture:
         self._join()
         middle = f"\n[... {self._dropped} bytes truncated ...]\n".encode() if self._dropped else b""
         return bytes(self._head + middle + self._tail).decode("utf-8", errors="replace")
-
-    def ending(self) -> bytes:
-        """The last bytes written, kept even when ``limit`` keeps nothing."""
-        self._join()
-        return self._ending
 
 
 # --- processes and uids ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -10,21 +11,57 @@ from typing import Any
 
 from ._base import Answer, Grade, SpecError, allowed_keys, get, register
 
-_TOOL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+# Lazy up to the closing tag or the end, whitespace stripped afterwards: a '\s*' on both sides
+# of a lazy group backtracks over every run of spaces (quadratic on a hostile answer).
+_TOOL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 _FENCE = re.compile(r"```(?:[\w+-]*)\n(.*?)```", re.S)
+_OPENER = re.compile(r"[{\[]")
+_TOO_DEEP = "the JSON in the answer is nested too deeply to read"
+_MAX_ERRORS = 100            # schema violations looked at (the first by path is reported)
 
 
 def first_json(text: str) -> Any:
-    """The first JSON value in the text (a fenced block, or the first '{'/'[' that parses)."""
+    """The first JSON value in the text (a fenced block, or the first '{'/'[' that parses).
+    ValueError when there is none, or when it nests deeper than the parser goes."""
+    dec = json.JSONDecoder()
     for candidate in [m.group(1) for m in _FENCE.finditer(text)] + [text]:
-        dec = json.JSONDecoder()
-        for i, ch in enumerate(candidate):
-            if ch in "{[":
-                try:
-                    return dec.raw_decode(candidate, i)[0]
-                except json.JSONDecodeError:
-                    continue
+        for m in _OPENER.finditer(candidate):
+            try:
+                return dec.raw_decode(candidate, m.start())[0]
+            except json.JSONDecodeError:
+                continue
+            except RecursionError:
+                # Every later opener sits inside the same nest: trying them would cost the
+                # answer's length times the parser's depth, to find nothing.
+                raise ValueError(_TOO_DEEP) from None
     raise ValueError("no JSON value in the answer")
+
+
+def _loads(text: str) -> Any:
+    """json.loads, with a nest too deep for the parser as ValueError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
+
+
+_REF_KEYS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def remote_ref(schema: Any) -> tuple[str, str] | None:
+    """(dotted path, value) of the first reference that is not a '#...' pointer into the schema
+    itself: resolving one would mean reading a URL or a file."""
+    stack: list[tuple[str, Any]] = [("", schema)]
+    while stack:  # iterative: a schema nested 10,000 deep is still only refused
+        path, node = stack.pop()
+        items = (node.items() if isinstance(node, dict)
+                 else enumerate(node) if isinstance(node, list) else ())
+        for key, value in items:
+            here = f"{path}.{key}" if path else str(key)
+            if key in _REF_KEYS and isinstance(value, str) and not value.startswith("#"):
+                return here, value
+            stack.append((here, value))
+    return None
 
 
 @register("json_schema")
@@ -40,21 +77,41 @@ class JsonSchema:
 
         allowed_keys(spec, "schema")
         schema = get(spec, "schema", dict)
+        remote = remote_ref(schema)
+        if remote is not None:
+            where, ref = remote
+            raise SpecError(f"schema.{where}", f"{ref!r} is not a local reference: graders "
+                            "fetch nothing (no URL, no file); put the referenced schema under "
+                            "'$defs' and point at it with '#/$defs/NAME'")
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise SpecError("schema", f"not a valid JSON schema: {exc.message}") from None
+        except RecursionError:
+            raise SpecError("schema", "nested too deeply to check") from None
         return cls(schema)
 
     def grade(self, answer: Answer) -> Grade:
         import jsonschema
+        from referencing import Registry
+        from referencing.exceptions import Unresolvable
 
         try:
             value = first_json(answer.text)
         except ValueError as exc:
             return Grade(False, str(exc), 0.0)
-        errors = sorted(jsonschema.validators.validator_for(self.schema)(self.schema)
-                        .iter_errors(value), key=lambda e: list(e.path))
+        # An empty registry that retrieves nothing: without one, jsonschema fetches remote
+        # references over the network (spec validation refuses them; this is the backstop).
+        validator = jsonschema.validators.validator_for(self.schema)(self.schema,
+                                                                     registry=Registry())
+        try:
+            errors = sorted(itertools.islice(validator.iter_errors(value), _MAX_ERRORS),
+                            key=lambda e: list(e.path))
+        except Unresolvable as exc:
+            return Grade(False, f"checker error: unresolvable reference in the schema: {exc}",
+                         0.0, {"checker_error": "exception"})
+        except RecursionError:
+            return Grade(False, "the answer's JSON is nested too deeply to validate", 0.0)
         if errors:
             where = "/".join(map(str, errors[0].path)) or "(root)"
             return Grade(False, f"schema violation at {where}: {errors[0].message}", 0.0)
@@ -67,14 +124,14 @@ def calls_from_answer(answer: Answer) -> tuple[list[tuple[str, Any]], str]:
         out = []
         for c in answer.tool_calls:
             try:
-                args = json.loads(c.arguments) if c.arguments.strip() else {}
-            except json.JSONDecodeError:
+                args = _loads(c.arguments) if c.arguments.strip() else {}
+            except ValueError:
                 args = c.arguments  # kept as text: compares unequal, reason shows it
             out.append((c.name, args))
         return out, "streamed tool_calls"
     blobs = _TOOL_TAG.findall(answer.text)
     values = []
-    for blob in blobs or [answer.text]:
+    for blob in [b.strip() for b in blobs] or [answer.text]:
         try:
             values.append(first_json(blob))
         except ValueError:
@@ -86,8 +143,8 @@ def calls_from_answer(answer: Answer) -> tuple[list[tuple[str, Any]], str]:
                 args = item.get("arguments", item.get("parameters", {}))
                 if isinstance(args, str):
                     try:
-                        args = json.loads(args)
-                    except json.JSONDecodeError:
+                        args = _loads(args)
+                    except ValueError:
                         pass
                 out.append((item["name"], args))
     return out, "JSON in the text"
@@ -210,5 +267,6 @@ class Code:
         res = run_python(extract_code(answer.text), self.tests,
                          SandboxLimits(wall_s=self.timeout_s, memory_mb=self.memory_mb))
         detail = {"isolation": res.isolation, "network_isolated": res.network_isolated,
+                  "namespaces_locked": res.namespaces_locked,
                   "duration_s": round(res.duration_s, 3), "stderr": res.stderr[-500:]}
         return Grade(res.passed, res.reason, 1.0 if res.passed else 0.0, detail)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,33 +64,48 @@ class Contains:
                      f"none of {list(self.values)} found", score)
 
 
+REGEX_TIMEOUT_S = 1.0
+
+
 @register("regex")
 @dataclass(frozen=True)
 class Regex:
-    """``pattern`` matches somewhere in the answer (``fullmatch: true`` for all of it)."""
+    """``pattern`` matches somewhere in the answer (``fullmatch: true`` for all of it).
 
-    pattern: re.Pattern[str]
+    Matched by the ``regex`` module (``re``'s syntax) with a timeout: a backtracking pattern
+    such as ``(a+)+$`` takes time exponential in the answer's length, and ``re`` cannot be
+    stopped. A match that runs out of time fails the answer, with the reason."""
+
+    pattern: Any  # a compiled regex.Pattern (the module ships no type information)
     full: bool = False
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Regex:
+        import regex
+
         allowed_keys(spec, "pattern", "flags", "fullmatch")
         flags = 0
         for ch in get(spec, "flags", str, ""):
             if ch not in "imsx":
                 raise SpecError("flags", f"unknown flag {ch!r}; use any of i, m, s, x")
-            flags |= {"i": re.I, "m": re.M, "s": re.S, "x": re.X}[ch]
+            flags |= {"i": regex.I, "m": regex.M, "s": regex.S, "x": regex.X}[ch]
         try:
-            pattern = re.compile(get(spec, "pattern", str), flags)
-        except re.error as exc:
+            pattern = regex.compile(get(spec, "pattern", str), flags)
+        except (regex.error, ValueError, OverflowError) as exc:
             raise SpecError("pattern", f"not a valid regular expression: {exc}") from None
         return cls(pattern, get(spec, "fullmatch", bool, False))
 
     def grade(self, answer: Answer) -> Grade:
         text = answer.text.strip()
-        m = self.pattern.fullmatch(text) if self.full else self.pattern.search(text)
+        match = self.pattern.fullmatch if self.full else self.pattern.search
+        try:
+            m = match(text, timeout=REGEX_TIMEOUT_S)
+        except TimeoutError:
+            return Grade(False, f"checker error: /{str(self.pattern.pattern)[:100]}/ ran over "
+                         f"{REGEX_TIMEOUT_S:g} s on this answer (a backtracking pattern); the "
+                         "answer fails", 0.0, {"checker_error": "timeout"})
         if m:
-            return Grade(True, f"matched {m.group(0)[:100]!r}", 1.0)
+            return Grade(True, f"matched {str(m.group(0))[:100]!r}", 1.0)
         return Grade(False, f"no match for /{self.pattern.pattern}/", 0.0)
 
 
