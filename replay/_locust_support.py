@@ -29,10 +29,11 @@ import orjson
 
 from . import __version__
 from ._buckets import Buckets
+from ._budget import ErrorBudget
 from ._client import Client
-from ._errors import ConfigError, TargetError
+from ._errors import ConfigError, ServingMismatch
 from ._grading import grade_rows, quality
-from ._introspect import Scraper, introspect
+from ._introspect import Scraper, introspect, served_model
 from ._records import Result
 from ._rundir import GRADES, MANIFEST, RESULTS, SUMMARY, JsonlWriter, read_results, write_json
 from ._runner import _cpu_flags, count_tokens, token_pool
@@ -288,11 +289,6 @@ def resolve_target(text: str, host: str | None, targets_file: str | None) -> Tar
     return spec
 
 
-def auth_headers(spec: TargetSpec) -> dict[str, str]:
-    key = spec.api_key()
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
 @dataclass
 class Prepared:
     """What sending a shard needs to know about the target."""
@@ -315,23 +311,22 @@ async def prepare(spec: TargetSpec, reqs: Sequence[Request], buckets: Buckets) -
     that cannot be used raises TargetError with the reason."""
     assert spec.url is not None
     url = spec.url
-    async with aiohttp.ClientSession(headers=auth_headers(spec)) as session:
+    # The target's key goes with every call on this session, and only to the target's URL.
+    async with aiohttp.ClientSession(headers=spec.auth_headers()) as session:
         info = await introspect(session, url)
-        served = (info.get("cache_config") or {}).get("cache_dtype")
+        model = served_model(info)
+        served = info["cache_config"].get("cache_dtype")
         if spec.expect_cache_dtype is not None:
             if served is None:
                 info["problems"].append("cache_dtype not reported by /metrics "
                                         "(vllm:cache_config_info); cannot verify")
             elif not cache_dtype_matches(spec.expect_cache_dtype, served):
-                raise TargetError(f"served cache_dtype is '{served}' but target '{spec.name}' "
-                                  f"expects '{spec.expect_cache_dtype}': the server is not "
-                                  "running the KV cache this target is meant to test")
-        model = info.get("model_id")
-        if not model:
-            raise TargetError(f"{url}: no model served (GET /v1/models): "
-                              f"{'; '.join(info['problems']) or 'empty list'}")
+                raise ServingMismatch(
+                    f"served cache_dtype is '{served}' but target '{spec.name}' expects "
+                    f"'{spec.expect_cache_dtype}': the server is not running the KV cache "
+                    "this target is meant to test")
         pool = await token_pool(session, url, model) if any(r.synth for r in reqs) else None
-        counts = await count_tokens(session, url, model, reqs)
+        counts = await count_tokens(session, url, model, reqs, problems=info["problems"])
     labels = {rid: (buckets.label(n) if n is not None else "unknown")
               for rid, n in counts.items()}
     info["tokens_counted"] = sum(c is not None for c in counts.values())
@@ -362,7 +357,7 @@ class MetricsTap:
 
     async def start(self) -> dict[str, Any]:
         assert self.spec.url is not None
-        self._session = aiohttp.ClientSession(headers=auth_headers(self.spec))
+        self._session = aiohttp.ClientSession(headers=self.spec.auth_headers())
         info = await introspect(self._session, self.spec.url)
         self._scraper = Scraper(self._session, self.spec.url, self.now,
                                 lambda snap: self.sink(snap.to_json()))
@@ -410,6 +405,13 @@ class RunPlan:
     epoch_wall: float
     shard: int = 0
     shards: int = 1
+    # The shard's error budget (replay/_budget.py); 0 max_errors: no absolute cap.
+    max_errors: int = 0
+    max_error_rate: float = 0.05
+
+    def budget(self) -> ErrorBudget:
+        return ErrorBudget(max_errors=self.max_errors or None,
+                           max_error_rate=self.max_error_rate)
 
     def to_msg(self) -> dict[str, Any]:
         return asdict(self)
@@ -451,6 +453,9 @@ def cancelled_result(req: Request, target: str, phase: str, bucket: str, at: flo
 # -- the run directory ------------------------------------------------------------------------
 
 
+DEFAULT_MAX_RESULTS = 250_000
+
+
 @dataclass
 class RunRecorder:
     """The run directory of one Locust test, in ``replay``'s format: ``manifest.json``,
@@ -477,6 +482,10 @@ class RunRecorder:
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     series: list[dict[str, Any]] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
+    # A looping test (--kvc-loop on) has no natural end: past this many result rows, results
+    # are counted, not stored, so no test can fill the disk (Locust's statistics still see
+    # every request). 0: no cap.
+    max_results: int = DEFAULT_MAX_RESULTS
 
     def __post_init__(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -485,10 +494,18 @@ class RunRecorder:
         self._metrics = JsonlWriter(self.run_dir / "metrics" / f"{self.spec.name}.jsonl")
         self._open: tuple[str, float] | None = None
         self.received = 0
+        self.dropped = 0
 
     # results and metrics arrive as they happen
     def add_results(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
+            if self.max_results and self.received >= self.max_results:
+                if not self.dropped:
+                    self.info.setdefault("problems", []).append(
+                        f"results past --kvc-max-results {self.max_results} were counted, "
+                        "not stored")
+                self.dropped += 1
+                continue
             self._results.write(row)
             self.received += 1
 
@@ -528,6 +545,7 @@ class RunRecorder:
             "schedules": list(self.schedules),
             "options": dict(self.options),
             "reference": self.spec.name,
+            "results_not_stored": self.dropped,
             "targets": {self.spec.name: {"spec": self.spec.describe(), "status": self.status,
                                          "reason": self.reason, **self.info,
                                          "phases": self.phases}},

@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,11 +23,20 @@ import orjson
 
 from . import __version__
 from ._buckets import Buckets
+from ._budget import ErrorBudget
 from ._client import Client
-from ._errors import ConfigError, ServerStartError, TargetError
-from ._grading import CONTROL_SUFFIX, GradingSpec, grade_rows, quality
-from ._importers import LengthPolicy
-from ._introspect import MetricsSnapshot, Scraper, engine_config_from_log, introspect
+from ._errors import ConfigError, InputError, ServerStartError, ServingMismatch, TargetError
+from ._grading import CONTROL_SUFFIX, Gradable, GradingSpec, grade_rows, quality
+from ._importers import LengthPolicy, stream
+from ._introspect import (
+    EndpointError,
+    MetricsSnapshot,
+    Scraper,
+    engine_config_from_log,
+    fetch_json,
+    introspect,
+    served_model,
+)
 from ._records import Result
 from ._rundir import (
     GRADES,
@@ -108,6 +117,9 @@ class RunConfig:
     drain_s: float = 30.0
     # Continue an interrupted or killed run in ``run_dir``: send only what has no final result.
     resume: bool = False
+    # Each target's error budget (replay/_budget.py): past it the target gets no more requests.
+    max_errors: int | None = None
+    max_error_rate: float | None = 0.05
     cli_options: dict[str, Any] = field(default_factory=dict)
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
 
@@ -122,6 +134,7 @@ class TargetRun:
     info: dict[str, Any] = field(default_factory=dict)
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     series: list[dict[str, Any]] = field(default_factory=list)
+    budget: ErrorBudget = field(default_factory=ErrorBudget)
 
     def manifest(self) -> dict[str, Any]:
         return {"spec": self.spec.describe(), "status": self.status, "reason": self.reason,
@@ -140,11 +153,12 @@ class Runner:
                               f"{names}")
         # The reference goes first: the others are compared with (and scored on) its answers.
         ordered = sorted(cfg.targets, key=lambda s: s.name != self.reference)
-        self.runs = {s.name: TargetRun(s) for s in ordered}
+        self.runs = {s.name: TargetRun(s, budget=self._budget()) for s in ordered}
         self.control: TargetRun | None = None
         if cfg.control:
             ref = self.runs[self.reference].spec
-            self.control = TargetRun(replace(ref, name=ref.name + CONTROL_SUFFIX))
+            self.control = TargetRun(replace(ref, name=ref.name + CONTROL_SUFFIX),
+                                     budget=self._budget())
         self.ref_done: asyncio.Event | None = None
         self.stopping = asyncio.Event()
         self.interrupted = False
@@ -158,6 +172,10 @@ class Runner:
         self.writer = JsonlWriter(cfg.run_dir / RESULTS)
         self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED)
         self.started_at = time.time()
+
+    def _budget(self) -> ErrorBudget:
+        return ErrorBudget(max_errors=self.cfg.max_errors,
+                           max_error_rate=self.cfg.max_error_rate)
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -267,36 +285,20 @@ class Runner:
 
     def write_summary(self) -> dict[str, Any]:
         runs = self.all_runs()
-        targets = {n: {"status": r.status, "reason": r.reason,
-                       "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
-                   for n, r in runs.items()}
-        # Prompt ids are only for teacher-forced scoring, which reads them from the file.
-        results = load_results(self.cfg.run_dir, prompt_ids=False)
         series = {n: r.series for n, r in runs.items()}
         if self.control is not None:  # the control ran on the reference's server
             series[self.control.spec.name] = series[self.reference]
-        summary = build_summary(results, targets, series, self.cfg.buckets.labels)
-        summary["run_dir"] = str(self.cfg.run_dir)
-        rows = grade_rows(results, self._grading_specs({r.request_id for r in results}),
-                          self.reference)
-        with (self.cfg.run_dir / GRADES).open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(orjson.dumps(row).decode() + "\n")
-        tf_rows = list(read_jsonl(self.cfg.run_dir / TEACHER_FORCED))
-        summary["quality"] = quality(rows, tf_rows, self.reference, self.cfg.buckets.labels,
-                                     self.cfg.tolerance, self.cfg.seed)
-        candidate = next((n for n in self.runs if n != self.reference and "cal" not in n), None)
-        first = self.cfg.schedules[0].label
-        if candidate is not None:
-            summary["systems"] = compare_systems(results, self.reference, candidate, first,
-                                                 self.cfg.seed)
-            summary["systems"]["throughput_ratio"] = throughput_ratio(
-                summary, self.reference, candidate, first)
-        verdict = decide(facts_from_run(summary, self.manifest(), candidate=candidate,
-                                        thresholds=self.cfg.thresholds), self.cfg.thresholds)
-        summary["verdict"] = verdict.to_json()
-        write_json(self.cfg.run_dir / SUMMARY, summary)
-        return summary
+        return analyse(Analysis(
+            run_dir=self.cfg.run_dir,
+            targets={n: {"status": r.status, "reason": r.reason,
+                         "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
+                     for n, r in runs.items()},
+            series=series, reference=self.reference,
+            candidate=next((n for n in self.runs if n != self.reference and "cal" not in n),
+                           None),
+            first_phase=self.cfg.schedules[0].label, bucket_labels=self.cfg.buckets.labels,
+            tolerance=self.cfg.tolerance, seed=self.cfg.seed, thresholds=self.cfg.thresholds,
+            manifest=self.manifest(), grading_specs=self._grading_specs))
 
     def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
         """Task and checker of each request that has results: what grading needs of the
@@ -399,8 +401,12 @@ class Runner:
             self.save_manifest()
 
     async def _serve(self, run: TargetRun, url: str, server: LocalServer | None) -> None:
+        """Introspect, check and replay one target. A target that cannot be used raises
+        TargetError; ``_target`` records it as failed with every request unavailable."""
         spec = run.spec
-        async with aiohttp.ClientSession() as session:
+        # The target's key goes with every call made on this session (introspection,
+        # /metrics, /tokenize, teacher-forced scoring), and only to the target's URL.
+        async with aiohttp.ClientSession(headers=spec.auth_headers()) as session:
             info = await introspect(session, url)
             run.info.update(info)
             if server is not None:
@@ -408,31 +414,27 @@ class Runner:
                 run.info["engine_config"] = engine_config_from_log(log)
                 run.info["scale_log_lines"] = scale_lines(log)
                 run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
-            served = (info.get("cache_config") or {}).get("cache_dtype")
+            model = served_model(info)
+            served = info["cache_config"].get("cache_dtype")
             if spec.expect_cache_dtype is not None:
                 if served is None:
                     run.info["problems"].append("cache_dtype not reported by /metrics "
                                                 "(vllm:cache_config_info); cannot verify")
                 elif not cache_dtype_matches(spec.expect_cache_dtype, served):
-                    run.status = "failed"
-                    run.reason = (f"served cache_dtype is '{served}' but target '{spec.name}' "
-                                  f"expects '{spec.expect_cache_dtype}': the server is not "
-                                  "running the KV cache this target is meant to test")
-                    self._record_unavailable(run)
-                    return
-            if not info.get("model_id"):
-                run.status, run.reason = "failed", "no model served (GET /v1/models)"
-                self._record_unavailable(run)
-                return
+                    raise ServingMismatch(
+                        f"served cache_dtype is '{served}' but target '{spec.name}' expects "
+                        f"'{spec.expect_cache_dtype}': the server is not running the KV cache "
+                        "this target is meant to test")
             self.save_manifest()
-            client = Client(url, info["model_id"], api_key=spec.api_key(),
+            client = Client(url, model, api_key=spec.api_key(),
                             timeout_s=self.cfg.timeout_s, seed=self.cfg.seed,
                             epoch=self.clock.epoch)
             try:
                 await self._phases(run, session, client, url)
             finally:
                 await client.close()
-        run.status = "ok"
+        if not run.budget.spent:
+            run.status = "ok"
 
     async def _phases(self, run: TargetRun, session: aiohttp.ClientSession, client: Client,
                       url: str) -> None:
@@ -440,7 +442,7 @@ class Runner:
         self.progress.status(f"[{run.spec.name}] counting prompt tokens on the target tokenizer")
         pool = await token_pool(session, url, client.model) if trace.has_synth else None
         counts = await prompt_token_counts(session, url, client.model, trace.iter_requests(),
-                                           trace.count)
+                                           trace.count, problems=run.info["problems"])
         run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
         series_file = JsonlWriter(self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl")
 
@@ -454,6 +456,9 @@ class Runner:
         try:
             for sched in self.cfg.schedules:
                 await self._phase(run, sched, client, pool, counts, scraper)
+            if run.budget.spent:
+                self._budget_spent(run)
+                return
             if self.stopping.is_set():
                 return
             if run.spec.name == self.reference:
@@ -463,7 +468,10 @@ class Runner:
                     self.control.info = dict(run.info)
                     for sched in self.cfg.schedules:
                         await self._phase(self.control, sched, client, pool, counts, scraper)
-                    self.control.status = "ok"
+                    if self.control.budget.spent:
+                        self._budget_spent(self.control)
+                    else:
+                        self.control.status = "ok"
                 self.ref_done.set()
             if self.cfg.teacher_forced and not self.stopping.is_set():
                 await self._teacher_forced(run, session, url, client.model)
@@ -473,6 +481,9 @@ class Runner:
             await scraper.stop()
             series_file.close()
             run.info["scrape_failures"] = scraper.failures
+            if scraper.first_failure is not None:
+                run.info["problems"].append(f"{scraper.failures} /metrics scrape(s) failed; "
+                                            f"first: {scraper.first_failure}")
 
     async def _phase(self, run: TargetRun, sched: Schedule, client: Client,
                      pool: TokenPool | None, counts: array[int], scraper: Scraper) -> None:
@@ -482,6 +493,13 @@ class Runner:
         total = self.cfg.trace.count - len(before_done)
         if total <= 0 or self.stopping.is_set():
             return  # resumed: this phase is complete (or the run is being interrupted)
+        budget = run.budget
+        # The schedule stops on an interrupt or when this target's error budget is spent.
+        halt = asyncio.Event()
+        if budget.spent:  # in an earlier phase: this one sends nothing
+            halt.set()
+        relay = asyncio.ensure_future(self.stopping.wait())
+        relay.add_done_callback(lambda f: None if f.cancelled() else halt.set())
         self.progress.phase(name, label, total)
         # Per target too: the A/A control must not reuse the reference's cache on its server.
         salt = f"{self.cfg.run_dir.name}.{name}.{label}" if self.cfg.salt_phases else None
@@ -502,6 +520,12 @@ class Runner:
 
         async def send(item: tuple[int, Request], scheduled: float) -> None:
             i, req = item
+            # Backoff while the target does not answer; then it is stopped, not spun on.
+            wait = budget.delay()
+            if wait:
+                await _pause(wait, halt)
+            if halt.is_set():
+                return  # left in ``pending``: recorded after the phase as not sent
             res = Result(request_id=req.id, target=name, phase=label, bucket=bucket(i),
                          scheduled=scheduled, prompt_tokens=_count(counts[i]))
             ids = synthesize(req, pool) if req.synth is not None and pool is not None else None
@@ -511,6 +535,9 @@ class Runner:
                 self.writer.write(res.to_json())
                 pending.pop(i, None)
                 self.progress.advance(name, label, res.status == "ok")
+                budget.record(res.status, res.error_kind, res.http_status, res.error)
+                if budget.spent:
+                    halt.set()
 
         with closing(self.cfg.trace.iter_requests()) as reqs:
             todo = ((i, r) for i, r in enumerate(reqs) if r.id not in before_done)
@@ -518,10 +545,12 @@ class Runner:
             before = await scraper.scrape_once()
             start = before.t if before is not None else self.clock.now()
             try:
-                await asyncio.wait_for(sched.run(pulled(todo), send, self.clock, self.stopping),
+                await asyncio.wait_for(sched.run(pulled(todo), send, self.clock, halt),
                                        self.cfg.phase_timeout_s)
             except TimeoutError:
                 pass
+            finally:
+                relay.cancel()
             after = await scraper.scrape_once()
             end = after.t if after is not None else self.clock.now()
             # Requests the phase never sent (time limit) are results too; after an interrupt
@@ -530,12 +559,7 @@ class Runner:
                 unsent = sorted(pending.items())
                 pending.clear()
                 for i, req in [*unsent, *todo]:
-                    res = Result(request_id=req.id, target=name, phase=label,
-                                 bucket=bucket(i), scheduled=end, status="cancelled",
-                                 error_kind="cancelled",
-                                 error=f"not sent: phase time limit "
-                                       f"{self.cfg.phase_timeout_s:g} s")
-                    self.writer.write(res.to_json())
+                    self.writer.write(self._not_sent(run, req, label, bucket(i), end))
         run.phases[label] = {"start": start, "end": end,
                              **({"resumed": True} if before_done else {}),
                              **({"interrupted": True} if self.stopping.is_set() else {})}
@@ -571,6 +595,28 @@ class Runner:
         with closing(answers()) as items:
             await pooled(items, one, concurrency)
 
+    def _budget_spent(self, run: TargetRun) -> None:
+        """The target failed by its error budget; later phases sent it nothing (their rows
+        were written as not sent, so every request is still accounted for)."""
+        run.status, run.reason = "failed", f"error budget spent: {run.budget.reason}"
+        run.info["error_budget"] = {"finished": run.budget.finished,
+                                    "errors": run.budget.errors, "reason": run.budget.reason}
+        self.save_manifest()
+
+    def _not_sent(self, run: TargetRun, req: Request, label: str, bucket: str,
+                  at: float) -> dict[str, Any]:
+        """A request the phase did not send: the target's error budget was spent (final: the
+        target failed), or the phase ran out of time (cancelled)."""
+        if run.budget.spent:
+            res = Result(request_id=req.id, target=run.spec.name, phase=label, bucket=bucket,
+                         scheduled=at, status="error", error_kind="unavailable",
+                         error=f"not sent: {run.budget.reason}")
+        else:
+            res = Result(request_id=req.id, target=run.spec.name, phase=label, bucket=bucket,
+                         scheduled=at, status="cancelled", error_kind="cancelled",
+                         error=f"not sent: phase time limit {self.cfg.phase_timeout_s:g} s")
+        return res.to_json()
+
     def _record_unavailable(self, run: TargetRun) -> None:
         """A target that cannot serve still accounts for every planned request."""
         now = self.clock.now()
@@ -584,25 +630,29 @@ class Runner:
 
 
 async def token_pool(session: aiohttp.ClientSession, url: str, model: str) -> TokenPool:
-    ids = await _tokenize(session, url, {"model": model, "prompt": POOL_TEXT,
-                                         "add_special_tokens": False})
-    if ids is None:
-        raise TargetError(f"{url} has no usable /tokenize endpoint; synthetic prompts are "
-                          "made of the target's own token ids")
-    return TokenPool(ids)
-
-
-async def _tokenize(session: aiohttp.ClientSession, url: str,
-                    body: dict[str, Any]) -> list[int] | None:
+    """Synthetic prompts are made of the target's own token ids: a target that cannot
+    tokenize cannot replay them (TargetError naming what /tokenize answered)."""
+    why = "synthetic prompts are made of the target's own token ids"
     try:
-        async with session.post(url + "/tokenize", json=body,
-                                timeout=aiohttp.ClientTimeout(total=60)) as r:
-            if r.status != 200:
-                return None
-            data = await r.json()
-            return list(data.get("tokens") or [])
-    except (TimeoutError, aiohttp.ClientError, ValueError):
-        return None
+        ids = await _tokenize(session, url, {"model": model, "prompt": POOL_TEXT,
+                                             "add_special_tokens": False})
+        return TokenPool(ids)
+    except EndpointError as exc:
+        raise TargetError(f"{url} has no usable /tokenize endpoint ({exc}); {why}") from None
+    except ValueError as exc:  # too few distinct ids to build prompts from
+        raise TargetError(f"{url} has no usable /tokenize endpoint (POST /tokenize: {exc}); "
+                          f"{why}") from None
+
+
+async def _tokenize(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[int]:
+    """The token ids /tokenize gives for ``body``; EndpointError when it gives none."""
+    ans = await fetch_json(session, "POST", url, "/tokenize", json_body=body, timeout_s=60.0)
+    v = ans.value
+    tokens = v.get("tokens") if isinstance(v, dict) else None
+    if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+        raise ans.wrong('an object with a "tokens" list of token ids')
+    return tokens
 
 
 async def pooled(items: Iterator[T], work: Callable[[T], Awaitable[None]],
@@ -636,14 +686,17 @@ def _count(n: int) -> int | None:
 
 
 async def prompt_token_counts(session: aiohttp.ClientSession, url: str, model: str,
-                              reqs: Iterable[Request], n: int,
-                              concurrency: int = 16) -> array[int]:
+                              reqs: Iterable[Request], n: int, concurrency: int = 16,
+                              problems: list[str] | None = None) -> array[int]:
     """Prompt length of each of the ``n`` requests on the target's own tokenizer (chat
-    template applied), by position in ``reqs``; ``UNKNOWN`` where it cannot be counted.
-    Eight bytes a request, whatever the prompts hold."""
+    template applied), by position in ``reqs``; where /tokenize cannot count one, the
+    trace's ``input_tokens`` or ``UNKNOWN``, and a line in ``problems`` says how many and
+    why. Eight bytes a request, whatever the prompts hold."""
     out = array("q", [UNKNOWN]) * n
+    failed, first = 0, ""
 
     async def one(item: tuple[int, Request]) -> None:
+        nonlocal failed, first
         i, req = item
         known = req.declared_tokens
         if known is None:
@@ -654,19 +707,28 @@ async def prompt_token_counts(session: aiohttp.ClientSession, url: str, model: s
                     body["tools"] = list(req.tools)
             else:
                 body = {"model": model, "prompt": req.prompt}
-            ids = await _tokenize(session, url, body)
-            known = len(ids) if ids is not None else req.input_tokens
+            try:
+                known = len(await _tokenize(session, url, body))
+            except EndpointError as exc:
+                failed, first = failed + 1, first or str(exc)
+                known = req.input_tokens
         out[i] = UNKNOWN if known is None else known
 
     with closing(iter(reqs)) as items:
         await pooled(enumerate(items), one, concurrency)
+    if failed and problems is not None:
+        problems.append(f"{failed} of {n} prompt(s) not counted on the target's tokenizer "
+                        f"(bucketed by the trace's input_tokens, else 'unknown'); first: "
+                        f"{first}")
     return out
 
 
 async def count_tokens(session: aiohttp.ClientSession, url: str, model: str,
-                       reqs: Sequence[Request], concurrency: int = 16) -> dict[str, int | None]:
+                       reqs: Sequence[Request], concurrency: int = 16,
+                       problems: list[str] | None = None) -> dict[str, int | None]:
     """``prompt_token_counts`` by request id, for callers that hold their requests."""
-    counts = await prompt_token_counts(session, url, model, reqs, len(reqs), concurrency)
+    counts = await prompt_token_counts(session, url, model, reqs, len(reqs), concurrency,
+                                       problems)
     return {r.id: _count(c) for r, c in zip(reqs, counts, strict=True)}
 
 
@@ -694,3 +756,189 @@ def load_results(run_dir: Path, prompt_ids: bool = True) -> list[Result]:
         r.prompt_ids = None
         out.append(r)
     return out
+
+
+async def _pause(seconds: float, halt: asyncio.Event) -> None:
+    """Sleep, or less when ``halt`` is set meanwhile."""
+    try:
+        await asyncio.wait_for(halt.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+# -- analysis: results -> grades and summary ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything that turns a run directory's results into grades and its summary. The runner
+    fills it from its own state at the end of a run, ``reanalyse`` from the run directory."""
+
+    run_dir: Path
+    targets: Mapping[str, Mapping[str, Any]]    # name -> status, reason, cache_config, phases
+    series: Mapping[str, Sequence[Mapping[str, Any]]]
+    reference: str
+    candidate: str | None
+    first_phase: str
+    bucket_labels: Sequence[str]
+    tolerance: float
+    seed: int
+    thresholds: Thresholds
+    manifest: Mapping[str, Any]
+    grading_specs: Callable[[set[str]], Mapping[str, Gradable]]
+    verdict: bool = True                        # a Locust run (one target) has none
+    results: Sequence[Result] | None = None     # None: read from the run directory
+    extra: Mapping[str, Any] = field(default_factory=dict)  # more top-level summary keys
+
+
+def analyse(a: Analysis) -> dict[str, Any]:
+    """Write ``grades.jsonl`` and ``summary.json`` of a run; return the summary."""
+    # Prompt ids are only for teacher-forced scoring, which reads them from the file.
+    results = list(a.results) if a.results is not None else load_results(a.run_dir,
+                                                                          prompt_ids=False)
+    summary = build_summary(results, a.targets, a.series, a.bucket_labels)
+    summary["run_dir"] = str(a.run_dir)
+    summary.update(a.extra)
+    rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
+    with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(orjson.dumps(row).decode() + "\n")
+    tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
+    summary["quality"] = quality(rows, tf_rows, a.reference, a.bucket_labels, a.tolerance,
+                                 a.seed)
+    if a.verdict:
+        if a.candidate is not None:
+            summary["systems"] = compare_systems(results, a.reference, a.candidate,
+                                                 a.first_phase, a.seed)
+            summary["systems"]["throughput_ratio"] = throughput_ratio(
+                summary, a.reference, a.candidate, a.first_phase)
+        verdict = decide(facts_from_run(summary, a.manifest, candidate=a.candidate,
+                                        thresholds=a.thresholds), a.thresholds)
+        summary["verdict"] = verdict.to_json()
+    write_json(a.run_dir / SUMMARY, summary)
+    return summary
+
+
+def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
+    """Grades and summary of a run whose analysis failed or never ran (killed, stopped by
+    SIGTERM, a checker that crashed an older version), from what its directory holds: the
+    manifest (targets, phases, options), results.jsonl, metrics/ and teacher_forced.jsonl, and
+    the checks of its trace (``trace_path``, else the manifest's, which must be unchanged).
+    Reads the run directory without repairing it; a line cut short at the end of a file is
+    left out."""
+    manifest = _manifest(run_dir)
+    results = []
+    for r in _complete_results(run_dir):
+        r.prompt_ids = None
+        results.append(r)
+    names = list(manifest["targets"])
+    reference = str(manifest.get("reference") or names[0])
+    targets = {n: _target_facts(manifest["targets"][n], n, results) for n in names}
+    series: dict[str, list[Any]] = {
+        n: list(_complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names}
+    for n in names:  # the control ran on the reference's server, which its metrics describe
+        if n == reference + CONTROL_SUFFIX:
+            series[n] = series.get(reference, [])
+    cli = manifest.get("cli_options") or {}
+    tolerance = float(cli.get("tolerance", 0.05))
+    thresholds = Thresholds(tolerance=tolerance, alpha=float(cli.get("alpha", 0.05)),
+                            min_pairs=int(cli.get("min_pairs", 20)),
+                            required_capacity_ratio=float(cli.get("required_capacity_ratio",
+                                                                  1.5)))
+    schedules = list(manifest.get("schedules") or [])
+    locust = "driver" in manifest
+    return analyse(Analysis(
+        run_dir=run_dir, targets=targets, series=series, reference=reference,
+        candidate=None if locust else _candidate(names, reference, cli.get("targets")),
+        first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
+        bucket_labels=list((manifest.get("buckets") or {}).get("labels") or []),
+        tolerance=tolerance, seed=int((manifest.get("options") or {}).get("seed", 0)),
+        thresholds=thresholds, manifest=manifest,
+        grading_specs=_trace_checks(run_dir, manifest, trace_path), verdict=not locust,
+        results=results, extra={"driver": manifest["driver"]} if locust else {}))
+
+
+def _manifest(run_dir: Path) -> dict[str, Any]:
+    try:
+        manifest = read_json(run_dir / MANIFEST)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{run_dir}: no readable {MANIFEST} ({exc}); is this a kvcanary run "
+                         "directory?") from None
+    if (not isinstance(manifest, dict) or not isinstance(manifest.get("targets"), dict)
+            or not manifest["targets"] or not isinstance(manifest.get("trace"), dict)):
+        raise InputError(f"{run_dir / MANIFEST}: not a kvcanary manifest (no targets or trace)")
+    return manifest
+
+
+def _complete_rows(path: Path) -> Iterator[Any]:
+    """The JSON lines of a file that a kill may have cut short: an unfinished last line is
+    the one being written, not data."""
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                return
+            if raw.strip():
+                try:
+                    yield orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise InputError(f"{path}:{lineno}: not JSON ({exc})") from None
+
+
+def _complete_results(run_dir: Path) -> Iterator[Result]:
+    for lineno, row in enumerate(_complete_rows(run_dir / RESULTS), 1):
+        try:
+            yield Result.from_json(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{run_dir / RESULTS}: result {lineno} is not a result "
+                             f"({type(exc).__name__}: {exc})") from None
+
+
+def _target_facts(info: Mapping[str, Any], name: str,
+                  results: Sequence[Result]) -> dict[str, Any]:
+    """What the summary needs of a target, from its manifest entry. A phase that some result
+    names but the manifest has no window for (the run was killed inside it) gets the span of
+    its results, so that its requests are counted."""
+    phases = {k: dict(v) for k, v in (info.get("phases") or {}).items()}
+    spans: dict[str, list[float]] = {}
+    for r in results:
+        if r.target == name and r.phase not in phases:
+            times = [t for t in (r.scheduled, r.sent, r.done) if t is not None]
+            span = spans.setdefault(r.phase, [min(times), max(times)])
+            span[0], span[1] = min(span[0], *times), max(span[1], *times)
+    for label, (start, end) in spans.items():
+        phases[label] = {"start": start, "end": end, "interrupted": True}
+    return {"status": info.get("status"), "reason": info.get("reason"),
+            "cache_config": info.get("cache_config") or {}, "phases": phases}
+
+
+def _candidate(names: Sequence[str], reference: str, targets_option: Any) -> str | None:
+    """The target the runner compared with the reference: the first of ``--targets`` (in its
+    order; the manifest's keys are sorted) that is neither the reference, its control nor a
+    calibrated one."""
+    order = [p.split("=", 1)[0].strip() for p in str(targets_option or "").split(",")]
+    ordered = [n for n in order if n in names] + sorted(n for n in names if n not in order)
+    return next((n for n in ordered if n not in (reference, reference + CONTROL_SUFFIX)
+                 and "cal" not in n), None)
+
+
+def _trace_checks(run_dir: Path, manifest: Mapping[str, Any],
+                  trace_path: Path | None) -> Callable[[set[str]], dict[str, GradingSpec]]:
+    """The checks of the run's own trace, by request id (read when grading asks for them)."""
+    trace = manifest["trace"]
+    path = trace_path or Path(str(trace.get("path")))
+    if not path.is_file():
+        raise InputError(f"{run_dir}: the run's trace {path} is not there, and grading needs "
+                         "its checks; give it with --trace PATH")
+    if trace.get("sha256") and file_digest(path) != trace["sha256"]:
+        raise InputError(f"{path}: not the trace of {run_dir} (its sha256 differs from the "
+                         "manifest's): its checks would grade other requests; give the "
+                         "original with --trace PATH")
+    fmt = str(trace.get("format") or "auto")
+
+    def checks(ids: set[str]) -> dict[str, GradingSpec]:
+        return {r.id: GradingSpec(r.id, r.task, r.check)
+                for r in stream(path, fmt, on_bad_line="skip") if r.id in ids}
+
+    return checks

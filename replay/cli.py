@@ -40,6 +40,9 @@ from ._trace import CheckStats
 from ._verdict import Thresholds
 
 EXIT_OK, EXIT_INPUT, EXIT_TARGET_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
+# A target that ran but answered none of its requests, more than --max-error-rate of them,
+# or was stopped by its error budget: a CI step must not mistake that run for a good one.
+EXIT_TARGET_ERRORS = 4
 T = TypeVar("T")
 
 console = Console(stderr=True)
@@ -193,6 +196,12 @@ RUN_OPTIONS = [
                  help="FP8/BF16 KV-cache capacity that counts as the gain."),
     click.option("--alpha", default=0.05, show_default=True,
                  help="Significance level for a repeatable loss."),
+    click.option("--max-errors", type=click.IntRange(min=1),
+                 help="Stop sending to a target after this many failed requests (it fails)."),
+    click.option("--max-error-rate", default=0.05, show_default=True,
+                 type=click.FloatRange(0.0, 1.0),
+                 help="A target with more failed requests than this share (after 20) gets no "
+                      "more and fails; replay then exits 4. 1 turns it off."),
     click.option("--drain", "drain_s", default=30.0, show_default=True,
                  help="On Ctrl-C: seconds in-flight requests get to finish."),
     click.option("--resume", "resume_dir", type=click.Path(path_type=Path, file_okay=False,
@@ -311,6 +320,8 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                              "sha256 differs); resuming would mix two traces")
     else:
         run_dir = new_run_dir(o["out_dir"], o["run_id"])
+    # Runs saved before the error budget existed resume with its defaults.
+    max_error_rate = float(o.get("max_error_rate", 0.05))
     cfg = RunConfig(trace=trace, trace_path=trace_path, trace_format=fmt, targets=specs,
                     schedules=schedules, buckets=buckets, run_dir=run_dir,
                     length_policy=policy, parallel_targets=o["parallel_targets"],
@@ -320,7 +331,9 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                     teacher_forced=not o["no_teacher_forced"], tolerance=o["tolerance"],
                     thresholds=Thresholds(tolerance=o["tolerance"], alpha=o["alpha"],
                                           min_pairs=o["min_pairs"],
-                                          required_capacity_ratio=o["required_capacity_ratio"]),
+                                          required_capacity_ratio=o["required_capacity_ratio"],
+                                          max_error_rate=max_error_rate),
+                    max_errors=o.get("max_errors"), max_error_rate=max_error_rate,
                     drain_s=o["drain_s"], resume=o.get("resume_dir") is not None,
                     cli_options={k: str(v) if isinstance(v, Path) else v for k, v in o.items()
                                  if k not in ("resume_dir", "trace_sha256")})
@@ -355,10 +368,39 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     failed = [(n, t["reason"]) for n, t in summary["targets"].items() if t["status"] != "ok"]
     for name, reason in failed:
         console.print(f"[red]target {name} failed:[/red] {reason}")
+    erring = target_errors(summary, max_error_rate)
+    for name, why in erring:
+        console.print(f"[red]target {name}:[/red] {why}")
     style = "green" if verdict["verdict"] == "keep" else "yellow"
     console.print(f"[bold {style}]{verdict['headline']}[/bold {style}]")
     console.print(f"results: {run_dir}  report: {html}")
-    return EXIT_TARGET_FAILED if failed else EXIT_OK
+    erring_names = {n for n, _ in erring}
+    if any(n not in erring_names for n, _ in failed):
+        return EXIT_TARGET_FAILED
+    return EXIT_TARGET_ERRORS if erring else EXIT_OK
+
+
+def target_errors(summary: dict[str, Any], max_error_rate: float) -> list[tuple[str, str]]:
+    """Targets that ran but did not answer: stopped by their error budget, no request
+    answered, or more than ``max_error_rate`` of them failed (over every phase)."""
+    out = []
+    for name, t in summary["targets"].items():
+        reason = t.get("reason") or ""
+        if reason.startswith("error budget spent"):
+            out.append((name, reason))
+            continue
+        if t["status"] != "ok":
+            continue  # could not be used at all: EXIT_TARGET_FAILED says so
+        phases = [p["all"] for p in (t.get("phases") or {}).values()]
+        # Requests a time limit or an interrupt left unsent are not the target's failures.
+        total = sum(p["requests"] - p["errors_by_kind"].get("cancelled", 0) for p in phases)
+        failed = total - sum(p["ok"] for p in phases)
+        if total and failed == total:
+            out.append((name, f"answered none of its {total} requests"))
+        elif total and failed / total > max_error_rate:
+            out.append((name, f"{failed} of {total} requests failed, more than "
+                              f"--max-error-rate {max_error_rate:g}"))
+    return out
 
 
 def _write_reports(run_dir: Path) -> tuple[Path, Path]:
@@ -370,11 +412,24 @@ def _write_reports(run_dir: Path) -> tuple[Path, Path]:
 
 @main.command("report")
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-def report_cmd(run_dir: Path) -> None:
-    """Re-render report.html and report.md from a run directory's saved results."""
+@click.option("--trace", "trace_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="The run's trace, for its checks, when it is no longer where the manifest "
+                   "says (it must be the same file).")
+@click.option("--reanalyse", is_flag=True,
+              help="Grade and summarize again from results.jsonl even when summary.json exists.")
+def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
+    """Re-render report.html and report.md from a run directory's saved results. A run with
+    no summary.json (stopped or killed before its analysis, or whose analysis failed) is
+    graded and summarized first, from results.jsonl and manifest.json."""
     def run() -> int:
-        if not (run_dir / "summary.json").exists():
-            raise InputError(f"{run_dir}: no summary.json; is this a kvcanary run directory?")
+        from ._runner import reanalyse as analyse_again
+
+        if reanalyse or not (run_dir / "summary.json").exists():
+            if not (run_dir / "manifest.json").exists():
+                raise InputError(f"{run_dir}: no summary.json and no manifest.json; is this a "
+                                 "kvcanary run directory?")
+            analyse_again(run_dir, trace_path)
+            console.print(f"graded and summarized {run_dir} from its results")
         for path in _write_reports(run_dir):
             click.echo(str(path))
         return EXIT_OK

@@ -48,6 +48,7 @@ import asyncio
 import concurrent.futures
 import logging
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Coroutine
@@ -67,6 +68,7 @@ from replay._errors import KvcanaryError
 from replay._importers import load, sniff_format
 from replay._locust_support import (
     DEFAULT_ITL_EVENTS,
+    DEFAULT_MAX_RESULTS,
     Constant,
     LoadPlan,
     MetricsTap,
@@ -103,6 +105,9 @@ MSG_READY, MSG_RESULTS, MSG_DONE = "kvc_ready", "kvc_results", "kvc_done"
 RESULTS_BATCH = 64
 STOP_WAIT_S = 15.0  # how long a stopping test waits for in-flight results and workers
 NO_PLAN_WAIT_S = 30.0
+EXIT_TARGET_UNUSABLE = 3  # the target cannot be used (does not start, wrong cache dtype, ...)
+EXIT_ERROR_BUDGET = 4  # it was used, but failed more requests than its error budget allows
+EXIT_SIGTERM = 143  # stopped by SIGTERM (128 + 15, as a shell reports it)
 SCRAPE_WAIT_S = 5.0  # a phase-edge /metrics scrape; past it the point is a gap, not a stall
 SHAPES = ("users", "step", "trace")
 
@@ -154,6 +159,14 @@ def add_arguments(parser: Any) -> None:
     add("--kvc-seed", type=int, default=0, help="Sampling seed")
     add("--kvc-itl-events", type=int, default=DEFAULT_ITL_EVENTS,
         help="At most this many itl events per request (sampled evenly)")
+    add("--kvc-max-errors", type=int, default=0,
+        help="Error budget per worker: stop the test after this many failed requests (0: none)")
+    add("--kvc-max-error-rate", type=float, default=0.05,
+        help="Error budget per worker: stop the test once more than this share of its "
+             "requests failed (after 20); 1 turns it off")
+    add("--kvc-max-results", type=int, default=DEFAULT_MAX_RESULTS,
+        help="Store at most this many results in the run directory (a looping test); later "
+             "ones are counted, not stored (0: no cap)")
 
 
 @dataclass
@@ -177,6 +190,9 @@ class Config:
     timeout_s: float
     itl_events: int
     run_dir: str
+    max_errors: int
+    max_error_rate: float
+    max_results: int
 
 
 def load_plan(opts: Any, mode: str, common: bool) -> LoadPlan:
@@ -207,7 +223,22 @@ def read_config(env: Environment, mode: str, common: bool) -> Config:
                   spec=spec, mode=mode, plan=plan, loop=opts.kvc_loop == "on",
                   checkers=opts.kvc_checkers == "on", time_scale=float(opts.kvc_time_scale),
                   seed=int(opts.kvc_seed), timeout_s=float(opts.kvc_timeout),
-                  itl_events=int(opts.kvc_itl_events), run_dir=str(opts.kvc_run_dir))
+                  itl_events=int(opts.kvc_itl_events), run_dir=str(opts.kvc_run_dir),
+                  max_errors=_at_least(int(opts.kvc_max_errors), 0, "--kvc-max-errors"),
+                  max_error_rate=_rate(float(opts.kvc_max_error_rate)),
+                  max_results=_at_least(int(opts.kvc_max_results), 0, "--kvc-max-results"))
+
+
+def _at_least(value: int, low: int, option: str) -> int:
+    if value < low:
+        raise KvcanaryError(f"{option}: {value} is below {low}")
+    return value
+
+
+def _rate(value: float) -> float:
+    if not 0 <= value <= 1:
+        raise KvcanaryError(f"--kvc-max-error-rate: {value:g} is not between 0 and 1")
+    return value
 
 
 # -- asyncio under gevent ---------------------------------------------------------------------
@@ -286,6 +317,7 @@ class Shard:
         self.pending: list[dict[str, Any]] = []
         self.stopping = self.done = False
         self.checkers: dict[str, Checker] = {}
+        self.budget = plan.budget()
         self._prep = gevent.spawn(self._prepare)
         self._sink = gevent.spawn(self._sink_loop)
 
@@ -380,8 +412,11 @@ class Shard:
             delay = item.due - self.now()
             if delay > 0:
                 gevent.sleep(delay)
-        if self.stopping:
-            return None
+        backoff = self.budget.delay()  # the target does not answer: no busy loop on it
+        if backoff:
+            gevent.sleep(backoff)
+        if self.stopping or self.budget.spent:
+            return None  # still outstanding: the stop records it as not sent
         scheduled = item.due if item.due is not None else self.now()
         fut = self.bridge.submit(self._send(item, scheduled, self.label))
         self.futures.add(fut)
@@ -406,6 +441,19 @@ class Shard:
         self.outstanding.pop(seq, None)
         self.pending.append(res.to_json())
         self.wake.set()
+        was_spent = self.budget.spent
+        self.budget.record(res.status, res.error_kind, res.http_status, res.error)
+        if self.budget.spent and not was_spent:
+            # Runs on the asyncio loop: the stop (which waits) goes to a greenlet.
+            gevent.spawn(self._budget_stop)
+
+    def _budget_stop(self) -> None:
+        if self.stopping or self.done:
+            return
+        reason = f"error budget spent: {self.budget.reason}"
+        log.error("kvcanary: shard %d/%d: %s", self.plan.shard + 1, self.plan.shards, reason)
+        self.failure = reason
+        self.stop("unavailable", f"not sent: {reason}")
 
     def report(self, item: Item, res: Result) -> None:
         """The result as Locust request events (and the checker's verdict)."""
@@ -521,6 +569,8 @@ class Test:
     closed: bool = False
     late: bool = False
     finished: Event = field(default_factory=Event)
+    ending: bool = False  # an end() is under way (it waits, so another greenlet may run)
+    ended: Event = field(default_factory=Event)  # end() has written the run directory
     tap: MetricsTap | None = None
 
     def now(self) -> float:
@@ -555,6 +605,11 @@ class Kvc:
             ev.test_stopping.add_listener(lambda **_: self.stopping())
             ev.test_stop.add_listener(lambda **_: self.end())
             ev.quitting.add_listener(lambda **_: self.quitting())
+            # Locust installs its SIGTERM handler only after a headless run with a load shape
+            # (kvcanary's default) has ended, so a container stop killed the master with no
+            # summary. Until Locust's handler replaces this one, a SIGTERM stops the test
+            # the normal way: users end at once and the run directory is completed.
+            gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(self._sigterm))
             opts = env.parsed_options
             if opts is not None and (opts.headless or opts.autostart):
                 self.validate()
@@ -627,7 +682,8 @@ class Kvc:
                        first_label=cfg.plan.labels[0], time_scale=cfg.time_scale,
                        loop=cfg.loop, checkers=cfg.checkers, seed=cfg.seed,
                        timeout_s=cfg.timeout_s, itl_events=cfg.itl_events,
-                       epoch_wall=epoch_wall, shards=max(1, len(clients)))
+                       epoch_wall=epoch_wall, shards=max(1, len(clients)),
+                       max_errors=cfg.max_errors, max_error_rate=cfg.max_error_rate)
         opts = self.env.parsed_options
         recorder = RunRecorder(
             run_dir=run_dir, trace=cfg.trace, trace_path=cfg.trace_path,
@@ -639,11 +695,13 @@ class Kvc:
                      "time_scale": cfg.time_scale, "levels": str(opts.kvc_levels),
                      "hold_s": float(opts.kvc_hold), "ramp": float(opts.kvc_ramp),
                      "max_in_flight": int(opts.kvc_max_in_flight),
-                     "itl_events": cfg.itl_events},
+                     "itl_events": cfg.itl_events, "max_errors": cfg.max_errors,
+                     "max_error_rate": cfg.max_error_rate, "max_results": cfg.max_results},
             driver={"name": "locust", "version": locust_version,
                     "role": type(runner).__name__, "workers": len(clients),
                     "shards": base.shards, "shape": cfg.mode},
-            command=list(sys.argv), checkers=cfg.checkers, seed=cfg.seed)
+            command=list(sys.argv), checkers=cfg.checkers, seed=cfg.seed,
+            max_results=cfg.max_results)
         test = self.test = Test(cfg, base, recorder, base.shards, epoch)
         recorder.save_manifest()
         log.info("kvcanary: run directory %s: %d requests in %d shard(s), shape %s",
@@ -765,11 +823,11 @@ class Kvc:
                         "the worker count keeps the shards even)", first.users, test.shards)
         self._set_phase(test, test.cfg.plan.labels[0])
 
-    def _fail(self, test: Test, reason: str) -> None:
+    def _fail(self, test: Test, reason: str, code: int = EXIT_TARGET_UNUSABLE) -> None:
         assert self.env is not None
         test.failed = reason
         test.recorder.fail(reason)
-        self.env.process_exit_code = 3
+        self.env.process_exit_code = code
         log.error("kvcanary: target %s failed: %s", test.cfg.spec.name, reason)
         self.runner.send_message(MSG_STOP, {"kind": "unavailable",
                                             "reason": f"target unavailable: {reason}"})
@@ -789,12 +847,23 @@ class Kvc:
         if test is None or test.closed:
             return
         test.done.add(int(msg.data["shard"]))
+        failure = msg.data.get("failure")
+        if failure and test.failed is None and str(failure).startswith("error budget"):
+            self._fail(test, str(failure), EXIT_ERROR_BUDGET)
         if len(test.done) >= test.shards and not test.finished.is_set():
             test.finished.set()
             log.info("kvcanary: every shard is done (%d results)", test.recorder.received)
             assert self.env is not None
             if self.env.shape_class is None and not test.stopping:
                 gevent.spawn(self.runner.stop)  # no shape to end the test: end it here
+
+    def _sigterm(self) -> None:
+        log.warning("kvcanary: SIGTERM: stopping the test and writing its run directory")
+        assert self.env is not None
+        if self.env.process_exit_code is None:
+            self.env.process_exit_code = EXIT_SIGTERM
+        self.runner.stop()  # test_stopping, then test_stop: end() writes the summary
+        self.runner.quit()
 
     def stopping(self) -> None:
         test = self.test
@@ -809,14 +878,21 @@ class Kvc:
         """The test stopped: wait for the workers' last results, then write the run dir."""
         self.broken = None
         test = self.test
-        if test is None or test.closed:
+        if test is None or test.closed or test.ending:
             return
+        test.ending = True
         self.stopping()
         if not test.finished.wait(timeout=STOP_WAIT_S):
             missing = sorted(set(range(test.shards)) - test.done)
             log.warning("kvcanary: no final report from shard(s) %s; their missing results "
                         "are recorded as unavailable", missing)
         test.closed = True
+        try:
+            self._write_run_dir(test)
+        finally:
+            test.ended.set()
+
+    def _write_run_dir(self, test: Test) -> None:
         if test.tap is not None:
             # Stopped before the phase closes: the tap's last scrape falls inside the window,
             # so counter deltas cover the whole phase however short it was.
@@ -864,8 +940,12 @@ class Kvc:
         assert self.env is not None
         test = self.test
         if test is not None:
-            if not test.closed:
+            if not test.closed and not test.ending:
                 self.end()
+            elif not test.ended.is_set():
+                # An end() in another greenlet (the test stopped just before Locust quits) is
+                # still writing the run directory: closing it now would lose the summary.
+                test.ended.wait(timeout=STOP_WAIT_S + 60)
             elif test.late:
                 test.recorder.finish()  # results that arrived after the summary count too
             test.recorder.close()

@@ -81,7 +81,8 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
 
 def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
     """A real vLLM server SIGKILLed mid-run: the run finishes, every request has one result,
-    the ones after the kill fail as connection errors, and the summary counts them by kind."""
+    the ones after the kill fail as connection errors until the error budget stops the
+    target, and the summary counts them by kind."""
     import os
     import signal
     import threading
@@ -122,5 +123,10 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
     failed = [r for r in results if r.status != "ok"]
     assert len(ok) >= 5 and failed
     kinds = Counter(r.error_kind for r in failed)
-    assert set(kinds) <= {"connect", "disconnect"}
+    # After ten failures in a row (backed off) the error budget stops the dead target: what
+    # it did not send is accounted for as unavailable, with the reason.
+    assert set(kinds) <= {"connect", "disconnect", "unavailable"}, kinds
+    assert kinds["connect"] + kinds["disconnect"] == 10 and kinds["unavailable"] >= 1
+    assert all("stopped answering" in (r.error or "") for r in failed
+               if r.error_kind == "unavailable")
     assert describe(summary, "fp8") == dict(kinds)

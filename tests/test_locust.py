@@ -155,6 +155,46 @@ def test_unreachable_target_still_accounts_for_every_request(tmp_path: Path) -> 
     report(run_dir)
 
 
+def test_a_target_that_stops_answering_ends_a_looping_test(tmp_path: Path) -> None:
+    """--kvc-loop on against a server that resets every answer: the error budget backs off,
+    then stops the test with its own exit code and a complete run directory, instead of a
+    busy loop that writes errors until the disk is full."""
+    from .fault_server import fault_server
+
+    run_dir = tmp_path / "run"
+    with fault_server("reset") as bad:
+        t0 = time.monotonic()
+        rc, out = run(locust("--headless", "-u", "2", "-r", "2", "--kvc-target",
+                             f"fp8={bad.url}", "--kvc-loop", "on", "--kvc-checkers", "off",
+                             "--kvc-run-dir", str(run_dir)), tmp_path / "locust.log", timeout=90)
+        took = time.monotonic() - t0
+    assert rc == 4, out[-3000:]
+    assert "error budget spent: the target stopped answering" in out
+    got = rows(run_dir)
+    assert 10 <= len(got) <= 12 and bad.requests == len(got)  # the users in flight at the stop
+    assert {r["error_kind"] for r in got} == {"disconnect"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "error budget" in summary["targets"]["fp8"]["reason"]
+    assert took < 60
+
+
+def test_a_looping_test_stores_at_most_max_results(tmp_path: Path) -> None:
+    from .fault_server import fault_server
+
+    run_dir = tmp_path / "run"
+    with fault_server("split") as good:
+        rc, out = run(locust("--headless", "-u", "2", "-r", "2", "--kvc-target",
+                             f"fp8={good.url}", "--kvc-loop", "on", "--kvc-checkers", "off",
+                             "--kvc-max-results", "50", "--run-time", "4s",
+                             "--kvc-run-dir", str(run_dir)), tmp_path / "locust.log", timeout=90)
+        sent = good.requests
+    assert rc == 0, out[-3000:]
+    assert len(rows(run_dir)) == 50 < sent  # counted past the cap, not stored
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["results_not_stored"] >= sent - 50 - 4  # minus what the stop cancelled
+    assert any("--kvc-max-results 50" in p for p in manifest["targets"]["fp8"]["problems"])
+
+
 STUB_SERVER = """
 import asyncio, json, sys
 from aiohttp import web
@@ -331,6 +371,34 @@ def test_headless_run_reports_per_bucket_and_writes_a_run_directory(
     assert manifest["driver"]["name"] == "locust" and manifest["schedules"] == ["c4"]
     assert manifest["targets"]["bf16"]["cache_config"]["cache_dtype"] == "auto"
     assert (run_dir / "grades.jsonl").read_text().count("\n") == limit
+    report(run_dir)
+
+
+@pytest.mark.vllm
+def test_sigterm_ends_a_looping_test_with_its_summary(bf16_server: LocalServer,
+                                                     tmp_path: Path) -> None:
+    """A container stop (SIGTERM) of a headless looping test: the users end at once and the
+    run directory is complete (summary, grades), so `replay report` renders it."""
+    run_dir = tmp_path / "run"
+    cmd = locust("--headless", "-u", "2", "-r", "2", "--kvc-target", f"bf16={bf16_server.url}",
+                 "--kvc-loop", "on", "--kvc-buckets", "256,1K", "--kvc-limit", "10",
+                 "--kvc-run-dir", str(run_dir))
+    log = tmp_path / "locust.log"
+    with started(cmd, log) as proc:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not ((run_dir / "results.jsonl").exists() and len(rows(run_dir)) >= 12):
+            assert proc.poll() is None and time.monotonic() < deadline, _tail(log)
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    out = log.read_text(errors="replace")
+    assert rc == 143, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    got = rows(run_dir)
+    (phase,) = summary["targets"]["bf16"]["phases"].values()
+    assert phase["all"]["requests"] == len(got) >= 12
+    assert {r["status"] for r in got} <= {"ok", "cancelled"}
+    assert (run_dir / "grades.jsonl").exists()
     report(run_dir)
 
 
