@@ -1,11 +1,15 @@
 """Anonymization: a planted corpus of PII and secrets is fully scrubbed, pseudonyms are consistent
-(so checks on scrubbed records still pass), a re-scan is clean, ordinary text is left alone."""
+(so checks on scrubbed records still pass), a re-scan is clean, ordinary text is left alone; the
+hostile corpus (tests/pii_corpus.py) is found item by item by scan and left empty by anonymize;
+time stays linear on near-miss input."""
 
 from __future__ import annotations
 
 import base64
 import json
 import re
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,7 @@ from replay._anonymize import (
     KINDS,
     PLACEHOLDER,
     Anonymizer,
+    _Edits,
     anonymize_file,
     is_scanned,
     scan_file,
@@ -27,6 +32,9 @@ from replay._errors import TraceError
 from replay._records import ToolCall
 from replay._trace import parse_line
 from replay.checkers import Answer, parse_check
+
+from . import pii_corpus
+from .pii_corpus import CERT, EC, RSA, Planted, pem_block
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = b"test-secret-1"
@@ -63,6 +71,11 @@ JWTS = [_jwt({"alg": "HS256", "typ": "JWT"}, {"sub": "1234567890", "name": "Alic
         _jwt({"alg": "none"}, {"admin": True}, "")]
 ENTROPY = ["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "Zq8Xv3Lm9Tp2Rw7Ks4Nd6Hb1Gf5Jc0Ya",
            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b", "Kxep+hNu9n51529fGidYu7a3wO0="]
+PEMS = [pem_block("RSA PRIVATE KEY", RSA[:6]), pem_block("EC PRIVATE KEY", EC),
+        pem_block("CERTIFICATE", CERT[:5])]
+CREDS = [("password=Winter2024!", "Winter2024!"),
+         ("https://x.example.com/cb?token=blue-Falcon-77", "blue-Falcon-77"),
+         ('"client_secret": "Zt7-uQ2-pLm"', "Zt7-uQ2-pLm")]
 URLS = [("postgres://admin:s3cr3tP4ss@db.internal:5432/app", "admin:s3cr3tP4ss"),
         ("https://deploy:hunter2x@git.example.com/repo.git", "deploy:hunter2x"),
         ("redis://:pa55word@cache.internal:6379/0", ":pa55word")]
@@ -73,7 +86,8 @@ PLANTED: list[tuple[str, str, str]] = (
     + [("credit_card", v, v) for v in CARDS] + [("iban", v, v) for v in IBANS]
     + [("api_key", v, v) for v in KEYS] + [("api_key", f"Bearer {BEARER}", BEARER)]
     + [("jwt", v, v) for v in JWTS] + [("high_entropy", v, v) for v in ENTROPY]
-    + [("url_credentials", url, creds) for url, creds in URLS])
+    + [("url_credentials", url, creds) for url, creds in URLS]
+    + [("pem", v, v) for v in PEMS] + [("credential", text, v) for text, v in CREDS])
 CARD_INT = 4012888888881881  # a Visa test number stored as a JSON number
 
 
@@ -129,6 +143,10 @@ def corpus() -> list[dict[str, Any]]:
          "meta": {"source": {"url": URLS[2][0], "headers": {"Authorization": f"Bearer {BEARER}"},
                              "jwt": JWTS[2]},
                   "card_number": CARD_INT, "phones": [PHONES[4]]}},
+        {"id": "secrets-1", "messages": [
+            {"role": "user", "content": f"Deploy with {CREDS[0][0]} and this key:\n{PEMS[0]}"}],
+         "meta": {"config": f"{CREDS[1][0]} and {{{CREDS[2][0]}}}", "cert": PEMS[2],
+                  "key_file": PEMS[1]}},
     ]
 
 
@@ -394,6 +412,36 @@ ORDINARY = [
     "ratio 3:4:5, time 10:45, MAC 00:1A:2B:3C:4D:5E, scikit sk-learn-compatible-estimator",
     "timestamps 1700000000000 and 1700000000123456789; negative -4111111111111111",
     "hex colour #ff00ff, 0xDEADBEEF, version v1.2.3-rc.1+build.5",
+    # labels without a secret after them: prose, code, templates, paths, LLM tokens
+    "The secret: practice every day. Password: see the admin guide. Token: a unit of text.",
+    "sorted(items, key=lambda x: x[1]); d.get(key=k); connect(user=user, password=password)",
+    "sort(key=str.lower); token=self.token; password=args.password; key=itemgetter(1)",
+    '{"eos_token": "</s>", "pad_token": "<pad>", "token": " the", "logprob": -0.31} '
+    "max_tokens=256 token_id=1917 num_tokens: 12",
+    "pwd: /home/user/project; PWD=/srv/app; password=${DB_PASSWORD}; api_key=YOUR_API_KEY; "
+    "secret: <redacted>; token: $GITHUB_TOKEN; password=%(password)s; key={key}",
+    "fn check(password: &str, key: String) -> bool; let token: string; password: str = x",
+    "?page=2&sort=asc&limit=50&key_id=12&sort_key=name&monkey=banana",
+    "if password == expected: ok; passport: required; keyboard: us; signed: yes",
+    # near misses of the other new shapes
+    "Files that end with -----END----- or a markdown rule\n-----\nare not keys.",
+    "MIME lines are 76 characters; see RFC 2045 and MIIT (a ministry).",
+    "Look (at) this. Email me at noon [at] the office. user@localhost and root@server ok",
+    "Привет, как дела? Сегодня хорошая погода. Καλημέρα κόσμε. 你好，世界。我的名字是李。",
+    "price 4111 USD\n1111 units\n and columns:\n1234 5678\n9012 3456\n4111\n1111\n1111\n1111",
+    "ids\n4111111111\n111111\n2222",
+    "cursor=eyJpZCI6MTIzfQ and the word Basic Authentication and Bearer of news",
+    "scikit sk-learn-v2 and hf_hub_download(), ghp_ prefix docs, AKIA prefix, xoxb- docs",
+    "ends with an ellipsis… and a [truncated] mark [+120 chars]",
+    # code that names secrets without holding one
+    '_SK_START = b"-----BEGIN OPENSSH PRIVATE KEY-----"\n'
+    '_SK_END = b"-----END OPENSSH PRIVATE KEY-----"',
+    'assert "-----BEGIN CERTIFICATE-----" in contents',
+    "proxy_auth = await get_auth(x)\nlogin, account, password = auth_from_netrc\ncreds = in_memory",
+    'GRANT_TYPE_REFRESH_TOKEN = "refresh_token"\napiKey = "apiKey"\nAUTH_TYPE = "user_oauth"',
+    "def sign(self, private_key: SSHCertPrivateKeyTypes, password: SecretStr) -> None: ...",
+    "the worker's standing credential: polling\nalways works; fetch(url, {credentials: 'include'})",
+    "`Authorization: Bearer` auth is sent; the session_id: 42 and token: 7",
 ]
 
 
@@ -407,12 +455,212 @@ def test_sample_trace_is_clean() -> None:
     assert lines > 0 and found == []
 
 
+# -- the hostile corpus: one set of planted items, for scan and anonymize alike -------------------
+
+HOSTILE = pii_corpus.PLANTED
+
+
+def test_hostile_corpus_covers_every_kind() -> None:
+    assert {p.kind for p in HOSTILE} == set(KINDS) - {"url_credentials", "ipv6", "ipv4", "phone"}
+    assert len({p.name for p in HOSTILE}) == len(HOSTILE)
+    for p in HOSTILE:
+        assert p.secret in p.text, p.name
+
+
+def _covered(item: Planted, found: list[Any]) -> bool:
+    """A finding of the item's kind, in its field, spans the planted secret."""
+    at = item.text.index(item.secret)
+    return any(f.kind == item.kind and f.field == pii_corpus.field(item)
+               and f.start <= at and f.end >= at + len(item.secret) for f in found)
+
+
+@pytest.mark.parametrize("item", HOSTILE, ids=[p.name for p in HOSTILE])
+def test_scan_finds_each_hostile_item(item: Planted) -> None:
+    found = scan_record(pii_corpus.record(item))
+    assert _covered(item, found), [(f.kind, f.field, f.start, f.end) for f in found]
+    for f in found:
+        assert item.secret not in f.excerpt
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a record, keys too, and inside strings that hold JSON."""
+    if isinstance(value, str):
+        yield value
+        try:
+            inner = json.loads(value)
+        except ValueError:
+            return
+        if isinstance(inner, dict | list):
+            yield from _strings(inner)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _fragments(secret: str, n: int = 8) -> set[str]:
+    """Every n-character piece of a secret that holds a letter or digit (all of a short one)."""
+    if len(secret) <= n:
+        return {secret}
+    return {secret[i:i + n] for i in range(len(secret) - n + 1)
+            if any(c.isalnum() for c in secret[i:i + n])}
+
+
+def _survivors(item: Planted, scrubbed: dict[str, Any]) -> list[str]:
+    blob = "\0".join(_strings(scrubbed))
+    return sorted(w for s in (item.secret, *item.also) for w in _fragments(s) if w in blob)
+
+
+@pytest.mark.parametrize("item", HOSTILE, ids=[p.name for p in HOSTILE])
+def test_anonymize_leaves_nothing_of_each_hostile_item(item: Planted) -> None:
+    out, found = ANON.scrub_record(pii_corpus.record(item))
+    assert _covered(item, found)
+    assert _survivors(item, out) == []
+    assert scan_record(out) == []
+    assert ANON.scrub_record(out) == (out, [])
+
+
+def test_hostile_corpus_file_scan_then_anonymize(tmp_path: Path) -> None:
+    raw = tmp_path / "hostile.jsonl"
+    raw.write_text(pii_corpus.jsonl(), encoding="utf-8")
+    lines, found = scan_file(raw)
+    assert lines == len(HOSTILE)
+    by_line: dict[int, list[Any]] = {}
+    for lineno, f in found:
+        by_line.setdefault(lineno, []).append(f)
+    for lineno, item in enumerate(HOSTILE, start=1):
+        assert _covered(item, by_line.get(lineno, [])), item.name
+    clean = tmp_path / "clean.jsonl"
+    counts = anonymize_file(raw, clean, SECRET)
+    assert scan_file(clean) == (len(HOSTILE), [])
+    assert sum(counts.values()) >= len(HOSTILE)
+    for i, line in enumerate(clean.read_text(encoding="utf-8").splitlines()):
+        item = HOSTILE[i]
+        record = json.loads(line)
+        assert record["id"] == item.name and _survivors(item, record) == [], item.name
+        parse_line(line, str(clean), i + 1)  # still a valid trace record
+
+
+def test_disguised_values_share_the_plain_placeholder() -> None:
+    """Folding full-width, look-alike and invisible characters keys the pseudonym on the value,
+    so a check written with the plain value still matches the disguised one's placeholder."""
+    plain = ph("john@example.com")
+    assert ph("ｊｏｈｎ＠ｅｘａｍｐｌｅ．ｃｏｍ") == ph("john＠example.com") == plain
+    assert ph("jоhn@ехаmple.com") == plain  # Cyrillic о, е, х, а
+    assert ph("ali\u200bce@corp.com") == ph("alice@corp.com")
+    assert ph("john [at] example [dot] com") == plain
+    assert ph("４１１１１１１１１１１１１１１１") == ph("4111 1111\n1111 1111") == ph(CARDS[0])
+
+
+def test_disguised_spans_are_in_the_original_text() -> None:
+    text = "cc ali\u200bce@corp.com and ｍａｒｙ＠ｅｘａｍｐｌｅ．ｏｒｇ end"
+    out, found = ANON.scrub_text(text)
+    assert [text[f.start:f.end] for f in found] == ["ali\u200bce@corp.com",
+                                                    "ｍａｒｙ＠ｅｘａｍｐｌｅ．ｏｒｇ"]
+    assert out == f"cc {ph('alice@corp.com')} and {ph('mary@example.org')} end"
+
+
+def test_labels_stay_and_values_go() -> None:
+    text = "GET /a?user=bob&token=blue-Falcon-77 with password: hunter2 and \"pwd\": \"s3c\""
+    out, found = ANON.scrub_text(text)
+    assert [f.kind for f in found] == ["credential"] * 3
+    assert out == (f"GET /a?user=bob&token={ph('?token=blue-Falcon-77')} with password: "
+                   f"{ph('password=hunter2')} and \"pwd\": \"{ph('pwd=s3c')}\"")
+    rec = {"id": "x", "meta": {"headers": {"Authorization": "Token abc123", "Accept": "abc123"}}}
+    scrubbed, found = ANON.scrub_record(rec)
+    assert scrubbed["meta"]["headers"] == {
+        "Authorization": f"Token {ph('pwd=abc123')}", "Accept": "abc123"}
+    assert [f.field for f in found] == ["meta.headers.Authorization"]
+
+
+CUT = [("key sk-ab3dE5gH7j", "sk-ab3dE5gH7j"),
+       ("mail alice.smith@corp-ma…", "alice.smith@corp-ma"),
+       ("card 4111 1111 1111 11 [...]", "4111 1111 1111 11"),
+       ("Authorization: Bearer 7fQx2Lm9 (truncated)", "7fQx2Lm9"),
+       ("blob Zq8Xv3Lm9Tp2Rw...", "Zq8Xv3Lm9Tp2Rw"),
+       ("iban DE89 3704 0044 05 [+9 chars]", "DE89 3704 0044 05")]
+
+
+@pytest.mark.parametrize(("text", "fragment"), CUT, ids=[c[1] for c in CUT])
+def test_a_cut_fragment_counts_only_at_the_cut(text: str, fragment: str) -> None:
+    """Shorter shapes are secrets where a field was cut, not in the middle of a text."""
+    found = scan_text(text)
+    assert [text[f.start:f.end] for f in found] == [fragment]
+    middle = text.replace(fragment, f"{fragment} and more words", 1)
+    assert [f for f in scan_text(middle) if f.kind != "credential"] == []
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6), st.integers(1, 12)),
+                max_size=12),
+       st.integers(0, 400), st.booleans())
+def test_edit_positions_map_back_like_a_walk(spec: list[tuple[int, int, int]], pos: int,
+                                             is_end: bool) -> None:
+    """The indexed mapping agrees with walking the edits one by one."""
+    edits, at = [], 0
+    for gap, width, n in spec:
+        edits.append((at + gap, at + gap + width, n))
+        at += gap + width
+    shift = 0
+    want = None
+    for s, e, n in edits:
+        new_s = s + shift
+        if pos < new_s or (is_end and pos == new_s):
+            break
+        if pos < new_s + n or (is_end and pos == new_s + n):
+            want = e if is_end else s
+            break
+        shift += n - (e - s)
+    assert _Edits(edits).back(pos, is_end) == (pos - shift if want is None else want)
+
+
+# -- bounded time -------------------------------------------------------------------------------
+
+MB = 1_000_000
+# Near misses: what each detector starts on, repeated, with nothing to find (or a little).
+NEAR_MISS = ["-", "-----BEGIN-----\n", "A" * 64 + "\n", "MII\n", "eyJ", "sk-", "Bearer ", "key=",
+             "password: ", '"token": "', "?token=a&", "a@", "a [at] b [dot] ", "ｊｏｈｎ＠", "1:",
+             "1 1 1 1 1\n", "4111 1111\n", " ", "…"]
+
+
+def _seconds(text: str) -> float:
+    start = time.perf_counter()
+    ANON.scrub_text(text)
+    return time.perf_counter() - start
+
+
+def test_near_miss_megabyte_lines_take_linear_time() -> None:
+    """A 1 MB line of near-miss characters costs a bounded multiple of a plain 1 MB line: no
+    pattern backtracks catastrophically, nothing is quadratic (a regression reads as minutes)."""
+    plain = min(_seconds(("the quick brown fox jumps over the lazy dog. " * 22300)[:MB])
+                for _ in range(2))
+    slow = {}
+    for unit in NEAR_MISS:
+        took = _seconds((unit * (MB // len(unit) + 1))[:MB])
+        if took > 40 * plain:
+            slow[unit] = round(took / plain, 1)
+    assert slow == {}, f"plain 1 MB line: {plain:.3f}s; ratios {slow}"
+
+
+def test_a_megabyte_of_findings_is_linear_too(tmp_path: Path) -> None:
+    """Many replacements in one string (and a second pass over them) stay linear: spans map
+    back through an index, not by walking every earlier replacement."""
+    unit = "alice@corp.com/Zq8Xv3Lm9Tp2Rw7Ks4Nd6Hb1Gf5Jc0Ya "
+    small, big = unit * 2000, unit * 8000
+    ratio = _seconds(big) / max(_seconds(small), 1e-3)
+    assert ratio < 12, ratio  # 4x the input: about 4x the time, never 16x
+
+
 # -- properties ---------------------------------------------------------------------------------
 
 ANON = Anonymizer(SECRET)
 GLUE = st.text(alphabet=st.sampled_from(list(" .,:;/@-_+=()[]{}\"'\n0123456789abcXYZ")),
                max_size=4)
-FRAGMENT = st.one_of(st.sampled_from([text for _, text, _ in PLANTED]), GLUE, st.text(max_size=8))
+FRAGMENT = st.one_of(st.sampled_from([text for _, text, _ in PLANTED] + [p.text for p in HOSTILE]),
+                     GLUE, st.text(max_size=8))
 
 
 def _idempotent(text: str) -> None:
