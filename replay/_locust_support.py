@@ -41,7 +41,7 @@ from ._summary import build_summary
 from ._synth import TokenPool, synthesize
 from ._targets import TargetSpec, cache_dtype_matches, load_targets_config, parse_targets
 from ._trace import Request, TraceLoad
-from .checkers import Answer, Checker, parse_check
+from .checkers import Answer, Grader
 
 # -- load plans: user count over time ----------------------------------------------------------
 
@@ -248,17 +248,16 @@ def locust_events(r: Result, itl_cap: int = DEFAULT_ITL_EVENTS) -> list[LocustEv
     return out
 
 
-def check_event(r: Result, req: Request, checkers: dict[str, Checker]) -> LocustEvent | None:
+def check_event(r: Result, req: Request, grader: Grader) -> LocustEvent | None:
     """``check <b>``: the request's checker on the answer, a failure (with the checker's reason)
-    when it does not pass; None for requests without a checker or without an answer."""
+    when it does not pass; None for requests without a checker or without an answer. Graded
+    under the same bounds as the run's analysis: a hostile answer cannot stall the process."""
     if r.status != "ok" or req.check is None:
         return None
-    checker = checkers.get(req.id)
-    if checker is None:
-        checker = checkers[req.id] = parse_check(req.check)
-    grade = checker.grade(Answer(r.output_text, tuple(r.tool_calls)))
+    grade = grader.grade(req.check, Answer(r.output_text, tuple(r.tool_calls)))
+    kind = str(req.check.get("type"))
     return LocustEvent(CHECK_TYPE, f"check {r.bucket}", 0.0, 0,
-                       None if grade.passed else f"{checker.kind}: {grade.reason[:300]}")
+                       None if grade.passed else f"{kind}: {grade.reason[:300]}")
 
 
 # -- the target, through the core client ------------------------------------------------------

@@ -93,7 +93,7 @@ from replay._rundir import file_digest, read_results
 from replay._schedule import trace_offsets
 from replay._targets import TargetSpec
 from replay._trace import Request, TraceLoad
-from replay.checkers import Answer, Checker, parse_check
+from replay.checkers import Answer, Grader
 
 log = logging.getLogger("kvcanary")
 T = TypeVar("T")
@@ -316,7 +316,7 @@ class Shard:
         self.running = 0
         self.pending: list[dict[str, Any]] = []
         self.stopping = self.done = False
-        self.checkers: dict[str, Checker] = {}
+        self.grader = Grader()  # live checks, bounded in time and size like the analysis
         self.budget = plan.budget()
         self._prep = gevent.spawn(self._prepare)
         self._sink = gevent.spawn(self._sink_loop)
@@ -369,7 +369,7 @@ class Shard:
                 kinds.setdefault(str(req.check.get("type")), req)
         for req in kinds.values():
             try:
-                parse_check(req.check or {}).grade(Answer("", ()))
+                self.grader.grade(req.check or {}, Answer("", ()))
             except Exception as exc:  # a checker that cannot grade shows up in the run
                 log.warning("kvcanary: checker %s: %r", req.check, exc)
 
@@ -464,7 +464,7 @@ class Shard:
                  response_length=ev.response_length, context=ctx,
                  exception=LLMFailure(ev.error) if ev.error else None)
         if self.plan.checkers:
-            ev = check_event(res, item.req, self.checkers)
+            ev = check_event(res, item.req, self.grader)
             if ev is not None:
                 fire(request_type=ev.request_type, name=ev.name, response_time=0,
                      response_length=0, context=ctx,
@@ -548,6 +548,7 @@ class Shard:
                 self.bridge.call(client.close(), timeout=5)
             except Exception:  # the process is going away; nothing to save
                 pass
+        self.grader.close()
 
 
 # -- the master role: one test ------------------------------------------------------------------

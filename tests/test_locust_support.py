@@ -38,6 +38,7 @@ from replay._records import Result
 from replay._report import write_reports
 from replay._rundir import file_digest
 from replay._targets import TargetSpec
+from replay.checkers import Grader
 
 from .conftest import ROOT
 
@@ -159,14 +160,18 @@ def test_check_event_passes_and_fails_with_the_reason() -> None:
     req = reqs["exact-short"]  # expects "yes"
     r = _ok()
     r.request_id, r.output_text = req.id, "yes"
-    cache: dict = {}
-    ev = check_event(r, req, cache)
-    assert ev is not None and ev.name == "check <256" and ev.error is None
-    r.output_text = "no"
-    ev = check_event(r, req, cache)
-    assert ev is not None and ev.request_type == "CHECK" and ev.error
-    assert ev.error.startswith("exact: ")
-    assert check_event(r, reqs["ids-short"], cache) is None  # no checker
+    with Grader() as grader:
+        ev = check_event(r, req, grader)
+        assert ev is not None and ev.name == "check <256" and ev.error is None
+        r.output_text = "no"
+        ev = check_event(r, req, grader)
+        assert ev is not None and ev.request_type == "CHECK" and ev.error
+        assert ev.error.startswith("exact: ")
+        assert check_event(r, reqs["ids-short"], grader) is None  # no checker
+        # A hostile answer is a failed check with a reason, never an exception in the user.
+        r.output_text = "[" * 5000
+        ev = check_event(r, reqs["json-short"], grader)
+        assert ev is not None and ev.error
 
 
 # -- targets and the worker plan ---------------------------------------------------------------
