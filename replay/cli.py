@@ -545,9 +545,11 @@ def _secret(secret_env: str | None, secret_file: Path | None) -> bytes:
               help="File holding the pseudonym key.")
 def trace_anonymize(path: Path, output: Path, secret_env: str | None,
                     secret_file: Path | None) -> None:
-    """Scrub PII and secrets (emails, phones, IPs, cards, IBANs, keys, JWTs, credentials in
-    URLs) from a v1 trace, in messages, tool arguments and checks alike, with consistent
-    pseudonyms keyed by a secret; then re-scan the output."""
+    """Scrub PII and secrets (emails, also full-width or look-alike ones; phones, IPs, cards,
+    also split across a line; IBANs, keys, JWTs, PEM blocks, credentials in URLs, query strings
+    and password=/token: text, and fragments of them where a field was cut) from a v1 trace, in
+    messages, tool arguments and checks alike, with consistent pseudonyms keyed by a secret;
+    then re-scan the output."""
     def run() -> int:
         from ._anonymize import anonymize_file, scan_file
 
