@@ -55,8 +55,15 @@ class Result:
     output_ids: list[int] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
-    # True when the server did not report usage per chunk, so tokens were counted as chunks.
+    # True when the server reported no usage at all, so ``output_tokens`` counts content chunks.
     tokens_estimated: bool = False
+    # True when the server did not report usage on every chunk (only at the end, or never):
+    # each content chunk is then one token in ``chunk_tokens``, so ITL is the gap between
+    # content chunks; ``output_tokens`` is still the server's final usage when it sent one.
+    chunk_tokens_estimated: bool = False
+    # True when what is stored was cut at the client's caps (answer text with tool-call names
+    # and arguments, arrival times, output token ids): timing and counts still cover it all.
+    output_truncated: bool = False
 
     @property
     def ttft(self) -> float | None:

@@ -1,8 +1,10 @@
 """An in-process OpenAI-compatible server that misbehaves on demand.
 
 Only for faults a real vLLM server cannot be made to produce when a test wants them (a 500, a
-429, malformed SSE, a stall, a reset, a trickle). It is never the evidence that the real path
-works: that is what the tests against real vLLM servers are for.
+429, malformed SSE, a stall, a reset, a trickle), and for what other OpenAI-compatible servers
+and gateways do that vLLM does not (usage only at the end or never, redirects, error pages, an
+event or a line without end). It is never the evidence that the real path works: that is what
+the tests against real vLLM servers are for.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,19 +24,40 @@ METRICS = ('vllm:cache_config_info{cache_dtype="fp8",block_size="16",'
            "vllm:kv_cache_usage_perc 0.0\nvllm:num_requests_running 0.0\n")
 
 
-def _chunk(text: str, n: int) -> bytes:
-    ev = {"choices": [{"index": 0, "delta": {"content": text}, "token_ids": [5]}],
-          "usage": {"prompt_tokens": 3, "completion_tokens": n}}
+def _event(ev: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(ev)}\n\n".encode()
 
 
-class FaultServer:
-    """``mode`` picks the fault; ``requests`` counts what reached the server."""
+def _chunk(text: str, n: int) -> bytes:
+    return _event({"choices": [{"index": 0, "delta": {"content": text}, "token_ids": [5]}],
+                   "usage": {"prompt_tokens": 3, "completion_tokens": n}})
 
-    def __init__(self, mode: str) -> None:
+
+PIECE = 1 << 16  # what the endless modes write at a time (nothing bigger is ever held)
+
+
+class FaultServer:
+    """``mode`` picks the fault; ``requests`` counts what reached the server.
+
+    The usage modes (``usage_every``, ``usage_end``, ``usage_none``) stream ``chunks`` content
+    chunks of ``per_chunk`` tokens, ``gap_s`` apart, as vLLM does (a role chunk first, then a
+    content-less finish chunk with the EOS token, then a usage-only chunk), and keep the time
+    each content chunk was written in ``stamps`` (``time.perf_counter``, the client's default
+    clock), so a test compares the client's ITL with the server's own.
+    """
+
+    def __init__(self, mode: str, **options: Any) -> None:
         self.mode = mode
         self.requests = 0
         self.url = ""
+        self.chunks = int(options.pop("chunks", 40))
+        self.per_chunk = int(options.pop("per_chunk", 1))
+        self.gap_s = float(options.pop("gap_s", 0.005))
+        self.size = int(options.pop("size", 50 << 20))
+        if options:
+            raise TypeError(f"unknown fault server options {sorted(options)}")
+        self.stamps: list[float] = []
+        self.elsewhere = 0  # requests that followed a redirect
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
 
@@ -41,6 +65,10 @@ class FaultServer:
         self.requests += 1
         await request.read()
         mode = self.mode
+        special = getattr(self, f"_mode_{mode}", None)
+        if special is not None:
+            response: web.StreamResponse = await special(request)
+            return response
         if mode == "http500":
             return web.json_response({"error": {"message": "engine exploded"}}, status=500)
         if mode == "http429":
@@ -75,6 +103,148 @@ class FaultServer:
         await resp.write_eof()
         return resp
 
+    async def _sse(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        return resp
+
+    async def _usage_stream(self, request: web.Request, usage: str) -> web.StreamResponse:
+        """``usage``: ``every`` chunk (continuous_usage_stats), only at the ``end``
+        (include_usage alone), or ``none``."""
+        resp = await self._sse(request)
+
+        def ev(delta: dict[str, Any], done: int, finish: str | None = None) -> bytes:
+            out: dict[str, Any] = {"choices": [{"index": 0, "delta": delta,
+                                                "finish_reason": finish}]}
+            if usage == "every":
+                out["usage"] = {"prompt_tokens": 3, "completion_tokens": done}
+            return _event(out)
+
+        await resp.write(ev({"role": "assistant", "content": ""}, 0))
+        k = self.per_chunk
+        for i in range(1, self.chunks + 1):
+            await asyncio.sleep(self.gap_s)
+            self.stamps.append(time.perf_counter())
+            await resp.write(ev({"content": "ab"[i % 2] * k}, i * k))
+        total = self.chunks * k + 1  # and the EOS token, which has no text
+        await resp.write(ev({"content": ""}, total, "stop"))
+        if usage != "none":
+            await resp.write(_event({"choices": [],
+                                     "usage": {"prompt_tokens": 3, "completion_tokens": total}}))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _mode_usage_every(self, request: web.Request) -> web.StreamResponse:
+        return await self._usage_stream(request, "every")
+
+    async def _mode_usage_end(self, request: web.Request) -> web.StreamResponse:
+        return await self._usage_stream(request, "end")
+
+    async def _mode_usage_none(self, request: web.Request) -> web.StreamResponse:
+        return await self._usage_stream(request, "none")
+
+    async def _written(self, resp: web.StreamResponse, body: bytes) -> web.StreamResponse:
+        await resp.write(body)
+        await resp.write_eof()
+        return resp
+
+    async def _mode_done_first(self, request: web.Request) -> web.StreamResponse:
+        return await self._written(await self._sse(request), b"data: [DONE]\n\n")
+
+    async def _mode_eos_first(self, request: web.Request) -> web.StreamResponse:
+        """A real empty answer: the model's first token was EOS (vLLM streams it so)."""
+        role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 0}}
+        stop = {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+        last = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+        return await self._written(await self._sse(request), _event(role) + _event(stop)
+                                   + _event(last) + b"data: [DONE]\n\n")
+
+    async def _mode_negative_usage(self, request: web.Request) -> web.StreamResponse:
+        return await self._written(await self._sse(request),
+                                   _chunk("a", -25) + b"data: [DONE]\n\n")
+
+    async def _mode_decreasing_usage(self, request: web.Request) -> web.StreamResponse:
+        return await self._written(await self._sse(request), _chunk("a", 1) + _chunk("b", 3)
+                                   + _chunk("c", 2) + b"data: [DONE]\n\n")
+
+    async def _mode_negative_prompt(self, request: web.Request) -> web.StreamResponse:
+        ev = {"choices": [{"index": 0, "delta": {"content": "a"}}],
+              "usage": {"prompt_tokens": -3, "completion_tokens": 1}}
+        return await self._written(await self._sse(request), _event(ev) + b"data: [DONE]\n\n")
+
+    async def _mode_huge_event(self, request: web.Request) -> web.StreamResponse:
+        """One ``size``-byte event, sent a piece at a time."""
+        resp = await self._sse(request)
+        piece = b"a" * PIECE
+        try:
+            await resp.write(b'data: {"choices": [{"index": 0, "delta": {"content": "')
+            for _ in range(self.size // PIECE):
+                await resp.write(piece)
+            await resp.write(b'"}}]}\n\ndata: [DONE]\n\n')
+            await resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the client gave up on it: what the test wants
+        return resp
+
+    async def _mode_endless_line(self, request: web.Request) -> web.StreamResponse:
+        resp = await self._sse(request)
+        piece = b"a" * PIECE
+        try:
+            await resp.write(b'data: {"x": "')
+            while True:
+                await resp.write(piece)
+        except (ConnectionError, RuntimeError):
+            pass
+        return resp
+
+    async def _mode_big_answer(self, request: web.Request) -> web.StreamResponse:
+        """``size`` characters of answer in 64 KiB content chunks, each event well-formed."""
+        resp = await self._sse(request)
+        text = "z" * PIECE
+        n = max(self.size // PIECE, 1)
+        for i in range(1, n + 1):
+            await resp.write(_chunk(text, i))
+        return await self._written(resp, b"data: [DONE]\n\n")
+
+    async def _mode_redirect(self, request: web.Request) -> web.StreamResponse:
+        # 307 keeps the method and body: a client that followed it would get a good answer
+        # from somewhere that is not the target.
+        raise web.HTTPTemporaryRedirect(location=f"{self.url}/elsewhere{request.path}")
+
+    async def _elsewhere(self, request: web.Request) -> web.StreamResponse:
+        self.elsewhere += 1
+        await request.read()
+        return await self._written(await self._sse(request),
+                                   _chunk("a", 1) + b"data: [DONE]\n\n")
+
+    async def _mode_html500(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=502, content_type="text/html",
+                            text="<html><body><h1>502 Bad Gateway</h1>nginx</body></html>")
+
+    async def _mode_detail404(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    async def _mode_html200(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(content_type="text/html",
+                            text="<html><body>Please log in to the proxy</body></html>")
+
+    async def _mode_error200(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "The model is overloaded",
+                                            "type": "server_error"}})
+
+    async def _mode_vllm_error200(self, request: web.Request) -> web.StreamResponse:
+        """The error object older vLLM versions send."""
+        return web.json_response({"object": "error", "message": "KV cache is full",
+                                  "type": "InternalServerError", "code": 500})
+
+    async def _mode_whole_json(self, request: web.Request) -> web.StreamResponse:
+        """A server that ignored ``stream`` and sent the whole completion."""
+        return web.json_response({"choices": [{"index": 0, "text": "hello"}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+
     async def _get(self, request: web.Request) -> web.Response:
         path = request.path
         if path == "/v1/models":
@@ -93,6 +263,7 @@ class FaultServer:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_route("*", "/elsewhere/{tail:.*}", self._elsewhere)
         for path in ("/v1/models", "/version", "/metrics", "/health"):
             app.router.add_get(path, self._get)
         return app
@@ -129,8 +300,8 @@ class FaultServer:
 
 
 @contextmanager
-def fault_server(mode: str) -> Iterator[FaultServer]:
-    server = FaultServer(mode)
+def fault_server(mode: str, **options: Any) -> Iterator[FaultServer]:
+    server = FaultServer(mode, **options)
     server.start()
     try:
         yield server

@@ -171,8 +171,11 @@ def test_a_target_that_stops_answering_ends_a_looping_test(tmp_path: Path) -> No
     assert rc == 4, out[-3000:]
     assert "error budget spent: the target stopped answering" in out
     got = rows(run_dir)
-    assert 10 <= len(got) <= 12 and bad.requests == len(got)  # the users in flight at the stop
-    assert {r["error_kind"] for r in got} == {"disconnect"}
+    kinds = Counter(r["error_kind"] for r in got)
+    # Ten resets in a row spend the budget; what the two users had in flight or in hand at the
+    # stop is recorded too (cancelled, or not sent), never as a success.
+    assert 10 <= kinds["disconnect"] <= bad.requests <= len(got) <= 14, kinds
+    assert set(kinds) <= {"disconnect", "cancelled", "unavailable"}, kinds
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "error budget" in summary["targets"]["fp8"]["reason"]
     assert took < 60
