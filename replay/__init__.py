@@ -9,6 +9,14 @@ Architecture (imports point one way, downwards):
     _trace _records _buckets _errors   validated inputs, hot-path records, bucketing
 
 The core never imports locust, gevent or kvcal. kvcal may import the trace and bucketing code.
+
+Public API: ``load_run(RUN_DIR)`` returns a run directory's results, grades, server metrics
+and teacher-forced scores as pandas DataFrames (``_rundata``).
 """
 
 __version__ = "0.1.0"
+
+# After __version__: modules below import it.
+from ._rundata import RunData, load_run
+
+__all__ = ["RunData", "__version__", "load_run"]

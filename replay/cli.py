@@ -437,6 +437,25 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
     _guard(run)
 
 
+@main.command("export")
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), default="csv",
+              show_default=True, help="File format of the tables.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, file_okay=False),
+              help="Folder for the tables [default: RUN_DIR/export].")
+def export_cmd(run_dir: Path, fmt: str, output: Path | None) -> None:
+    """Write the run as tables (results, grades, metrics, teacher_forced), the same ones
+    replay.load_run(RUN_DIR) returns as DataFrames."""
+    def run() -> int:
+        from ._rundata import export_run
+
+        for path in export_run(run_dir, output or run_dir / "export", fmt):
+            click.echo(str(path))
+        return EXIT_OK
+
+    _guard(run)
+
+
 @main.command("compare")
 @click.argument("run_a", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.argument("run_b", type=click.Path(path_type=Path, file_okay=False, exists=True))
