@@ -613,9 +613,10 @@ def _quality_row(target: str, bucket: str, row: Mapping[str, Any], tol: float | 
                  is_reference: bool) -> list[str | Cell]:
     vs, floor = obj(row.get("vs_reference")), obj(row.get("noise_floor"))
     ag, tf = obj(row.get("agreement")), obj(row.get("teacher_forced"))
-    ev = obj(row.get("evidence"))
-    evidence = DASH if not ev else ("sufficient" if ev.get("sufficient") else
-                                    f"~{f_int(ev.get('needed'))} needed")
+    # The reference paired with itself settles nothing: no evidence (and no "need N") there.
+    ev = {} if is_reference else obj(row.get("evidence"))
+    evidence = DASH if not ev else text(ev.get("short")) if ev.get("short") else (
+        "sufficient" if ev.get("sufficient") else f"~{f_int(ev.get('needed'))} needed")
     versus: list[str | Cell] = [Cell("reference", "dim"), DASH, DASH] if is_reference else [
         Cell(f_est(vs.get("diff"), vs.get("lo"), vs.get("hi"), f_pts),
              "num " + _loss_class(vs, tol)), f_int(vs.get("pairs")), f_p(vs.get("mcnemar_p"))]
@@ -625,7 +626,7 @@ def _quality_row(target: str, bucket: str, row: Mapping[str, Any], tol: float | 
             f_int(ag.get("first_divergence_median")),
             f"{_f_nll(tf.get('nll_delta_mean'))} / {f_pct(tf.get('top1_agreement'))}",
             Cell(evidence, "nowrap" + ("" if ev.get("sufficient") else " dim"),
-                 text(ev.get("reason")))]
+                 text(ev.get("reason")) if ev else "")]
 
 
 def _f_rate(row: Mapping[str, Any]) -> str:

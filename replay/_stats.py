@@ -12,8 +12,9 @@ effect, which is why nothing here compares two independent pass rates.
 * :func:`stratified_shift` / :func:`stratified_sign_test` - one-sided test for a *consistent*
   downward FP8 shift across buckets, which can be significant even when no single bucket is
   (the Kimi-K2.5 pattern: a small drift in every length bucket, not a few noisy failures).
-* :func:`evidence` - whether a bucket has enough graded pairs to say anything, and how many it
-  would need.
+* :func:`evidence` - what a bucket's pairs settle (a loss, or a drop bounded below the
+  tolerance by an exact one-sided bound: :func:`equivalence_p`), and while they settle
+  neither, how many pairs it needs (:func:`pairs_needed`, from exact power).
 
 Everything is pure and deterministic: randomness comes only from a private
 ``np.random.default_rng(seed)``. Exact binomial tails use integer arithmetic (``math.comb``
@@ -22,10 +23,12 @@ style) up to :data:`EXACT_MAX` trials and log-space sums beyond.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -271,58 +274,408 @@ def stratified_sign_test(
     return _shift(len(strata), n, worse, better)
 
 
-# --- sample size ----------------------------------------------------------------------------
+# --- evidence: is the drop bounded below the tolerance? -----------------------------------
+
+TOLERANCE = 0.05
+"""Largest acceptable FP8 - BF16 pass-rate drop per bucket (0.05 = 5 points)."""
+
+ALPHA = 0.05
+"""Level of every test here: a loss, and the one-sided bound that shows a drop is smaller."""
+
+MIN_PAIRS = 20
+"""Graded pairs a bucket needs before its evidence counts at all."""
+
+POWER = 0.8
+"""Chance that a bucket of the size "need N" names shows equivalence, if its rates hold."""
+
+MAX_NEEDED = 5000
+"""Beyond this many pairs "need N" says "more than" instead of a number."""
+
+_GL_X, _GL_W = np.polynomial.legendre.leggauss(16)
+_PANELS = 8  # panels of 16 Gauss-Legendre nodes (half once T is near normal): 1e-7 of 64 panels
+
+
+def _check_tol_alpha(tolerance: float, alpha: float, what: str) -> None:
+    if not 0.0 < tolerance < 1.0 or not 0.0 < alpha < 0.5:
+        raise ValueError(f"{what}: need 0 < tolerance < 1 and 0 < alpha < 0.5 "
+                         f"(got {tolerance}, {alpha})")
+
+
+def _check_tolerance(tolerance: float, what: str) -> None:
+    if not 0.0 < tolerance < 1.0:
+        raise ValueError(f"{what}: need 0 < tolerance < 1, got {tolerance}")
+
+
+def _check_counts(n: int, regressions: int, improvements: int, what: str) -> None:
+    if regressions < 0 or improvements < 0 or regressions + improvements > n:
+        raise ValueError(f"{what}: need 0 <= regressions + improvements <= n (got "
+                         f"{regressions} + {improvements} of {n})")
+
+
+@functools.lru_cache(maxsize=4)
+def _log_factorials(size: int) -> npt.NDArray[np.float64]:
+    return np.array([math.lgamma(k + 1.0) for k in range(size + 1)])
+
+
+def _lf(n: int) -> npt.NDArray[np.float64]:
+    """log k! for k = 0..n at least (grown in powers of two, so few tables are ever built)."""
+    return _log_factorials(1 << max(10, (n + 1).bit_length()))
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), summed in log space."""
+    if k < 0:
+        return 0.0
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    lf, j = _lf(n), np.arange(k + 1)
+    logs = lf[n] - lf[j] - lf[n - j] + j * math.log(p) + (n - j) * math.log1p(-p)
+    return min(1.0, float(np.exp(logs).sum()))
+
+
+def _discordance_nodes(
+    n: int, m: int, tolerance: float, panels: int = 0
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None:
+    """Quadrature nodes s in [tolerance, 1] and weights w * density of T ~ Beta(m + 1, n - m).
+
+    T is the exact (Clopper-Pearson) upper confidence distribution of the discordance rate
+    after m discordant pairs in n (0 < m < n). The window runs from 15 SD below to 40 SD
+    above T's mean (12 and 16 once m >= 30, where T is close to normal): less than 1e-20 of
+    T lies outside it. ``None``: T has no mass above the tolerance.
+    """
+    mu = (m + 1) / (n + 1)
+    sd = math.sqrt(mu * (1 - mu) / (n + 2))
+    below, above = (12, 16) if m >= 30 else (15, 40)
+    lo, hi = max(tolerance, mu - below * sd), min(1.0, mu + above * sd)
+    if lo >= hi:
+        return None
+    panels = panels or (_PANELS // 2 if m >= 30 else _PANELS)
+    edges = np.linspace(lo, hi, panels + 1)
+    a, b = edges[:-1, None], edges[1:, None]
+    s = ((a + b) / 2 + (b - a) / 2 * _GL_X[None, :]).ravel()
+    w = ((b - a) / 2 * _GL_W[None, :]).ravel()
+    lf = _lf(n)
+    log_density = (m * np.log(s) + (n - m - 1) * np.log1p(-s)
+                   - (lf[m] + lf[n - m - 1] - lf[n]))
+    return s, w * np.exp(log_density)
+
+
+def _equivalence_ps(n: int, m: int, top: int, tolerance: float,
+                    panels: int = 0) -> npt.NDArray[np.float64]:
+    """:func:`equivalence_p` for x = 0..top regressions among m discordant pairs, at once.
+
+    For fixed n and m the discordance's confidence distribution is shared, so one quadrature
+    serves every split of the m pairs: the inner binomial CDFs are one cumulative sum. Terms
+    more than 12 SD (+5) below the smallest binomial mean are left out (under 1e-30); x
+    below them gets p = 0.
+    """
+    top = min(top, m)
+    if m == 0:
+        return np.array([_binom_cdf(0, n, tolerance)])
+    lf, j = _lf(max(n, m)), np.arange(top + 1)
+    out: npt.NDArray[np.float64]
+    if m == n:  # every pair disagrees: the discordance rate is 1 for sure
+        u0 = (1 + tolerance) / 2
+        logs = lf[m] - lf[j] - lf[m - j] + j * math.log(u0) + (m - j) * math.log1p(-u0)
+        out = np.minimum(1.0, np.cumsum(np.exp(logs)))
+    else:
+        nodes = _discordance_nodes(n, m, tolerance, panels)
+        out = np.zeros(top + 1)
+        if nodes is not None:
+            s, w = nodes
+            u = (1 + tolerance / s) / 2  # the regression share of discordant pairs needed
+            um = float(u.min())
+            first = max(0, math.floor(m * um - 12 * math.sqrt(m * um * (1 - um))) - 5)
+            if first <= top:
+                k = j[first:]
+                logs = (lf[m] - lf[k][None, :] - lf[m - k][None, :]
+                        + k[None, :] * np.log(u)[:, None]
+                        + (m - k)[None, :] * np.log1p(-u)[:, None])
+                out[first:] = np.minimum(1.0, w @ np.cumsum(np.exp(logs), axis=1))
+    if top == m:  # no improvement at all: the regression share is 1, the bound is exact
+        out[m] = _binom_cdf(m, n, tolerance)
+    return out
+
+
+def equivalence_p(n: int, regressions: int, improvements: int, tolerance: float) -> float:
+    """Exact one-sided p-value for "the drop is at least ``tolerance``" (small: it is smaller).
+
+    The drop is ``delta = p10 - p01``: the share of requests the reference passes and the
+    candidate fails (regressions) minus the share it fails and the candidate passes
+    (improvements). Write ``delta = T (2 B - 1)`` with T = p10 + p01 the discordance rate and
+    B = p10 / T the regression share of discordant pairs. The melded confidence bound of Fay
+    & Lumbard (2021, "Confidence intervals for difference in proportions for matched pairs
+    compatible with exact McNemar's or sign tests", Statistics in Medicine 40:1147-1159;
+    ``exact2x2::mcnemarExactDP`` in R) combines the exact (Clopper-Pearson) upper confidence
+    distributions of the two, ``T_U ~ Beta(m + 1, n - m)`` after m discordant pairs in n and
+    ``B_U ~ Beta(x + 1, m - x)`` after x regressions in m, into
+
+        p = P(T_U (2 B_U - 1) >= tolerance)
+          = integral over s of density_T_U(s) * P(Binomial(m, (1 + tolerance / s) / 2) <= x),
+
+    integrated here by Gauss-Legendre quadrature over T_U's mass. Two cases are closed form:
+    with no improvement (``B_U = 1``) it is the exact binomial bound on the regression rate,
+    ``P(Binomial(n, tolerance) <= x)``; with no discordant pair at all that is
+    ``(1 - tolerance)^n``. As ``tolerance -> 0`` it is the exact one-sided McNemar p-value, so
+    the bound never contradicts :func:`mcnemar_exact`. Fay & Lumbard conjecture, from
+    extensive numerical checks, that the test never exceeds its level; this project checks it
+    too: the exact size at a true drop of exactly ``tolerance`` (tests/test_stats.py) and a
+    simulation (tests/test_evidence_simulation.py, figures in the README).
+    """
+    _check_tolerance(tolerance, "equivalence_p")
+    _check_counts(n, regressions, improvements, "equivalence_p")
+    return _equivalence_p(n, regressions, improvements, tolerance)
+
+
+@functools.lru_cache(maxsize=4096)
+def _equivalence_p(n: int, x: int, y: int, tolerance: float) -> float:
+    if n == 0:
+        return 1.0
+    return float(_equivalence_ps(n, x + y, x, tolerance)[x])
+
+
+def equivalent(n: int, regressions: int, improvements: int, *, tolerance: float = TOLERANCE,
+               alpha: float = ALPHA, min_pairs: int = MIN_PAIRS) -> bool:
+    """Is the drop shown to be below ``tolerance`` (at level ``alpha``, with enough pairs)?
+
+    The one rule behind grading's "sufficient", the report's evidence column and the KEEP
+    and CALIBRATE verdicts.
+    """
+    _check_tol_alpha(tolerance, alpha, "equivalent")
+    return n >= min_pairs and equivalence_p(n, regressions, improvements, tolerance) <= alpha
+
+
+def drop_upper_bound(n: int, regressions: int, improvements: int, alpha: float = ALPHA) -> float:
+    """The one-sided (1 - alpha) upper bound of the drop: the tolerance at which
+    :func:`equivalence_p` equals ``alpha`` (by bisection, to 1e-7). A bound at or below 0
+    (the candidate significantly better) is given as 0.0."""
+    _check_tol_alpha(0.5, alpha, "drop_upper_bound")
+    _check_counts(n, regressions, improvements, "drop_upper_bound")
+    return _drop_upper_bound(n, regressions, improvements, alpha)
+
+
+@functools.lru_cache(maxsize=4096)
+def _drop_upper_bound(n: int, x: int, y: int, alpha: float) -> float:
+    if n == 0:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    if _equivalence_p(n, x, y, 1e-9) <= alpha:
+        return 0.0
+    while hi - lo > 1e-7:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if _equivalence_p(n, x, y, mid) <= alpha else (mid, hi)
+    return hi
+
+
+def critical_regressions(n: int, discordant: Sequence[int] | npt.NDArray[np.int_], *,
+                         tolerance: float = TOLERANCE, alpha: float = ALPHA,
+                         ) -> npt.NDArray[np.int_]:
+    """For each count m of discordant pairs among n, the most regressions x for which
+    :func:`equivalence_p` is at most ``alpha`` (-1: none): a bucket of n pairs shows
+    equivalence exactly when x <= this. The p-value grows with x at fixed n and m (more of
+    the same discordant pairs are losses), so the region is ``x <= critical``; x is searched
+    only while the observed drop (2x - m) / n stays below the tolerance, where an upper bound
+    that lies above its own estimate can ever fall below the tolerance."""
+    _check_tol_alpha(tolerance, alpha, "critical_regressions")
+    return np.array([_critical(n, int(m), tolerance, alpha) for m in discordant], dtype=int)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _critical(n: int, m: int, tolerance: float, alpha: float) -> int:
+    if not 0 <= m <= n or n == 0:
+        raise ValueError(f"critical_regressions: need 0 <= m <= n, n > 0 (got {m}, {n})")
+    top = math.ceil((m + n * tolerance) / 2) - 1  # largest x with (2x - m) / n < tolerance
+    if top < 0:
+        return -1
+    ps = _equivalence_ps(n, m, top, tolerance)
+    above = np.nonzero(ps > alpha)[0]
+    return int(above[0]) - 1 if above.size else len(ps) - 1
+
+
+def equivalence_power(n: int, regression_rate: float, improvement_rate: float, *,
+                      tolerance: float = TOLERANCE, alpha: float = ALPHA) -> float:
+    """Exact chance that n pairs show equivalence when each pair independently is a
+    regression with probability ``regression_rate`` and an improvement with
+    ``improvement_rate``: the trinomial mass of the region of :func:`critical_regressions`,
+    summed over discordant counts m ~ Binomial(n, rate sum) within 8 SD (the rest is below
+    1e-14) and regressions ~ Binomial(m, regression share)."""
+    _check_tol_alpha(tolerance, alpha, "equivalence_power")
+    psi = regression_rate + improvement_rate
+    if regression_rate < 0 or improvement_rate < 0 or psi > 1:
+        raise ValueError(f"equivalence_power: bad rates ({regression_rate}, {improvement_rate})")
+    if n <= 0:
+        return 0.0
+    if psi == 0.0:
+        return float(_critical(n, 0, tolerance, alpha) >= 0)
+    share = regression_rate / psi
+    sd = math.sqrt(n * psi * (1 - psi))
+    m = np.arange(max(0, math.floor(n * psi - 8 * sd) - 2),
+                  min(n, math.ceil(n * psi + 8 * sd) + 2) + 1)
+    lf = _lf(n)
+    if psi < 1.0:
+        log_pm = lf[n] - lf[m] - lf[n - m] + m * math.log(psi) + (n - m) * math.log1p(-psi)
+        pm = np.exp(log_pm)
+    else:
+        pm = (m == n).astype(float)
+    total = 0.0
+    for mi, crit in zip(m, critical_regressions(n, m, tolerance=tolerance, alpha=alpha),
+                        strict=True):
+        if crit >= 0 and pm[mi - m[0]] > 0.0:
+            total += float(pm[mi - m[0]]) * _binom_cdf(int(crit), int(mi), share)
+    return min(1.0, total)
+
+
+def zero_discordance_pairs(tolerance: float = TOLERANCE, alpha: float = ALPHA) -> int:
+    """Fewest pairs that show equivalence when none disagrees: the least n with
+    ``(1 - tolerance)^n <= alpha`` (59 at 5 points and alpha 0.05)."""
+    _check_tol_alpha(tolerance, alpha, "zero_discordance_pairs")
+    n = max(1, math.ceil(math.log(alpha) / math.log1p(-tolerance)) - 1)
+    while _binom_cdf(0, n, tolerance) > alpha:  # the float log may be one off
+        n += 1
+    return n
+
+
+def pairs_needed(regression_rate: float, improvement_rate: float, *,
+                 tolerance: float = TOLERANCE, alpha: float = ALPHA, power: float = POWER,
+                 at_least: int = MIN_PAIRS) -> int | None:
+    """Pairs a bucket needs to show equivalence with chance ``power``, if its pairs go on
+    disagreeing at the given rates (the ones seen so far).
+
+    Exact: the n returned has :func:`equivalence_power` at least ``power`` (found by
+    bisection from a normal-approximation bracket; exact power saws up and down with n, so a
+    few smaller n may pass too). With no discordance the power is 0 or 1 and this is
+    :func:`zero_discordance_pairs`. ``None`` when no n up to :data:`MAX_NEEDED` does: the
+    drop is at or beyond the tolerance (more pairs can show a loss, never equivalence), or so
+    close to it that the bucket would need more than MAX_NEEDED pairs. Never less than
+    ``at_least`` (the minimum pairs, or one more than the bucket has).
+    """
+    _check_tol_alpha(tolerance, alpha, "pairs_needed")
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"pairs_needed: need 0 < power < 1, got {power}")
+    return _pairs_needed(regression_rate, improvement_rate, tolerance, alpha, power,
+                         max(1, at_least))
+
+
+@functools.lru_cache(maxsize=1024)
+def _pairs_needed(r10: float, r01: float, tolerance: float, alpha: float, power: float,
+                  at_least: int) -> int | None:
+    drop = r10 - r01
+    if drop >= tolerance - 1e-12 or at_least > MAX_NEEDED:  # 0.06 - 0.01 is 0.04999...
+        return None
+    if r10 + r01 == 0.0:
+        n0 = max(at_least, zero_discordance_pairs(tolerance, alpha))
+        return n0 if n0 <= MAX_NEEDED else None
+
+    def ok(n: int) -> bool:
+        return equivalence_power(n, r10, r01, tolerance=tolerance, alpha=alpha) >= power
+
+    nd = NormalDist()
+    var = r10 + r01 - drop * drop
+    guess = math.ceil((nd.inv_cdf(1 - alpha) + nd.inv_cdf(power)) ** 2 * var
+                      / (tolerance - drop) ** 2)
+    lo, hi = at_least - 1, min(MAX_NEEDED, max(at_least, guess))
+    while not ok(hi):
+        if hi >= MAX_NEEDED:
+            return None
+        lo, hi = hi, min(MAX_NEEDED, math.ceil(hi * 1.5) + 10)
+    while hi - lo > max(1, hi // 200):  # "about N": half a percent is close enough
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """Whether a bucket has enough graded pairs to judge an FP8 shift of a given size.
+    """What a bucket's graded pairs settle about an FP8 drop of ``tolerance``.
 
-    ``needed`` is the number of pairs for the stated power; ``reason`` says it in words.
+    ``status``: "equivalent" (the exact one-sided bound of the drop is below the tolerance,
+    with at least the minimum pairs), "loss" (the exact McNemar test finds the candidate worse
+    at ``alpha``) or "open" (neither yet). ``needed`` is only given while the question is
+    open and can be settled for equivalence: see :func:`pairs_needed`. ``sufficient`` is
+    "not open". ``short`` is the few words a table cell shows, ``reason`` the sentence.
     """
 
+    status: str
     sufficient: bool
     n: int
-    needed: int
+    regressions: int
+    improvements: int
+    needed: int | None
+    p_value: float        # exact one-sided p for "the drop is at least the tolerance"
+    drop_bound: float     # exact one-sided (1 - alpha) upper bound of the drop
+    tolerance: float
+    alpha: float
+    min_pairs: int
+    power: float
+    short: str
     reason: str
 
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "sufficient": self.sufficient, "needed": self.needed,
+                "p_value": self.p_value, "drop_bound": self.drop_bound,
+                "rule": {"tolerance": self.tolerance, "alpha": self.alpha,
+                         "min_pairs": self.min_pairs, "power": self.power},
+                "short": self.short, "reason": self.reason}
 
-def pairs_needed(tolerance: float, psi: float, alpha: float = 0.05, power: float = 0.8) -> int:
-    """Pairs for a two-sided McNemar test to detect a paired difference ``tolerance``.
 
-    Normal approximation for paired proportions (Connor 1987 / Miettinen):
-    ``n = ((z_{1-alpha/2} sqrt(psi) + z_{power} sqrt(psi - delta^2)) / delta)^2``,
-    where delta is the difference in pass rates and psi the proportion of discordant pairs.
-    psi must be at least delta (a 5-point drop needs at least 5% of pairs to disagree).
+def evidence(n_pairs: int, regressions: int = 0, improvements: int = 0, *,
+             tolerance: float = TOLERANCE, alpha: float = ALPHA, min_pairs: int = MIN_PAIRS,
+             power: float = POWER, loss_alpha: float | None = None) -> Evidence:
+    """Whether a bucket's pairs settle the question, and how many it needs while they do not.
+
+    ``regressions``: pairs the reference passed and the candidate failed; ``improvements``:
+    the reverse. A loss (exact two-sided McNemar p < ``loss_alpha``, default alpha, more
+    regressions than improvements) and shown equivalence (:func:`equivalent`) both settle it
+    and name no N; otherwise N is :func:`pairs_needed` at the rates seen so far (with no pair
+    at all, or no disagreement yet, that is :func:`zero_discordance_pairs`: the fewest that
+    could ever do). The verdict passes ``loss_alpha = alpha / phases`` for a sweep.
     """
-    if not 0.0 < tolerance < 1.0 or not tolerance <= psi <= 1.0:
-        raise ValueError(f"pairs_needed: need 0 < tolerance <= psi <= 1 "
-                         f"(got {tolerance}, {psi})")
-    nd = NormalDist()
-    za, zb = nd.inv_cdf(1 - alpha / 2), nd.inv_cdf(power)
-    root = (za * math.sqrt(psi) + zb * math.sqrt(psi - tolerance**2)) / tolerance
-    return math.ceil(root * root - 1e-9)
-
-
-def evidence(
-    n_pairs: int, *, tolerance: float = 0.05, discordance: float | None = None,
-    alpha: float = 0.05, power: float = 0.8, minimum: int = 10,
-) -> Evidence:
-    """Say "insufficient evidence" for a bucket with too few graded pairs, and how many it needs.
-
-    ``needed`` is :func:`pairs_needed` (at least ``minimum``). The discordance proportion psi
-    is the observed one when given (raised to ``tolerance`` if lower, the least a shift of that
-    size implies), otherwise a prior of ``max(2 * tolerance, 0.1)``: FP8 and BF16 grades
-    usually agree, but long generations diverge on sampling alone.
-    """
-    if n_pairs < 0 or not 0.0 < alpha < 1.0 or not 0.0 < power < 1.0:
-        raise ValueError(f"evidence: bad n_pairs/alpha/power ({n_pairs}, {alpha}, {power})")
-    if discordance is not None and not 0.0 <= discordance <= 1.0:
-        raise ValueError(f"evidence: discordance must be in [0, 1], got {discordance}")
-    psi = max(2 * tolerance, 0.1) if discordance is None else discordance
-    psi = min(1.0, max(psi, tolerance))
-    needed = max(minimum, pairs_needed(tolerance, psi, alpha, power))
-    ok = n_pairs >= needed
-    verb = "suffice" if ok else "needed"
-    reason = (f"{n_pairs} graded pairs; about {needed} {verb} to detect a "
-              f"{100 * tolerance:g}-point drop ({100 * power:g}% power, alpha {alpha:g})")
-    return Evidence(sufficient=ok, n=n_pairs, needed=needed, reason=reason)
+    _check_tol_alpha(tolerance, alpha, "evidence")
+    _check_counts(n_pairs, regressions, improvements, "evidence")
+    if min_pairs < 0:
+        raise ValueError(f"evidence: min_pairs must be >= 0, got {min_pairs}")
+    x, y, n = regressions, improvements, n_pairs
+    p_eq = equivalence_p(n, x, y, tolerance)
+    bound = drop_upper_bound(n, x, y, alpha)
+    mc = min(1.0, 2.0 * _binom_cdf_half(min(x, y), x + y))
+    tol, conf = f"{100 * tolerance:g}-point", f"exact one-sided {100 * (1 - alpha):g}%"
+    seen = f"{x} lost, {y} gained"
+    needed: int | None = None
+    if x > y and mc < (alpha if loss_alpha is None else loss_alpha):
+        status, short = "loss", "loss shown"
+        reason = (f"{n} graded pairs show a loss: {seen} (McNemar p={mc:.3g}, drop "
+                  f"{100 * (x - y) / n:.1f} points)")
+    elif n >= min_pairs and p_eq <= alpha:
+        status, short = "equivalent", "within tolerance"
+        reason = (f"{n} graded pairs ({seen}) bound the drop below the {tol} tolerance: at "
+                  f"most {100 * bound:.2f} points ({conf})")
+    else:
+        status = "open"
+        rates = (x / n, y / n) if n else (0.0, 0.0)
+        needed = pairs_needed(*rates, tolerance=tolerance, alpha=alpha, power=power,
+                              at_least=max(min_pairs, n + 1))
+        now = "no graded pairs" if n == 0 else (
+            f"{n} graded pairs ({seen}) bound the drop only below {100 * bound:.1f} points")
+        if needed is not None and x + y == 0:
+            short = f"at least {needed} needed"
+            reason = (f"{now}; at least {needed} needed for the {tol} tolerance ({conf}: that "
+                      "many pairs with no disagreement)")
+        elif needed is not None:
+            short = f"about {needed} needed"
+            reason = (f"{now}; about {needed} needed for the {tol} tolerance ({100 * power:g}% "
+                      f"chance at {conf}, if pairs keep disagreeing at the rates seen so far)")
+        elif (x - y) / n >= tolerance - 1e-12:
+            short = f"drop so far {100 * (x - y) / n:.1f} points, not below tolerance"
+            reason = (f"{now}; at the rates seen so far (a drop of {100 * (x - y) / n:.1f} "
+                      f"points, not below the {tol} tolerance) no number of pairs would show a "
+                      "match: more pairs will tell whether the loss is real")
+        else:
+            short = f"more than {MAX_NEEDED} needed"
+            reason = (f"{now}; more than {MAX_NEEDED} needed for the {tol} tolerance at the "
+                      "rates seen so far")
+    return Evidence(status=status, sufficient=status != "open", n=n, regressions=x,
+                    improvements=y, needed=needed, p_value=p_eq, drop_bound=bound,
+                    tolerance=tolerance, alpha=alpha, min_pairs=min_pairs, power=power,
+                    short=short, reason=reason)

@@ -61,6 +61,14 @@ def _interval(lo: float | None, hi: float | None, signed: bool = True) -> str:
         f" [{100 * lo:.0f}-{100 * hi:.0f}%]"
 
 
+def _evidence_cell(ev: dict[str, Any]) -> str:
+    """What a bucket's pairs settle: "within tolerance", "loss shown", or while neither, how
+    many pairs it needs (summaries written before the exact rule carry no ``short``)."""
+    if ev.get("short"):
+        return str(ev["short"])
+    return "ok" if ev.get("sufficient") else f"need {ev.get('needed')}"
+
+
 def quality_table(q: dict[str, Any]) -> Table:
     """Pass rates with intervals, the paired difference to the reference with its noise
     floor, agreement and teacher-forced divergence, per target x phase x bucket."""
@@ -89,8 +97,7 @@ def quality_table(q: dict[str, Any]) -> Table:
                     "" if is_ref else _f(row["agreement"]["first_divergence_median"], "{:.0f}"),
                     _f(tf["nll_delta_mean"], "{:+.4f}"),
                     _pct(tf["top1_agreement"]),
-                    "ok" if row["evidence"]["sufficient"] else
-                    f"need {row['evidence']['needed']}",
+                    "" if is_ref else _evidence_cell(row["evidence"]),
                 )
             shift = tq.get("shift")
             if shift and shift["pairs"]:

@@ -1,8 +1,8 @@
 """The stop rule: one verdict with its evidence, and an exit code a pipeline can act on.
 
-    KEEP           FP8 at scale 1.0 matches the reference in every bucket (the interval of the
-                   paired difference stays above -tolerance, beyond the noise floor) and pays
-                   for itself (capacity, or latency).
+    KEEP           FP8 at scale 1.0 matches the reference in every bucket (an exact one-sided
+                   bound at alpha puts the drop below the tolerance: ``stats.equivalent``) and
+                   pays for itself (capacity, or latency).
     CALIBRATE      the scale-1.0 gap is repeatable (significant in a bucket, or a consistent
                    downward shift across buckets); or a calibrated target fixes it.
     PER-HEAD/SKIP  after calibration a localized problem remains (one bucket): try per-head
@@ -13,7 +13,20 @@
     INSUFFICIENT   no loss shown, but too few graded pairs to show there is none.
 
 ``decide`` takes plain ``Facts`` (so every rule is table-tested); ``facts_from_run`` builds
-them from a run's summary and manifest.
+them from a run's summary and manifest. Tolerance, alpha and minimum pairs come from the
+``Thresholds`` given, the same ones grading's evidence column uses (``stats.evidence``).
+
+Every phase of a sweep counts. A bucket is judged in each phase (one ``BucketFacts`` per
+phase and bucket), because the phases replay the *same* requests: pooling their pairs would
+count a request once per phase, and where the servers answer alike in every phase that
+multiplies the apparent evidence by the number of phases without adding any. So:
+
+* a match (KEEP, or a calibration that works) needs the drop bounded below the tolerance in
+  every phase: an intersection-union test, of level alpha whatever the dependence between
+  phases (Berger 1982), and the one that asks whether batching under load changes answers;
+* a loss, or a consistent shift across buckets, in any phase counts, each phase tested at
+  alpha / phases (Bonferroni, valid whatever the dependence), so a sweep is not more likely to
+  cry loss than a single phase. With one phase all of this is the single-phase rule.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from . import _stats as stats
 from ._scale_log import SCALE_ONE_WARNING, from_engine_config
 
 VERDICTS: dict[str, tuple[int, str]] = {
@@ -35,9 +49,9 @@ VERDICTS: dict[str, tuple[int, str]] = {
 
 @dataclass(frozen=True)
 class Thresholds:
-    tolerance: float = 0.05          # largest acceptable pass-rate drop per bucket (points/100)
-    alpha: float = 0.05              # significance for "repeatable"
-    min_pairs: int = 20              # graded pairs a bucket needs to count as evidence
+    tolerance: float = stats.TOLERANCE  # largest acceptable pass-rate drop per bucket (/100)
+    alpha: float = stats.ALPHA          # level of a loss and of the bound that shows a match
+    min_pairs: int = stats.MIN_PAIRS    # graded pairs a bucket needs to count as evidence
     required_capacity_ratio: float = 1.5  # FP8 / BF16 KV-cache tokens that count as the gain
     capacity_needed_usage: float = 0.5    # peak KV usage of the reference that means "needed"
     max_error_rate: float = 0.05          # failed requests above this make a target "failed"
@@ -53,6 +67,18 @@ class BucketFacts:
     mcnemar_p: float | None = None
     floor_lo: float | None = None    # A/A control's interval low end (noise floor)
     needed: int | None = None
+    ref_only: int | None = None      # pairs the reference passed and the candidate failed
+    target_only: int | None = None   # pairs the candidate passed and the reference failed
+    phase: str | None = None         # named only when the run has several phases
+
+    def evidence(self, th: Thresholds, phases: int = 1) -> stats.Evidence | None:
+        """What these pairs settle under ``th`` (a loss at alpha / phases); None without the
+        discordant counts."""
+        if self.ref_only is None or self.target_only is None:
+            return None
+        return stats.evidence(self.pairs, self.ref_only, self.target_only,
+                              tolerance=th.tolerance, alpha=th.alpha, min_pairs=th.min_pairs,
+                              loss_alpha=th.alpha / max(1, phases))
 
 
 @dataclass(frozen=True)
@@ -61,9 +87,10 @@ class ArmFacts:
 
     name: str
     serving_problems: tuple[str, ...] = ()
-    buckets: tuple[BucketFacts, ...] = ()
-    shift_p: float | None = None
+    buckets: tuple[BucketFacts, ...] = ()   # one per bucket and phase
+    shift_p: float | None = None            # the phase with the strongest downward shift
     shift_direction: str | None = None
+    phases: int = 1                         # loss and shift tests run at alpha / phases
 
 
 @dataclass(frozen=True)
@@ -102,43 +129,78 @@ def _pts(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}"
 
 
-def _bucket_text(arm: str, ref: str, b: BucketFacts) -> str:
+def _where(b: BucketFacts) -> str:
+    return b.bucket if b.phase is None else f"{b.bucket} ({b.phase})"
+
+
+def _bucket_text(arm: str, ref: str, b: BucketFacts, th: Thresholds) -> str:
+    if b.mcnemar_p is None:
+        return f"{arm} in {_where(b)}: no graded pairs"
     floor = "" if b.floor_lo is None else f", noise floor from {_pts(b.floor_lo)}"
-    return (f"{arm} vs {ref} in {b.bucket}: {_pts(b.diff)} points [{_pts(b.lo)}, {_pts(b.hi)}]"
-            f" over {b.pairs} pairs, McNemar p={b.mcnemar_p:.3g}{floor}"
-            if b.mcnemar_p is not None else f"{arm} in {b.bucket}: no graded pairs")
+    ev = b.evidence(th)
+    bound = "" if ev is None else (f", drop at most {100 * ev.drop_bound:.1f} points (exact "
+                                   f"one-sided {100 * (1 - th.alpha):g}%)")
+    return (f"{arm} vs {ref} in {_where(b)}: {_pts(b.diff)} points [{_pts(b.lo)}, {_pts(b.hi)}]"
+            f" over {b.pairs} pairs, McNemar p={b.mcnemar_p:.3g}{floor}{bound}")
 
 
-def _evidence(kind: str, text: str, b: BucketFacts | None = None) -> dict[str, Any]:
-    return {"kind": kind, "text": text, **({} if b is None else asdict(b))}
+def _evidence(kind: str, text: str, b: BucketFacts | None = None,
+              th: Thresholds | None = None, phases: int = 1) -> dict[str, Any]:
+    if b is None:
+        return {"kind": kind, "text": text}
+    ev = None if th is None else b.evidence(th, phases)
+    # The evidence under the thresholds decided with, not whatever the facts were built with.
+    extra = {} if ev is None else {"needed": ev.needed, "status": ev.status,
+                                   "drop_bound": ev.drop_bound}
+    return {"kind": kind, "text": text, **asdict(b), **extra}
+
+
+def _quality(arm: ArmFacts, ref: str, th: Thresholds) -> list[dict[str, Any]]:
+    return [_evidence("quality", _bucket_text(arm.name, ref, b, th), b, th, arm.phases)
+            for b in arm.buckets]
+
+
+def _level(arm: ArmFacts, th: Thresholds) -> float:
+    return th.alpha / max(1, arm.phases)
 
 
 def losses(arm: ArmFacts, th: Thresholds) -> list[BucketFacts]:
-    """Buckets with a real loss: significant and below the noise floor, or an interval that
-    lies wholly below -tolerance."""
+    """Buckets (per phase) with a real loss: significant (at alpha / phases) and below the
+    noise floor, or an interval that lies wholly below -tolerance."""
     out = []
     for b in arm.buckets:
         if b.diff is None or b.lo is None or b.hi is None:
             continue
         beyond_floor = b.floor_lo is None or b.diff < b.floor_lo
-        significant = b.mcnemar_p is not None and b.mcnemar_p < th.alpha and b.diff < 0
+        significant = (b.mcnemar_p is not None and b.mcnemar_p < _level(arm, th)
+                       and b.diff < 0)
         if (significant and beyond_floor) or b.hi < -th.tolerance:
             out.append(b)
     return out
 
 
+def _shown(b: BucketFacts, th: Thresholds) -> bool:
+    # The bound itself, not the evidence's status: a significant drop that stays inside the
+    # noise floor (so no loss) and is bounded below the tolerance is a match.
+    return b.ref_only is not None and b.target_only is not None and stats.equivalent(
+        b.pairs, b.ref_only, b.target_only, tolerance=th.tolerance, alpha=th.alpha,
+        min_pairs=th.min_pairs)
+
+
 def matches(arm: ArmFacts, th: Thresholds) -> tuple[bool, list[BucketFacts]]:
-    """(every bucket shown within tolerance, the buckets lacking evidence)."""
-    thin = [b for b in arm.buckets if b.pairs < th.min_pairs or b.lo is None]
-    ok = bool(arm.buckets) and not thin and all(
-        b.lo is not None and (b.lo >= -th.tolerance or (b.floor_lo is not None
-                                                        and b.lo >= b.floor_lo - th.tolerance))
-        for b in arm.buckets)
-    return ok, thin
+    """(every bucket, in every phase, shown within tolerance; the buckets not shown yet).
+
+    Shown means :func:`stats.equivalent`: at least ``min_pairs`` pairs and an exact one-sided
+    bound at alpha that puts the drop below the tolerance. The noise floor does not widen it:
+    the bound already carries the pairs' own disagreement, and a KEEP must mean "the drop is
+    below the tolerance at alpha"."""
+    open_ = [b for b in arm.buckets if not _shown(b, th)]
+    return bool(arm.buckets) and not open_, open_
 
 
 def _shifted(arm: ArmFacts, th: Thresholds) -> bool:
-    return arm.shift_p is not None and arm.shift_p < th.alpha and arm.shift_direction == "down"
+    return (arm.shift_p is not None and arm.shift_p < _level(arm, th)
+            and arm.shift_direction == "down")
 
 
 def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
@@ -154,48 +216,60 @@ def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
     # 2. With a calibrated target, judge the calibration.
     if f.calibrated is not None:
         cal_loss = losses(f.calibrated, th)
-        ev += [_evidence("quality", _bucket_text(f.calibrated.name, f.reference, b), b)
-               for b in f.calibrated.buckets]
+        ev += _quality(f.calibrated, f.reference, th)
         if not cal_loss and not _shifted(f.calibrated, th):
             ok, thin = matches(f.calibrated, th)
             if ok:
                 return _verdict("calibrate", [f"{f.calibrated.name} matches {f.reference} in "
                                               "every bucket: ship the calibrated scales"], ev)
-            return _insufficient(f.calibrated, thin, ev)
-        if len(cal_loss) == 1 and len(f.calibrated.buckets) > 1:
-            b = cal_loss[0]
+            return _insufficient(f.calibrated, thin, ev, th)
+        # One bucket, in however many phases: a localized problem, not a broad miss.
+        if (len({b.bucket for b in cal_loss}) == 1
+                and len({b.bucket for b in f.calibrated.buckets}) > 1):
+            b = min(cal_loss, key=lambda c: c.diff if c.diff is not None else 0.0)
             how = ("per-head scales (the backend supports them)" if f.per_head_supported else
                    "BF16 for the outlier layers (--kv-cache-dtype-skip-layers "
                    f"{','.join(map(str, f.outlier_layers)) or 'LAYERS'}); per-head scales "
                    "need FlashAttention")
             return _verdict("per_head_or_skip_layers", [
-                f"after calibration only {b.bucket} still loses ({_pts(b.diff)} points): try "
+                f"after calibration only {_where(b)} still loses ({_pts(b.diff)} points): try "
                 + how], ev)
-        where = ", ".join(b.bucket for b in cal_loss) or "across buckets"
+        where = ", ".join(_where(b) for b in cal_loss) or "across buckets"
         return _verdict("reject", [f"calibrated quality still misses ({where})"], ev)
 
     # 3. Scale 1.0 against the reference.
     arm = f.candidate
-    ev += [_evidence("quality", _bucket_text(arm.name, f.reference, b), b) for b in arm.buckets]
+    ev += _quality(arm, f.reference, th)
     lost = losses(arm, th)
     if lost or _shifted(arm, th):
         if lost:
             b = lost[0]
-            reason = f"repeatable loss in {b.bucket}: {_bucket_text(arm.name, f.reference, b)}"
+            reason = (f"repeatable loss in {_where(b)}: "
+                      f"{_bucket_text(arm.name, f.reference, b, th)}")
         else:
             reason = (f"consistent downward shift across buckets (stratified p="
                       f"{arm.shift_p:.3g}) although no single bucket is significant")
         return _verdict("calibrate", [reason], ev)
     ok, thin = matches(arm, th)
     if not ok:
-        return _insufficient(arm, thin, ev)
+        return _insufficient(arm, thin, ev, th)
     return _gain(f, th, ev)
 
 
-def _insufficient(arm: ArmFacts, thin: Sequence[BucketFacts],
-                  ev: list[dict[str, Any]]) -> Verdict:
-    need = [f"{b.bucket}: {b.pairs} graded pairs, about {b.needed or '?'} needed"
-            for b in thin] or [f"{arm.name}: an interval reaches below -tolerance"]
+def _insufficient(arm: ArmFacts, thin: Sequence[BucketFacts], ev: list[dict[str, Any]],
+                  th: Thresholds) -> Verdict:
+    need = []
+    for b in thin:
+        e = b.evidence(th, arm.phases)
+        if e is None:
+            what = f"about {b.needed or '?'} needed"
+        elif e.status == "loss":  # not counted as one: it stays inside the noise floor
+            what = (f"a drop inside the noise floor, bounded only below "
+                    f"{100 * e.drop_bound:.1f} points")
+        else:
+            what = e.short
+        need.append(f"{_where(b)}: {b.pairs} graded pairs, {what}")
+    need = need or [f"{arm.name}: no bucket graded"]
     return _verdict("insufficient_evidence",
                     [f"no loss shown, but too little evidence ({'; '.join(need)})"], ev)
 
@@ -276,33 +350,49 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
     return out
 
 
+def _cell(bucket: str, row: Mapping[str, Any], phase: str | None, th: Thresholds,
+          phases: int) -> BucketFacts:
+    vs, floor = row.get("vs_reference") or {}, row.get("noise_floor") or {}
+    b = BucketFacts(bucket, vs.get("pairs", 0), vs.get("diff"), vs.get("lo"), vs.get("hi"),
+                    vs.get("mcnemar_p"), floor.get("lo"), None, vs.get("ref_only"),
+                    vs.get("target_only"), phase)
+    ev = b.evidence(th, phases)
+    return replace(b, needed=(row.get("evidence") or {}).get("needed") if ev is None
+                   else ev.needed)
+
+
 def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
                    candidate: str | None = None, calibrated: str | None = None,
                    thresholds: Thresholds = Thresholds()) -> Facts:
+    """The verdict's facts from a run's summary: every phase's paired grades, per bucket and
+    phase (see the module docstring for how phases combine), judged under ``thresholds``."""
     q = summary.get("quality") or {}
     reference = q.get("reference") or manifest.get("reference") or "bf16"
     targets = summary.get("targets", {})
     others = [n for n in targets if n != reference and not n.endswith("-control")]
     cal = calibrated or next((n for n in others if "cal" in n), None)
     cand = candidate or next((n for n in others if n != cal), None)
-    phases = q.get("phases") or {}
-    phase = next(iter(phases), None)
+    phases: Mapping[str, Any] = q.get("phases") or {}
 
     def arm(name: str | None, is_cal: bool) -> ArmFacts | None:
         if name is None or name not in targets:
             return None
         problems = serving_problems(name, targets[name], manifest, is_cal,
                                     thresholds.max_error_rate)
-        tq = (phases.get(phase) or {}).get(name) if phase else None
-        buckets = []
-        for b, row in ((tq or {}).get("buckets") or {}).items():
-            vs, floor = row.get("vs_reference") or {}, row.get("noise_floor") or {}
-            buckets.append(BucketFacts(b, vs.get("pairs", 0), vs.get("diff"), vs.get("lo"),
-                                       vs.get("hi"), vs.get("mcnemar_p"), floor.get("lo"),
-                                       (row.get("evidence") or {}).get("needed")))
-        shift = (tq or {}).get("shift") or {}
-        return ArmFacts(name, tuple(problems), tuple(buckets), shift.get("p_value"),
-                        shift.get("direction"))
+        per_phase = [(ph, t["buckets"]) for ph, t in
+                     ((ph, (rows or {}).get(name) or {}) for ph, rows in phases.items())
+                     if t.get("buckets")]
+        several = len(per_phase) > 1
+        order = list(dict.fromkeys(b for _, rows in per_phase for b in rows))
+        cells = [_cell(b, rows[b], ph if several else None, thresholds, len(per_phase))
+                 for b in order for ph, rows in per_phase if b in rows]
+        shifts = [(phases[ph][name].get("shift") or {}) for ph, _ in per_phase]
+        down = [sh for sh in shifts if sh.get("direction") == "down"
+                and sh.get("p_value") is not None]
+        shift = min(down, key=lambda sh: float(sh["p_value"])) if down else (
+            shifts[0] if shifts else {})
+        return ArmFacts(name, tuple(problems), tuple(cells), shift.get("p_value"),
+                        shift.get("direction"), max(1, len(per_phase)))
 
     ref_problem = error_problem(reference, targets.get(reference, {}), thresholds.max_error_rate)
     ref_t, cand_t = targets.get(reference, {}), targets.get(cand or "", {})
@@ -320,6 +410,6 @@ def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
     return Facts(reference=reference, candidate=candidate_arm, calibrated=arm(cal, True),
                  capacity_ratio=ratio,
                  latency_better=systems.get("latency_better"),
-                 capacity_needed=(max(usage) >= Thresholds().capacity_needed_usage)
+                 capacity_needed=(max(usage) >= thresholds.capacity_needed_usage)
                  if usage else None,
                  below_break_even=systems.get("below_break_even"))

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from replay._stats import (
     EXACT_MAX,
+    MAX_NEEDED,
+    MIN_PAIRS,
     _binom_cdf_half,
+    critical_regressions,
+    drop_upper_bound,
+    equivalence_p,
+    equivalence_power,
+    equivalent,
     evidence,
     mcnemar_exact,
     paired_bootstrap,
@@ -21,6 +28,7 @@ from replay._stats import (
     stratified_shift,
     stratified_sign_test,
     wilson,
+    zero_discordance_pairs,
 )
 
 BoolPairs = tuple[list[bool], list[bool]]
@@ -257,33 +265,166 @@ def test_sign_test_on_grades_matches_shift(ab: BoolPairs) -> None:
 
 # --- evidence -------------------------------------------------------------------------------
 
-def test_evidence_small_bucket_is_insufficient() -> None:
-    e = evidence(12)
-    assert not e.sufficient and e.needed > 12 and e.n == 12
-    assert "12 graded pairs" in e.reason and f"about {e.needed} needed" in e.reason
-    assert "5-point drop" in e.reason and "80% power" in e.reason
-    big = evidence(e.needed)
-    assert big.sufficient and big.needed == e.needed
-    assert not evidence(5, tolerance=0.9).sufficient  # the floor `minimum` applies
-    assert evidence(0).needed == e.needed
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k), X ~ Binomial(n, p), from math.comb (the test's own oracle)."""
+    return sum(math.comb(n, j) * p**j * (1 - p) ** (n - j) for j in range(k + 1))
 
 
-def test_pairs_needed_known_value() -> None:
-    """n = ((1.96 sqrt(.1) + 0.8416 sqrt(.1 - .0025)) / .05)^2 = 311.6 -> 312."""
-    assert pairs_needed(0.05, 0.1) == 312
-    assert evidence(0).needed == 312
-    # observed discordance below the tolerance is raised to it
-    assert evidence(0, discordance=0.0).needed == pairs_needed(0.05, 0.05)
+def test_no_disagreement_is_the_binomial_bound() -> None:
+    """No discordant pair in n bounds the drop below t at alpha once (1 - t)^n <= alpha."""
+    for n in (1, 10, 58, 59, 300):
+        assert equivalence_p(n, 0, 0, 0.05) == pytest.approx(0.95**n, rel=1e-12)
+    assert zero_discordance_pairs(0.05, 0.05) == 59  # 0.95^58 = 0.051, 0.95^59 = 0.0485
+    assert zero_discordance_pairs(0.02, 0.05) == 149
+    assert zero_discordance_pairs(0.05, 0.01) == 90
+    assert not equivalent(58, 0, 0) and equivalent(59, 0, 0)
+    assert not equivalent(59, 0, 0, min_pairs=60)
 
 
-@given(st.floats(0.01, 0.5), st.floats(0.01, 0.5), st.none() | st.floats(0.0, 1.0))
-def test_needed_decreases_with_tolerance(t1: float, t2: float, psi: float | None) -> None:
-    lo, hi = min(t1, t2), max(t1, t2)
-    small = evidence(0, tolerance=lo, discordance=psi)
-    large = evidence(0, tolerance=hi, discordance=psi)
-    assert small.needed >= large.needed >= 10
+def test_the_issue_examples() -> None:
+    """57/57 passing on both sides: about 60 pairs (59), not the normal approximation's 155;
+    a 70-point loss at McNemar p ~ 1e-15 is a loss and names no N."""
+    e = evidence(57)
+    assert (e.status, e.sufficient, e.needed) == ("open", False, 59)
+    assert "at least 59 needed" in e.reason and e.short == "at least 59 needed"
+    lost = evidence(60, 50, 8)
+    assert (lost.status, lost.sufficient, lost.needed) == ("loss", True, None)
+    assert "show a loss" in lost.reason and "needed" not in lost.reason
+    ok = evidence(59)
+    assert (ok.status, ok.sufficient, ok.needed, ok.short) == (
+        "equivalent", True, None, "within tolerance")
+    assert ok.drop_bound < 0.05 and "at most 4.95 points" in ok.reason
 
 
-def test_needed_strictly_decreases() -> None:
-    needed = [evidence(0, tolerance=t).needed for t in (0.02, 0.05, 0.1, 0.2)]
-    assert needed == sorted(needed, reverse=True) and len(set(needed)) == 4
+def test_no_improvement_is_clopper_pearson() -> None:
+    """With no improvement the bound is the exact binomial one on the regression rate."""
+    for n, x in ((20, 0), (100, 1), (100, 2), (333, 7)):
+        assert equivalence_p(n, x, 0, 0.05) == pytest.approx(binom_cdf(x, n, 0.05), rel=1e-9)
+
+
+def test_tolerance_zero_is_one_sided_mcnemar() -> None:
+    """At a tolerance of 0 the bound is the exact McNemar test that FP8 is no worse."""
+    for n, x, y in ((100, 3, 7), (40, 1, 9), (500, 20, 20)):
+        assert equivalence_p(n, x, y, 1e-9) == pytest.approx(exact_lower_tail(x, x + y),
+                                                             rel=1e-6)
+
+
+def test_quadrature_is_converged() -> None:
+    from replay._stats import _equivalence_ps
+
+    for n, m, x, t in ((200, 4, 2, 0.05), (1000, 40, 35, 0.05), (60, 4, 1, 0.2),
+                       (3000, 500, 240, 0.02), (80, 79, 40, 0.1)):
+        fine = float(_equivalence_ps(n, m, x, t, panels=64)[x])
+        assert equivalence_p(n, x, m - x, t) == pytest.approx(fine, rel=1e-7, abs=1e-12)
+
+
+@pytest.mark.parametrize(("tolerance", "alpha"), [(0.05, 0.05), (0.1, 0.05), (0.05, 0.01)])
+def test_exact_size_at_a_drop_of_exactly_the_tolerance(tolerance: float, alpha: float) -> None:
+    """Fay & Lumbard conjecture the melded bound keeps its level; here it is computed
+    exactly (trinomial sums over the region) where a true drop equals the tolerance."""
+    for n in (20, 59, 100, 250):
+        for psi in (tolerance, 0.1, 0.3, 0.7, 1.0):
+            if psi < tolerance:
+                continue
+            improve = (psi - tolerance) / 2
+            size = equivalence_power(n, improve + tolerance, improve, tolerance=tolerance,
+                                     alpha=alpha)
+            assert size <= alpha + 1e-9, (n, psi, size)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 160).flatmap(lambda n: st.tuples(
+    st.just(n), st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m),
+                                                              st.just(m))))),
+       st.sampled_from([0.02, 0.05, 0.1, 0.3]))
+def test_critical_region_is_the_rule(case: tuple[int, tuple[int, int]], tol: float) -> None:
+    """The region power is computed over is exactly where ``equivalent`` says yes, and no
+    drop seen at or above the tolerance is ever shown below it."""
+    n, (x, m) = case
+    crit = int(critical_regressions(n, [m], tolerance=tol)[0])
+    assert equivalent(n, x, m - x, tolerance=tol, min_pairs=0) == (x <= crit)
+    p = equivalence_p(n, x, m - x, tol)
+    if (2 * x - m) / n >= tol:
+        assert p > 0.05
+    if x > 0:
+        assert equivalence_p(n, x - 1, m - x + 1, tol) <= p + 1e-12  # fewer losses: smaller
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 400).flatmap(lambda n: st.tuples(
+    st.just(n), st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m),
+                                                              st.just(m))))))
+def test_drop_bound_is_where_the_p_value_crosses_alpha(case: tuple[int, tuple[int, int]]
+                                                       ) -> None:
+    n, (x, m) = case
+    u = drop_upper_bound(n, x, m - x)
+    assert 0.0 <= u <= 1.0 and u >= (2 * x - m) / n - 1e-9
+    if 1e-6 < u < 1.0 - 1e-6:
+        assert equivalence_p(n, x, m - x, u + 1e-6) <= 0.05 < equivalence_p(n, x, m - x,
+                                                                            u - 1e-6)
+
+
+@pytest.mark.parametrize(("n", "lost", "gained"), [
+    (100, 3, 3), (60, 1, 0), (200, 8, 2), (50, 2, 2), (150, 7, 4)])
+def test_needed_has_the_promised_power(n: int, lost: int, gained: int) -> None:
+    """Need N: at the rates seen so far, N pairs show equivalence with chance >= 80%."""
+    e = evidence(n, lost, gained)
+    assert e.status == "open" and e.needed is not None and e.needed > n
+    assert f"about {e.needed} needed" in e.reason and "80% chance" in e.reason
+    assert equivalence_power(e.needed, lost / n, gained / n) >= 0.8
+    assert pairs_needed(lost / n, gained / n, at_least=1) <= e.needed  # type: ignore[operator]
+
+
+def test_need_n_only_where_it_can_be_reached() -> None:
+    far = evidence(40, 4, 0)  # a 10-point drop so far, no loss shown yet
+    assert (far.status, far.needed) == ("open", None)
+    assert "no number of pairs would show a match" in far.reason
+    assert pairs_needed(0.06, 0.0) is None
+    close = evidence(400, 40, 25)  # 3.75 points so far: more than MAX_NEEDED pairs
+    assert close.status == "open" and close.needed is None
+    assert f"more than {MAX_NEEDED} needed" in close.reason
+
+
+def test_evidence_rule_is_configuration() -> None:
+    e = evidence(15, tolerance=0.2, min_pairs=10)
+    assert e.status == "equivalent" and e.to_json()["rule"] == {
+        "tolerance": 0.2, "alpha": 0.05, "min_pairs": 10, "power": 0.8}
+    assert evidence(15, tolerance=0.2).needed == 20  # the minimum pairs still apply
+    assert evidence(0, min_pairs=0, alpha=0.01).needed == 90
+    # a loss at alpha / phases: the verdict's level for one phase of a sweep
+    assert evidence(200, 14, 4).status == "loss"
+    assert evidence(200, 14, 4, loss_alpha=0.025).status == "open"
+
+
+def test_needed_strictly_decreases_with_tolerance() -> None:
+    needed = [evidence(0, tolerance=t, min_pairs=0).needed for t in (0.02, 0.05, 0.1, 0.2)]
+    assert needed == [149, 59, 29, 14]
+    rates = [pairs_needed(0.02, 0.02, tolerance=t) for t in (0.05, 0.1, 0.2)]
+    assert rates == sorted(rates, reverse=True) and len(set(rates)) == 3  # type: ignore[type-var]
+
+
+def test_evidence_rejects_bad_input() -> None:
+    for args, kw in (((5, 4, 2), {}), ((-1,), {}), ((10,), {"tolerance": 0.0}),
+                     ((10,), {"alpha": 0.6}), ((10,), {"min_pairs": -1})):
+        with pytest.raises(ValueError):
+            evidence(*args, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        pairs_needed(0.01, 0.01, power=1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 300).flatmap(lambda n: st.tuples(
+    st.just(n), st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m),
+                                                              st.just(m))))))
+def test_need_n_appears_only_while_the_question_is_open(case: tuple[int, tuple[int, int]]
+                                                        ) -> None:
+    n, (x, m) = case
+    e = evidence(n, x, m - x)
+    assert e.sufficient == (e.status != "open") and e.to_json()["status"] == e.status
+    if e.status == "open":
+        assert e.needed is None or e.needed > max(n, MIN_PAIRS - 1)
+        assert not equivalent(n, x, m - x)
+    else:
+        assert e.needed is None and "needed" not in e.short + e.reason
+    if e.status == "loss":
+        assert x > m - x and mcnemar_exact(*pairs(0, x, m - x, n - m)).p_value < 0.05

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from replay._verdict import VERDICTS, ArmFacts, BucketFacts, Facts, Thresholds, decide
@@ -9,22 +11,27 @@ from replay._verdict import VERDICTS, ArmFacts, BucketFacts, Facts, Thresholds, 
 BUCKETS = ("<8K", "8K-32K", "32K-64K")
 
 
-def same(n: int = 200) -> tuple[BucketFacts, ...]:
-    """FP8 indistinguishable from BF16 with plenty of pairs."""
-    return tuple(BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, 50) for b in BUCKETS)
+# Facts carry the discordant counts (ref_only: BF16 passed and FP8 failed; target_only: the
+# reverse): the exact bound that shows a match is computed from them.
+
+def same(n: int = 200, each: int = 2) -> tuple[BucketFacts, ...]:
+    """FP8 indistinguishable from BF16 with plenty of pairs (``each`` lost and gained)."""
+    return tuple(BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, None, each, each)
+                 for b in BUCKETS)
 
 
 def lose(bucket: str, n: int = 200) -> tuple[BucketFacts, ...]:
-    return tuple(BucketFacts(b, n, -0.12, -0.17, -0.07, 0.0001, None, 50) if b == bucket
-                 else BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, 50) for b in BUCKETS)
+    return tuple(BucketFacts(b, n, -0.12, -0.17, -0.07, 0.0001, None, None, 26, 2)
+                 if b == bucket else BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, None, 2, 2)
+                 for b in BUCKETS)
 
 
 def thin() -> tuple[BucketFacts, ...]:
-    return tuple(BucketFacts(b, 6, 0.0, -0.3, 0.3, 1.0, None, 312) for b in BUCKETS)
+    return tuple(BucketFacts(b, 6, 0.0, -0.3, 0.3, 1.0, None, None, 0, 0) for b in BUCKETS)
 
 
 def slight_shift() -> tuple[BucketFacts, ...]:
-    return tuple(BucketFacts(b, 40, -0.1, -0.2, 0.0, 0.125, None, 312) for b in BUCKETS)
+    return tuple(BucketFacts(b, 40, -0.1, -0.2, 0.0, 0.125, None, None, 4, 0) for b in BUCKETS)
 
 
 CASES = {
@@ -92,17 +99,143 @@ def test_evidence_names_bucket_numbers_and_interval() -> None:
 
 
 def test_a_loss_inside_the_noise_floor_is_not_a_loss() -> None:
-    noisy = tuple(BucketFacts(b, 200, -0.03, -0.05, -0.01, 0.01, -0.06, 50) for b in BUCKETS)
+    """Significant (35 lost, 5 gained) but inside the A/A floor, and bounded below 5 points."""
+    noisy = tuple(BucketFacts(b, 1000, -0.03, -0.045, -0.015, 1e-6, -0.06, None, 35, 5)
+                  for b in BUCKETS)
     v = decide(Facts("bf16", ArmFacts("fp8", buckets=noisy), capacity_ratio=2.0))
     assert v.verdict == "keep", v.reasons
 
 
+def test_inside_the_floor_but_not_bounded_is_not_a_match() -> None:
+    """The floor keeps a drop from being a loss; it does not make it a match: 200 pairs
+    with 7 lost and 1 gained bound the drop only below ~6 points."""
+    noisy = tuple(BucketFacts(b, 200, -0.03, -0.055, -0.005, 0.07, -0.06, None, 7, 1)
+                  for b in BUCKETS)
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=noisy), capacity_ratio=2.0))
+    assert v.verdict == "insufficient_evidence", v.reasons
+    assert "about" in v.reasons[0] and "needed" in v.reasons[0]
+
+
 def test_thresholds_are_configuration() -> None:
-    facts = Facts("bf16", ArmFacts("fp8", buckets=same(n=15)), capacity_ratio=2.0)
+    facts = Facts("bf16", ArmFacts("fp8", buckets=same(n=15, each=0)), capacity_ratio=2.0)
     assert decide(facts).verdict == "insufficient_evidence"
-    assert decide(facts, Thresholds(min_pairs=10)).verdict == "keep"
-    assert decide(facts, Thresholds(min_pairs=10, required_capacity_ratio=2.5)).verdict == \
-        "reject"
+    # 15 agreeing pairs cannot bound a 5-point drop ((1 - 0.05)^15 = 0.46 > alpha) whatever
+    # the minimum; they bound a 20-point one ((1 - 0.2)^15 = 0.035).
+    few = decide(facts, Thresholds(min_pairs=10))
+    assert few.verdict == "insufficient_evidence" and "at least 59 needed" in few.reasons[0]
+    assert decide(facts, Thresholds(min_pairs=10, tolerance=0.2)).verdict == "keep"
+    assert decide(facts, Thresholds(min_pairs=10, tolerance=0.2,
+                                    required_capacity_ratio=2.5)).verdict == "reject"
+
+
+def test_need_n_only_where_the_question_is_open() -> None:
+    """The issue's two cases: a -70-point loss at McNemar p ~ 1e-15 names no N (it is a loss);
+    57 of 57 passing on both sides needs 59 pairs, from (1 - 0.05)^n <= 0.05."""
+    lost = BucketFacts("<8K", 60, -0.7, -0.8, -0.6, 1.7e-15, None, None, 50, 8)
+    agree = BucketFacts("8K-32K", 57, 0.0, 0.0, 0.0, 1.0, None, None, 0, 0)
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=(lost, agree)), capacity_ratio=2.0))
+    assert v.verdict == "calibrate" and "needed" not in v.reasons[0]
+    by_bucket = {e["bucket"]: e for e in v.evidence if e["kind"] == "quality"}
+    assert by_bucket["<8K"]["needed"] is None and by_bucket["<8K"]["status"] == "loss"
+    assert by_bucket["8K-32K"]["needed"] == 59
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=(agree,)), capacity_ratio=2.0))
+    assert v.verdict == "insufficient_evidence"
+    assert "8K-32K: 57 graded pairs, at least 59 needed" in v.reasons[0]
+    enough = BucketFacts("8K-32K", 59, 0.0, 0.0, 0.0, 1.0, None, None, 0, 0)
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=(enough,)), capacity_ratio=2.0))
+    assert v.verdict == "keep", v.reasons
+
+
+def test_keep_needs_the_exact_bound_below_tolerance() -> None:
+    """A bootstrap interval inside +-tolerance is not enough: 30 pairs, 1 lost, 1 gained."""
+    b = BucketFacts("<8K", 30, 0.0, -0.033, 0.033, 1.0, None, None, 1, 1)
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=(b,)), capacity_ratio=2.0))
+    assert v.verdict == "insufficient_evidence", v.reasons
+
+
+def test_facts_without_counts_are_never_a_match() -> None:
+    b = BucketFacts("<8K", 500, 0.0, -0.01, 0.01, 1.0, None, 120)
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=(b,)), capacity_ratio=2.0))
+    assert v.verdict == "insufficient_evidence" and "about 120 needed" in v.reasons[0]
+
+
+# -- every phase of a sweep ------------------------------------------------------------------
+
+def _row(n: int, lost: int, gained: int) -> dict[str, object]:
+    from replay._stats import mcnemar_exact
+
+    a = [True] * lost + [False] * gained + [True] * (n - lost - gained)
+    b = [False] * lost + [True] * gained + [True] * (n - lost - gained)
+    d = (gained - lost) / n
+    return {"vs_reference": {"pairs": n, "diff": d, "lo": d - 0.03, "hi": d + 0.03,
+                             "mcnemar_p": mcnemar_exact(a, b).p_value, "ref_only": lost,
+                             "target_only": gained}, "evidence": {"needed": 999}}
+
+
+def _sweep(cells: dict[str, dict[str, tuple[int, int, int]]]) -> dict[str, object]:
+    """A summary with phase -> bucket -> (pairs, lost, gained) for fp8 against bf16."""
+    phases = {ph: {"fp8": {"buckets": {b: _row(*c) for b, c in rows.items()},
+                           "shift": {"p_value": 1.0, "direction": "none"}}}
+              for ph, rows in cells.items()}
+    return {"quality": {"reference": "bf16", "phases": phases},
+            "targets": {"bf16": {"status": "ok", "kv_cache_size_tokens": 1000, "phases": {}},
+                        "fp8": {"status": "ok", "cache_dtype": "fp8",
+                                "kv_cache_size_tokens": 2000, "phases": {}}}}
+
+
+def test_a_loss_in_a_loaded_phase_counts() -> None:
+    """Before, only the first phase was read: c16's loss was ignored and the verdict KEEP."""
+    from replay._verdict import facts_from_run
+
+    fine = {"<8K": (200, 2, 2), "8K-32K": (200, 2, 2)}
+    summary = _sweep({"c1": fine, "c16": {"<8K": (200, 2, 2), "8K-32K": (200, 30, 2)}})
+    facts = facts_from_run(summary, {}, candidate="fp8")
+    assert facts.candidate is not None and facts.candidate.phases == 2
+    assert [(b.bucket, b.phase) for b in facts.candidate.buckets] == [
+        ("<8K", "c1"), ("<8K", "c16"), ("8K-32K", "c1"), ("8K-32K", "c16")]
+    v = decide(facts)
+    assert v.verdict == "calibrate" and "8K-32K (c16)" in v.reasons[0], v.reasons
+    assert decide(facts_from_run(_sweep({"c1": fine}), {}, candidate="fp8")).verdict == "keep"
+
+
+def test_every_phase_must_show_the_match() -> None:
+    from replay._verdict import facts_from_run
+
+    summary = _sweep({"c1": {"<8K": (200, 2, 2)}, "c4": {"<8K": (40, 0, 0)}})
+    v = decide(facts_from_run(summary, {}, candidate="fp8"))
+    assert v.verdict == "insufficient_evidence"
+    assert "<8K (c4): 40 graded pairs, at least 59 needed" in v.reasons[0]
+
+
+def test_phases_are_not_pooled_into_more_evidence() -> None:
+    """Three phases of the same 40 agreeing requests are still 40 requests, not 120 pairs."""
+    from replay._verdict import facts_from_run
+
+    summary = _sweep({ph: {"<8K": (40, 0, 0)} for ph in ("c1", "c4", "c16")})
+    assert decide(facts_from_run(summary, {}, candidate="fp8")).verdict == \
+        "insufficient_evidence"
+
+
+def test_loss_tests_share_alpha_across_phases() -> None:
+    """Bonferroni: p = 0.03 in one of two phases is below alpha but not below alpha / 2."""
+    b = BucketFacts("<8K", 200, -0.05, -0.09, -0.01, 0.03, None, None, 14, 4, "c4")
+    ok = BucketFacts("<8K", 200, 0.0, -0.02, 0.02, 1.0, None, None, 2, 2, "c1")
+    one = decide(Facts("bf16", ArmFacts("fp8", buckets=(replace(b, phase=None),)),
+                       capacity_ratio=2.0))
+    assert one.verdict == "calibrate"
+    two = decide(Facts("bf16", ArmFacts("fp8", buckets=(ok, b), phases=2), capacity_ratio=2.0))
+    assert two.verdict == "insufficient_evidence", two.reasons
+
+
+def test_thresholds_reach_the_facts() -> None:
+    from replay._verdict import facts_from_run
+
+    summary = _sweep({"c1": {"<8K": (30, 0, 0)}})
+    facts = facts_from_run(summary, {}, candidate="fp8", thresholds=Thresholds(tolerance=0.2))
+    assert facts.candidate is not None
+    assert facts.candidate.buckets[0].needed is None  # shown at 20 points: nothing needed
+    facts = facts_from_run(summary, {}, candidate="fp8")
+    assert facts.candidate is not None and facts.candidate.buckets[0].needed == 59
 
 
 def _manifest(**fp8: object) -> dict[str, object]:
@@ -141,3 +274,14 @@ def test_clean_serving_path_has_no_problems() -> None:
     skip = _manifest(spec={"args": ["--kv-cache-dtype-skip-layers", "0,3"]},
                      cache_config={"kv_cache_dtype_skip_layers": "[0, 3]"})
     assert serving_problems("fp8", ok, skip, False) == []
+
+
+def test_one_bucket_losing_in_several_phases_is_still_localized() -> None:
+    ok = [replace(b, phase=ph) for b in same() for ph in ("c1", "c4")]
+    bad = [replace(b, phase=ph) for b in lose("32K-64K") if b.bucket == "32K-64K"
+           for ph in ("c1", "c4")]
+    cal = tuple([b for b in ok if b.bucket != "32K-64K"] + bad)
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=lose("<8K")),
+                     calibrated=ArmFacts("fp8-cal", buckets=cal, phases=2)))
+    assert v.verdict == "per_head_or_skip_layers", v.reasons
+    assert "32K-64K (c1)" in v.reasons[0]

@@ -191,7 +191,9 @@ def test_graded_replay_with_control_reports_quality(bf16_server: LocalServer,
         assert ctl["agreement"]["compared"] > 0
         assert ref["noise_floor"] is not None and ctl["noise_floor"] is not None
         assert ctl["teacher_forced"]["tokens"] > 0 and ref["teacher_forced"]["tokens"] > 0
-        assert not ref["evidence"]["sufficient"] and ref["evidence"]["needed"] > n
+        # The sample has fewer graded pairs per bucket than a match needs (59 at 5 points with
+        # no disagreement): the control's evidence is still open, and names how many.
+        assert ctl["evidence"]["status"] == "open" and ctl["evidence"]["needed"] > n
     # The A/A control scores the reference's own answers: same server, same numbers.
     assert q["bf16-control"]["teacher_forced"]["nll_delta_mean"] == pytest.approx(0, abs=1e-3)
     tf = [json.loads(x) for x in (run_dir / "teacher_forced.jsonl").read_text().splitlines()]

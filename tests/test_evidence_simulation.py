@@ -1,0 +1,155 @@
+"""The evidence rule, simulated: how often KEEP's per-bucket equivalence is shown.
+
+Each simulated canary is one bucket of n requests graded on both targets: BF16 passes a
+request with probability ``P_REF``; FP8 fails a request BF16 passed with probability
+``p10 / P_REF`` and passes one BF16 failed with probability ``p01 / (1 - P_REF)``, so the
+true drop is ``p10 - p01`` and the discordance ``p10 + p01``. Each canary shows equivalence
+exactly where the stop rule's ``matches`` does (``stats.equivalent``, through the same
+region as ``stats.critical_regressions``, checked on a sample here). Two questions:
+
+* size: with a true drop of exactly the tolerance, equivalence may be shown in at most alpha
+  of the canaries (Monte Carlo allowance: 3 standard errors; the exact figure from
+  ``stats.equivalence_power`` must be at most alpha outright);
+* power: with no true drop, at the N that "need N" names for a pilot bucket with the same
+  rates, equivalence must be shown in at least ``stats.POWER`` of them (same allowance).
+
+``python -m tests.test_evidence_simulation`` prints the table the README quotes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from replay import _stats as stats
+from replay._verdict import ArmFacts, BucketFacts, Facts, decide
+
+CANARIES = 10_000
+SEED = 20240516
+P_REF = 0.8  # BF16 pass rate: leaves room for discordance both ways
+TOL, ALPHA, MIN_PAIRS = stats.TOLERANCE, stats.ALPHA, stats.MIN_PAIRS
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    p10: float               # regression rate: BF16 passes, FP8 fails
+    p01: float               # improvement rate
+    n: int | None = None     # bucket size; None: what "need N" names for the pilot
+    pilot: tuple[int, int, int] | None = None  # (pairs, lost, gained) seen so far
+
+
+SIZE = [
+    Case("drop = tolerance, only regressions", TOL, 0.0, n=59),
+    Case("drop = tolerance, only regressions", TOL, 0.0, n=300),
+    Case("drop = tolerance, discordance 10%", TOL + 0.025, 0.025, n=100),
+    Case("drop = tolerance, discordance 10%", TOL + 0.025, 0.025, n=400),
+    Case("drop = tolerance, discordance 25%", TOL + 0.1, 0.1, n=200),
+    Case("drop = tolerance, discordance 25%", TOL + 0.1, 0.1, n=800),
+]
+POWER = [
+    Case("no drop, no discordance", 0.0, 0.0, pilot=(57, 0, 0)),
+    Case("no drop, discordance 5%", 0.025, 0.025, pilot=(80, 2, 2)),
+    Case("no drop, discordance 10%", 0.05, 0.05, pilot=(100, 5, 5)),
+    Case("drop 2 points, discordance 4%", 0.03, 0.01, pilot=(100, 3, 1)),
+]
+
+
+def simulate(n: int, p10: float, p01: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(regressions, improvements) of CANARIES buckets of n paired pass/fail grades."""
+    rng = np.random.default_rng(seed)
+    ref = rng.random((CANARIES, n)) < P_REF
+    flip = rng.random((CANARIES, n))
+    cand = np.where(ref, flip >= p10 / P_REF, flip < p01 / (1 - P_REF))
+    return (ref & ~cand).sum(axis=1), (~ref & cand).sum(axis=1)
+
+
+def shown(n: int, lost: np.ndarray, gained: np.ndarray) -> np.ndarray:
+    """Per canary: does the stop rule's per-bucket equivalence hold?"""
+    m = lost + gained
+    values, index = np.unique(m, return_inverse=True)
+    crit = stats.critical_regressions(n, values, tolerance=TOL, alpha=ALPHA)[index]
+    return (lost <= crit) & (n >= MIN_PAIRS)
+
+
+def bucket_size(case: Case) -> int:
+    if case.n is not None:
+        return case.n
+    assert case.pilot is not None
+    ev = stats.evidence(*case.pilot, tolerance=TOL, alpha=ALPHA, min_pairs=MIN_PAIRS)
+    assert ev.status == "open" and ev.needed is not None, ev.reason
+    return ev.needed
+
+
+def run(case: Case, seed: int) -> tuple[int, float, float]:
+    """(bucket size, share of canaries with equivalence shown, exact share)."""
+    n = bucket_size(case)
+    lost, gained = simulate(n, case.p10, case.p01, seed)
+    keep = shown(n, lost, gained)
+    # The vectorized region is the scalar rule, on a sample of the simulated outcomes.
+    for i in range(0, CANARIES, CANARIES // 25):
+        assert bool(keep[i]) == stats.equivalent(n, int(lost[i]), int(gained[i]),
+                                                 tolerance=TOL, alpha=ALPHA,
+                                                 min_pairs=MIN_PAIRS)
+    exact = stats.equivalence_power(n, case.p10, case.p01, tolerance=TOL, alpha=ALPHA)
+    return n, float(keep.mean()), exact
+
+
+def allowance(p: float) -> float:
+    return 3 * math.sqrt(p * (1 - p) / CANARIES)
+
+
+@pytest.mark.parametrize("i", range(len(SIZE)))
+def test_a_drop_of_exactly_the_tolerance_is_rarely_kept(i: int) -> None:
+    n, share, exact = run(SIZE[i], SEED + i)
+    assert exact <= ALPHA + 1e-9, (SIZE[i], n, exact)
+    assert share <= ALPHA + allowance(ALPHA), (SIZE[i], n, share)
+    assert abs(share - exact) <= allowance(max(exact, 1e-3)) + 1e-3
+
+
+@pytest.mark.parametrize("i", range(len(POWER)))
+def test_need_n_delivers_its_power(i: int) -> None:
+    case = POWER[i]
+    n, share, exact = run(case, SEED + 100 + i)
+    assert exact >= stats.POWER, (case, n, exact)
+    assert share >= stats.POWER - allowance(stats.POWER), (case, n, share)
+    assert abs(share - exact) <= allowance(exact) + 1e-3
+
+
+def test_the_stop_rule_keeps_exactly_where_the_bound_holds() -> None:
+    """decide() on one-bucket facts gives KEEP exactly where the simulated rule says so."""
+    n = 100
+    lost, gained = simulate(n, 0.03, 0.02, SEED + 200)
+    keep = shown(n, lost, gained)
+    outcomes = sorted({(int(x), int(y), bool(k)) for x, y, k in zip(lost, gained, keep,
+                                                                    strict=True)})
+    assert {k for *_, k in outcomes} == {True, False}
+    for x, y, k in outcomes[:: max(1, len(outcomes) // 40)]:
+        d = (y - x) / n
+        mc = stats.mcnemar_exact([True] * x + [False] * y, [False] * x + [True] * y).p_value
+        b = BucketFacts("<8K", n, d, d, d, mc, None, None, x, y)
+        v = decide(Facts("bf16", ArmFacts("fp8", buckets=(b,)), capacity_ratio=2.0))
+        assert (v.verdict == "keep") == k, (x, y, v.reasons)
+
+
+def table() -> str:
+    rows = ["| case | pairs | KEEP share (simulated) | exact | bound |", "|---|---|---|---|---|"]
+    for i, case in enumerate(SIZE):
+        n, share, exact = run(case, SEED + i)
+        rows.append(f"| {case.name} | {n} | {share:.4f} | {exact:.4f} | <= {ALPHA:g} |")
+    for i, case in enumerate(POWER):
+        n, share, exact = run(case, SEED + 100 + i)
+        pilot = "" if case.pilot is None else (
+            f" (need N for {case.pilot[0]} pairs, {case.pilot[1]} lost, {case.pilot[2]} gained)")
+        rows.append(f"| {case.name}{pilot} | {n} | {share:.4f} | {exact:.4f} | "
+                    f">= {stats.POWER:g} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(f"{CANARIES} canaries per case, seed {SEED} (+ case index), BF16 pass rate {P_REF}, "
+          f"tolerance {TOL}, alpha {ALPHA}, min pairs {MIN_PAIRS}")
+    print(table())
