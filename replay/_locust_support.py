@@ -32,7 +32,7 @@ from ._buckets import Buckets
 from ._budget import ErrorBudget
 from ._client import Client
 from ._errors import ConfigError, ServingMismatch
-from ._grading import grade_rows, quality
+from ._grading import grade_rows, grading_spec, quality
 from ._introspect import Scraper, introspect, served_model
 from ._records import Result
 from ._rundir import GRADES, MANIFEST, RESULTS, SUMMARY, JsonlWriter, read_results, write_json
@@ -572,7 +572,7 @@ class RunRecorder:
         summary["run_dir"] = str(self.run_dir)
         summary["driver"] = self.driver
         if self.checkers:
-            rows = grade_rows(results, {r.id: r for r in self.requests}, name)
+            rows = grade_rows(results, {r.id: grading_spec(r) for r in self.requests}, name)
             with (self.run_dir / GRADES).open("w", encoding="utf-8") as fh:
                 for row in rows:
                     fh.write(orjson.dumps(row).decode() + "\n")

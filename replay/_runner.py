@@ -26,7 +26,7 @@ from ._buckets import Buckets
 from ._budget import ErrorBudget
 from ._client import Client
 from ._errors import ConfigError, InputError, ServerStartError, ServingMismatch, TargetError
-from ._grading import CONTROL_SUFFIX, Gradable, GradingSpec, grade_rows, quality
+from ._grading import CONTROL_SUFFIX, Gradable, GradingSpec, grade_rows, grading_spec, quality
 from ._importers import LengthPolicy, stream
 from ._introspect import (
     EndpointError,
@@ -302,9 +302,8 @@ class Runner:
 
     def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
         """Task and checker of each request that has results: what grading needs of the
-        trace, without the prompts."""
-        return {r.id: GradingSpec(r.id, r.task, r.check)
-                for r in self.cfg.trace.iter_requests() if r.id in ids}
+        trace, with the prompt's text (capped) only where derived grading reads it."""
+        return {r.id: grading_spec(r) for r in self.cfg.trace.iter_requests() if r.id in ids}
 
     def _reference_answers(self) -> Iterator[Result]:
         """The reference's answers in the first phase that teacher-forced scoring can use,
@@ -805,7 +804,8 @@ def analyse(a: Analysis) -> dict[str, Any]:
             fh.write(orjson.dumps(row).decode() + "\n")
     tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
     summary["quality"] = quality(rows, tf_rows, a.reference, a.bucket_labels, a.tolerance,
-                                 a.seed)
+                                 a.seed, alpha=a.thresholds.alpha,
+                                 min_pairs=a.thresholds.min_pairs)
     if a.verdict:
         if a.candidate is not None:
             summary["systems"] = compare_systems(results, a.reference, a.candidate,
@@ -938,7 +938,7 @@ def _trace_checks(run_dir: Path, manifest: Mapping[str, Any],
     fmt = str(trace.get("format") or "auto")
 
     def checks(ids: set[str]) -> dict[str, GradingSpec]:
-        return {r.id: GradingSpec(r.id, r.task, r.check)
-                for r in stream(path, fmt, on_bad_line="skip") if r.id in ids}
+        return {r.id: grading_spec(r) for r in stream(path, fmt, on_bad_line="skip")
+                if r.id in ids}
 
     return checks

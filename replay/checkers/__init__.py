@@ -10,13 +10,21 @@ as the answer's failed grade; see ``_bounded``):
 
     with Grader() as grader:
         grade = grader.grade(spec, Answer(text, tool_calls))
+
+A request without a spec is graded against the reference's answer to it (``_derived``; rules
+derived:tool_args, derived:json, derived:code, derived:code_text, derived:facts):
+
+    grade = grader.grade_derived(reference_answer, answer, prompt_text)
+    row = derived_record(grade, exact)   # {"rule", "passed", "reason", "exact", "detail"}
 """
 
 from ._base import REGISTRY, Answer, Checker, Grade, SpecError, normalize, parse_check
 from ._bounded import GRADE_TIME_S, MAX_ANSWER_CHARS, Grader, grade_safely
+from ._derived import DERIVED_RULES, derive, derived_record
 from ._structured import Code, JsonSchema, ToolCallCheck
 from ._text import Contains, Exact, Number, Regex, Retrieval
 
-__all__ = ["GRADE_TIME_S", "MAX_ANSWER_CHARS", "REGISTRY", "Answer", "Checker", "Code", "Contains",
-           "Exact", "Grade", "Grader", "JsonSchema", "Number", "Regex", "Retrieval", "SpecError",
-           "ToolCallCheck", "grade_safely", "normalize", "parse_check"]
+__all__ = ["DERIVED_RULES", "GRADE_TIME_S", "MAX_ANSWER_CHARS", "REGISTRY", "Answer", "Checker",
+           "Code", "Contains", "Exact", "Grade", "Grader", "JsonSchema", "Number", "Regex",
+           "Retrieval", "SpecError", "ToolCallCheck", "derive", "derived_record", "grade_safely",
+           "normalize", "parse_check"]

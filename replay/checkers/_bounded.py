@@ -28,6 +28,10 @@ memory
 
 Each checker-error grade has ``detail["checker_error"]``: "size", "timeout", "exception" or
 "worker" (the worker died or could not start). A Grader is for one thread at a time.
+
+Derived grades (``grade_derived``, rules in ``_derived``) are bounded the same way: both answers
+are size-capped, the worker parses them under the time limit, and code they hold runs in the
+sandbox in this process, like ``code`` checks.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ _CACHE_MAX = 4096           # parsed checkers a worker keeps (specs repeat acros
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _WORKER_MAIN = "from replay.checkers._bounded import serve; serve()"
 _READY = b"ready\n"
+DERIVED_TYPE = "derived"    # a derived grade's spec (``_derived``), never a trace's check
 
 
 def checker_error(kind: str, message: str) -> Grade:
@@ -93,6 +98,8 @@ class Grader:
         self._proc: subprocess.Popen[bytes] | None = None
         self._broken: str | None = None       # why no worker can start (not retried)
         self._local: dict[str, Checker | Mapping[str, Any]] = {}
+        # The reference's code outcomes, shared by every target graded against it.
+        self._code_outcomes: dict[str, list[str] | str] = {}
 
     def __enter__(self) -> Grader:
         return self
@@ -108,6 +115,19 @@ class Grader:
         if spec.get("type") == "code":
             return self._grade_here(spec, answer)
         return self._grade_in_worker(spec, answer)
+
+    def grade_derived(self, reference: Answer, answer: Answer, prompt: str = "") -> Grade:
+        """``answer`` graded against the reference's answer to the same request (``_derived``);
+        the grade's ``detail["rule"]`` names the rule (absent when none could be chosen)."""
+        from ._derived import derived_spec, finish
+
+        for who, a in (("the reference's answer", reference), ("the answer", answer)):
+            size = answer_size(a)
+            if size > self.max_chars:
+                return checker_error("size", f"{who} is too long to grade: {size:,} characters "
+                                             f"(the limit is {self.max_chars:,})")
+        grade = self._grade_in_worker(derived_spec(reference, prompt), answer)
+        return finish(grade, cache=self._code_outcomes)
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -294,6 +314,14 @@ def _serve_one(line: bytes, cache: dict[str, Checker | Mapping[str, Any]]) -> Gr
         answer = Answer(req["text"], tuple(_call(*c) for c in req["calls"]))
     except (ValueError, KeyError, TypeError) as exc:
         return checker_error("worker", f"bad request: {exc}")
+    if isinstance(spec, dict) and spec.get("type") == DERIVED_TYPE:
+        # Not cached: each holds a reference's answer and a prompt, and is used a few times.
+        try:
+            from ._derived import Derived
+
+            return grade_safely(Derived.from_spec(spec), answer)
+        except Exception as exc:  # the answer's grade, by this module's contract
+            return checker_error("exception", f"{type(exc).__name__}: {exc}")
     key = _key(spec)
     check = cache.get(key)
     if check is None:
