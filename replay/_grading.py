@@ -258,22 +258,86 @@ def compare_derived(rows_t: Mapping[str, Mapping[str, Any]],
     return out
 
 
+def combined_pairs(rows_t: Mapping[str, Mapping[str, Any]],
+                   rows_ref: Mapping[str, Mapping[str, Any]],
+                   rows_control: Mapping[str, Mapping[str, Any]] | None,
+                   ) -> tuple[list[bool], list[bool], int]:
+    """Every graded pair of one target and bucket, explicit and derived pooled, and how many
+    are derived. A request is one pair at most: with a check, its grade against the
+    reference's (explicit checks win); without one, its derived grade (agreement with the
+    reference's answer) against the A/A control's derived grade of the same request, the
+    reference agreeing with itself. Without a control the baseline is a pass: every
+    disagreement with the reference counts against the candidate, the conservative reading
+    (no noise floor)."""
+    a, b = _pairs(rows_t, rows_ref)
+    derived = 0
+    for rid, row in rows_t.items():
+        d = row.get("derived")
+        if row["grade"] is not None or not d or d["passed"] is None:
+            continue
+        if rows_control is None:
+            base = True
+        else:
+            floor = (rows_control.get(rid) or {}).get("derived")
+            if not floor or floor["passed"] is None:
+                continue
+            base = bool(floor["passed"])
+        a.append(base)
+        b.append(bool(d["passed"]))
+        derived += 1
+    return a, b, derived
+
+
+def compare_combined(rows_t: Mapping[str, Mapping[str, Any]],
+                     rows_ref: Mapping[str, Mapping[str, Any]],
+                     rows_control: Mapping[str, Mapping[str, Any]] | None,
+                     tolerance: float, seed: int, *, alpha: float = stats.ALPHA,
+                     min_pairs: int = stats.MIN_PAIRS) -> dict[str, Any] | None:
+    """The paired comparison the verdict decides on: ``combined_pairs`` under the same
+    statistics and evidence rule as the explicit grades alone."""
+    a, b, derived = combined_pairs(rows_t, rows_ref, rows_control)
+    diff = stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+    if diff is None:
+        return None
+    mc = stats.mcnemar_exact(a, b)
+    ev = stats.evidence(len(a), mc.a_only, mc.b_only, tolerance=tolerance, alpha=alpha,
+                        min_pairs=min_pairs)
+    return {"pairs": diff.n, "explicit": diff.n - derived, "derived": derived,
+            "baseline": "control" if rows_control is not None else "pass",
+            "diff": diff.diff, "lo": diff.lo, "hi": diff.hi, "mcnemar_p": mc.p_value,
+            "ref_only": mc.a_only, "target_only": mc.b_only, "evidence": ev.to_json()}
+
+
 def teacher_forced(tf: Mapping[str, Mapping[str, Any]], tf_ref: Mapping[str, Mapping[str, Any]],
-                   ids: Iterable[str]) -> dict[str, Any]:
-    """Mean NLL difference per token to the reference's own scores, and top-1 agreement."""
+                   ids: Iterable[str], seed: int = 0) -> dict[str, Any]:
+    """Mean NLL difference per token to the reference's own scores, and top-1 agreement, with
+    intervals over requests (each request's mean, resampled: tokens of one answer are not
+    independent), the early warning the verdict reports beside the outcomes."""
     deltas: list[float] = []
     top1: list[bool] = []
+    per_request: list[float] = []
+    top1_per_request: list[float] = []
     errors = 0
     for rid in ids:
         s, base = tf.get(rid), tf_ref.get(rid)
         if not s or not base or s["error"] or base["error"] or s["n"] != base["n"]:
             errors += s is not None
             continue
-        deltas.extend(x - y for x, y in zip(s["nll"], base["nll"], strict=True))
+        d = [x - y for x, y in zip(s["nll"], base["nll"], strict=True)]
+        deltas.extend(d)
         top1.extend(s["top1"])
-    return {"tokens": len(deltas), "errors": errors,
+        if d:
+            per_request.append(float(np.mean(d)))
+            top1_per_request.append(sum(map(bool, s["top1"])) / len(s["top1"]))
+    nll_ci = stats.paired_bootstrap([0.0] * len(per_request), per_request, seed=seed)
+    top1_ci = stats.paired_bootstrap([0.0] * len(top1_per_request), top1_per_request, seed=seed)
+    return {"tokens": len(deltas), "requests": len(per_request), "errors": errors,
             "nll_delta_mean": float(np.mean(deltas)) if deltas else None,
+            "nll_delta_lo": None if nll_ci is None else nll_ci.lo,
+            "nll_delta_hi": None if nll_ci is None else nll_ci.hi,
             "top1_agreement": _rate(top1),
+            "top1_lo": None if top1_ci is None else top1_ci.lo,
+            "top1_hi": None if top1_ci is None else top1_ci.hi,
             "identical_to_reference": bool(deltas) and all(d == 0.0 for d in deltas)}
 
 
@@ -325,10 +389,14 @@ def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, An
                 sub = {k: v for k, v in t_rows.items() if v["bucket"] == b}
                 row = compare(sub, ref_rows, tolerance, seed, alpha=alpha, min_pairs=min_pairs)
                 row["derived"] = compare_derived(sub, floor_rows, seed)
+                if target not in (reference, control):
+                    row["combined"] = compare_combined(sub, ref_rows, floor_rows, tolerance,
+                                                       seed, alpha=alpha, min_pairs=min_pairs)
                 row["teacher_forced"] = teacher_forced(tf.get(target, {}), tf.get(reference, {}),
-                                                       sub)
+                                                       sub, seed)
                 t_out["buckets"][b] = row
-                strata.append(_pairs(sub, ref_rows))
+                # The shift test pools what the verdict decides on: explicit and derived.
+                strata.append(combined_pairs(sub, ref_rows, floor_rows)[:2])
             shift = stats.stratified_shift(strata) if target != reference else None
             t_out["shift"] = None if shift is None else {
                 "p_value": shift.p_value, "direction": shift.direction,
@@ -341,7 +409,8 @@ def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, An
                                           for r in t.values()):
             out["notes"].append(
                 f"{phase}: derived grades have no noise floor: no A/A control ({control}) ran, "
-                "so a candidate's derived pass rate has nothing to be compared with")
+                "so every disagreement with the reference's answer counts against the "
+                "candidate (--control gives the floor)")
         if control in p_out:
             for t_out in p_out.values():
                 for b, row in t_out["buckets"].items():
@@ -351,7 +420,9 @@ def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, An
                         "lo": (floor["vs_reference"] or {}).get("lo"),
                         "hi": (floor["vs_reference"] or {}).get("hi"),
                         "agreement_exact": floor["agreement"]["exact"],
-                        "nll_delta_mean": floor["teacher_forced"]["nll_delta_mean"]}
+                        "nll_delta_mean": floor["teacher_forced"]["nll_delta_mean"],
+                        "nll_delta_hi": floor["teacher_forced"]["nll_delta_hi"],
+                        "top1_lo": floor["teacher_forced"]["top1_lo"]}
         out["phases"][phase] = p_out
     out["notes"] += checker_error_notes(rows)
     for phase, p_out in out["phases"].items():

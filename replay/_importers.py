@@ -279,6 +279,7 @@ class StreamedTrace:
     first_bad: TraceError | None = None
     has_synth: bool = False  # among the first ``count`` requests, like the next two
     has_text: bool = False
+    unlabeled: int = 0  # requests without a check: graded against the reference's answers
     t_min: float | None = None
     keep: Callable[[Request], bool] | None = field(default=None, repr=False)
     _spool: Path | None = field(default=None, repr=False)
@@ -353,6 +354,7 @@ def scan(path: Path, fmt: str = "auto", policy: LengthPolicy | None = None,
                 continue  # checked (the whole trace must be valid), not replayed
             out.has_synth = out.has_synth or req.synth is not None
             out.has_text = out.has_text or bool(req.messages) or isinstance(req.prompt, str)
+            out.unlabeled += req.check is None
             if req.t is not None:
                 out.t_min = req.t if out.t_min is None else min(out.t_min, req.t)
     out.lines = stats.lines

@@ -55,6 +55,11 @@ class Thresholds:
     required_capacity_ratio: float = 1.5  # FP8 / BF16 KV-cache tokens that count as the gain
     capacity_needed_usage: float = 0.5    # peak KV usage of the reference that means "needed"
     max_error_rate: float = 0.05          # failed requests above this make a target "failed"
+    # Teacher-forced divergence that warns (never decides): a per-token NLL increase whose
+    # interval lies above this and above the A/A floor, or a top-1 agreement whose interval
+    # lies below 1 - this and below the floor's.
+    tf_warn_nll: float = 0.05
+    tf_warn_top1: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,16 @@ class BucketFacts:
     ref_only: int | None = None      # pairs the reference passed and the candidate failed
     target_only: int | None = None   # pairs the candidate passed and the reference failed
     phase: str | None = None         # named only when the run has several phases
+    derived: int = 0                 # of ``pairs``, those graded by the reference's answer
+    # Teacher-forced scores of the reference's answers under the candidate (the early warning):
+    # per-token NLL increase and top-1 agreement with intervals over requests; the A/A floor.
+    tf_nll: float | None = None
+    tf_nll_lo: float | None = None
+    tf_nll_hi: float | None = None
+    tf_top1: float | None = None
+    tf_top1_hi: float | None = None
+    tf_floor_nll_hi: float | None = None
+    tf_floor_top1_lo: float | None = None
 
     def evidence(self, th: Thresholds, phases: int = 1) -> stats.Evidence | None:
         """What these pairs settle under ``th`` (a loss at alpha / phases); None without the
@@ -140,8 +155,9 @@ def _bucket_text(arm: str, ref: str, b: BucketFacts, th: Thresholds) -> str:
     ev = b.evidence(th)
     bound = "" if ev is None else (f", drop at most {100 * ev.drop_bound:.1f} points (exact "
                                    f"one-sided {100 * (1 - th.alpha):g}%)")
+    kinds = f" ({b.pairs - b.derived} explicit, {b.derived} derived)" if b.derived else ""
     return (f"{arm} vs {ref} in {_where(b)}: {_pts(b.diff)} points [{_pts(b.lo)}, {_pts(b.hi)}]"
-            f" over {b.pairs} pairs, McNemar p={b.mcnemar_p:.3g}{floor}{bound}")
+            f" over {b.pairs} pairs{kinds}, McNemar p={b.mcnemar_p:.3g}{floor}{bound}")
 
 
 def _evidence(kind: str, text: str, b: BucketFacts | None = None,
@@ -204,6 +220,39 @@ def _shifted(arm: ArmFacts, th: Thresholds) -> bool:
 
 
 def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
+    """The stop rule (module docstring), with the teacher-forced warnings added to its
+    evidence: perplexity warns, it never decides (the outcomes do)."""
+    v = _decide(f, th)
+    warnings = [w for arm in (f.candidate, f.calibrated) if arm is not None
+                for w in tf_warnings(arm, th)]
+    return replace(v, evidence=(*v.evidence, *warnings)) if warnings else v
+
+
+def tf_warnings(arm: ArmFacts, th: Thresholds) -> list[dict[str, Any]]:
+    """Buckets whose teacher-forced divergence lies beyond the A/A floor (or, without a
+    control, beyond zero) by more than the warning thresholds."""
+    out = []
+    for b in arm.buckets:
+        nll_up = (b.tf_nll_lo is not None
+                  and b.tf_nll_lo > max(th.tf_warn_nll, b.tf_floor_nll_hi or 0.0))
+        top1_down = (b.tf_top1_hi is not None
+                     and b.tf_top1_hi < min(1.0 - th.tf_warn_top1,
+                                            b.tf_floor_top1_lo if b.tf_floor_top1_lo is not None
+                                            else 1.0))
+        if not (nll_up or top1_down):
+            continue
+        floor = ("no A/A control" if b.tf_floor_nll_hi is None else
+                 f"A/A floor ΔNLL up to {b.tf_floor_nll_hi:+.3f}")
+        text = (f"{arm.name} in {_where(b)}: teacher-forced ΔNLL {b.tf_nll:+.3f}/token "
+                f"[{b.tf_nll_lo:+.3f}, {b.tf_nll_hi:+.3f}], top-1 agreement "
+                f"{100 * (b.tf_top1 or 0):.0f}% ({floor}): the reference's answers are less "
+                "likely under this target. An early warning only: the verdict rests on the "
+                "graded outcomes")
+        out.append(_evidence("warning", text, b))
+    return out
+
+
+def _decide(f: Facts, th: Thresholds) -> Verdict:
     ev: list[dict[str, Any]] = []
     # 1. The serving path: a fallback means this path cannot be tested, so it is rejected.
     for arm in (f.candidate, f.calibrated):
@@ -352,10 +401,17 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
 
 def _cell(bucket: str, row: Mapping[str, Any], phase: str | None, th: Thresholds,
           phases: int) -> BucketFacts:
-    vs, floor = row.get("vs_reference") or {}, row.get("noise_floor") or {}
+    # Every graded pair: explicit checks and, for requests without one, derived grades
+    # (``_grading.combined_pairs``: one pair per request, explicit checks win). Summaries
+    # written before derived grading have only the explicit comparison.
+    vs, floor = row.get("combined") or row.get("vs_reference") or {}, row.get("noise_floor") or {}
+    tf = row.get("teacher_forced") or {}
     b = BucketFacts(bucket, vs.get("pairs", 0), vs.get("diff"), vs.get("lo"), vs.get("hi"),
                     vs.get("mcnemar_p"), floor.get("lo"), None, vs.get("ref_only"),
-                    vs.get("target_only"), phase)
+                    vs.get("target_only"), phase, vs.get("derived", 0),
+                    tf.get("nll_delta_mean"), tf.get("nll_delta_lo"), tf.get("nll_delta_hi"),
+                    tf.get("top1_agreement"), tf.get("top1_hi"), floor.get("nll_delta_hi"),
+                    floor.get("top1_lo"))
     ev = b.evidence(th, phases)
     return replace(b, needed=(row.get("evidence") or {}).get("needed") if ev is None
                    else ev.needed)

@@ -174,9 +174,11 @@ RUN_OPTIONS = [
                   help="Time limit per phase; unsent requests are recorded as cancelled."),
     click.option("--reference", help="Target the others are compared with [default: bf16, else "
                   "the first]."),
-    click.option("--control", is_flag=True,
-                  help="Replay the reference a second time (A/A): the noise floor of every "
-                 "metric."),
+    click.option("--control/--no-control", default=None,
+                 help="Replay the reference a second time (A/A): the noise floor of every "
+                      "metric [default: on in `canary` when the trace has requests without a "
+                      "check, whose grades are derived from the reference's answers; off "
+                      "otherwise]."),
     click.option("--no-teacher-forced", is_flag=True,
                   help="Skip scoring the reference's answers under each target "
                  "(prompt_logprobs)."),
@@ -320,6 +322,16 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                              "sha256 differs); resuming would mix two traces")
     else:
         run_dir = new_run_dir(o["out_dir"], o["run_id"])
+    control = o.get("control")
+    if control is None:
+        # Derived grades need their own noise floor: how often the reference agrees with
+        # itself. It costs one more pass of the reference (the README says so).
+        control = canary and trace.unlabeled > 0
+        if control:
+            console.print(f"{trace.unlabeled} request(s) have no check: their grades come from "
+                          "the reference's answers, so the reference is replayed a second time "
+                          "for their noise floor (A/A; --no-control to skip)")
+        o = {**o, "control": control}  # saved resolved: a resume must replay the same arms
     # Runs saved before the error budget existed resume with its defaults.
     max_error_rate = float(o.get("max_error_rate", 0.05))
     cfg = RunConfig(trace=trace, trace_path=trace_path, trace_format=fmt, targets=specs,
@@ -327,7 +339,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                     length_policy=policy, parallel_targets=o["parallel_targets"],
                     timeout_s=o["timeout_s"], phase_timeout_s=o["phase_timeout_s"],
                     seed=o["seed"], salt_phases=not o["share_prefix_cache"],
-                    reference=o["reference"], control=o["control"],
+                    reference=o["reference"], control=control,
                     teacher_forced=not o["no_teacher_forced"], tolerance=o["tolerance"],
                     thresholds=Thresholds(tolerance=o["tolerance"], alpha=o["alpha"],
                                           min_pairs=o["min_pairs"],

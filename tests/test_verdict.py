@@ -285,3 +285,37 @@ def test_one_bucket_losing_in_several_phases_is_still_localized() -> None:
                      calibrated=ArmFacts("fp8-cal", buckets=cal, phases=2)))
     assert v.verdict == "per_head_or_skip_layers", v.reasons
     assert "32K-64K (c1)" in v.reasons[0]
+
+
+# -- teacher-forced divergence warns, never decides -------------------------------------------
+
+
+def _diverging(b: BucketFacts, nll: float, floor_hi: float | None) -> BucketFacts:
+    return replace(b, tf_nll=nll, tf_nll_lo=nll - 0.1, tf_nll_hi=nll + 0.1, tf_top1=0.73,
+                   tf_top1_hi=0.8, tf_floor_nll_hi=floor_hi, tf_floor_top1_lo=None)
+
+
+def test_teacher_forced_divergence_is_a_warning_not_a_reason() -> None:
+    # The outcomes match in every bucket; one bucket's ΔNLL is +0.66/token (top-1 73%).
+    buckets = same()
+    warned = (*buckets[:2], _diverging(buckets[2], 0.66, floor_hi=0.01))
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=warned), capacity_ratio=2.0))
+    assert v.verdict == "keep"
+    warnings = [e for e in v.evidence if e["kind"] == "warning"]
+    assert len(warnings) == 1 and warnings[0]["bucket"] == "32K-64K"
+    assert "+0.660/token" in warnings[0]["text"] and "early warning" in warnings[0]["text"]
+    # The same divergence beside a real loss: still CALIBRATE for the loss, with the warning.
+    lost = lose("<8K")
+    v = decide(Facts("bf16", ArmFacts("fp8", buckets=(*lost[:2], _diverging(lost[2], 0.66, None))),
+                     capacity_ratio=2.0))
+    assert v.verdict == "calibrate" and "<8K" in v.headline
+    assert any(e["kind"] == "warning" and "no A/A control" in e["text"] for e in v.evidence)
+
+
+def test_divergence_inside_the_floor_or_below_the_threshold_is_no_warning() -> None:
+    buckets = same()
+    # The A/A control diverges as much (same server, batching), or the divergence is tiny.
+    for b in (replace(_diverging(buckets[0], 0.66, floor_hi=0.9), tf_floor_top1_lo=0.7),
+              replace(_diverging(buckets[0], 0.03, None), tf_top1_hi=1.0)):
+        v = decide(Facts("bf16", ArmFacts("fp8", buckets=(b, *buckets[1:])), capacity_ratio=2.0))
+        assert v.verdict == "keep" and not [e for e in v.evidence if e["kind"] == "warning"]
