@@ -31,6 +31,7 @@ import jinja2
 import numpy as np
 import orjson
 
+from ._roles import Roles
 from ._rundir import GRADES, MANIFEST, RESULTS, SUMMARY, file_digest
 from ._verdict import VERDICTS, serving_problems
 
@@ -154,8 +155,11 @@ class Run:
         cand = dig(self.summary, "systems", "candidate")
         if isinstance(cand, str):
             return cand
-        return next((n for n in self.targets() if n != self.reference
-                     and not n.endswith(CONTROL_SUFFIX)), None)
+        return self.roles().candidate
+
+    def roles(self) -> Roles:
+        return Roles.from_manifest(self.manifest, [n for n in self.targets()
+                                                   if not n.endswith(CONTROL_SUFFIX)])
 
     def phases(self) -> list[str]:
         names = [*lst(self.manifest.get("schedules")),
@@ -555,7 +559,9 @@ def serving_view(run: Run) -> dict[str, Any]:
 def _role(run: Run, name: str) -> str:
     if name == run.reference:
         return "reference"
-    return "A/A control" if name.endswith(CONTROL_SUFFIX) else "candidate"
+    if name.endswith(CONTROL_SUFFIX):
+        return "A/A control"
+    return "calibrated" if name == run.roles().calibrated else "candidate"
 
 
 def _float(x: object) -> float | None:
@@ -576,9 +582,10 @@ def _findings(run: Run, name: str, m: Mapping[str, Any], s: Mapping[str, Any],
     if name == run.reference or name.endswith(CONTROL_SUFFIX):
         return [] if status in ("ok", None) else [f"target failed: {text(reason)}"]
     merged = {"status": status, "reason": reason, "cache_dtype": served}
-    lines = [str(x) for x in lst(m.get("scale_log_lines"))]
-    return serving_problems(name, merged, {"targets": {name: {"scale_log_lines": lines}}},
-                            "cal" in name)
+    # The verdict's own check, on what the manifest keeps of this target.
+    info = {k: m[k] for k in ("scale_log_lines", "engine_config", "spec") if k in m}
+    return serving_problems(name, merged, {"targets": {name: info}},
+                            name == run.roles().calibrated)
 
 
 QUALITY_HEADERS = ["Target", "Bucket", "Pass rate [95% Wilson] (passed/graded)",

@@ -25,7 +25,7 @@ from . import __version__
 from ._buckets import Buckets
 from ._budget import ErrorBudget
 from ._client import Client
-from ._errors import ConfigError, InputError, ServerStartError, ServingMismatch, TargetError
+from ._errors import InputError, ServerStartError, ServingMismatch, TargetError
 from ._grading import CONTROL_SUFFIX, Gradable, GradingSpec, grade_rows, grading_spec, quality
 from ._importers import LengthPolicy, stream
 from ._introspect import (
@@ -38,6 +38,8 @@ from ._introspect import (
     served_model,
 )
 from ._records import Result
+from ._roles import Roles
+from ._roles import resolve as resolve_roles
 from ._rundir import (
     GRADES,
     MANIFEST,
@@ -109,6 +111,8 @@ class RunConfig:
     # Quality: the target others are compared with (default: bf16, else the first), an A/A
     # replay of it for the noise floor, and teacher-forced scoring of its answers.
     reference: str | None = None
+    candidate: str | None = None
+    calibrated: str | None = None
     control: bool = False
     teacher_forced: bool = True
     tolerance: float = 0.05
@@ -147,10 +151,10 @@ class Runner:
         self.progress = progress or QuietProgress()
         self.clock = MonotonicClock()
         names = [s.name for s in cfg.targets]
-        self.reference = cfg.reference or ("bf16" if "bf16" in names else names[0])
-        if self.reference not in names:
-            raise ConfigError(f"--reference: '{self.reference}' is not one of the targets "
-                              f"{names}")
+        self.roles = resolve_roles(names, reference=cfg.reference, candidate=cfg.candidate,
+                                   calibrated=cfg.calibrated,
+                                   declared={s.name: s.role for s in cfg.targets if s.role})
+        self.reference = self.roles.reference
         # The reference goes first: the others are compared with (and scored on) its answers.
         ordered = sorted(cfg.targets, key=lambda s: s.name != self.reference)
         self.runs = {s.name: TargetRun(s, budget=self._budget()) for s in ordered}
@@ -196,6 +200,7 @@ class Runner:
                         "phase_timeout_s": c.phase_timeout_s, "seed": c.seed,
                         "salt_phases": c.salt_phases},
             "reference": self.reference,
+            "roles": self.roles.to_json(),
             "cli_options": self.cfg.cli_options,
             "interrupted": self.interrupted,
             "resumed": self.resume_note or None,
@@ -294,8 +299,7 @@ class Runner:
                          "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
                      for n, r in runs.items()},
             series=series, reference=self.reference,
-            candidate=next((n for n in self.runs if n != self.reference and "cal" not in n),
-                           None),
+            candidate=self.roles.candidate,
             first_phase=self.cfg.schedules[0].label, bucket_labels=self.cfg.buckets.labels,
             tolerance=self.cfg.tolerance, seed=self.cfg.seed, thresholds=self.cfg.thresholds,
             manifest=self.manifest(), grading_specs=self._grading_specs))
@@ -844,12 +848,14 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
     thresholds = Thresholds(tolerance=tolerance, alpha=float(cli.get("alpha", 0.05)),
                             min_pairs=int(cli.get("min_pairs", 20)),
                             required_capacity_ratio=float(cli.get("required_capacity_ratio",
-                                                                  1.5)))
+                                                                  1.5)),
+                            max_error_rate=float(cli.get("max_error_rate", 0.05)))
+    roles = Roles.from_manifest(manifest, _ordered(names, cli.get("targets")))
     schedules = list(manifest.get("schedules") or [])
     locust = "driver" in manifest
     return analyse(Analysis(
         run_dir=run_dir, targets=targets, series=series, reference=reference,
-        candidate=None if locust else _candidate(names, reference, cli.get("targets")),
+        candidate=None if locust else roles.candidate,
         first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
         bucket_labels=list((manifest.get("buckets") or {}).get("labels") or []),
         tolerance=tolerance, seed=int((manifest.get("options") or {}).get("seed", 0)),
@@ -913,14 +919,10 @@ def _target_facts(info: Mapping[str, Any], name: str,
             "cache_config": info.get("cache_config") or {}, "phases": phases}
 
 
-def _candidate(names: Sequence[str], reference: str, targets_option: Any) -> str | None:
-    """The target the runner compared with the reference: the first of ``--targets`` (in its
-    order; the manifest's keys are sorted) that is neither the reference, its control nor a
-    calibrated one."""
+def _ordered(names: Sequence[str], targets_option: Any) -> list[str]:
+    """The targets in the order ``--targets`` gave them (the manifest's keys are sorted)."""
     order = [p.split("=", 1)[0].strip() for p in str(targets_option or "").split(",")]
-    ordered = [n for n in order if n in names] + sorted(n for n in names if n not in order)
-    return next((n for n in ordered if n not in (reference, reference + CONTROL_SUFFIX)
-                 and "cal" not in n), None)
+    return [n for n in order if n in names] + sorted(n for n in names if n not in order)
 
 
 def _trace_checks(run_dir: Path, manifest: Mapping[str, Any],

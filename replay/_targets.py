@@ -42,6 +42,8 @@ class TargetSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     # Served cache dtype we expect; None = no expectation (e.g. an unnamed external server).
     expect_cache_dtype: str | None = None
+    # reference, candidate or calibrated (replay/_roles.py); None: guessed from the name.
+    role: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -68,7 +70,7 @@ class TargetSpec:
         return {"name": self.name, "url": self.url, "api_key_env": self.api_key_env,
                 "model": self.model, "kv_cache_dtype": self.kv_cache_dtype,
                 "args": list(self.args), "env": dict(self.env),
-                "expect_cache_dtype": self.expect_cache_dtype}
+                "expect_cache_dtype": self.expect_cache_dtype, "role": self.role}
 
 
 def expected_dtype_for(name: str, kv_cache_dtype: str | None) -> str | None:
@@ -146,7 +148,7 @@ def _local_dir_target(name: str, raw: str, model: Path) -> TargetSpec:
 DEFAULT_MODEL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 _TARGET_KEYS = {"url", "api_key_env", "model", "kv_cache_dtype", "args", "env",
-                "expect_cache_dtype"}
+                "expect_cache_dtype", "role"}
 
 
 def load_targets_config(path: Path) -> dict[str, TargetSpec]:
@@ -172,7 +174,8 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
         if ("url" in t) == ("model" in t):
             raise ConfigError(f"{where}: set exactly one of 'url' (external server) and "
                               "'model' (a local server kvcanary starts)")
-        for key in ("url", "api_key_env", "model", "kv_cache_dtype", "expect_cache_dtype"):
+        for key in ("url", "api_key_env", "model", "kv_cache_dtype", "expect_cache_dtype",
+                    "role"):
             if key in t and not isinstance(t[key], str):
                 raise ConfigError(f"{where}: '{key}' must be a string")
         args = t.get("args", [])
@@ -189,6 +192,7 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
             model=t.get("model"), kv_cache_dtype=dtype, args=tuple(args), env=dict(env),
             expect_cache_dtype=t.get("expect_cache_dtype",
                                      dtype if "model" in t else expected_dtype_for(name, None)),
+            role=t.get("role"),
         )
     return out
 

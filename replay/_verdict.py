@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from . import _stats as stats
+from ._roles import Roles
 from ._scale_log import SCALE_ONE_WARNING, from_engine_config
 
 VERDICTS: dict[str, tuple[int, str]] = {
@@ -369,9 +370,14 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
         out.append(f"target failed: {target.get('reason')}")
         return out
     dtype = target.get("cache_dtype")
-    if dtype is not None and not str(dtype).startswith("fp8"):
-        out.append(f"served cache_dtype is '{dtype}', not FP8 (the backend fell back)")
     info = manifest.get("targets", {}).get(name, {}) or {}
+    spec = info.get("spec") or {}
+    meant = spec.get("expect_cache_dtype") or spec.get("kv_cache_dtype")
+    # A candidate whose spec says BF16 is a deliberate BF16 comparison (another checkpoint,
+    # other server flags); one meant to be FP8, or of unknown kind, must serve FP8.
+    meant_fp8 = meant is None or str(meant).startswith("fp8")
+    if meant_fp8 and dtype is not None and not str(dtype).startswith("fp8"):
+        out.append(f"served cache_dtype is '{dtype}', not FP8 (the backend fell back)")
     ref = manifest.get("targets", {}).get(manifest.get("reference", ""), {}) or {}
     for key, what in (("engine_version", "engine version"), ("max_model_len", "max_model_len")):
         if info.get(key) is not None and ref.get(key) is not None and info[key] != ref[key]:
@@ -423,11 +429,11 @@ def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
     """The verdict's facts from a run's summary: every phase's paired grades, per bucket and
     phase (see the module docstring for how phases combine), judged under ``thresholds``."""
     q = summary.get("quality") or {}
-    reference = q.get("reference") or manifest.get("reference") or "bf16"
     targets = summary.get("targets", {})
-    others = [n for n in targets if n != reference and not n.endswith("-control")]
-    cal = calibrated or next((n for n in others if "cal" in n), None)
-    cand = candidate or next((n for n in others if n != cal), None)
+    roles = Roles.from_manifest(manifest, list(targets))
+    reference = q.get("reference") or roles.reference
+    cal = calibrated or roles.calibrated
+    cand = candidate or roles.candidate
     phases: Mapping[str, Any] = q.get("phases") or {}
 
     def arm(name: str | None, is_cal: bool) -> ArmFacts | None:

@@ -174,6 +174,11 @@ RUN_OPTIONS = [
                   help="Time limit per phase; unsent requests are recorded as cancelled."),
     click.option("--reference", help="Target the others are compared with [default: bf16, else "
                   "the first]."),
+    click.option("--candidate", help="Target judged against the reference (FP8 at scale 1.0) "
+                 "[default: a targets-file `role`, else the first other target that is not "
+                 "calibrated]."),
+    click.option("--calibrated", help="Target with calibrated scales [default: a targets-file "
+                 "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal]."),
     click.option("--control/--no-control", default=None,
                  help="Replay the reference a second time (A/A): the noise floor of every "
                       "metric [default: on in `canary` when the trace has requests without a "
@@ -339,7 +344,8 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                     length_policy=policy, parallel_targets=o["parallel_targets"],
                     timeout_s=o["timeout_s"], phase_timeout_s=o["phase_timeout_s"],
                     seed=o["seed"], salt_phases=not o["share_prefix_cache"],
-                    reference=o["reference"], control=control,
+                    reference=o["reference"], candidate=o.get("candidate"),
+                    calibrated=o.get("calibrated"), control=control,
                     teacher_forced=not o["no_teacher_forced"], tolerance=o["tolerance"],
                     thresholds=Thresholds(tolerance=o["tolerance"], alpha=o["alpha"],
                                           min_pairs=o["min_pairs"],
