@@ -96,17 +96,23 @@ def test_fp8_at_scale_one_on_the_original_is_within_aa_noise(model_dir: Path,
         assert abs(fp8[fam] - bf16[fam]) <= noise + 0.05, (fam, bf16, fp8, ctrl)
 
 
-@pytest.mark.fp8
-@needs_fp8
-def test_fp8_at_scale_one_breaks_the_twin_and_calibration_restores_it(
-        twin_dir: Path, tmp_path: Path) -> None:
-    """The whole story on one model: bf16 / fp8 at scale 1.0 / fp8 with kvcal's scales."""
-    overlay = tmp_path / "calibrated"
+@pytest.fixture(scope="module")
+def twin_overlay(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kvcal's scales for the twin, from the sample trace (disjoint from the evaluated ones)."""
+    overlay = tmp_path_factory.mktemp("kvcal") / "calibrated"
     subprocess.run([sys.executable, "-m", "kvcal.cli", "calibrate", str(twin_dir),
                     "--trace", str(ROOT / "traces" / "sample.jsonl"), "--buckets", "256,1K",
                     "--per-bucket", "8", "-o", str(overlay)],
                    cwd=ROOT, check=True, timeout=1800)
-    run_dir = replay_heldout(f"bf16,fp8,fp8-cal={overlay}", tmp_path / "runs",
+    return overlay
+
+
+@pytest.mark.fp8
+@needs_fp8
+def test_fp8_at_scale_one_breaks_the_twin_and_calibration_restores_it(
+        twin_dir: Path, twin_overlay: Path, tmp_path: Path) -> None:
+    """The whole story on one model: bf16 / fp8 at scale 1.0 / fp8 with kvcal's scales."""
+    run_dir = replay_heldout(f"bf16,fp8,fp8-cal={twin_overlay}", tmp_path / "runs",
                              "--model", str(twin_dir))
     bf16 = _family_rates(run_dir, "bf16")
     fp8, cal = _family_rates(run_dir, "fp8"), _family_rates(run_dir, "fp8-cal")
@@ -114,3 +120,60 @@ def test_fp8_at_scale_one_breaks_the_twin_and_calibration_restores_it(
     assert len(broken) >= 2, (bf16, fp8)
     for fam in FAMILIES:
         assert bf16[fam] - cal[fam] <= 0.02, (fam, bf16, cal)
+
+
+# --- the same story on traffic without labels (derived grades, the A/A control) -------------
+
+
+def unlabeled_first_run(out: Path) -> Path:
+    """The first-run trace with every check and task removed, as production traffic comes."""
+    with out.open("w") as fh:
+        for line in (ROOT / "traces" / "first_run.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            rec.pop("check", None)
+            rec.pop("task", None)
+            fh.write(json.dumps(rec) + "\n")
+    return out
+
+
+def canary_unlabeled(targets: str, model: Path, tmp_path: Path) -> dict[str, Any]:
+    trace = unlabeled_first_run(tmp_path / "unlabeled.jsonl")
+    cmd = [sys.executable, "-m", "replay.cli", "canary", "--trace", str(trace), "--targets",
+           targets, "--model", str(model), "--buckets", "256,1K", "--no-teacher-forced",
+           "--out", str(tmp_path), "--run-id", "run"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    summary = tmp_path / "run" / "summary.json"
+    assert summary.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return dict(json.loads(summary.read_text()))
+
+
+def _combined(summary: dict[str, Any], target: str) -> dict[str, dict[str, Any]]:
+    (phase,) = summary["quality"]["phases"].values()
+    return {b: row["combined"] for b, row in phase[target]["buckets"].items()}
+
+
+@pytest.mark.fp8
+@needs_fp8
+def test_unlabeled_twin_loses_at_scale_one_and_its_calibration_matches(
+        twin_dir: Path, twin_overlay: Path, tmp_path: Path) -> None:
+    summary = canary_unlabeled(f"bf16,fp8,fp8-cal={twin_overlay}", twin_dir, tmp_path)
+    assert "bf16-control" in summary["targets"]
+    broken = _combined(summary, "fp8")
+    assert all(c["derived"] == c["pairs"] for c in broken.values())
+    assert sum(c["evidence"]["status"] == "loss" for c in broken.values()) >= 2, broken
+    fixed = _combined(summary, "fp8-cal")
+    assert all(c["evidence"]["status"] == "equivalent" for c in fixed.values()), fixed
+    verdict = summary["verdict"]
+    assert verdict["verdict"] == "calibrate", verdict
+    assert "fp8-cal matches bf16 in every bucket" in verdict["headline"]
+
+
+@pytest.mark.fp8
+@needs_fp8
+def test_unlabeled_original_shows_no_loss_at_scale_one(model_dir: Path, tmp_path: Path) -> None:
+    summary = canary_unlabeled("bf16,fp8", model_dir, tmp_path)
+    for bucket, c in _combined(summary, "fp8").items():
+        assert c["derived"] == c["pairs"] >= 59, (bucket, c)
+        assert c["evidence"]["status"] == "equivalent", (bucket, c)
+    assert summary["verdict"]["verdict"] in ("keep", "reject"), summary["verdict"]
+    assert not any("loss" in r for r in summary["verdict"]["reasons"])

@@ -8,6 +8,10 @@ other kinds exercise their checkers on requests the model was not trained for.
     python traces/make_sample.py > /tmp/sample.jsonl
     replay trace anonymize /tmp/sample.jsonl -o traces/sample.jsonl --secret-env SECRET
 
+``python traces/make_sample.py --first-run`` writes ``traces/first_run.jsonl``, the trace of the
+README's first command: enough graded requests per bucket, of the tasks the embedded model
+does, for the stop rule to decide, and unlabeled ones graded against the reference's answers.
+
 ``python traces/make_sample.py --heldout 30`` writes the evaluation trace instead
 (``traces/testmodel_heldout.jsonl``: 30 retrieval requests per length band, 30 tool calls, 30
 code tasks), the set the model's accuracy is measured on.
@@ -71,10 +75,41 @@ def records_for(size: str, n_passages: int, rng: random.Random) -> list[dict]:
     return out
 
 
+# The first-run trace: per context bucket enough labeled pairs for the stop rule to decide
+# (with no discordant pair, (1 - 0.05)^n <= 0.05 needs n >= 59), all from the task families
+# the embedded model does, plus unlabeled requests (no check, no task) that are graded against
+# the reference's answers. Held-out seeds of their own, disjoint from the other traces.
+FIRST_RUN_OFFSET = 200_000
+# On the embedded tokenizer code and half the tool calls land in <256, the other half in 256-1K.
+FIRST_RUN = {"retrieval-short": 20, "retrieval-medium": 48, "retrieval-long": 64,
+             "tool": 32, "code": 28}
+FIRST_RUN_UNLABELED = 6  # of each of the five kinds
+
+
+def first_run() -> list[dict]:
+    records = []
+    for kind, labeled in FIRST_RUN.items():
+        family, _, band = kind.partition("-")
+        for i in range(labeled + FIRST_RUN_UNLABELED):
+            index = FIRST_RUN_OFFSET + 10_000 * list(FIRST_RUN).index(kind) + i
+            ex = tasks.example("heldout", family, index, shape=band or None)
+            rec = tasks.trace_record(ex)
+            if i >= labeled:  # production traffic carries no labels
+                del rec["check"], rec["task"]
+                rec["id"] = f"unlabeled-{rec['id']}"
+            records.append(rec)
+    return records
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--heldout"]:
         for ex in tasks.heldout_set(int(sys.argv[2])):
             print(json.dumps(tasks.trace_record(ex)))
+        return
+    if sys.argv[1:2] == ["--first-run"]:
+        for i, r in enumerate(first_run()):
+            r["t"] = round(i * 0.25, 2)
+            print(json.dumps(r))
         return
     rng = random.Random(7)
     records = []
