@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -14,6 +16,7 @@ from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data" / "traces"
 ARTIFACTS = ROOT / "tests" / "artifacts"
+T = TypeVar("T")
 
 
 def cpu_can_serve_fp8_kv() -> bool:
@@ -75,3 +78,23 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def within(seconds: float, fn: Callable[[], T]) -> T:
+    """``fn()``, or a test failure when it has not returned after ``seconds``."""
+    out: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still running after {seconds} s"
+    if errors:
+        raise errors[0]
+    return out[0]

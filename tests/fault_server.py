@@ -36,7 +36,47 @@ def _chunk(text: str, n: int) -> bytes:
 PIECE = 1 << 16  # what the endless modes write at a time (nothing bigger is ever held)
 
 
-class FaultServer:
+class LoopbackServer:
+    """An aiohttp app served from a thread of its own on a free loopback port: ``url`` once
+    ``start()`` returns, and ``stop()`` always. Subclasses give ``_app()``."""
+
+    url = ""
+
+    def _app(self) -> web.Application:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        ready = threading.Event()
+
+        async def boot() -> None:
+            self._runner = web.AppRunner(self._app(), handler_cancellation=True,
+                                         shutdown_timeout=1.0)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+            self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+            ready.set()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(boot())
+            self._loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        if not ready.wait(10):
+            raise RuntimeError(f"{type(self).__name__} did not start")
+
+    def stop(self) -> None:
+        async def down() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+class FaultServer(LoopbackServer):
     """``mode`` picks the fault; ``requests`` counts what reached the server.
 
     The usage modes (``usage_every``, ``usage_end``, ``usage_none``) stream ``chunks`` content
@@ -49,7 +89,6 @@ class FaultServer:
     def __init__(self, mode: str, **options: Any) -> None:
         self.mode = mode
         self.requests = 0
-        self.url = ""
         self.chunks = int(options.pop("chunks", 40))
         self.per_chunk = int(options.pop("per_chunk", 1))
         self.gap_s = float(options.pop("gap_s", 0.005))
@@ -58,8 +97,6 @@ class FaultServer:
             raise TypeError(f"unknown fault server options {sorted(options)}")
         self.stamps: list[float] = []
         self.elsewhere = 0  # requests that followed a redirect
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -267,37 +304,6 @@ class FaultServer:
         for path in ("/v1/models", "/version", "/metrics", "/health"):
             app.router.add_get(path, self._get)
         return app
-
-    def start(self) -> None:
-        ready = threading.Event()
-
-        async def boot() -> None:
-            self._runner = web.AppRunner(self._app(), handler_cancellation=True,
-                                         shutdown_timeout=1.0)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            port = self._runner.addresses[0][1]
-            self.url = f"http://127.0.0.1:{port}"
-            ready.set()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(boot())
-            self._loop.run_forever()
-
-        threading.Thread(target=serve, daemon=True).start()
-        if not ready.wait(10):
-            raise RuntimeError("fault server did not start")
-
-    def stop(self) -> None:
-        async def down() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-
 
 @contextmanager
 def fault_server(mode: str, **options: Any) -> Iterator[FaultServer]:

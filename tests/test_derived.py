@@ -6,10 +6,8 @@ grade_rows / quality on hand-made results (no server needed; code runs in the sa
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -27,28 +25,11 @@ from replay.checkers import Answer, Grader, derive, derived_record
 from replay.checkers._derived import facts_of, reference_label
 from replay.checkers._sandbox import SandboxLimits
 
-T = TypeVar("T")
+from .conftest import within
+
 DEEP = "[" * 5000
 
 
-def within(seconds: float, fn: Callable[[], T]) -> T:
-    """``fn()``, or a test failure when it has not returned after ``seconds``."""
-    out: list[T] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), f"still running after {seconds} s"
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 def streamed(*calls: tuple[str, str]) -> Answer:

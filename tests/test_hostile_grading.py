@@ -11,10 +11,10 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 import pytest
@@ -32,30 +32,12 @@ from replay._targets import TargetSpec
 from replay.checkers import Answer, Grade, Grader, JsonSchema, grade_safely, parse_check
 from replay.cli import main
 
+from .conftest import within
 from .fault_server import fault_server
 
-T = TypeVar("T")
 DEEP = "[" * 5000
 
 
-def within(seconds: float, fn: Callable[[], T]) -> T:
-    """``fn()``, or a test failure when it has not returned after ``seconds``."""
-    out: list[T] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(seconds)
-    assert not worker.is_alive(), f"still running after {seconds} s"
-    if errors:
-        raise errors[0]
-    return out[0]
 
 
 def result(rid: str, text: str, calls: tuple[ToolCall, ...] = (), target: str = "a") -> Result:

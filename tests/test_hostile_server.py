@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from replay._runner import token_pool
 from replay.cli import EXIT_INPUT, EXIT_OK, EXIT_TARGET_FAILED
 
 from .conftest import ROOT
-from .fault_server import METRICS
+from .fault_server import METRICS, LoopbackServer
 
 KEY = "kvc-test-key-123"
 KEY_ENV = "KVC_HOSTILE_TEST_KEY"
@@ -57,7 +56,7 @@ def canned_json(value: Any) -> Canned:
     return Canned(json.dumps(value).encode())
 
 
-class FakeServer:
+class FakeServer(LoopbackServer):
     """An OpenAI-compatible server on loopback that answers like vLLM unless ``canned`` says
     otherwise for a path; with ``key`` it answers 401 to any call without that bearer key.
     ``seen`` counts calls by path, ``refused`` the ones without the key."""
@@ -67,9 +66,6 @@ class FakeServer:
         self.key = key
         self.seen: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
 
     @web.middleware
     async def _gate(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -132,33 +128,6 @@ class FakeServer:
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/v1/chat/completions", self._complete)
         return app
-
-    def start(self) -> None:
-        ready = threading.Event()
-
-        async def boot() -> None:
-            self._runner = web.AppRunner(self._app(), shutdown_timeout=1.0)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-            self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-            ready.set()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(boot())
-            self._loop.run_forever()
-
-        threading.Thread(target=serve, daemon=True).start()
-        if not ready.wait(10):
-            raise RuntimeError("fake server did not start")
-
-    def stop(self) -> None:
-        async def down() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 @contextmanager

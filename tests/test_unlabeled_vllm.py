@@ -2,8 +2,8 @@
 removed, so each answer is graded against the reference's answer to the same request (derived
 grades), with the A/A control that `canary` turns on for them. A BF16 candidate that truly
 answers differently (the embedded model served with `rms_norm_eps` 1.0 instead of 1e-5: most
-answers change, some stay right) is found out by its derived grades; the reference's own server under another name is not.
-Runs on every machine: both targets serve a BF16 cache."""
+answers change, some stay right) is found out by its derived grades; the reference's own
+server under another name is not. Runs on every machine: both targets serve a BF16 cache."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ role = "candidate"
 """, tmp_path)
     verdict = summary["verdict"]
     # Quality shows no loss; with the same cache it has no gain either, so no KEEP is due.
-    assert verdict["verdict"] not in ("calibrate", "per_head_or_skip_layers"), verdict
+    assert verdict["verdict"] in ("reject", "insufficient_evidence") and code in (12, 13), verdict
     assert not any("repeatable loss" in r for r in verdict["reasons"])
     for b, row in _derived_rows(summary, "other").items():
         assert row["combined"]["evidence"]["status"] != "loss", (b, row)
