@@ -324,3 +324,17 @@ def test_reanalysis_needs_the_runs_own_trace(tmp_path: Path) -> None:
 def test_report_on_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
     out = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert out.exit_code == 2 and "no manifest.json" in out.output
+
+
+def test_one_grader_serves_concurrent_callers() -> None:
+    """Locust's users grade from several greenlets at once: each caller must get the reply to
+    its own request (interleaved exchanges on the worker's pipes were read as each other's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = {"type": "exact", "value": "yes"}
+    answers = ["yes" if i % 2 else f"no {i}" for i in range(64)]
+    with Grader() as grader, ThreadPoolExecutor(8) as pool:
+        grades = list(pool.map(lambda a: grader.grade(spec, Answer(a)), answers))
+    assert [g.passed for g in grades] == [a == "yes" for a in answers]
+    assert all("checker error" not in g.reason for g in grades)
+    assert all(a in g.reason for a, g in zip(answers, grades, strict=True) if a != "yes")

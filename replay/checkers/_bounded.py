@@ -43,6 +43,7 @@ import resource
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,6 +101,10 @@ class Grader:
         self._local: dict[str, Checker | Mapping[str, Any]] = {}
         # The reference's code outcomes, shared by every target graded against it.
         self._code_outcomes: dict[str, list[str] | str] = {}
+        # One request at a time on the worker's pipes: Locust's users grade from several
+        # greenlets at once (under gevent this lock is cooperative), and interleaved
+        # requests and replies were read as each other's.
+        self._lock = threading.Lock()
 
     def __enter__(self) -> Grader:
         return self
@@ -160,6 +165,10 @@ class Grader:
     # -- in the worker --------------------------------------------------------------------------
 
     def _grade_in_worker(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
+        with self._lock:
+            return self._exchange(spec, answer)
+
+    def _exchange(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
         try:
             proc = self._worker()
         except _WorkerError as exc:
