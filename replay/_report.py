@@ -588,9 +588,10 @@ def _findings(run: Run, name: str, m: Mapping[str, Any], s: Mapping[str, Any],
                             name == run.roles().calibrated)
 
 
-QUALITY_HEADERS = ["Target", "Bucket", "Pass rate [95% Wilson] (passed/graded)",
-                   "Δ vs reference, pts [95% CI]", "Pairs", "McNemar p",
-                   "Noise floor Δ, pts [95% CI]", "Agreement exact / normalized",
+QUALITY_HEADERS = ["Target", "Bucket", "Explicit checks: pass rate [95% Wilson] (passed/graded)",
+                   "Derived from the reference: pass rate [95% Wilson] (passed/graded)",
+                   "Δ vs reference, pts [95% CI] (every pair)", "Pairs (explicit + derived)",
+                   "McNemar p", "Noise floor Δ, pts [95% CI]", "Agreement exact / normalized",
                    "First divergence (median token)", "Teacher-forced ΔNLL / top-1",
                    "Evidence"]
 
@@ -618,16 +619,25 @@ def quality_view(run: Run) -> dict[str, Any]:
 
 def _quality_row(target: str, bucket: str, row: Mapping[str, Any], tol: float | None,
                  is_reference: bool) -> list[str | Cell]:
-    vs, floor = obj(row.get("vs_reference")), obj(row.get("noise_floor"))
+    # What the verdict decides on: every graded pair, explicit and derived (summaries from
+    # before derived grading have the explicit comparison only).
+    combined = obj(row.get("combined"))
+    vs, floor = combined or obj(row.get("vs_reference")), obj(row.get("noise_floor"))
     ag, tf = obj(row.get("agreement")), obj(row.get("teacher_forced"))
     # The reference paired with itself settles nothing: no evidence (and no "need N") there.
-    ev = {} if is_reference else obj(row.get("evidence"))
+    ev = {} if is_reference else obj(combined.get("evidence") if combined
+                                     else row.get("evidence"))
     evidence = DASH if not ev else text(ev.get("short")) if ev.get("short") else (
         "sufficient" if ev.get("sufficient") else f"~{f_int(ev.get('needed'))} needed")
+    pairs = f_int(vs.get("pairs"))
+    if combined:
+        pairs += f" ({f_int(combined.get('explicit'))} + {f_int(combined.get('derived'))})"
     versus: list[str | Cell] = [Cell("reference", "dim"), DASH, DASH] if is_reference else [
         Cell(f_est(vs.get("diff"), vs.get("lo"), vs.get("hi"), f_pts),
-             "num " + _loss_class(vs, tol)), f_int(vs.get("pairs")), f_p(vs.get("mcnemar_p"))]
-    return [target, bucket, _f_rate(row), *versus,
+             "num " + _loss_class(vs, tol)), pairs, f_p(vs.get("mcnemar_p"))]
+    derived = obj(row.get("derived"))
+    return [target, bucket, _f_rate(row), _f_rate(derived) if derived.get("graded") else DASH,
+            *versus,
             f_est(floor.get("diff"), floor.get("lo"), floor.get("hi"), f_pts),
             f"{f_pct(ag.get('exact'))} / {f_pct(ag.get('normalized'))}",
             f_int(ag.get("first_divergence_median")),
@@ -995,9 +1005,8 @@ def _html(run: Run) -> str:
         h=_header(run), sections=SECTIONS, v=views, problems=problems)
 
 
-MD_QUALITY = ("Target", "Bucket", "Pass rate [95% Wilson] (passed/graded)",
-              "Δ vs reference, pts [95% CI]", "Pairs", "McNemar p", "Noise floor Δ, pts [95% CI]",
-              "Evidence")
+# The columns of QUALITY_HEADERS a PR comment keeps (explicit and derived side by side).
+MD_QUALITY = tuple(QUALITY_HEADERS[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 11))
 
 
 def _markdown(run: Run) -> str:

@@ -73,23 +73,33 @@ def quality_table(q: dict[str, Any]) -> Table:
     """Pass rates with intervals, the paired difference to the reference with its noise
     floor, agreement and teacher-forced divergence, per target x phase x bucket."""
     t = Table(title=f"quality vs {q['reference']} (pass rate, paired difference in points)")
-    for col in ("target", "phase", "bucket", "graded", "pass rate [95%]", "Δ vs ref [95%]",
-                "McNemar p", "noise floor Δ", "agree exact", "first div", "TF ΔNLL/tok",
-                "TF top-1", "evidence"):
+    for col in ("target", "phase", "bucket", "graded", "pass rate [95%]", "derived [95%]",
+                "Δ vs ref [95%]", "pairs (+derived)", "McNemar p", "noise floor Δ",
+                "agree exact", "first div", "TF ΔNLL/tok", "TF top-1", "evidence"):
         t.add_column(col, justify="left" if col in ("target", "phase", "bucket") else "right")
     for phase, targets in q["phases"].items():
         for name, tq in targets.items():
             for bucket, row in tq["buckets"].items():
                 w = row["wilson"]
-                vs = row["vs_reference"] or {}
+                # The verdict's comparison: every graded pair, explicit and derived.
+                combined = row.get("combined") or {}
+                vs = combined or row["vs_reference"] or {}
+                evidence = combined.get("evidence") or row["evidence"]
+                derived = row.get("derived") or {}
+                dw = derived.get("wilson")
                 floor = row.get("noise_floor") or {}
                 tf = row["teacher_forced"]
                 is_ref = name == q["reference"]
                 t.add_row(
                     name, phase, bucket, str(row["graded"]),
                     _pct(row["pass_rate"]) + (_interval(w[0], w[1], signed=False) if w else ""),
+                    "" if not derived.get("graded") else _pct(derived["pass_rate"])
+                    + (_interval(dw[0], dw[1], signed=False) if dw else "")
+                    + f" n={derived['graded']}",
                     "" if is_ref or not vs else f"{100 * vs['diff']:+.1f}"
                     + _interval(vs["lo"], vs["hi"]),
+                    "" if is_ref or not vs else f"{vs['pairs']}"
+                    + (f" (+{combined['derived']})" if combined.get("derived") else ""),
                     "" if is_ref or not vs else f"{vs['mcnemar_p']:.3f}",
                     "" if floor.get("diff") is None else f"{100 * floor['diff']:+.1f}"
                     + _interval(floor.get("lo"), floor.get("hi")),
@@ -97,11 +107,11 @@ def quality_table(q: dict[str, Any]) -> Table:
                     "" if is_ref else _f(row["agreement"]["first_divergence_median"], "{:.0f}"),
                     _f(tf["nll_delta_mean"], "{:+.4f}"),
                     _pct(tf["top1_agreement"]),
-                    "" if is_ref else _evidence_cell(row["evidence"]),
+                    "" if is_ref else _evidence_cell(evidence),
                 )
             shift = tq.get("shift")
             if shift and shift["pairs"]:
-                t.add_row(name, phase, "all (stratified)", str(shift["pairs"]), "", "",
+                t.add_row(name, phase, "all (stratified)", str(shift["pairs"]), "", "", "", "",
                           f"{shift['p_value']:.3f} {shift['direction']}", "", "", "", "", "", "")
     return t
 

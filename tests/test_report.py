@@ -40,9 +40,15 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(orjson.dumps(r).decode() + "\n" for r in rows), encoding="utf-8")
 
 
-def _trace(path: Path) -> list[tuple[str, str]]:
-    """(id, bucket) of each request; r0 carries the payloads, r1 has a long prompt."""
+def _trace(path: Path, unlabeled: int = 0) -> list[tuple[str, str]]:
+    """(id, bucket) of each request; r0 carries the payloads, r1 has a long prompt; u* have no
+    check (unlabeled traffic)."""
     ids, lines = [], []
+    for b, bucket in enumerate(BUCKETS[:2]):
+        for i in range(unlabeled):
+            rid = f"u{b}{i}"
+            lines.append({"id": rid, "messages": [{"role": "user", "content": f"Code {rid}?"}]})
+            ids.append((rid, bucket))
     for b, bucket in enumerate(BUCKETS[:2]):
         for i in range(N_PER_BUCKET):
             rid = f"r{b * N_PER_BUCKET + i}"
@@ -72,7 +78,17 @@ def _result(rid: str, target: str, bucket: str, k: int, rng: random.Random) -> R
                   output_ids=[1, 2, 3] if text.startswith("The") else [1, 9], finish_reason="stop")
 
 
+def _tf(res: Result) -> dict[str, Any]:
+    """Teacher-forced scores of the reference's answer: fp8 diverges in 256-1K."""
+    worse = res.target == "fp8" and res.bucket == "256-1K"
+    return {"target": res.target, "request_id": res.request_id, "bucket": res.bucket, "n": 4,
+            "nll": [0.9 if worse else 0.1] * 4, "top1": [not worse, True, not worse, True],
+            "error": None}
+
+
 def _grade(res: Result, ref_text: str) -> dict[str, Any]:
+    if res.request_id.startswith("u"):
+        return _derived_grade(res)
     # fp8 fails 12 of 30 requests in 256-1K that bf16 passes: a repeatable loss.
     n = int(res.request_id[1:])
     passed = not (res.target == "fp8" and res.bucket == "256-1K" and n % 5 < 2)
@@ -87,6 +103,22 @@ def _grade(res: Result, ref_text: str) -> dict[str, Any]:
             "bucket": res.bucket, "answered": True, "task": "retrieval",
             "grade": {"passed": passed, "reason": reason, "score": float(passed), "detail": {}},
             "agreement": agree}
+
+
+def _derived_grade(res: Result) -> dict[str, Any]:
+    derived = None
+    if res.target != "bf16":
+        passed = not (res.target == "fp8" and res.bucket == "256-1K"
+                      and int(res.request_id[2:]) % 5 < 3)
+        derived = {"rule": "derived:facts", "passed": passed, "exact": passed,
+                   "reason": "all 1 fact(s) the reference took from the prompt are in the answer"
+                   if passed else "missing 1 of 1 fact(s) the reference took from the prompt: "
+                   "'42'", "detail": {"facts": ["42"]}}
+    return {"target": res.target, "phase": res.phase, "request_id": res.request_id,
+            "bucket": res.bucket, "answered": True, "task": "chat", "grade": None,
+            "agreement": None if res.target == "bf16" else {
+                "exact": True, "normalized": True, "first_divergence": None},
+            "derived": derived}
 
 
 def _series(target: str) -> list[dict[str, Any]]:
@@ -125,11 +157,13 @@ def _manifest(trace: Path) -> dict[str, Any]:
                       "bad_lines": 0}, "targets": targets}
 
 
-def make_run_dir(root: Path) -> Path:
-    """A complete run directory, summarized by the project's own code."""
+def make_run_dir(root: Path, unlabeled: int = 0) -> Path:
+    """A complete run directory, summarized by the project's own code. ``unlabeled`` adds that
+    many requests without a check per bucket (graded against the reference's answers; fp8
+    fails 3 in 5 of them in 256-1K) and teacher-forced scores (fp8 diverges in 256-1K)."""
     run = root / "run1"
     (run / "metrics").mkdir(parents=True)
-    ids = _trace(root / "trace.jsonl")
+    ids = _trace(root / "trace.jsonl", unlabeled)
     manifest = _manifest(root / "trace.jsonl")
     rng = random.Random(0)
     results = [_result(rid, t, bucket, k, rng) for t in TARGETS
@@ -140,7 +174,8 @@ def make_run_dir(root: Path) -> Path:
     targets = {n: {"status": "ok", "reason": None, "cache_config": m["cache_config"],
                    "phases": m["phases"]} for n, m in manifest["targets"].items()}
     summary = build_summary(results, targets, series, BUCKETS)
-    summary["quality"] = quality(grades, [], "bf16", BUCKETS)
+    tf_rows = [_tf(r) for r in results] if unlabeled else []
+    summary["quality"] = quality(grades, tf_rows, "bf16", BUCKETS)
     summary["systems"] = compare_systems(results, "bf16", "fp8", "c1")
     summary["systems"]["throughput_ratio"] = throughput_ratio(summary, "bf16", "fp8", "c1")
     summary["verdict"] = decide(facts_from_run(summary, manifest, candidate="fp8")).to_json()
@@ -234,11 +269,13 @@ def test_quality_rows_carry_intervals_and_noise_floor(run_dir: Path) -> None:
     assert set(fp8) == {"<256", "256-1K"}
     loss = fp8["256-1K"]
     assert re.fullmatch(r"60\.0% \[42\.\d, 75\.\d\] \(18/30\)", loss[2])  # Wilson interval
-    assert loss[3].startswith("-40.0 [-")                       # paired Δ with its interval
-    assert loss[4] == "30" and float(loss[5]) < 0.05             # pairs, McNemar p
-    assert loss[6] == "+0.0 [+0.0, +0.0]"                        # the A/A control's noise floor
+    assert loss[3] == report.DASH                                # no derived grades here
+    assert loss[4].startswith("-40.0 [-")                       # paired Δ with its interval
+    assert loss[5] == "30 (30 + 0)" and float(loss[6]) < 0.05   # pairs, McNemar p
+    assert loss[7] == "+0.0 [+0.0, +0.0]"                        # the A/A control's noise floor
+    assert loss[11] == "loss shown"                              # no "need N" for a loss
     ref = next(r for r in rows if r[0] == "bf16")
-    assert ref[3:6] == ["reference", report.DASH, report.DASH]
+    assert ref[4:7] == ["reference", report.DASH, report.DASH]
 
 
 def test_rows_follow_the_runs_order_not_sorted_keys(run_dir: Path) -> None:
@@ -415,7 +452,7 @@ def test_markdown(run_dir: Path) -> None:
     assert text.startswith("## kvcanary `run1`: CALIBRATE")
     assert "repeatable loss in 256-1K" in text
     assert "### Evidence" in text and "### Serving path" in text
-    assert "| fp8 | 256-1K | 60.0% [" in text and "(18/30) | -40.0 [" in text
+    assert "| fp8 | 256-1K | 60.0% [" in text and "(18/30) | — | -40.0 [" in text
     assert "### Latency" in text and "| 256-1K | TTFT |" in text
     assert "<" not in text.replace("&lt;", "")  # bucket "<256" escaped too
 
@@ -486,3 +523,19 @@ def test_replay_compare_two_runs(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(a), str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "summary.json" in bad.stderr
+
+
+def test_explicit_and_derived_grades_side_by_side_and_the_warning(tmp_path: Path) -> None:
+    run_dir = make_run_dir(tmp_path, unlabeled=10)
+    s = sections(report.render_html(run_dir))
+    fp8 = {r[1]: r for r in s.rows["quality"] if r[0] == "fp8"}
+    # Derived pass rates beside the explicit ones; the Δ and the evidence take every pair.
+    assert re.fullmatch(r"40\.0% \[\d+\.\d, \d+\.\d\] \(4/10\)", fp8["256-1K"][3])
+    assert fp8["256-1K"][5] == "40 (30 + 10)" and fp8["256-1K"][11] == "loss shown"
+    assert fp8["<256"][3].startswith("100.0%") and fp8["<256"][5] == "40 (30 + 10)"
+    assert "needed" in fp8["<256"][11]  # open: the only bucket that names N
+    verdict = s.text["verdict"]
+    assert "30 explicit, 10 derived" in verdict
+    assert "teacher-forced ΔNLL +0.800/token" in verdict and "early warning" in verdict
+    md = report.render_markdown(run_dir)
+    assert "| fp8 | 256-1K | 60.0% [" in md and "(4/10) |" in md

@@ -2,8 +2,10 @@
 
 Chromium renders the report of a run directory built from scratch (see ``make_run_dir``) from
 a file:// URL with networking features off. The rendered DOM must show the verdict and every
-section, and the script payloads planted in a trace prompt, a model answer and a checker reason
-must be text: no element made from them, and the page title untouched. The screenshot is kept
+section, explicit and derived grades side by side with "need N" only where a bucket is still
+open, the teacher-forced warning, and the script payloads planted in a trace prompt, a model
+answer and a checker reason must be text: no element made from them, and the page title
+untouched. The screenshot is kept
 as tests/artifacts/report.png.
 """
 
@@ -39,7 +41,7 @@ def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     root = tmp_path_factory.mktemp("browser")
-    html_path, _ = write_reports(make_run_dir(root))
+    html_path, _ = write_reports(make_run_dir(root, unlabeled=10))
     url = html_path.resolve().as_uri()
     dom = chromium(root / "profile-dom", "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -79,3 +81,17 @@ def test_screenshot_saved(rendered: tuple[str, Path]) -> None:
     assert shot.is_file()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_quality_shows_derived_grades_need_n_where_open_and_the_warning(
+        rendered: tuple[str, Path]) -> None:
+    dom, _ = rendered
+    quality = dom[dom.index('<section id="quality"'):dom.index('<section id="systems"')]
+    assert "Derived from the reference" in quality
+    assert "(4/10)" in quality and "40 (30 + 10)" in quality  # fp8's derived grades in 256-1K
+    # "need N" in the open cells only (fp8 in <256, the control in both buckets), never
+    # beside fp8's established loss in 256-1K.
+    assert len(re.findall(r">at least \d+ needed</td>", quality)) == 3
+    assert re.search(r"<td>fp8</td><td>256-1K</td>(?:(?!</tr>).)*>loss shown</td>", quality)
+    verdict = dom[dom.index('<section id="verdict"'):dom.index('<section id="serving"')]
+    assert "teacher-forced ΔNLL +0.800/token" in verdict and "early warning" in verdict
