@@ -25,22 +25,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
-import orjson
 
 from . import __version__
 from ._buckets import Buckets
 from ._budget import ErrorBudget
 from ._client import Client
 from ._errors import ConfigError, ServingMismatch
-from ._grading import grade_rows, grading_spec, quality
+from ._grading import grading_spec
 from ._introspect import Scraper, introspect, served_model
 from ._records import Result
-from ._rundir import GRADES, MANIFEST, RESULTS, SUMMARY, JsonlWriter, read_results, write_json
-from ._runner import _cpu_flags, count_tokens, token_pool
-from ._summary import build_summary
+from ._rundir import MANIFEST, RESULTS, JsonlWriter, read_results, write_json
+from ._runner import Analysis, _cpu_flags, analyse, count_tokens, token_pool
 from ._synth import TokenPool, synthesize
 from ._targets import TargetSpec, cache_dtype_matches, load_targets_config, parse_targets
 from ._trace import Request, TraceLoad
+from ._verdict import Thresholds
 from .checkers import Answer, Grader
 
 # -- load plans: user count over time ----------------------------------------------------------
@@ -568,18 +567,15 @@ class RunRecorder:
         targets = {name: {"status": self.status, "reason": self.reason,
                           "cache_config": self.info.get("cache_config") or {},
                           "phases": self.phases}}
-        summary = build_summary(results, targets, {name: self.series}, self.buckets.labels)
-        summary["run_dir"] = str(self.run_dir)
-        summary["driver"] = self.driver
-        if self.checkers:
-            rows = grade_rows(results, {r.id: grading_spec(r) for r in self.requests}, name)
-            with (self.run_dir / GRADES).open("w", encoding="utf-8") as fh:
-                for row in rows:
-                    fh.write(orjson.dumps(row).decode() + "\n")
-            summary["quality"] = quality(rows, [], name, self.buckets.labels, tolerance,
-                                         self.seed)
-        write_json(self.run_dir / SUMMARY, summary)
-        return summary
+        specs = {r.id: grading_spec(r) for r in self.requests}
+        # The CLI's own analysis (replay/_runner.analyse): one pipeline for both drivers.
+        return analyse(Analysis(
+            run_dir=self.run_dir, targets=targets, series={name: self.series}, reference=name,
+            candidate=None, first_phase=next(iter(self.phases), ""),
+            bucket_labels=self.buckets.labels, tolerance=tolerance, seed=self.seed,
+            thresholds=Thresholds(tolerance=tolerance), manifest=self.manifest(),
+            grading_specs=lambda ids: specs, verdict=False, grading=self.checkers,
+            results=results, extra={"driver": self.driver}))
 
     def close(self) -> None:
         self._results.close()

@@ -790,6 +790,7 @@ class Analysis:
     manifest: Mapping[str, Any]
     grading_specs: Callable[[set[str]], Mapping[str, Gradable]]
     verdict: bool = True                        # a Locust run (one target) has none
+    grading: bool = True                        # Locust with --kvc-checkers off: no grades
     results: Sequence[Result] | None = None     # None: read from the run directory
     extra: Mapping[str, Any] = field(default_factory=dict)  # more top-level summary keys
 
@@ -802,14 +803,16 @@ def analyse(a: Analysis) -> dict[str, Any]:
     summary = build_summary(results, a.targets, a.series, a.bucket_labels)
     summary["run_dir"] = str(a.run_dir)
     summary.update(a.extra)
-    rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
-    with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(orjson.dumps(row).decode() + "\n")
-    tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
-    summary["quality"] = quality(rows, tf_rows, a.reference, a.bucket_labels, a.tolerance,
-                                 a.seed, alpha=a.thresholds.alpha,
-                                 min_pairs=a.thresholds.min_pairs)
+    if a.grading:
+        rows = grade_rows(results, a.grading_specs({r.request_id for r in results}),
+                          a.reference)
+        with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(orjson.dumps(row).decode() + "\n")
+        tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
+        summary["quality"] = quality(rows, tf_rows, a.reference, a.bucket_labels, a.tolerance,
+                                     a.seed, alpha=a.thresholds.alpha,
+                                     min_pairs=a.thresholds.min_pairs)
     if a.verdict:
         if a.candidate is not None:
             summary["systems"] = compare_systems(results, a.reference, a.candidate,

@@ -375,6 +375,20 @@ def test_headless_run_reports_per_bucket_and_writes_a_run_directory(
     assert manifest["targets"]["bf16"]["cache_config"]["cache_dtype"] == "auto"
     assert (run_dir / "grades.jsonl").read_text().count("\n") == limit
     report(run_dir)
+    # One analysis for both drivers: the CLI's run of the same requests has the same fields.
+    cli = subprocess.run([sys.executable, "-m", "replay.cli", "--trace", str(SAMPLE),
+                          "--targets", f"bf16={bf16_server.url}", "--buckets", "256,1K",
+                          "--limit", str(limit), "--no-teacher-forced", "--out", str(tmp_path),
+                          "--run-id", "cli"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=TIMEOUT_S, check=False)
+    assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
+    other = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert set(summary) - {"driver"} == set(other) - {"verdict"}
+    cli_phase = other["targets"]["bf16"]["phases"]["c4"]
+    assert set(phase) == set(cli_phase) and set(phase["all"]) == set(cli_phase["all"])
+    assert set(phase["server"]) == set(cli_phase["server"])
+    q, cq = summary["quality"]["phases"]["c4"]["bf16"], other["quality"]["phases"]["c4"]["bf16"]
+    assert set(q["buckets"]["<256"]) == set(cq["buckets"]["<256"])
 
 
 @pytest.mark.vllm
