@@ -25,9 +25,6 @@ memory nor goes whole into ``results.jsonl``; timing and token counts still run 
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +32,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from ._introspect import connect_reason
 from ._records import Result, ToolCall
 from ._sse import DONE, MAX_EVENT_BYTES, ProtocolError, SSEDecoder
 from ._trace import Request
@@ -156,7 +154,7 @@ class Client:
         except TimeoutError:
             _fail(result, "timeout", f"no complete answer within {self.timeout_s:g} s")
         except aiohttp.ClientConnectorError as exc:
-            _fail(result, "connect", _connect_reason(exc))
+            _fail(result, "connect", connect_reason(exc))
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
                 aiohttp.ClientOSError, ConnectionResetError) as exc:
             _fail(result, "disconnect", f"connection lost mid-answer: {exc!r}")
@@ -287,19 +285,6 @@ async def _not_a_stream(resp: aiohttp.ClientResponse, result: Result) -> None:
     hint = " (did it ignore stream=true?)" if resp.content_type == "application/json" else ""
     _fail(result, "protocol", f"HTTP 200 with {ctype}, not text/event-stream{hint}; the body "
           f"starts: {_quote(text) if text.strip() else 'empty body'}")
-
-
-def _connect_reason(exc: aiohttp.ClientConnectorError) -> str:
-    err = exc.os_error
-    code = err.errno
-    if isinstance(err, socket.gaierror):
-        why = f"name lookup failed: {err.strerror}"
-    elif isinstance(code, int) and code in errno.errorcode:
-        # The OS's words: asyncio says "Connect call failed", which hides a refusal.
-        why = f"{os.strerror(code)} ({errno.errorcode[code]})"
-    else:
-        why = str(err) or type(err).__name__
-    return f"cannot connect to {exc.host}:{exc.port}: {why}"
 
 
 class _Accumulator:

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import os
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,10 +123,18 @@ def os_error_text(err: OSError) -> str:
     return str(err) or type(err).__name__
 
 
+def connect_reason(exc: aiohttp.ClientConnectorError) -> str:
+    """Why a connection could not be made, in the OS's words (shared with the client)."""
+    err = exc.os_error
+    why = (f"name lookup failed: {err.strerror}" if isinstance(err, socket.gaierror)
+           else os_error_text(err))
+    return f"cannot connect to {exc.host}:{exc.port}: {why}"
+
+
 def transport_problem(exc: BaseException, timeout_s: float) -> tuple[str, bool]:
     """(what went wrong on the way to the server, whether it was never reached)."""
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect to {exc.host}:{exc.port}: {os_error_text(exc.os_error)}", True
+        return connect_reason(exc), True
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout_s:g} s", False
     if isinstance(exc, OSError):

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ConfigError
+from ._grading import CONTROL_SUFFIX
 
 ROLES = ("reference", "candidate", "calibrated")
-CONTROL_SUFFIX = "-control"  # the A/A replay of the reference (see _grading)
 _CAL_WORDS = frozenset({"cal", "calibrated", "kvcal"})
 
 

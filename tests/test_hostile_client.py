@@ -25,6 +25,7 @@ from replay._summary import summarize_results
 from replay._trace import Request
 
 from .fault_server import PIECE, fault_server
+from .test_accounting import Ticks
 
 REQ = Request(id="r", api="completions", prompt="hello", max_tokens=64)
 
@@ -229,13 +230,6 @@ def test_a_refused_connection_says_so() -> None:
 
 # --- what one result may hold ---------------------------------------------------------------
 
-class Ticks:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        self.t += 0.010
-        return self.t
 
 
 def fold(events: list[dict[str, Any]], max_chars: int = MAX_ANSWER_CHARS) -> Result:

@@ -86,6 +86,7 @@ from .._records import ToolCall
 from ._base import _NUM, Answer, Grade, canonical_number, normalize
 from ._bounded import DERIVED_TYPE, MAX_ANSWER_CHARS, answer_size, checker_error
 from ._sandbox import SandboxLimits, run_python
+from ._structured import _TOOL_TAG, _loads
 
 TOOL_ARGS, JSON_VALUE, CODE, CODE_TEXT, FACTS = (
     "derived:tool_args", "derived:json", "derived:code", "derived:code_text", "derived:facts")
@@ -109,7 +110,6 @@ _SHOW = 80
 _CACHE_MAX = 1024
 
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
-_TOOL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 # The tag is followed by blanks and a newline only: a tag run that may reach anything before
 # its newline would rescan the rest of the line from every backtick of a hostile answer.
 _FENCE = re.compile(r"```[ \t]*([\w+.#-]*)[ \t]*\r?\n(.*?)```", re.S)
@@ -153,14 +153,6 @@ class Calls:
 def answer_text(text: str) -> str:
     """The answer without its reasoning block."""
     return _THINK.sub("", text) if "<think>" in text else text
-
-
-def _loads(text: str) -> Any:
-    """json.loads, with a nest too deep for the parser as ValueError."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deeply to read") from None
 
 
 def _blocks(text: str) -> list[tuple[str, str]]:
