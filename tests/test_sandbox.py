@@ -7,12 +7,14 @@ a failure leaves behind is killed by the test.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from replay.checkers import _sandbox
+from replay.checkers import _sandbox_harness as _harness
 from replay.checkers._sandbox import SandboxLimits, run_python
 
 HOSTILE = SandboxLimits(wall_s=3, cpu_s=2, memory_mb=256, max_procs=2)
@@ -433,3 +437,365 @@ print(subprocess.run(["true"]).returncode)
     res = run_python(code, "", SandboxLimits(wall_s=10, max_procs=2))
     assert res.passed, res
     assert res.stdout.strip() == "0"
+
+
+def test_ptrace_and_reading_other_processes_memory_are_denied() -> None:
+    code = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def result(rc):
+    return "ok" if rc != -1 else os.strerror(ctypes.get_errno())
+print("ptrace", result(libc.ptrace(0, 0, None, None)))          # PTRACE_TRACEME
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+src, dst = ctypes.create_string_buffer(b"x" * 8), ctypes.create_string_buffer(8)
+local, remote = IoVec(ctypes.addressof(dst), 8), IoVec(ctypes.addressof(src), 8)
+rc = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+print("process_vm_readv", result(rc))
+"""
+    res = run_python(code, "")
+    why = _seccomp_expected()
+    if why is not None and not res.namespaces_locked:
+        pytest.skip(f"{why}: {res.isolation}")
+    assert res.passed, res
+    lines = dict(line.split(" ", 1) for line in res.stdout.strip().splitlines())
+    assert lines == {"ptrace": "Operation not permitted",
+                     "process_vm_readv": "Operation not permitted"}, res.stdout
+
+
+# --- the boundary between the tests and the solution -----------------------------------------
+
+# The tests run in a process of their own, which holds the nonce and never runs the solution's
+# code; the solution answers calls from another. Each forger below works against a harness that
+# runs both in one interpreter (it was tried on one): called from the tests, it finds the nonce,
+# writes it where the verdict is read, and exits 0 before the failing assert.
+_FORGE = r"""
+import os, re, sys
+def _hexes(value):
+    if isinstance(value, str):
+        value = value.encode("utf-8", "replace")
+    if not isinstance(value, (bytes, bytearray)):
+        return set()
+    return set(re.findall(rb"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])", bytes(value)))
+def _forge(tokens, fds=range(3, 65)):
+    print("found", len(tokens), "token(s)", flush=True)
+    for fd in fds:
+        for t in tokens:
+            try:
+                os.write(fd, t)
+            except OSError:
+                pass
+    os._exit(0)
+"""
+
+FRAME_WALKER = _FORGE + r"""
+def forge():
+    frame, tokens, fds = sys._getframe(), set(), set()
+    while frame is not None:
+        for name, value in list(frame.f_locals.items()):
+            tokens |= _hexes(value)
+            if type(value) is int and 3 <= value < 1024 and "fd" in name:
+                fds.add(value)
+        frame = frame.f_back
+    _forge(tokens, sorted(fds))
+"""
+
+GC_SCANNER = _FORGE + r"""
+import gc, types
+def forge():
+    tokens = set()
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, types.FrameType):
+                values = list(obj.f_locals.values())
+            elif isinstance(obj, dict):
+                values = list(obj.values())
+            elif isinstance(obj, (list, tuple, set, frozenset)):
+                values = list(obj)
+            else:
+                values = gc.get_referents(obj)
+        except Exception:
+            continue
+        for value in values:
+            tokens |= _hexes(value)
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            for value in list(frame.f_locals.values()):
+                tokens |= _hexes(value)
+            frame = frame.f_back
+    _forge(tokens)
+"""
+
+# Every descriptor gets every token found anywhere: in frames, objects, and whatever any
+# descriptor holds.
+FD_FLOODER = GC_SCANNER.replace("    _forge(tokens)\n", r"""
+    for fd in range(3, 65):
+        try:
+            os.set_blocking(fd, False)
+            tokens |= _hexes(os.read(fd, 65536))
+        except OSError:
+            pass
+    _forge(tokens)
+""")
+
+MEMORY_READER = _FORGE + r"""
+def forge():
+    tokens, refused = set(), []
+    for pid in ("self", str(os.getppid())):
+        try:
+            maps = open(f"/proc/{pid}/maps").read().splitlines()
+            mem = open(f"/proc/{pid}/mem", "rb", buffering=0)
+        except OSError as exc:
+            refused.append(pid if pid == "self" else "parent")
+            continue
+        with mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                if not perms.startswith("r") or "[v" in line:
+                    continue
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                try:
+                    mem.seek(lo)
+                    blob = mem.read(hi - lo)
+                except (OSError, OverflowError, ValueError):
+                    continue
+                # a bytes object of 32 hex digits: its size (32), its hash, the data, a NUL
+                tokens |= set(re.findall(rb"\x20\x00{7}.{8}([0-9a-f]{32})\x00", blob, re.S))
+    print("refused", refused, flush=True)
+    _forge(tokens)
+"""
+
+
+@pytest.mark.parametrize("forger", [FRAME_WALKER, GC_SCANNER, FD_FLOODER, MEMORY_READER],
+                         ids=["frames", "gc", "every-fd", "proc-mem"])
+def test_solution_code_cannot_find_the_nonce_and_forge_a_pass(forger: str) -> None:
+    res = run_python(forger, "forge()\nassert 1 == 2\n", SandboxLimits(wall_s=20, cpu_s=15))
+    assert not res.passed, res
+    assert res.reason == "exited with status 0 before the tests finished", res
+    assert "found" in res.stdout, res       # it ran, and searched
+    if forger is MEMORY_READER:            # the test runner is not dumpable
+        assert "refused ['parent']" in res.stdout, res.stdout
+
+
+def test_the_solution_cannot_make_the_tests_import_its_files() -> None:
+    # The tests' process imports the standard library only, never from the solution's directory.
+    code = "with open('colorsys.py', 'w') as f:\n    f.write('PLANTED = True\\n')\n"
+    tests = "import colorsys\nassert not hasattr(colorsys, 'PLANTED'), 'imported a planted file'\n"
+    res = run_python(code, tests)
+    assert res.passed, res
+
+
+def test_dunder_names_of_the_solution_do_not_reach_the_tests() -> None:
+    # Renaming the tests' module would make their test functions look foreign, and skip them.
+    code = "__all__ = ['__name__', 'f']\ndef f():\n    return 1\n"
+    res = run_python(code, "def test_f():\n    assert f() == 2, 'ran'\n")
+    assert not res.passed, res
+    assert res.reason == "AssertionError: ran"
+
+
+def test_builtin_exceptions_cross_with_their_type_and_arguments() -> None:
+    code = """
+def parse(s):
+    raise ValueError("bad: " + s)
+def look(d, k):
+    return d[k]
+def boom():
+    raise OSError(2, "gone")
+"""
+    tests = """
+try:
+    parse("x")
+except ValueError as exc:
+    assert type(exc) is ValueError and str(exc) == "bad: x", repr(exc)
+else:
+    raise AssertionError("no ValueError")
+try:
+    look({}, "k")
+except KeyError as exc:
+    assert exc.args == ("k",), exc.args
+try:
+    boom()
+except FileNotFoundError as exc:
+    assert exc.errno == 2 and exc.strerror == "gone"
+"""
+    res = run_python(code, tests)
+    assert res.passed, res
+    res = run_python(code, "parse('x')\n")
+    assert not res.passed
+    assert res.reason == "ValueError: bad: x"
+
+
+def test_other_exceptions_keep_their_name_and_builtin_bases() -> None:
+    code = ("class Invalid(ValueError):\n    pass\nclass Odd(Exception):\n"
+            "    def __str__(self):\n        return 'odd one'\n"
+            "def check(x):\n    raise Invalid('no: %d' % x)\ndef odd():\n    raise Odd()\n")
+    tests = """
+try:
+    check(3)
+except ValueError as exc:
+    assert type(exc).__name__ == "Invalid" and str(exc) == "no: 3" and exc.args == ("no: 3",)
+try:
+    odd()
+except Exception as exc:
+    assert type(exc).__name__ == "Odd" and str(exc) == "odd one", (type(exc), str(exc))
+"""
+    res = run_python(code, tests)
+    assert res.passed, res
+    res = run_python(code, "check(3)\n")
+    assert res.reason == "solution.Invalid: no: 3"
+
+
+def test_a_result_that_is_not_a_literal_fails_with_a_reason() -> None:
+    code = "def gen(n):\n    yield from range(n)\nclass Box:\n    pass\n"
+    res = run_python(code, "assert list(gen(3)) == [0, 1, 2]\n")
+    assert not res.passed
+    assert res.reason.startswith("SandboxBoundaryError: gen() returned a generator object"), res
+    assert "only literal values" in res.reason
+    # Not an Exception: a test that expects the solution to raise does not take it for one.
+    res = run_python(code, "try:\n    Box()\nexcept Exception:\n    pass\n")
+    assert not res.passed
+    assert "Box() returned a Box object" in res.reason, res
+    res = run_python("def f(g):\n    return g(1)\n", "assert f(lambda x: x) == 1\n")
+    assert not res.passed
+    assert "an argument of f() is a function object" in res.reason, res
+
+
+def test_literal_values_cross_intact() -> None:
+    code = "def echo(*args, **kwargs):\n    return args, kwargs\n"
+    tests = r"""
+import math
+values = [0, -7, 2 ** 200, -(10 ** 5000), 1.5, -0.0, math.inf, -math.inf, 1e-320, 2 + 3j,
+          "", "h\u00e9llo \ud800", b"", bytes(range(256)), True, False, None,
+          [1, [2, [3, []]]], (), (1,), ((1, 2), [3]), {"a": {1, 2}, 3: (4,), (5, 6): None},
+          set(), frozenset({(1, "x"), frozenset({2})}), {1.5: b"x", None: [], False: 0}]
+for v in values:
+    args, kwargs = echo(v, key=v)
+    assert args == (v,) and kwargs == {"key": v}, (v, args, kwargs)
+    assert type(args[0]) is type(v), (v, args[0])
+    assert not isinstance(v, float) or repr(args[0]) == repr(v), (v, args[0])
+deep = []
+for _ in range(60):
+    deep = [deep]
+assert echo(deep)[0][0] == deep
+(nan,), _ = echo(math.nan)
+assert math.isnan(nan)
+"""
+    res = run_python(code, tests)
+    assert res.passed, res
+
+
+def test_module_values_stdlib_modules_and_argument_changes_reach_the_tests() -> None:
+    code = """
+import math
+from collections import Counter
+LIMIT = 10
+NAMES = ("a", "b")
+def letters(s):
+    return Counter(s)
+def fill(xs, seen, n=1):
+    xs.extend(range(n))
+    seen["done"] = True
+"""
+    tests = """
+assert LIMIT == 10 and NAMES == ("a", "b")
+assert math.isclose(math.pi, 3.14159, rel_tol=1e-5)    # the solution imported math
+assert letters("aab") == {"a": 2, "b": 1}
+xs, seen = [9], {}
+fill(xs, seen, n=2)
+assert xs == [9, 0, 1] and seen == {"done": True}, (xs, seen)
+"""
+    res = run_python(code, tests)
+    assert res.passed, res
+
+
+def test_the_output_of_both_processes_keeps_its_order() -> None:
+    code = "print('import')\ndef f(x):\n    print('in f', x)\n    return x\n"
+    res = run_python(code, "print('before')\nassert f(1) == 1\nprint('after')\n")
+    assert res.passed, res
+    assert res.stdout == "import\nbefore\nin f 1\nafter\n"
+
+
+def test_the_solution_dying_in_a_call_ends_the_run_as_it_died() -> None:
+    res = run_python("import os\ndef f():\n    os._exit(0)\n", "f()\nassert 1 == 2\n")
+    assert not res.passed
+    assert res.returncode == 0
+    assert res.reason == "exited with status 0 before the tests finished"
+    res = run_python("import ctypes\ndef f():\n    ctypes.string_at(0)\n", "f()\n")
+    assert not res.passed
+    assert res.reason == "killed: SIGSEGV", res
+    res = run_python("def f():\n    while True:\n        pass\n", "f()\n",
+                     SandboxLimits(wall_s=10, cpu_s=1))
+    assert res.reason == "killed: CPU time limit", res
+
+
+def test_an_interrupted_call_gets_a_fresh_solution_for_the_next() -> None:
+    code = "import time\nprint('imported')\ndef spin():\n    time.sleep(30)\n" \
+           "def add(a, b):\n    return a + b\n"
+    tests = """
+import signal
+class Late(Exception):
+    pass
+def late(signum, frame):
+    raise Late()
+signal.signal(signal.SIGALRM, late)
+signal.setitimer(signal.ITIMER_REAL, 0.3)
+try:
+    spin()
+except Late:
+    pass
+assert add(1, 2) == 3
+"""
+    res = run_python(code, tests, SandboxLimits(wall_s=10))
+    assert res.passed, res
+    assert res.stdout == "imported\nimported\n"       # the second import answered add()
+    assert res.duration_s < 5
+
+
+def test_a_solution_process_that_cannot_start_fails_the_run_with_a_reason(
+        tmp_path: Path) -> None:
+    # The harness as the sandbox runs it, but with an interpreter that does not exist.
+    (tmp_path / "solution.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "test_solution.py").write_text("assert f() == 1\n")
+    (tmp_path / "kvc_harness.py").write_text(_sandbox._harness())
+    nonce_r, nonce_w = os.pipe()
+    result_r, result_w = os.pipe()
+    os.write(nonce_w, b"0" * 32)
+    os.close(nonce_w)
+    launcher = ("import runpy, sys; sys.executable = '/nonexistent/python'; "
+                f"sys.argv = ['kvc_harness.py', '{nonce_r}', '{result_w}']; "
+                "runpy.run_path('kvc_harness.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", launcher], cwd=tmp_path,
+                          pass_fds=(nonce_r, result_w), capture_output=True, text=True,
+                          timeout=30)
+    os.close(nonce_r)
+    os.close(result_w)
+    with os.fdopen(result_r, "rb") as f:
+        channel = f.read()
+    assert proc.returncode == 1, proc
+    assert proc.stderr.splitlines()[-1].startswith(
+        "cannot start the solution's process: FileNotFoundError"), proc.stderr
+    assert channel.startswith(b"lock ") and channel.endswith(b"\n"), channel  # no nonce
+
+
+@pytest.mark.parametrize("value", [
+    0, -(2 ** 70), 10 ** 4500, 0.1, float("inf"), -0.0, 1j, "x\udcff", b"\x00", None, True,
+    [1, (2, {3: frozenset({4})})], {"k": [set(), ()]}], ids=lambda v: type(v).__name__)
+def test_the_encoding_round_trips(value: object) -> None:
+    data = _harness.dumps(_harness.encode(value))
+    back = _harness.decode(json.loads(data))
+    assert back == value and type(back) is type(value)
+    assert _harness.dumps(_harness.encode(back)) == data       # -0.0 too
+
+
+def test_the_decoder_refuses_what_the_encoder_never_makes() -> None:
+    for node in [{"a": 1}, ["x", 1], [], ["d", 1], ["i", 5], ["c", "1", 2], ["s", ["l"]],
+                 ["b", "zz"]]:
+        with pytest.raises((ValueError, TypeError)):
+            _harness.decode(node)
+    deep: list[object] = ["l"]
+    for _ in range(_harness.MAX_DEPTH + 5):
+        deep = ["l", deep]
+    with pytest.raises(ValueError):
+        _harness.decode(deep)
+    with pytest.raises(_harness.Unsendable):
+        _harness.encode(object())

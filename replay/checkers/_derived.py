@@ -881,9 +881,10 @@ def _grade_code(label: CodeLabel, answer: Answer) -> Grade:
 
 # -- running code -----------------------------------------------------------------------------
 
-# The calls run after ``from solution import *``, in the solution's interpreter (so only as
-# trustworthy as the sandbox's tests are): each under an alarm, its value made canonical (so
-# 3 and 3.0 agree as they do in Python, and dict order does not matter).
+# The calls run as the sandbox's tests, in the trusted test process: ``from solution import *``
+# gives proxies that call the solution in its own process with literal values (see
+# _sandbox.py). Each call is under an alarm, its value made canonical (so 3 and 3.0 agree as
+# they do in Python, and dict order does not matter).
 _RUNNER = r'''
 import hashlib as _kvc_hashlib
 import json as _kvc_json

@@ -1,31 +1,44 @@
 """Run untrusted, model-written Python against a test snippet, in a sandbox.
 
 The code and the tests go into ``solution.py`` and ``test_solution.py``; a fixed harness,
-``kvc_harness.py``, runs ``from solution import *``, then the tests, then every ``test_*``
-function they define, as pytest would. They pass iff the harness ran to its end *and* the process
-exited 0.
+``kvc_harness.py`` (the source of ``_sandbox_harness``, whose docstring has the details), runs
+them in two processes: a solution server imports ``solution`` and answers calls, and a test
+runner, which never imports or runs the solution's code, runs the tests and then every ``test_*``
+function they define, as pytest would, against a module ``solution`` of proxies: ``from solution
+import *`` gives the tests one proxy per public callable, which calls into the server through a
+pipe of its own. Arguments and results cross as literal values only (numbers, strings, bytes,
+None, and lists, tuples, dicts and sets of them, nested); a builtin exception comes back as the
+same type with the same arguments, any other as a ``SolutionError`` subclass of the same name. So
+there is no object identity across the boundary, no objects or classes (``Stack().push(1)``
+fails with a reason), and of in-place changes to arguments only the final contents of top-level
+lists, dicts and sets come back. The tests pass iff the runner ran to its end *and* the process
+exited 0; when the server dies (at import, or in a call: ``sys.exit``, ``os._exit``, a signal, a
+limit), the runner ends the same way, so the reasons read as they would for one process.
 
 The verdict's channel. "Ran to its end" must not be something the solution can say: it can print
 anything, exit with any status at any time, and read every file beside it (the harness, the
 tests). So the proof is a fresh random nonce (128 bits) that is in no file, argument or variable
 of the environment: the supervisor writes it into a pipe before the sandbox starts, and passes
 the pipe's read end and the write end of a second, result pipe as inherited descriptors (their
-numbers are the harness's arguments). Before the solution is imported, the harness reads the
-nonce, closes the nonce pipe, and writes one trusted line to the result pipe (whether the
-namespace lock below holds); after the last test it writes the nonce there. The supervisor
-requires the result pipe to hold exactly that line and the nonce, and the exit status 0: output
-on stdout/stderr counts for nothing, an early exit never wrote the nonce, junk written to the
-result pipe spoils it, and reading files or the nonce pipe (empty and closed) yields nothing.
-What this cannot stop: code that sets out to find the nonce in the interpreter's memory (the
-harness's frame) can still forge it, and code sharing the interpreter with the tests can subvert
-them more simply (an object equal to everything); tests run in the solution's process are only
-as trustworthy as that. The channel closes every forgery that does not target this harness.
+numbers are the harness's arguments). The runner makes itself non-dumpable, installs the
+namespace lock below, starts the server (by exec: it inherits neither pipe nor any memory of the
+runner's) and only then reads the nonce, closes the nonce pipe, and writes one trusted line to
+the result pipe (whether the lock holds); after the last test it writes the nonce there. The
+supervisor requires the result pipe to hold exactly that line and the nonce, and the exit status
+0: output on stdout/stderr counts for nothing, an early exit never wrote the nonce, junk written
+to the result pipe spoils it, and reading files or the nonce pipe (empty and closed) yields
+nothing. The solution's code runs only in the server, which never held the nonce: walking its
+frames or its objects finds nothing, and the runner's memory and descriptors are out of its
+reach (``/proc/PID/mem`` and ``/proc/PID/fd`` of a non-dumpable process, ``ptrace``,
+``process_vm_readv`` and ``pidfd_getfd`` are refused). What the server sends back is only ever
+parsed into builtin values, never run, so no object equal to everything reaches the tests.
 
-The namespace lock. Before the nonce is read, the harness installs a seccomp filter (with
-``no_new_privs``; it holds for every process the code starts) under which ``unshare``,
-``clone`` with any ``CLONE_NEW*`` flag and ``setns`` fail with EPERM, ``clone3`` (whose flags a
-filter cannot read) with ENOSYS so that the C library falls back to ``clone``, and every system
-call of another ABI (32-bit, x32) with ENOSYS. Without it the unprivileged code could create a
+The namespace lock. Before the server starts, the runner installs a seccomp filter (with
+``no_new_privs``; it holds for the server and every process the code starts) under which
+``unshare``, ``clone`` with any ``CLONE_NEW*`` flag, ``setns``, ``ptrace``, ``process_vm_readv``,
+``process_vm_writev`` and ``pidfd_getfd`` fail with EPERM, ``clone3`` (whose flags a filter
+cannot read) with ENOSYS so that the C library falls back to ``clone``, and every system call of
+another ABI (32-bit, x32) with ENOSYS. Without it the unprivileged code could create a
 user namespace, and in it network and mount namespaces and a ``chroot``: no escape, but the
 first step of many. Where the kernel or architecture (x86-64 and AArch64 are known) does not
 allow the filter, ``SandboxResult.namespaces_locked`` is False and ``isolation`` says why.
@@ -58,14 +71,21 @@ Always: a scrubbed environment (PATH, LANG, HOME only), ``python -I -S -B`` (no 
 paths, no PYTHON* variables), rlimits on CPU time (SIGXCPU at ``cpu_s``, SIGKILL a second later),
 address space, file size, open files, processes (threads count too) and core dumps, a wall
 timeout after which the whole process group is SIGKILLed, and, afterwards, a sweep that kills any
-process still running as the sandbox uid. stdout and stderr are read as they come and truncated
-in the middle beyond ``output_kb``.
+process still running as the sandbox uid. The runner and the server run under the same uid, in
+the same namespaces, each with these rlimits (the CPU and memory limits are per process; the
+process limit counts both, and ``max_procs`` more); a server the runner restarts after an
+interrupted call starts with a fresh CPU limit, the wall timeout bounds them all. stdout and
+stderr (shared by both processes) are read as they come and truncated in the middle beyond
+``output_kb``.
 
 Not covered: files that any user may read stay readable (read-only, not hidden), and as root the
 interpreter is one any uid can run (``sys.executable`` when its path allows, else the system's
-``python3``), so the code gets that Python's standard library and nothing else. In ``plain``
+``python3``), so the code gets that Python's standard library and nothing else. The server may
+signal the runner (stopping or killing it fails the run; it cannot make it pass). In ``plain``
 mode the code runs as the supervisor's own user, who may read the supervisor's memory (and
-the nonce in it) where the kernel's ptrace policy allows.
+the nonce in it) where the kernel's ptrace policy allows, write the standard library the runner
+imports where this user owns it, and, from a process left over by an earlier run, open the
+runner's memory in the moment before it turns non-dumpable.
 """
 
 from __future__ import annotations
@@ -158,86 +178,13 @@ exit $?
 
 _HARNESS_FILE = "kvc_harness.py"
 _CHANNEL_MAX = 65536         # bytes read back from the result pipe (the harness writes ~100)
-
-# Trusted until its ``from solution import *``. argv: the nonce pipe's fd, the result pipe's fd.
-_HARNESS = r'''
-import os, sys
+_HARNESS_PROCS = 2           # the test runner and the solution server
 
 
-def _kvc_lock_namespaces():
-    """Install the seccomp filter of the module docstring; "ok" or why not."""
-    try:
-        import ctypes
-        table = {"x86_64": (0xC000003E, 272, 56, 435, 308),
-                 "aarch64": (0xC00000B7, 97, 220, 435, 268)}
-        machine = os.uname().machine
-        if machine not in table:
-            return "no seccomp filter for " + machine
-        arch, unshare, clone, clone3, setns = table[machine]
-        allow, errno, eperm, enosys = 0x7FFF0000, 0x00050000, 1, 38
-        new_ns = 0x7E020080  # CLONE_NEW{NS,CGROUP,UTS,IPC,USER,PID,NET,TIME}
-        ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-        program = [
-            (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, errno | enosys),
-            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, errno | enosys),
-            (jeq, 0, 1, clone3), (ret, 0, 0, errno | enosys),
-            (jeq, 0, 1, setns), (ret, 0, 0, errno | eperm),
-            (jeq, 2, 0, unshare), (jeq, 1, 0, clone), (ret, 0, 0, allow),
-            (ld, 0, 0, 16), (jset, 0, 1, new_ns), (ret, 0, 0, errno | eperm),
-            (ret, 0, 0, allow),
-        ]
-
-        class Insn(ctypes.Structure):
-            _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte),
-                        ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
-
-        class Prog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
-
-        insns = (Insn * len(program))(*(Insn(*i) for i in program))
-        prog = Prog(len(program), insns)
-        libc = ctypes.CDLL(None, use_errno=True)
-        ulong = ctypes.c_ulong
-        libc.prctl.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
-        if libc.prctl(38, 1, 0, 0, 0) != 0:      # PR_SET_NO_NEW_PRIVS
-            return "no_new_privs: " + os.strerror(ctypes.get_errno())
-        if libc.prctl(22, 2, ctypes.addressof(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
-            return "seccomp: " + os.strerror(ctypes.get_errno())
-        return "ok"
-    except Exception as exc:
-        return "seccomp: %s: %s" % (type(exc).__name__, exc)
-
-
-def _kvc_main():
-    nonce_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
-    del sys.argv[1:]
-    lock = _kvc_lock_namespaces()
-    nonce = os.read(nonce_fd, 64)
-    os.close(nonce_fd)
-    os.write(result_fd, ("lock " + lock.replace("\n", " ") + "\n").encode())
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, "test_solution.py")
-    with open(path, encoding="utf-8") as f:  # read before the solution could replace it
-        tests = compile(f.read(), path, "exec")
-    sys.path.insert(0, here)
-    main = sys.modules["__main__"].__dict__
-    for name in ("_kvc_main", "_kvc_lock_namespaces"):
-        del main[name]
-    exec("from solution import *", main)
-    exec(tests, main)
-    for name, fn in list(main.items()):
-        code = getattr(fn, "__code__", None)
-        if (name.startswith("test_") and code is not None and code.co_argcount == 0
-                and getattr(fn, "__module__", None) == "__main__"):
-            fn()
-    for stream in (sys.stdout, sys.__stdout__):
-        if stream is not None:
-            stream.flush()
-    os.write(result_fd, nonce)
-
-
-_kvc_main()
-'''
+@functools.cache
+def _harness() -> str:
+    """The trusted harness's source (``_sandbox_harness``), run in the sandbox as a script."""
+    return Path(__file__).with_name("_sandbox_harness.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +289,7 @@ def _execute(plan: _Plan, code: str, tests: str, limits: SandboxLimits) -> Sandb
 def _write_files(workdir: Path, code: str, tests: str, owner: int | None) -> None:
     (workdir / "solution.py").write_text(code, encoding="utf-8")
     (workdir / "test_solution.py").write_text(tests + "\n", encoding="utf-8")
-    (workdir / _HARNESS_FILE).write_text(_HARNESS, encoding="utf-8")
+    (workdir / _HARNESS_FILE).write_text(_harness(), encoding="utf-8")
     for f in workdir.iterdir():
         f.chmod(0o644)
     if owner is not None:
@@ -438,7 +385,7 @@ def _command(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits,
     """argv, the preexec hook setting rlimits (modes without namespaces) and the uid to run as."""
     python = [plan.python, "-I", "-S", "-B", _HARNESS_FILE, *map(str, channel)]
     if not plan.namespaces:
-        nproc = 1 + limits.max_procs
+        nproc = _HARNESS_PROCS + limits.max_procs
         if plan.mode == "plain":        # the limit counts this user's tasks, our 2 readers too
             nproc += _tasks_of_uid(os.getuid()) + 2
         return python, functools.partial(_set_rlimits, limits, nproc), uid
@@ -447,11 +394,11 @@ def _command(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits,
         unshare[1:1] = ["--user", "--map-root-user"]
         drop = ["setpriv", "--securebits=+noroot,+noroot_locked,+no_setuid_fixup,"
                 "+no_setuid_fixup_locked,+keep_caps_locked"]
-        owner, nproc = 0, 3 + limits.max_procs        # unshare and the init shell count too
+        owner, nproc = 0, 2 + _HARNESS_PROCS + limits.max_procs  # unshare, the init shell too
     else:
         assert uid is not None
         drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-        owner, nproc = uid, 1 + limits.max_procs
+        owner, nproc = uid, _HARNESS_PROCS + limits.max_procs
     drop += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     tmpfs_kib = 1024 * max(4, 4 * limits.file_size_mb)
     argv = [*unshare, "--", "/bin/sh", "-c", _INIT, "kvcanary-sandbox", str(tmpfs_kib),
