@@ -15,6 +15,11 @@ the same requests, which is their noise floor.
 
 Grading is bounded (``checkers.Grader``): an answer that makes its checker raise, run too long
 or read too much fails with a "checker error" reason; it never stops the run's analysis.
+
+Quality reads the grades as a table (``grades_frame``, one row per answer): pandas groups it by
+phase, target and bucket, and a target's requests are paired with the reference's (or the
+control's) by request id, in the target's own order, which the seeded bootstrap depends on.
+The result is a ``Quality`` record (``_analysis_types``); ``quality`` gives its JSON.
 """
 
 from __future__ import annotations
@@ -23,14 +28,35 @@ import json
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from . import _stats as stats
+from ._analysis_types import (
+    OMITTED,
+    Agreement,
+    BucketQuality,
+    Combined,
+    DerivedComparison,
+    EvidenceRule,
+    EvidenceSummary,
+    NoiseFloor,
+    Quality,
+    QualityTotals,
+    RuleCounts,
+    Shift,
+    TargetQuality,
+    TeacherForced,
+    VsControl,
+    VsReference,
+)
 from ._records import Result
 from .checkers import Answer, Grader, derived_record, normalize
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CONTROL_SUFFIX = "-control"
 # Derived grades read the prompt for facts and code examples; a longer prompt keeps its first
@@ -172,96 +198,133 @@ def _rate(values: Iterable[bool]) -> float | None:
     return sum(v) / len(v) if v else None
 
 
-def _pairs(rows_t: Mapping[str, Mapping[str, Any]], rows_ref: Mapping[str, Mapping[str, Any]],
-           ) -> tuple[list[bool], list[bool]]:
-    """Checker outcomes of the requests both targets answered and graded (ref, target)."""
-    a, b = [], []
-    for rid, row in rows_t.items():
-        ref = rows_ref.get(rid)
-        if row["grade"] is not None and ref is not None and ref["grade"] is not None:
-            a.append(bool(ref["grade"]["passed"]))
-            b.append(bool(row["grade"]["passed"]))
-    return a, b
+# -- quality per target x bucket: the grades as a table ------------------------------------------
+
+GRADE_COLUMNS = ("phase", "target", "request_id", "bucket", "answered", "passed", "rule",
+                 "d_passed", "d_exact", "d_error", "agreed", "exact", "normalized",
+                 "divergence")
+KEY = ["phase", "target", "request_id"]
 
 
-def compare(rows_t: Mapping[str, Mapping[str, Any]], rows_ref: Mapping[str, Mapping[str, Any]],
-            tolerance: float, seed: int, *, alpha: float = stats.ALPHA,
-            min_pairs: int = stats.MIN_PAIRS) -> dict[str, Any]:
-    """Pass rate, paired difference to the reference, McNemar, agreement, evidence.
+def grades_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per graded answer (``grade_rows``), flattened: ``passed`` is the check's
+    outcome (None: no check graded it), ``rule``/``d_passed`` the derived grade's (None: none,
+    or ungraded), ``agreed`` whether it was compared with the reference's answer. A request
+    answered twice in one phase (a looping Locust test) keeps its last grade, in the place of
+    its first."""
+    import pandas as pd
 
-    ``evidence`` is :func:`stats.evidence` under the verdict's rule (``tolerance``, ``alpha``,
-    ``min_pairs``): whether these pairs show a loss or a drop bounded below the tolerance,
-    and only while they show neither, how many pairs would."""
-    graded = [r["grade"]["passed"] for r in rows_t.values() if r["grade"] is not None]
-    k, n = sum(graded), len(graded)
-    a, b = _pairs(rows_t, rows_ref)
-    out: dict[str, Any] = {"answered": sum(r["answered"] for r in rows_t.values()),
-                           "requests": len(rows_t), "graded": n, "passed": k,
-                           "pass_rate": k / n if n else None, "wilson": stats.wilson(k, n)}
-    diff = stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
-    mc = stats.mcnemar_exact(a, b)
-    out["vs_reference"] = None if diff is None else {
-        "pairs": diff.n, "diff": diff.diff, "lo": diff.lo, "hi": diff.hi,
-        "mcnemar_p": mc.p_value, "ref_only": mc.a_only, "target_only": mc.b_only}
-    agree = [r["agreement"] for r in rows_t.values() if r["agreement"] is not None]
-    divs = [x["first_divergence"] for x in agree if x["first_divergence"] is not None]
-    out["agreement"] = {"compared": len(agree),
-                        "exact": _rate(x["exact"] for x in agree),
-                        "normalized": _rate(x["normalized"] for x in agree),
-                        "first_divergence_median": float(np.median(divs)) if divs else None}
-    ev = stats.evidence(len(a), mc.a_only, mc.b_only, tolerance=tolerance, alpha=alpha,
-                        min_pairs=min_pairs)
-    out["evidence"] = ev.to_json()
-    return out
+    flat = []
+    for row in rows:
+        g, d, ag = row["grade"], row.get("derived"), row["agreement"]
+        flat.append((row["phase"], row["target"], row["request_id"], row["bucket"],
+                     bool(row["answered"]), None if g is None else bool(g["passed"]),
+                     str(d["rule"]) if d else None,
+                     None if not d or d["passed"] is None else bool(d["passed"]),
+                     None if not d or d.get("exact") is None else bool(d["exact"]),
+                     bool(d and (d.get("detail") or {}).get("checker_error")),
+                     ag is not None, ag and ag["exact"], ag and ag["normalized"],
+                     ag and ag["first_divergence"]))
+    frame = pd.DataFrame.from_records(flat, columns=GRADE_COLUMNS)
+    first = frame.groupby(KEY, sort=False).ngroup()
+    return (frame.assign(first=first).drop_duplicates(KEY, keep="last")
+            .sort_values("first").drop(columns="first").set_index("request_id", drop=False))
 
 
-def compare_derived(rows_t: Mapping[str, Mapping[str, Any]],
-                    rows_control: Mapping[str, Mapping[str, Any]] | None,
-                    seed: int) -> dict[str, Any]:
+def _outcomes(values: pd.Series) -> list[bool]:
+    return [bool(v) for v in values]
+
+
+def _paired(rows: pd.DataFrame, base: pd.DataFrame | None, column: str,
+            ) -> tuple[list[bool], list[bool]]:
+    """``column``'s outcomes of the requests graded in both, in ``rows``' order: (base,
+    rows)."""
+    if base is None or rows.empty:
+        return [], []
+    theirs = base[column].reindex(rows.index)
+    both = rows[column].notna() & theirs.notna()
+    return _outcomes(theirs[both]), _outcomes(rows.loc[both, column])
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """The verdict's evidence rule, which grading's evidence column applies too."""
+
+    tolerance: float
+    alpha: float
+    min_pairs: int
+
+    def evidence(self, a: Sequence[bool], b: Sequence[bool]) -> EvidenceSummary:
+        mc = stats.mcnemar_exact(a, b)
+        ev = stats.evidence(len(a), mc.a_only, mc.b_only, tolerance=self.tolerance,
+                            alpha=self.alpha, min_pairs=self.min_pairs)
+        return EvidenceSummary(
+            status=ev.status, sufficient=ev.sufficient, needed=ev.needed, p_value=ev.p_value,
+            drop_bound=ev.drop_bound, rule=EvidenceRule(tolerance=ev.tolerance, alpha=ev.alpha,
+                                                        min_pairs=ev.min_pairs, power=ev.power),
+            short=ev.short, reason=ev.reason)
+
+
+def _bootstrap(a: Sequence[bool], b: Sequence[bool], seed: int) -> stats.PairedDiff | None:
+    return stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+
+
+def _comparison(rows: pd.DataFrame, ref: pd.DataFrame | None, rule: _Rule,
+                seed: int) -> dict[str, Any]:
+    """``Comparison``'s fields: pass rate, paired difference to the reference, McNemar,
+    agreement, and ``evidence`` (whether the pairs show a loss or a drop bounded below the
+    tolerance, and only while they show neither, how many pairs would)."""
+    graded = rows["passed"].dropna()
+    k, n = int(graded.astype(bool).sum()), len(graded)
+    a, b = _paired(rows, ref, "passed")
+    diff, mc = _bootstrap(a, b, seed), stats.mcnemar_exact(a, b)
+    agree = rows[rows["agreed"]]
+    divs = agree["divergence"].dropna().tolist()
+    return {"answered": int(rows["answered"].sum()), "requests": len(rows), "graded": n,
+            "passed": k, "pass_rate": k / n if n else None, "wilson": stats.wilson(k, n),
+            "vs_reference": None if diff is None else VsReference(
+                pairs=diff.n, diff=diff.diff, lo=diff.lo, hi=diff.hi, mcnemar_p=mc.p_value,
+                ref_only=mc.a_only, target_only=mc.b_only),
+            "agreement": Agreement(compared=len(agree), exact=_rate(agree["exact"].tolist()),
+                                   normalized=_rate(agree["normalized"].tolist()),
+                                   first_divergence_median=float(np.median(divs))
+                                   if divs else None),
+            "evidence": rule.evidence(a, b)}
+
+
+def compare_derived(rows: pd.DataFrame, control: pd.DataFrame | None,
+                    seed: int) -> DerivedComparison:
     """Derived grades of one target: pass rate, counts (by rule, ungraded, checker errors), the
     normalized exact rate beside them, and ``vs_control``: the paired comparison with the A/A
     control's derived grades of the same requests, its floor (None for the control itself, the
     reference, or when no control ran)."""
-    recs = [(rid, r["derived"]) for rid, r in rows_t.items() if r.get("derived")]
-    graded = [(rid, d) for rid, d in recs if d["passed"] is not None]
-    k, n = sum(bool(d["passed"]) for _, d in graded), len(graded)
-    by_rule: dict[str, dict[str, int]] = {}
-    for _, d in recs:
-        counts = by_rule.setdefault(str(d["rule"]), {"graded": 0, "passed": 0, "ungraded": 0})
-        if d["passed"] is None:
-            counts["ungraded"] += 1
-        else:
-            counts["graded"] += 1
-            counts["passed"] += bool(d["passed"])
-    out: dict[str, Any] = {
-        "graded": n, "passed": k, "pass_rate": k / n if n else None,
-        "wilson": stats.wilson(k, n), "ungraded": len(recs) - n,
-        "checker_errors": sum(bool((d.get("detail") or {}).get("checker_error"))
-                              for _, d in recs),
-        "by_rule": dict(sorted(by_rule.items())),
-        "exact_rate": _rate(bool(d["exact"]) for _, d in recs if d.get("exact") is not None),
-        "vs_control": None}
-    if rows_control is None:
-        return out
-    a, b = [], []
-    for rid, d in graded:
-        floor = (rows_control.get(rid) or {}).get("derived")
-        if floor and floor["passed"] is not None:
-            a.append(bool(floor["passed"]))
-            b.append(bool(d["passed"]))
-    diff = stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
-    mc = stats.mcnemar_exact(a, b)
-    out["vs_control"] = None if diff is None else {
-        "pairs": diff.n, "control_pass_rate": diff.mean_a, "pass_rate": diff.mean_b,
-        "diff": diff.diff, "lo": diff.lo, "hi": diff.hi, "mcnemar_p": mc.p_value,
-        "control_only": mc.a_only, "target_only": mc.b_only}
-    return out
+    import pandas as pd
+
+    recs = rows[rows["rule"].notna()]
+    outcome = recs["d_passed"]
+    graded = outcome.dropna()
+    k, n = int(graded.astype(bool).sum()), len(graded)
+    counts = pd.DataFrame({"rule": recs["rule"], "graded": outcome.notna(),
+                           "passed": outcome.eq(True), "ungraded": outcome.isna()}
+                          ).groupby("rule").sum()
+    vs = None
+    if control is not None:
+        a, b = _paired(recs, control, "d_passed")
+        diff, mc = _bootstrap(a, b, seed), stats.mcnemar_exact(a, b)
+        vs = None if diff is None else VsControl(
+            pairs=diff.n, control_pass_rate=diff.mean_a, pass_rate=diff.mean_b, diff=diff.diff,
+            lo=diff.lo, hi=diff.hi, mcnemar_p=mc.p_value, control_only=mc.a_only,
+            target_only=mc.b_only)
+    return DerivedComparison(
+        graded=n, passed=k, pass_rate=k / n if n else None, wilson=stats.wilson(k, n),
+        ungraded=len(recs) - n, checker_errors=int(recs["d_error"].sum()),
+        by_rule={str(r): RuleCounts(graded=int(c["graded"]), passed=int(c["passed"]),
+                                    ungraded=int(c["ungraded"])) for r, c in counts.iterrows()},
+        exact_rate=_rate(_outcomes(recs["d_exact"].dropna())), vs_control=vs)
 
 
-def combined_pairs(rows_t: Mapping[str, Mapping[str, Any]],
-                   rows_ref: Mapping[str, Mapping[str, Any]],
-                   rows_control: Mapping[str, Mapping[str, Any]] | None,
-                   ) -> tuple[list[bool], list[bool], int]:
+def combined_pairs(rows: pd.DataFrame, ref: pd.DataFrame | None,
+                   control: pd.DataFrame | None) -> tuple[list[bool], list[bool], int]:
     """Every graded pair of one target and bucket, explicit and derived pooled, and how many
     are derived. A request is one pair at most: with a check, its grade against the
     reference's (explicit checks win); without one, its derived grade (agreement with the
@@ -269,47 +332,32 @@ def combined_pairs(rows_t: Mapping[str, Mapping[str, Any]],
     reference agreeing with itself. Without a control the baseline is a pass: every
     disagreement with the reference counts against the candidate, the conservative reading
     (no noise floor)."""
-    a, b = _pairs(rows_t, rows_ref)
-    derived = 0
-    for rid, row in rows_t.items():
-        d = row.get("derived")
-        if row["grade"] is not None or not d or d["passed"] is None:
-            continue
-        if rows_control is None:
-            base = True
-        else:
-            floor = (rows_control.get(rid) or {}).get("derived")
-            if not floor or floor["passed"] is None:
-                continue
-            base = bool(floor["passed"])
-        a.append(base)
-        b.append(bool(d["passed"]))
-        derived += 1
-    return a, b, derived
+    a, b = _paired(rows, ref, "passed")
+    derived = rows[rows["passed"].isna() & rows["d_passed"].notna()]
+    if control is None:
+        base, mine = [True] * len(derived), _outcomes(derived["d_passed"])
+    else:
+        base, mine = _paired(derived, control, "d_passed")
+    return a + base, b + mine, len(base)
 
 
-def compare_combined(rows_t: Mapping[str, Mapping[str, Any]],
-                     rows_ref: Mapping[str, Mapping[str, Any]],
-                     rows_control: Mapping[str, Mapping[str, Any]] | None,
-                     tolerance: float, seed: int, *, alpha: float = stats.ALPHA,
-                     min_pairs: int = stats.MIN_PAIRS) -> dict[str, Any] | None:
+def compare_combined(rows: pd.DataFrame, ref: pd.DataFrame | None,
+                     control: pd.DataFrame | None, rule: _Rule, seed: int) -> Combined | None:
     """The paired comparison the verdict decides on: ``combined_pairs`` under the same
     statistics and evidence rule as the explicit grades alone."""
-    a, b, derived = combined_pairs(rows_t, rows_ref, rows_control)
-    diff = stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+    a, b, derived = combined_pairs(rows, ref, control)
+    diff = _bootstrap(a, b, seed)
     if diff is None:
         return None
     mc = stats.mcnemar_exact(a, b)
-    ev = stats.evidence(len(a), mc.a_only, mc.b_only, tolerance=tolerance, alpha=alpha,
-                        min_pairs=min_pairs)
-    return {"pairs": diff.n, "explicit": diff.n - derived, "derived": derived,
-            "baseline": "control" if rows_control is not None else "pass",
-            "diff": diff.diff, "lo": diff.lo, "hi": diff.hi, "mcnemar_p": mc.p_value,
-            "ref_only": mc.a_only, "target_only": mc.b_only, "evidence": ev.to_json()}
+    return Combined(pairs=diff.n, explicit=diff.n - derived, derived=derived,
+                    baseline="control" if control is not None else "pass", diff=diff.diff,
+                    lo=diff.lo, hi=diff.hi, mcnemar_p=mc.p_value, ref_only=mc.a_only,
+                    target_only=mc.b_only, evidence=rule.evidence(a, b))
 
 
 def teacher_forced(tf: Mapping[str, Mapping[str, Any]], tf_ref: Mapping[str, Mapping[str, Any]],
-                   ids: Iterable[str], seed: int = 0) -> dict[str, Any]:
+                   ids: Iterable[str], seed: int = 0) -> TeacherForced:
     """Mean NLL difference per token to the reference's own scores, and top-1 agreement, with
     intervals over requests (each request's mean, resampled: tokens of one answer are not
     independent), the early warning the verdict reports beside the outcomes."""
@@ -331,106 +379,116 @@ def teacher_forced(tf: Mapping[str, Mapping[str, Any]], tf_ref: Mapping[str, Map
             top1_per_request.append(sum(map(bool, s["top1"])) / len(s["top1"]))
     nll_ci = stats.paired_bootstrap([0.0] * len(per_request), per_request, seed=seed)
     top1_ci = stats.paired_bootstrap([0.0] * len(top1_per_request), top1_per_request, seed=seed)
-    return {"tokens": len(deltas), "requests": len(per_request), "errors": errors,
-            "nll_delta_mean": float(np.mean(deltas)) if deltas else None,
-            "nll_delta_lo": None if nll_ci is None else nll_ci.lo,
-            "nll_delta_hi": None if nll_ci is None else nll_ci.hi,
-            "top1_agreement": _rate(top1),
-            "top1_lo": None if top1_ci is None else top1_ci.lo,
-            "top1_hi": None if top1_ci is None else top1_ci.hi,
-            "identical_to_reference": bool(deltas) and all(d == 0.0 for d in deltas)}
+    return TeacherForced(
+        tokens=len(deltas), requests=len(per_request), errors=errors,
+        nll_delta_mean=float(np.mean(deltas)) if deltas else None,
+        nll_delta_lo=None if nll_ci is None else nll_ci.lo,
+        nll_delta_hi=None if nll_ci is None else nll_ci.hi, top1_agreement=_rate(top1),
+        top1_lo=None if top1_ci is None else top1_ci.lo,
+        top1_hi=None if top1_ci is None else top1_ci.hi,
+        identical_to_reference=bool(deltas) and all(d == 0.0 for d in deltas))
 
 
 def checker_error_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """One note per target (and kind of grade) whose answers could not all be graded (they
     count as failed)."""
+    import pandas as pd
+
+    rows = list(rows)
     notes = []
     for key, what in (("grade", "answer(s)"), ("derived", "derived grade(s)")):
-        errors: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        first: dict[str, str] = {}
-        for row in rows:
-            kind = ((row.get(key) or {}).get("detail") or {}).get("checker_error")
-            if kind:
-                errors[row["target"]][kind] += 1
-                first.setdefault(row["target"], f"{row['request_id']}: {row[key]['reason']}")
-        notes += [f"{target}: {sum(kinds.values())} {what} failed with a checker error "
-                  f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); first: "
-                  f"{first[target]}" for target, kinds in errors.items()]
+        failed = [(row["target"], kind, f"{row['request_id']}: {row[key]['reason']}")
+                  for row in rows
+                  if (kind := ((row.get(key) or {}).get("detail") or {}).get("checker_error"))]
+        if not failed:
+            continue
+        frame = pd.DataFrame.from_records(failed, columns=["target", "kind", "first"])
+        for target, errors in frame.groupby("target", sort=False):
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(errors["kind"].value_counts().items()))
+            notes.append(f"{target}: {len(errors)} {what} failed with a checker error ({kinds}); "
+                         f"first: {errors['first'].iloc[0]}")
     return notes
+
+
+def _noise_floor(floor: BucketQuality | None) -> NoiseFloor | None:
+    if floor is None:
+        return None
+    vs, tf = floor.vs_reference, floor.teacher_forced
+    return NoiseFloor(diff=None if vs is None else vs.diff, lo=None if vs is None else vs.lo,
+                      hi=None if vs is None else vs.hi, agreement_exact=floor.agreement.exact,
+                      nll_delta_mean=tf.nll_delta_mean, nll_delta_hi=tf.nll_delta_hi,
+                      top1_lo=tf.top1_lo)
+
+
+def _target_quality(name: str, rows: pd.DataFrame, targets: Mapping[str, pd.DataFrame],
+                    tf: Mapping[str, Mapping[str, Mapping[str, Any]]], reference: str,
+                    bucket_order: Sequence[str], rule: _Rule, seed: int) -> TargetQuality:
+    control = reference + CONTROL_SUFFIX
+    compared = name not in (reference, control)
+    ref, floor = targets.get(reference), targets.get(control) if compared else None
+    mine, theirs = tf.get(name, {}), tf.get(reference, {})
+    buckets, strata = {}, []
+    by_bucket = dict(iter(rows.groupby("bucket", sort=False)))
+    for b in sorted(by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order
+                                              else 99, b)):
+        sub = by_bucket[b]
+        buckets[str(b)] = BucketQuality(
+            **_comparison(sub, ref, rule, seed), derived=compare_derived(sub, floor, seed),
+            combined=compare_combined(sub, ref, floor, rule, seed) if compared else OMITTED,
+            teacher_forced=teacher_forced(mine, theirs, sub.index, seed))
+        # The shift test pools what the verdict decides on: explicit and derived.
+        strata.append(combined_pairs(sub, ref, floor)[:2])
+    shift = stats.stratified_shift(strata) if name != reference else None
+    return TargetQuality(
+        buckets=buckets, all=QualityTotals(**_comparison(rows, ref, rule, seed),
+                                           derived=compare_derived(rows, floor, seed)),
+        shift=None if shift is None else Shift(
+            p_value=shift.p_value, direction=shift.direction, ref_only=shift.a_only,
+            target_only=shift.b_only, pairs=shift.n),
+        teacher_forced=teacher_forced(mine, theirs, rows.index))
+
+
+def assess_quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, Any]],
+                   reference: str, bucket_order: Sequence[str],
+                   tolerance: float = stats.TOLERANCE, seed: int = 0, *,
+                   alpha: float = stats.ALPHA, min_pairs: int = stats.MIN_PAIRS) -> Quality:
+    """phase -> target -> buckets, all and shift, plus notes. ``tolerance``, ``alpha`` and
+    ``min_pairs`` are the verdict's, so the evidence column says what it says."""
+    tf: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
+    for t in tf_rows:
+        tf[t["target"]][t["request_id"]] = t
+    rule, control = _Rule(tolerance, alpha, min_pairs), reference + CONTROL_SUFFIX
+    phases: dict[str, dict[str, TargetQuality]] = {}
+    notes = []
+    frame = grades_frame(rows)
+    for phase, in_phase in frame.groupby("phase", sort=False):
+        targets = dict(iter(in_phase.groupby("target", sort=False)))
+        out = {str(t): _target_quality(str(t), t_rows, targets, tf, reference, bucket_order,
+                                       rule, seed) for t, t_rows in targets.items()}
+        if control not in targets and in_phase["rule"].notna().any():
+            notes.append(
+                f"{phase}: derived grades have no noise floor: no A/A control ({control}) ran, "
+                "so every disagreement with the reference's answer counts against the "
+                "candidate (--control gives the floor)")
+        if control in out:
+            floors = out[control].buckets
+            out = {t: replace(q, buckets={b: replace(row, noise_floor=_noise_floor(floors.get(b)))
+                                          for b, row in q.buckets.items()})
+                   for t, q in out.items()}
+        phases[str(phase)] = out
+    notes += checker_error_notes(rows)
+    notes += [f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: this "
+              "path does not exercise a different KV cache on this backend; it is not evidence "
+              "of no loss" for phase, out in phases.items() for target, q in out.items()
+              if target not in (reference, control) and q.teacher_forced.identical_to_reference]
+    return Quality(reference=reference, tolerance=tolerance, alpha=alpha, min_pairs=min_pairs,
+                   phases=phases, notes=tuple(notes))
 
 
 def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, Any]],
             reference: str, bucket_order: Sequence[str], tolerance: float = stats.TOLERANCE,
             seed: int = 0, *, alpha: float = stats.ALPHA,
             min_pairs: int = stats.MIN_PAIRS) -> dict[str, Any]:
-    """phase -> target -> {buckets: {...}, all: {...}, shift: {...}} plus notes. ``tolerance``,
-    ``alpha`` and ``min_pairs`` are the verdict's, so the evidence column says what it says."""
-    by: dict[str, dict[str, dict[str, Mapping[str, Any]]]] = defaultdict(
-        lambda: defaultdict(dict))
-    for row in rows:
-        by[row["phase"]][row["target"]][row["request_id"]] = row
-    tf: dict[str, dict[str, Any]] = defaultdict(dict)
-    for t in tf_rows:
-        tf[t["target"]][t["request_id"]] = t
-    out: dict[str, Any] = {"reference": reference, "tolerance": tolerance, "alpha": alpha,
-                           "min_pairs": min_pairs, "phases": {}, "notes": []}
-    control = reference + CONTROL_SUFFIX
-    for phase, targets in by.items():
-        ref_rows = targets.get(reference, {})
-        p_out: dict[str, Any] = {}
-        for target, t_rows in targets.items():
-            floor_rows = None if target in (reference, control) else targets.get(control)
-            buckets = sorted({r["bucket"] for r in t_rows.values()},
-                             key=lambda b: bucket_order.index(b) if b in bucket_order else 99)
-            t_out: dict[str, Any] = {"buckets": {}, "all": compare(
-                t_rows, ref_rows, tolerance, seed, alpha=alpha, min_pairs=min_pairs)}
-            strata = []
-            for b in buckets:
-                sub = {k: v for k, v in t_rows.items() if v["bucket"] == b}
-                row = compare(sub, ref_rows, tolerance, seed, alpha=alpha, min_pairs=min_pairs)
-                row["derived"] = compare_derived(sub, floor_rows, seed)
-                if target not in (reference, control):
-                    row["combined"] = compare_combined(sub, ref_rows, floor_rows, tolerance,
-                                                       seed, alpha=alpha, min_pairs=min_pairs)
-                row["teacher_forced"] = teacher_forced(tf.get(target, {}), tf.get(reference, {}),
-                                                       sub, seed)
-                t_out["buckets"][b] = row
-                # The shift test pools what the verdict decides on: explicit and derived.
-                strata.append(combined_pairs(sub, ref_rows, floor_rows)[:2])
-            shift = stats.stratified_shift(strata) if target != reference else None
-            t_out["shift"] = None if shift is None else {
-                "p_value": shift.p_value, "direction": shift.direction,
-                "ref_only": shift.a_only, "target_only": shift.b_only, "pairs": shift.n}
-            t_out["teacher_forced"] = teacher_forced(tf.get(target, {}), tf.get(reference, {}),
-                                                     t_rows)
-            t_out["all"]["derived"] = compare_derived(t_rows, floor_rows, seed)
-            p_out[target] = t_out
-        if control not in targets and any(r.get("derived") for t in targets.values()
-                                          for r in t.values()):
-            out["notes"].append(
-                f"{phase}: derived grades have no noise floor: no A/A control ({control}) ran, "
-                "so every disagreement with the reference's answer counts against the "
-                "candidate (--control gives the floor)")
-        if control in p_out:
-            for t_out in p_out.values():
-                for b, row in t_out["buckets"].items():
-                    floor = p_out[control]["buckets"].get(b)
-                    row["noise_floor"] = None if floor is None else {
-                        "diff": (floor["vs_reference"] or {}).get("diff"),
-                        "lo": (floor["vs_reference"] or {}).get("lo"),
-                        "hi": (floor["vs_reference"] or {}).get("hi"),
-                        "agreement_exact": floor["agreement"]["exact"],
-                        "nll_delta_mean": floor["teacher_forced"]["nll_delta_mean"],
-                        "nll_delta_hi": floor["teacher_forced"]["nll_delta_hi"],
-                        "top1_lo": floor["teacher_forced"]["top1_lo"]}
-        out["phases"][phase] = p_out
-    out["notes"] += checker_error_notes(rows)
-    for phase, p_out in out["phases"].items():
-        for target, t_out in p_out.items():
-            tf = t_out["teacher_forced"]
-            if target not in (reference, control) and tf["identical_to_reference"]:
-                out["notes"].append(
-                    f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: "
-                    "this path does not exercise a different KV cache on this backend; it is "
-                    "not evidence of no loss")
-    return out
+    """``assess_quality`` as JSON, for callers outside the pipeline."""
+    return assess_quality(rows, tf_rows, reference, bucket_order, tolerance, seed,
+                          alpha=alpha, min_pairs=min_pairs).to_json()

@@ -557,7 +557,7 @@ class RunRecorder:
         late results arrive: each call rewrites them)."""
         results = list(read_results(self.run_dir))
         # A phase some result names but no window covers (e.g. the target failed before the
-        # first phase opened) gets the span of its results, so build_summary counts them.
+        # first phase opened) gets the span of its results, so the summary counts them.
         for r in results:
             if r.phase not in self.phases:
                 times = [x for x in (r.scheduled, r.sent, r.done) if x is not None]
@@ -575,7 +575,7 @@ class RunRecorder:
             bucket_labels=self.buckets.labels, tolerance=tolerance, seed=self.seed,
             thresholds=Thresholds(tolerance=tolerance), manifest=self.manifest(),
             grading_specs=lambda ids: specs, verdict=False, grading=self.checkers,
-            results=results, extra={"driver": self.driver}))
+            results=results, driver=self.driver)).to_json()
 
     def close(self) -> None:
         self._results.close()

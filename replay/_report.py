@@ -25,12 +25,25 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 import numpy as np
 import orjson
 
+from ._analysis_types import (
+    BucketQuality,
+    Combined,
+    Comparison,
+    DerivedComparison,
+    LatencyDelta,
+    NoiseFloor,
+    Percentiles,
+    Summary,
+    SystemsBucket,
+    TargetSummary,
+    VsReference,
+)
 from ._roles import Roles
 from ._rundir import GRADES, MANIFEST, RESULTS, SUMMARY, file_digest
 from ._verdict import VERDICTS, serving_problems
@@ -43,6 +56,7 @@ PROMPT_HEAD = PROMPT_TAIL = 300
 CONTROL_SUFFIX = "-control"
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#be185d")
 CONTROL_COLOR = "#64748b"
+T = TypeVar("T")
 SHORT = {"keep": "KEEP", "calibrate": "CALIBRATE", "per_head_or_skip_layers":
          "PER-HEAD / SKIP LAYERS", "reject": "REJECT", "insufficient_evidence":
          "INSUFFICIENT EVIDENCE"}
@@ -132,7 +146,7 @@ def f_est(x: object, lo: object, hi: object, fmt: Callable[[object], str]) -> st
 class Run:
     dir: Path
     manifest: dict[str, Any]
-    summary: dict[str, Any]
+    summary: Summary  # read leniently: a value of the wrong type is a problem, and a dash
     results: list[dict[str, Any]]
     grades: list[dict[str, Any]]
     series: dict[str, list[dict[str, Any]]]
@@ -140,21 +154,21 @@ class Run:
 
     @property
     def reference(self) -> str | None:
-        ref = dig(self.summary, "quality", "reference") or self.manifest.get("reference")
+        q = self.summary.quality
+        ref = (q.reference if q else None) or self.manifest.get("reference")
         return ref if isinstance(ref, str) else None
 
     def targets(self) -> list[str]:
         """Every target, in the run's order (the reference first)."""
-        names: list[object] = [*obj(self.manifest.get("targets")),
-                               *obj(self.summary.get("targets"))]
+        names: list[object] = [*obj(self.manifest.get("targets")), *self.summary.targets]
         names += [r.get("target") for r in self.results]
         out = list(dict.fromkeys(n for n in names if isinstance(n, str)))
         return sorted(out, key=lambda n: (n != self.reference, n.endswith(CONTROL_SUFFIX)))
 
     def candidate(self) -> str | None:
-        cand = dig(self.summary, "systems", "candidate")
-        if isinstance(cand, str):
-            return cand
+        systems = self.summary.systems
+        if systems is not None and systems.candidate is not None:
+            return systems.candidate
         return self.roles().candidate
 
     def roles(self) -> Roles:
@@ -162,19 +176,17 @@ class Run:
                                                    if not n.endswith(CONTROL_SUFFIX)])
 
     def phases(self) -> list[str]:
-        names = [*lst(self.manifest.get("schedules")),
-                 *obj(dig(self.summary, "quality", "phases"))]
-        names += [p for t in obj(self.summary.get("targets")).values()
-                  for p in obj(dig(t, "phases"))]
+        q = self.summary.quality
+        names = [*lst(self.manifest.get("schedules")), *(q.phases if q else ())]
+        names += [p for t in self.summary.targets.values() for p in t.phases]
         names += [r.get("phase") for r in self.results]
         return list(dict.fromkeys(n for n in names if isinstance(n, str)))
 
-    def in_order(self, d: object, kind: str) -> list[tuple[str, Any]]:
-        """Items of a JSON object in the run's order of buckets, targets or phases (summary.json
-        is written with sorted keys, which would put "256-1K" before "<256")."""
+    def in_order(self, items: Mapping[str, T], kind: str) -> list[tuple[str, T]]:
+        """Items in the run's order of buckets, targets or phases (summary.json is written
+        with sorted keys, which would put "256-1K" before "<256")."""
         order = {"bucket": [str(b) for b in lst(dig(self.manifest, "buckets", "labels"))],
                  "target": self.targets(), "phase": self.phases()}[kind]
-        items = obj(d)
         return sorted(items.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order
                       else len(order))
 
@@ -223,10 +235,11 @@ def load_run(run_dir: Path) -> Run:
     metrics = run_dir / "metrics"
     if metrics.is_dir():
         series = {p.stem: _read_lines(p, problems) for p in sorted(metrics.glob("*.jsonl"))}
-    return Run(run_dir, _read_object(run_dir / MANIFEST, problems),
-               _read_object(run_dir / SUMMARY, problems),
-               _read_lines(run_dir / RESULTS, problems), _read_lines(run_dir / GRADES, problems),
-               series, problems)
+    manifest = _read_object(run_dir / MANIFEST, problems)
+    summary = Summary.from_json(_read_object(run_dir / SUMMARY, problems), where=SUMMARY,
+                                problems=problems)
+    return Run(run_dir, manifest, summary, _read_lines(run_dir / RESULTS, problems),
+               _read_lines(run_dir / GRADES, problems), series, problems)
 
 
 # -- prompts from the trace -------------------------------------------------------------------
@@ -492,39 +505,39 @@ def bar_chart(bars: Sequence[tuple[str, str, float | None]], unit: str, label: s
 # -- sections -------------------------------------------------------------------------------
 
 def verdict_view(run: Run) -> dict[str, Any]:
-    v = obj(run.summary.get("verdict"))
-    kind = v.get("verdict")
-    kind = kind if isinstance(kind, str) else None
+    v = run.summary.verdict
+    kind = (v.verdict if v else None) or None
     title = VERDICTS.get(kind or "", (None, ""))[1]
     ev = Table(["Kind", "Bucket", "Finding", "Pairs", "Δ pass rate, pts [95% CI]", "McNemar p",
                 "Noise floor (low end, pts)"])
-    for e in lst(v.get("evidence")):
-        e = obj(e)
+    # An evidence entry is the verdict's own JSON object (its keys depend on its kind).
+    for e in v.evidence if v else ():
         ev.add(text(e.get("kind")), text(e.get("bucket")), Cell(text(e.get("text"))),
                f_int(e.get("pairs")), f_est(e.get("diff"), e.get("lo"), e.get("hi"), f_pts),
                f_p(e.get("mcnemar_p")), f_pts(e.get("floor_lo")))
-    return {"present": bool(v), "kind": kind or "none",
+    headline = v.headline if v else None
+    return {"present": v is not None, "kind": kind or "none",
             "word": SHORT.get(kind or "", (kind or "no verdict").upper()), "title": title,
-            "headline": text(v.get("headline")), "exit_code": text(v.get("exit_code")),
-            "reasons": [str(r) for r in lst(v.get("reasons"))
-                        if not str(v.get("headline")).endswith(str(r))], "evidence": ev,
-            "glance": glance(run)}
+            "headline": text(headline), "exit_code": text(v.exit_code if v else None),
+            "reasons": [r for r in (v.reasons if v else ()) if not str(headline).endswith(r)],
+            "evidence": ev, "glance": glance(run)}
 
 
 def glance(run: Run) -> list[tuple[str, str]]:
     """A few numbers beside the verdict: who was compared, on how much, what FP8 gains."""
     ref, cand = run.reference, run.candidate()
-    targets = obj(run.summary.get("targets"))
-    a, b = (num(dig(targets, n or "", "kv_cache_size_tokens")) for n in (ref, cand))
+    t_ref, t_cand = (run.summary.targets.get(n or "") for n in (ref, cand))
+    a, b = (t.kv_cache_size_tokens if t else None for t in (t_ref, t_cand))
     cap = b / a if a and b else None
-    phase = next(iter(run.in_order(dig(run.summary, "quality", "phases"), "phase")), (None,))[0]
-    pairs = dig(run.summary, "quality", "phases", phase or "", cand or "", "all",
-                "vs_reference", "pairs")
+    q, systems = run.summary.quality, run.summary.systems
+    first = next(iter(run.in_order(q.phases, "phase")), None) if q else None
+    arm = first[1].get(cand or "") if first else None
+    vs = arm.all.vs_reference if arm else None
     return [("reference", text(ref)), ("candidate", text(cand)),
-            ("status (reference / candidate)", f"{text(dig(targets, ref or '', 'status'))} / "
-                       f"{text(dig(targets, cand or '', 'status'))}"),
-            ("graded pairs", f_int(pairs)), ("KV-cache capacity", f_ratio(cap)),
-            ("throughput", f_ratio(dig(run.summary, "systems", "throughput_ratio")))]
+            ("status (reference / candidate)", f"{text(t_ref.status if t_ref else None)} / "
+                       f"{text(t_cand.status if t_cand else None)}"),
+            ("graded pairs", f_int(vs.pairs if vs else None)), ("KV-cache capacity", f_ratio(cap)),
+            ("throughput", f_ratio(systems.throughput_ratio if systems else None))]
 
 
 def serving_view(run: Run) -> dict[str, Any]:
@@ -532,21 +545,22 @@ def serving_view(run: Run) -> dict[str, Any]:
                "KV cache (tokens)", "Engine", "Model", "Max model len", "Server", "Findings"])
     details = []
     for name in run.targets():
-        m, s = obj(dig(run.manifest, "targets", name)), obj(dig(run.summary, "targets", name))
-        served = s.get("cache_dtype") or dig(m, "cache_config", "cache_dtype")
+        m = obj(dig(run.manifest, "targets", name))
+        s = run.summary.targets.get(name) or TargetSummary.from_json({})
+        served = s.cache_dtype or dig(m, "cache_config", "cache_dtype")
         findings = _findings(run, name, m, s, served)
         server = obj(m.get("server"))
         t.add(Cell(name, title=text(dig(m, "spec", "model"))), _role(run, name),
-              Cell(text(s.get("status") or m.get("status")),
-                   "good" if (s.get("status") or m.get("status")) == "ok" else "bad"),
+              Cell(text(s.status or m.get("status")),
+                   "good" if (s.status or m.get("status")) == "ok" else "bad"),
               text(dig(m, "spec", "expect_cache_dtype") or dig(m, "spec", "kv_cache_dtype")),
-              text(served), f_int(s.get("kv_cache_size_tokens")
+              text(served), f_int(s.kv_cache_size_tokens
                                   or num(_float(dig(m, "cache_config", "kv_cache_size_tokens")))),
               text(m.get("engine_version")), text(m.get("model_id")),
               f_int(m.get("max_model_len")),
               text(server.get("url")) + (f" (pid {server['pid']})" if server.get("pid") else ""),
               Cell("; ".join(findings) or "none", "bad" if findings else "good"))
-        details.append({"name": name, "reason": m.get("reason") or s.get("reason"),
+        details.append({"name": name, "reason": m.get("reason") or s.reason,
                         "scale_lines": [str(x) for x in lst(m.get("scale_log_lines"))],
                         "engine": sorted((str(k), str(v)) for k, v in
                                          obj(m.get("engine_config")).items()),
@@ -571,17 +585,20 @@ def _float(x: object) -> float | None:
         return None
 
 
-def _findings(run: Run, name: str, m: Mapping[str, Any], s: Mapping[str, Any],
+def _findings(run: Run, name: str, m: Mapping[str, Any], s: TargetSummary,
               served: object) -> list[str]:
     """What says this target does not run the path it is meant to test (as the verdict sees
     it); the reference and the control only report failing."""
-    status = s.get("status") or m.get("status")
-    reason = s.get("reason") or m.get("reason")
+    status = s.status or m.get("status")
+    reason = s.reason or m.get("reason")
     if status not in ("ok", "failed", None):
         return [f"status '{status}': {text(reason) if reason else 'no outcome recorded'}"]
     if name == run.reference or name.endswith(CONTROL_SUFFIX):
         return [] if status in ("ok", None) else [f"target failed: {text(reason)}"]
-    merged = {"status": status, "reason": reason, "cache_dtype": served}
+    merged = TargetSummary(status=None if status is None else str(status),
+                           reason=None if reason is None else str(reason),
+                           cache_dtype=None if served is None else str(served),
+                           kv_cache_size_tokens=None, phases={})
     # The verdict's own check, on what the manifest keeps of this target.
     info = {k: m[k] for k in ("scale_log_lines", "engine_config", "spec") if k in m}
     return serving_problems(name, merged, {"targets": {name: info}},
@@ -597,64 +614,62 @@ QUALITY_HEADERS = ["Target", "Bucket", "Explicit checks: pass rate [95% Wilson] 
 
 
 def quality_view(run: Run) -> dict[str, Any]:
-    q = obj(run.summary.get("quality"))
-    tol = num(q.get("tolerance"))
+    q = run.summary.quality
+    tol = q.tolerance if q else None
     tables = []
-    for phase, targets in run.in_order(q.get("phases"), "phase"):
+    for phase, targets in run.in_order(q.phases if q else {}, "phase"):
         t = Table(QUALITY_HEADERS, caption=f"phase {phase}")
         shifts = []
         for target, tq in run.in_order(targets, "target"):
-            for bucket, row in run.in_order(dig(tq, "buckets"), "bucket"):
-                t.add(*_quality_row(str(target), str(bucket), obj(row), tol,
-                                    target == run.reference))
-            shift = obj(dig(tq, "shift"))
-            if shift:
+            for bucket, row in run.in_order(tq.buckets, "bucket"):
+                t.add(*_quality_row(target, bucket, row, tol, target == run.reference))
+            if tq.shift:
                 shifts.append(f"{target}: stratified shift across buckets "
-                              f"p={f_p(shift.get('p_value'))} ({text(shift.get('direction'))})")
+                              f"p={f_p(tq.shift.p_value)} ({text(tq.shift.direction)})")
         tables.append({"table": t, "shifts": shifts})
-    return {"present": bool(tables), "tables": tables, "reference": text(q.get("reference")),
+    return {"present": bool(tables), "tables": tables,
+            "reference": text(q.reference if q else None),
             "tolerance": f_pts(tol).lstrip("+") if tol is not None else DASH,
-            "notes": [str(n) for n in lst(q.get("notes"))]}
+            "notes": list(q.notes if q else ())}
 
 
-def _quality_row(target: str, bucket: str, row: Mapping[str, Any], tol: float | None,
+def _quality_row(target: str, bucket: str, row: BucketQuality, tol: float | None,
                  is_reference: bool) -> list[str | Cell]:
     # What the verdict decides on: every graded pair, explicit and derived (summaries from
     # before derived grading have the explicit comparison only).
-    combined = obj(row.get("combined"))
-    vs, floor = combined or obj(row.get("vs_reference")), obj(row.get("noise_floor"))
-    ag, tf = obj(row.get("agreement")), obj(row.get("teacher_forced"))
+    combined = row.combined if isinstance(row.combined, Combined) else None
+    vs = combined or row.vs_reference
+    floor = row.noise_floor if isinstance(row.noise_floor, NoiseFloor) else None
+    ag, tf = row.agreement, row.teacher_forced
     # The reference paired with itself settles nothing: no evidence (and no "need N") there.
-    ev = {} if is_reference else obj(combined.get("evidence") if combined
-                                     else row.get("evidence"))
-    evidence = DASH if not ev else text(ev.get("short")) if ev.get("short") else (
-        "sufficient" if ev.get("sufficient") else f"~{f_int(ev.get('needed'))} needed")
-    pairs = f_int(vs.get("pairs"))
+    ev = None if is_reference else combined.evidence if combined else row.evidence
+    evidence = DASH if ev is None else ev.short if ev.short else (
+        "sufficient" if ev.sufficient else f"~{f_int(ev.needed)} needed")
+    pairs = f_int(vs.pairs if vs else None)
     if combined:
-        pairs += f" ({f_int(combined.get('explicit'))} + {f_int(combined.get('derived'))})"
+        pairs += f" ({f_int(combined.explicit)} + {f_int(combined.derived)})"
+    diff, lo, hi, p = (vs.diff, vs.lo, vs.hi, vs.mcnemar_p) if vs else (None,) * 4
     versus: list[str | Cell] = [Cell("reference", "dim"), DASH, DASH] if is_reference else [
-        Cell(f_est(vs.get("diff"), vs.get("lo"), vs.get("hi"), f_pts),
-             "num " + _loss_class(vs, tol)), pairs, f_p(vs.get("mcnemar_p"))]
-    derived = obj(row.get("derived"))
-    return [target, bucket, _f_rate(row), _f_rate(derived) if derived.get("graded") else DASH,
-            *versus,
-            f_est(floor.get("diff"), floor.get("lo"), floor.get("hi"), f_pts),
-            f"{f_pct(ag.get('exact'))} / {f_pct(ag.get('normalized'))}",
-            f_int(ag.get("first_divergence_median")),
-            f"{_f_nll(tf.get('nll_delta_mean'))} / {f_pct(tf.get('top1_agreement'))}",
-            Cell(evidence, "nowrap" + ("" if ev.get("sufficient") else " dim"),
-                 text(ev.get("reason")) if ev else "")]
+        Cell(f_est(diff, lo, hi, f_pts), "num " + _loss_class(vs, tol)), pairs, f_p(p)]
+    derived = row.derived
+    return [target, bucket, _f_rate(row),
+            _f_rate(derived) if derived and derived.graded else DASH, *versus,
+            f_est(*((floor.diff, floor.lo, floor.hi) if floor else (None,) * 3), f_pts),
+            f"{f_pct(ag.exact)} / {f_pct(ag.normalized)}", f_int(ag.first_divergence_median),
+            f"{_f_nll(tf.nll_delta_mean)} / {f_pct(tf.top1_agreement)}",
+            Cell(evidence, "nowrap" + ("" if ev and ev.sufficient else " dim"),
+                 text(ev.reason) if ev else "")]
 
 
-def _f_rate(row: Mapping[str, Any]) -> str:
+def _f_rate(row: Comparison | DerivedComparison) -> str:
     """``60.0% [42.3, 75.4] (18/30)``."""
-    wil = [*lst(row.get("wilson")), None, None]
-    rate = f_pct(row.get("pass_rate"))
-    if num(wil[0]) is not None or num(wil[1]) is not None:
-        rate += f" [{f_pct(wil[0]).rstrip('%')}, {f_pct(wil[1]).rstrip('%')}]"
-    if not num(row.get("graded")):
+    lo, hi = row.wilson or (None, None)
+    rate = f_pct(row.pass_rate)
+    if num(lo) is not None or num(hi) is not None:
+        rate += f" [{f_pct(lo).rstrip('%')}, {f_pct(hi).rstrip('%')}]"
+    if not row.graded:
         return f"{rate} (none graded)"
-    return f"{rate} ({f_int(row.get('passed'))}/{f_int(row.get('graded'))})"
+    return f"{rate} ({f_int(row.passed)}/{f_int(row.graded)})"
 
 
 def _f_nll(x: object) -> str:
@@ -662,8 +677,10 @@ def _f_nll(x: object) -> str:
     return DASH if v is None else f"{v:+.4f}"
 
 
-def _loss_class(vs: Mapping[str, Any], tol: float | None) -> str:
-    diff, lo, hi, p = (num(vs.get(k)) for k in ("diff", "lo", "hi", "mcnemar_p"))
+def _loss_class(vs: Combined | VsReference | None, tol: float | None) -> str:
+    if vs is None:
+        return ""
+    diff, lo, hi, p = (num(x) for x in (vs.diff, vs.lo, vs.hi, vs.mcnemar_p))
     tol = 0.05 if tol is None else tol
     if diff is not None and ((p is not None and p < 0.05 and diff < 0)
                              or (hi is not None and hi < -tol)):
@@ -674,44 +691,46 @@ def _loss_class(vs: Mapping[str, Any], tol: float | None) -> str:
 SYS_METRICS = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"))
 
 
+def _deltas(row: SystemsBucket) -> list[tuple[str, LatencyDelta | None]]:
+    return [("TTFT", row.ttft_ms), ("ITL", row.itl_ms), ("E2E", row.e2e_ms)]
+
+
 def systems_view(run: Run) -> dict[str, Any] | None:
-    s = obj(run.summary.get("systems"))
-    if not s:
+    s = run.summary.systems
+    if s is None:
         return None
-    ref, cand = text(s.get("reference")), text(s.get("candidate"))
+    ref, cand = text(s.reference), text(s.candidate)
     lat = Table(["Bucket", "Metric", f"{ref} median (ms)", f"{cand} median (ms)",
-                 "Δ mean, ms [95% CI]", "Pairs"], caption=f"phase {text(s.get('phase'))}, "
+                 "Δ mean, ms [95% CI]", "Pairs"], caption=f"phase {text(s.phase)}, "
                 f"{cand} − {ref} on the same requests (negative: {cand} is faster)")
-    for bucket, row in run.in_order(s.get("buckets"), "bucket"):
-        for key, name in SYS_METRICS:
-            m = obj(obj(row).get(key))
-            cls = "good" if (num(m.get("hi")) or 0) < 0 else "bad" if (num(m.get("lo")) or 0) > 0 \
-                else ""
-            lat.add(str(bucket), name, f_sig(m.get("reference_median")),
-                    f_sig(m.get("candidate_median")),
-                    Cell(f_est(m.get("delta_mean"), m.get("lo"), m.get("hi"), f_sig),
-                         "num " + cls), f_int(m.get("pairs")))
+    for bucket, row in run.in_order(s.buckets, "bucket"):
+        for name, m in _deltas(row):
+            if m is None:
+                lat.add(bucket, name, DASH, DASH, Cell(DASH, "num "), DASH)
+                continue
+            cls = "good" if (num(m.hi) or 0) < 0 else "bad" if (num(m.lo) or 0) > 0 else ""
+            lat.add(bucket, name, f_sig(m.reference_median), f_sig(m.candidate_median),
+                    Cell(f_est(m.delta_mean, m.lo, m.hi, f_sig), "num " + cls), f_int(m.pairs))
     fits = Table(["Metric", f"{ref}: ms = a + b·tokens", f"{cand}: ms = a + b·tokens",
                   "Break-even (prompt tokens)", f"{cand} wins"])
     for key, name in SYS_METRICS:
-        f = obj(obj(s.get("fits")).get(key))
+        f = s.fits.get(key)
         if f:
-            fits.add(name, _f_line(f.get("reference")), _f_line(f.get("candidate")),
-                     f_int(f.get("tokens")), text(f.get("fp8_wins")))
-    facts = [("paired requests", f_int(s.get("pairs"))),
-             ("median context (tokens)", f_int(s.get("median_context_tokens"))),
-             ("output throughput ratio", f_ratio(s.get("throughput_ratio"))),
-             (f"{cand} faster somewhere", f_bool(s.get("latency_better"))),
-             ("below the break-even", f_bool(s.get("below_break_even")))]
+            fits.add(name, _f_line(f.reference), _f_line(f.candidate), f_int(f.tokens),
+                     text(f.fp8_wins))
+    facts = [("paired requests", f_int(s.pairs)),
+             ("median context (tokens)", f_int(s.median_context_tokens)),
+             ("output throughput ratio", f_ratio(s.throughput_ratio)),
+             (f"{cand} faster somewhere", f_bool(s.latency_better)),
+             ("below the break-even", f_bool(s.below_break_even))]
     return {"latency": lat if lat.rows else None, "fits": fits if fits.rows else None,
             "facts": facts}
 
 
-def _f_line(x: object) -> str:
-    a = lst(x)
-    if len(a) != 2 or num(a[0]) is None or num(a[1]) is None:
+def _f_line(x: tuple[float, float] | None) -> str:
+    if x is None or num(x[0]) is None or num(x[1]) is None:
         return DASH
-    return f"{f_sig(a[0])} + {num(a[1]):.4g}·t"
+    return f"{f_sig(x[0])} + {num(x[1]):.4g}·t"
 
 
 def latency_view(run: Run) -> dict[str, Any]:
@@ -767,7 +786,7 @@ def _windows(run: Run, name: str) -> list[tuple[str, float, float]]:
         m = obj(dig(run.manifest, "targets", other))
         if other != name and (url is None or dig(m, "server", "url") != url):
             continue
-        for phase, w in run.in_order(m.get("phases"), "phase"):
+        for phase, w in run.in_order(obj(m.get("phases")), "phase"):
             a, b = num(dig(w, "start")), num(dig(w, "end"))
             if a is not None and b is not None:
                 out.append((phase if other == name else f"{other} {phase}", a, b))
@@ -778,38 +797,38 @@ def _latency_table(run: Run, phase: str) -> Table | None:
     t = Table(["Target", "Bucket", "Requests", "OK", "Errors", "TTFT p50 / p90 / p99 (ms)",
                "ITL p50 / p90 / p99 (ms)", "E2E p50 / p90 (ms)", "Queue delay p90 (ms)"])
     for name in run.targets():
-        for bucket, row in run.in_order(dig(run.summary, "targets", name, "phases", phase,
-                                            "buckets"), "bucket"):
-            row = obj(row)
-            kinds = ", ".join(f"{k}: {n}" for k, n in obj(row.get("errors_by_kind")).items())
-            t.add(name, str(bucket), f_int(row.get("requests")), f_int(row.get("ok")),
-                  Cell(f_int(row.get("errors")) + (f" ({kinds})" if kinds else ""),
-                       "bad" if num(row.get("errors")) else ""),
-                  _f_pcts(row.get("ttft_ms"), ("p50", "p90", "p99")),
-                  _f_pcts(row.get("itl_ms"), ("p50", "p90", "p99")),
-                  _f_pcts(row.get("e2e_ms"), ("p50", "p90")),
-                  f_sig(dig(row, "queue_delay_ms", "p90")))
+        target = run.summary.targets.get(name)
+        ph = target.phases.get(phase) if target else None
+        for bucket, row in run.in_order(ph.buckets if ph else {}, "bucket"):
+            kinds = ", ".join(f"{k}: {n}" for k, n in row.errors_by_kind.items())
+            t.add(name, bucket, f_int(row.requests), f_int(row.ok),
+                  Cell(f_int(row.errors) + (f" ({kinds})" if kinds else ""),
+                       "bad" if row.errors else ""),
+                  _f_pcts(row.ttft_ms, True), _f_pcts(row.itl_ms, True),
+                  _f_pcts(row.e2e_ms, False), f_sig(row.queue_delay_ms.p90))
     return t if t.rows else None
 
 
-def _f_pcts(x: object, keys: Sequence[str]) -> str:
-    return " / ".join(f_sig(obj(x).get(k)) for k in keys)
+def _f_pcts(x: Percentiles, p99: bool) -> str:
+    return " / ".join(f_sig(v) for v in (x.p50, x.p90, *([x.p99] if p99 else [])))
 
 
 def capacity_view(run: Run) -> dict[str, Any]:
-    targets = obj(run.summary.get("targets"))
-    ref_size = num(dig(targets, run.reference or "", "kv_cache_size_tokens"))
+    targets = run.summary.targets
+    reference = targets.get(run.reference or "")
+    ref_size = reference.kv_cache_size_tokens if reference else None
     bars, t = [], Table(["Target", "Served cache dtype", "KV cache (tokens)", "× reference",
                          "Block size", "Blocks", "Max concurrency (engine)",
                          "Sequences at each bucket's median context"])
     for name in run.targets():
-        s, cfg = obj(targets.get(name)), obj(dig(run.manifest, "targets", name, "cache_config"))
-        size = num(s.get("kv_cache_size_tokens")) or _float(cfg.get("kv_cache_size_tokens"))
+        s = targets.get(name) or TargetSummary.from_json({})
+        cfg = obj(dig(run.manifest, "targets", name, "cache_config"))
+        size = num(s.kv_cache_size_tokens) or _float(cfg.get("kv_cache_size_tokens"))
         bars.append((name, run.color(name), size))
-        phase = next(iter(run.in_order(s.get("phases"), "phase")), ("", None))[1]
-        conc = [f"{b}: {f_sig(dig(row, 'capacity', 'concurrency_at_context'))}" for b, row in
-                run.in_order(dig(phase, "buckets"), "bucket")]
-        t.add(name, text(s.get("cache_dtype") or cfg.get("cache_dtype")), f_int(size),
+        first = next(iter(run.in_order(s.phases, "phase")), None)
+        conc = [f"{b}: {f_sig(row.capacity.concurrency_at_context)}" for b, row in
+                run.in_order(first[1].buckets if first else {}, "bucket")]
+        t.add(name, text(s.cache_dtype or cfg.get("cache_dtype")), f_int(size),
               f_ratio(size / ref_size if size and ref_size else None),
               text(cfg.get("block_size")), text(cfg.get("num_gpu_blocks")),
               text(cfg.get("kv_cache_max_concurrency")), ", ".join(conc) or DASH)
@@ -831,13 +850,13 @@ def kv_view(run: Run) -> dict[str, Any]:
                "Peak waiting", "Preemptions", "Prefix-cache hit rate", "Server TTFT mean (ms)",
                "Output tok/s"])
     for name in run.targets():
-        for phase, ph in run.in_order(dig(run.summary, "targets", name, "phases"), "phase"):
-            srv = obj(obj(ph).get("server"))
-            t.add(name, str(phase), f_sig(obj(ph).get("duration_s")),
-                  f_pct(srv.get("peak_kv_usage")), f_int(srv.get("peak_running")),
-                  f_int(srv.get("peak_waiting")), f_int(srv.get("preemptions")),
-                  f_pct(srv.get("prefix_cache_hit_rate")), f_sig(srv.get("server_ttft_mean_ms")),
-                  f_sig(dig(ph, "all", "throughput_out_tok_s")))
+        target = run.summary.targets.get(name)
+        for phase, ph in run.in_order(target.phases if target else {}, "phase"):
+            srv = ph.server
+            t.add(name, phase, f_sig(ph.duration_s), f_pct(srv.peak_kv_usage),
+                  f_int(srv.peak_running), f_int(srv.peak_waiting), f_int(srv.preemptions),
+                  f_pct(srv.prefix_cache_hit_rate), f_sig(srv.server_ttft_mean_ms),
+                  f_sig(ph.all.throughput_out_tok_s))
     return {"charts": charts, "table": t if t.rows else None}
 
 
@@ -963,7 +982,7 @@ def _header(run: Run) -> dict[str, Any]:
             "buckets": ", ".join(str(b) for b in lst(dig(m, "buckets", "labels"))) or DASH,
             "schedules": ", ".join(str(s) for s in lst(m.get("schedules"))) or DASH,
             "command": " ".join(str(c) for c in lst(m.get("command"))) or DASH,
-            "summary_version": text(run.summary.get("version"))}
+            "summary_version": text(run.summary.version)}
 
 
 def _f_sha(x: object) -> str:

@@ -22,11 +22,19 @@ import aiohttp
 import orjson
 
 from . import __version__
+from ._analysis_types import Summary
 from ._buckets import Buckets
 from ._budget import ErrorBudget
 from ._client import Client
 from ._errors import InputError, ServerStartError, ServingMismatch, TargetError
-from ._grading import CONTROL_SUFFIX, Gradable, GradingSpec, grade_rows, grading_spec, quality
+from ._grading import (
+    CONTROL_SUFFIX,
+    Gradable,
+    GradingSpec,
+    assess_quality,
+    grade_rows,
+    grading_spec,
+)
 from ._importers import LengthPolicy, stream
 from ._introspect import (
     EndpointError,
@@ -57,9 +65,9 @@ from ._rundir import (
     write_json,
 )
 from ._schedule import ClosedLoop, MonotonicClock, OpenLoop
-from ._summary import build_summary
+from ._summary import SUMMARY_VERSION, summarize_targets
 from ._synth import POOL_TEXT, TokenPool, synthesize
-from ._systems import compare_systems, throughput_ratio
+from ._systems import systems, throughput_ratio
 from ._targets import LocalServer, TargetSpec, cache_dtype_matches, scale_lines
 from ._teacher import score as tf_score
 from ._trace import Request, TraceSource
@@ -302,7 +310,7 @@ class Runner:
             candidate=self.roles.candidate,
             first_phase=self.cfg.schedules[0].label, bucket_labels=self.cfg.buckets.labels,
             tolerance=self.cfg.tolerance, seed=self.cfg.seed, thresholds=self.cfg.thresholds,
-            manifest=self.manifest(), grading_specs=self._grading_specs))
+            manifest=self.manifest(), grading_specs=self._grading_specs)).to_json()
 
     def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
         """Task and checker of each request that has results: what grading needs of the
@@ -792,17 +800,17 @@ class Analysis:
     verdict: bool = True                        # a Locust run (one target) has none
     grading: bool = True                        # Locust with --kvc-checkers off: no grades
     results: Sequence[Result] | None = None     # None: read from the run directory
-    extra: Mapping[str, Any] = field(default_factory=dict)  # more top-level summary keys
+    driver: Mapping[str, Any] | None = None     # a Locust run: what drove it (its manifest's)
 
 
-def analyse(a: Analysis) -> dict[str, Any]:
+def analyse(a: Analysis) -> Summary:
     """Write ``grades.jsonl`` and ``summary.json`` of a run; return the summary."""
     # Prompt ids are only for teacher-forced scoring, which reads them from the file.
     results = list(a.results) if a.results is not None else load_results(a.run_dir,
                                                                           prompt_ids=False)
-    summary = build_summary(results, a.targets, a.series, a.bucket_labels)
-    summary["run_dir"] = str(a.run_dir)
-    summary.update(a.extra)
+    summary = Summary(version=SUMMARY_VERSION,
+                      targets=summarize_targets(results, a.targets, a.series, a.bucket_labels),
+                      run_dir=str(a.run_dir), driver=a.driver)
     if a.grading:
         rows = grade_rows(results, a.grading_specs({r.request_id for r in results}),
                           a.reference)
@@ -810,19 +818,18 @@ def analyse(a: Analysis) -> dict[str, Any]:
             for row in rows:
                 fh.write(orjson.dumps(row).decode() + "\n")
         tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
-        summary["quality"] = quality(rows, tf_rows, a.reference, a.bucket_labels, a.tolerance,
-                                     a.seed, alpha=a.thresholds.alpha,
-                                     min_pairs=a.thresholds.min_pairs)
+        summary = replace(summary, quality=assess_quality(
+            rows, tf_rows, a.reference, a.bucket_labels, a.tolerance, a.seed,
+            alpha=a.thresholds.alpha, min_pairs=a.thresholds.min_pairs))
     if a.verdict:
         if a.candidate is not None:
-            summary["systems"] = compare_systems(results, a.reference, a.candidate,
-                                                 a.first_phase, a.seed)
-            summary["systems"]["throughput_ratio"] = throughput_ratio(
-                summary, a.reference, a.candidate, a.first_phase)
+            compared = systems(results, a.reference, a.candidate, a.first_phase, a.seed)
+            summary = replace(summary, systems=replace(compared, throughput_ratio=(
+                throughput_ratio(summary, a.reference, a.candidate, a.first_phase))))
         verdict = decide(facts_from_run(summary, a.manifest, candidate=a.candidate,
                                         thresholds=a.thresholds), a.thresholds)
-        summary["verdict"] = verdict.to_json()
-    write_json(a.run_dir / SUMMARY, summary)
+        summary = replace(summary, verdict=verdict)
+    write_json(a.run_dir / SUMMARY, summary.to_json())
     return summary
 
 
@@ -864,7 +871,7 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
         tolerance=tolerance, seed=int((manifest.get("options") or {}).get("seed", 0)),
         thresholds=thresholds, manifest=manifest,
         grading_specs=_trace_checks(run_dir, manifest, trace_path), verdict=not locust,
-        results=results, extra={"driver": manifest["driver"]} if locust else {}))
+        results=results, driver=manifest["driver"] if locust else None)).to_json()
 
 
 def _manifest(run_dir: Path) -> dict[str, Any]:

@@ -1,98 +1,141 @@
 """Aggregates per target x phase x bucket, from the results file and the metrics series.
 
 Missing data is ``None`` (shown as a dash), never 0: "no TTFT measured" is not "0 ms".
+The results become one table (``results_frame``: a row per result, latencies in seconds);
+pandas groups it by target, phase and bucket, and each group's percentiles are numpy's
+(linear interpolation) of its values in the order the results came, as they always were.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._analysis_types import (
+    BucketStats,
+    Capacity,
+    Percentiles,
+    PhaseSummary,
+    PhaseTotals,
+    ResultStats,
+    ServerStats,
+    TargetSummary,
+)
 from ._records import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SUMMARY_VERSION = 1
 PCTS = (50, 90, 99)
+# What each result contributes; the latencies, ITL gaps and decode rate count only when ok.
+COLUMNS = ("target", "phase", "bucket", "ok", "error_kind", "output_tokens", "prompt_tokens",
+           "ttft", "from_schedule", "queue_delay", "e2e", "itl", "decode_rate", "estimated")
 
 
-def pct(values: Sequence[float], scale: float = 1000.0) -> dict[str, float | None]:
-    """p50/p90/p99 (and mean) in ms; Nones when there is nothing to measure."""
-    if not values:
-        return {"mean": None, **{f"p{p}": None for p in PCTS}}
-    arr = np.asarray(values, dtype=float) * scale
-    out: dict[str, float | None] = {"mean": float(arr.mean())}
-    for p in PCTS:
-        out[f"p{p}"] = float(np.percentile(arr, p))
-    return out
+def pct(values: Iterable[float] | pd.Series, scale: float = 1000.0) -> Percentiles:
+    """Mean and p50/p90/p99 in ms; Nones when there is nothing to measure. A missing value
+    is left out: None, or a frame's NaN (the one value for which ``v == v`` is false)."""
+    arr = np.asarray([v for v in values if v is not None and v == v], dtype=float) * scale
+    if not arr.size:
+        return Percentiles(mean=None, p50=None, p90=None, p99=None)
+    p50, p90, p99 = (float(np.percentile(arr, p)) for p in PCTS)
+    return Percentiles(mean=float(arr.mean()), p50=p50, p90=p90, p99=p99)
 
 
-def summarize_results(results: Sequence[Result]) -> dict[str, Any]:
-    """Client-side figures for one group of results."""
-    ok = [r for r in results if r.status == "ok"]
-    errors = Counter(r.error_kind or "unknown" for r in results if r.status != "ok")
-    itl: list[float] = []
-    for r in ok:
-        itl.extend(r.itl())
-    rates = [r.output_tokens / (r.done - r.first_token) for r in ok
-             if r.done is not None and r.first_token is not None and r.done > r.first_token
-             and r.output_tokens > 1]
-    prompt = [r.prompt_tokens for r in results if r.prompt_tokens is not None]
+def _median(values: pd.Series) -> float | None:
+    arr = values.dropna().to_numpy(dtype=float)
+    return float(np.median(arr)) if arr.size else None
+
+
+def _decode_rate(r: Result) -> float | None:
+    """Output tokens per second after the first token (a one-token answer has no rate)."""
+    if (r.done is None or r.first_token is None or r.done <= r.first_token
+            or r.output_tokens <= 1):
+        return None
+    return r.output_tokens / (r.done - r.first_token)
+
+
+def results_frame(results: Iterable[Result]) -> pd.DataFrame:
+    """One row per result, with what the summary's figures are computed from."""
+    import pandas as pd
+
+    rows = [(r.target, r.phase, r.bucket, r.status == "ok", r.error_kind or "unknown",
+             r.output_tokens, r.prompt_tokens, r.ttft,
+             None if r.first_token is None else r.first_token - r.scheduled, r.queue_delay,
+             r.e2e, r.itl(), _decode_rate(r), r.tokens_estimated) for r in results]
+    frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
+    return frame.astype({"ok": bool, "estimated": bool, "output_tokens": "int64"})
+
+
+def _figures(group: pd.DataFrame) -> dict[str, Any]:
+    """``ResultStats``' fields of one group of results."""
+    ok = group[group["ok"]]
+    errors = group.loc[~group["ok"], "error_kind"].value_counts()
     return {
-        "requests": len(results),
-        "ok": len(ok),
-        "errors": sum(errors.values()),
-        "errors_by_kind": dict(sorted(errors.items())),
-        "output_tokens": sum(r.output_tokens for r in ok),
-        "prompt_tokens_median": float(np.median(prompt)) if prompt else None,
-        "output_tokens_median": float(np.median([r.output_tokens for r in ok])) if ok else None,
-        "ttft_ms": pct([r.ttft for r in ok if r.ttft is not None]),
-        "ttft_from_schedule_ms": pct([r.first_token - r.scheduled for r in ok
-                                      if r.first_token is not None]),
-        "queue_delay_ms": pct([r.queue_delay for r in results if r.queue_delay is not None]),
-        "itl_ms": pct(itl),
-        "e2e_ms": pct([r.e2e for r in ok if r.e2e is not None]),
-        "decode_tok_s_median": float(np.median(rates)) if rates else None,
-        "tokens_estimated": any(r.tokens_estimated for r in ok),
+        "requests": len(group), "ok": len(ok), "errors": int(errors.sum()),
+        "errors_by_kind": {str(k): int(n) for k, n in sorted(errors.items())},
+        "output_tokens": int(ok["output_tokens"].sum()),
+        "prompt_tokens_median": _median(group["prompt_tokens"]),
+        "output_tokens_median": _median(ok["output_tokens"]),
+        "ttft_ms": pct(ok["ttft"]), "ttft_from_schedule_ms": pct(ok["from_schedule"]),
+        "queue_delay_ms": pct(group["queue_delay"]),
+        "itl_ms": pct(ok["itl"].explode()),  # every gap of every answer, pooled
+        "e2e_ms": pct(ok["e2e"]), "decode_tok_s_median": _median(ok["decode_rate"]),
+        "tokens_estimated": bool(ok["estimated"].any()),
     }
 
 
+def summarize(results: Iterable[Result]) -> ResultStats:
+    """Client-side figures for one group of results."""
+    return ResultStats(**_figures(results_frame(results)))
+
+
+def summarize_results(results: Sequence[Result]) -> dict[str, Any]:
+    """``summarize`` as JSON, for callers outside the pipeline."""
+    return summarize(results).to_json()
+
+
 def summarize_server(series: Sequence[Mapping[str, Any]], start: float,
-                     end: float) -> dict[str, Any]:
+                     end: float) -> ServerStats:
     """Server-side figures over a phase from scraped snapshots; the runner scrapes at the
     phase's start and end, so counter deltas cover exactly the phase."""
-    window = inside = [s for s in series if start <= s["t"] <= end]
-    out: dict[str, Any] = {"scrapes": len(inside)}
-    usage = [s["kv_usage"] for s in inside if "kv_usage" in s]
-    out["peak_kv_usage"] = max(usage) if usage else None
-    for key in ("running", "waiting"):
+    inside = [s for s in series if start <= s["t"] <= end]
+
+    def peak(key: str) -> float | None:
         vals = [s[key] for s in inside if key in s]
-        out[f"peak_{key}"] = max(vals) if vals else None
-    first, last = (window[0], window[-1]) if window else ({}, {})
+        return max(vals) if vals else None
+
+    first, last = (inside[0], inside[-1]) if inside else ({}, {})
 
     def delta(key: str) -> float | None:
         if key in first and key in last:
             return float(last[key] - first[key])
         return None
 
-    out["preemptions"] = delta("preemptions")
-    q, h = delta("prefix_queries"), delta("prefix_hits")
-    out["prefix_cache_hit_rate"] = (h / q) if q and h is not None else None
-    for name in ("ttft", "itl", "e2e"):
+    def hist_mean_ms(name: str) -> float | None:
         a, b = first.get(f"{name}_hist"), last.get(f"{name}_hist")
         if a and b and b["count"] > a["count"]:
-            out[f"server_{name}_mean_ms"] = 1000 * (b["sum"] - a["sum"]) / (b["count"] - a["count"])
-        else:
-            out[f"server_{name}_mean_ms"] = None
-    return out
+            return float(1000 * (b["sum"] - a["sum"]) / (b["count"] - a["count"]))
+        return None
+
+    q, h = delta("prefix_queries"), delta("prefix_hits")
+    return ServerStats(scrapes=len(inside), peak_kv_usage=peak("kv_usage"),
+                       peak_running=peak("running"), peak_waiting=peak("waiting"),
+                       preemptions=delta("preemptions"),
+                       prefix_cache_hit_rate=(h / q) if q and h is not None else None,
+                       server_ttft_mean_ms=hist_mean_ms("ttft"),
+                       server_itl_mean_ms=hist_mean_ms("itl"),
+                       server_e2e_mean_ms=hist_mean_ms("e2e"))
 
 
-def capacity(cache_config: Mapping[str, str], context_tokens: float | None) -> dict[str, Any]:
+def capacity(cache_config: Mapping[str, str], context_tokens: float | None) -> Capacity:
     """Cache size in tokens and how many sequences of ``context_tokens`` it holds at once."""
     size = _num(cache_config.get("kv_cache_size_tokens"))
     conc = size / context_tokens if size is not None and context_tokens else None
-    return {"kv_cache_size_tokens": size, "concurrency_at_context": conc}
+    return Capacity(kv_cache_size_tokens=size, concurrency_at_context=conc)
 
 
 def _num(text: str | None) -> float | None:
@@ -102,44 +145,54 @@ def _num(text: str | None) -> float | None:
         return None
 
 
+def _phase(group: pd.DataFrame, window: Mapping[str, float], cache: Mapping[str, str],
+           series: Sequence[Mapping[str, Any]], bucket_order: Sequence[str]) -> PhaseSummary:
+    import pandas as pd
+
+    start, end = window["start"], window["end"]
+    dur = end - start
+    by_bucket = dict(iter(group.groupby("bucket", sort=False)))
+    # The phase's results bucket by bucket, as the summary has always taken them: a mean's
+    # last digit depends on the order it adds in.
+    totals = _figures(pd.concat(by_bucket.values()) if by_bucket else group)
+    buckets = {}
+    for b in sorted(by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order
+                                              else 99, b)):
+        figures = _figures(by_bucket[b])
+        ctx = None
+        if figures["prompt_tokens_median"] is not None:
+            ctx = figures["prompt_tokens_median"] + (figures["output_tokens_median"] or 0)
+        buckets[str(b)] = BucketStats(**figures, capacity=capacity(cache, ctx))
+    throughput = totals["output_tokens"] / dur if dur > 0 and len(group) else None
+    return PhaseSummary(start=start, end=end, duration_s=dur,
+                        all=PhaseTotals(**totals, throughput_out_tok_s=throughput),
+                        server=summarize_server(series, start, end), buckets=buckets)
+
+
+def summarize_targets(results: Iterable[Result], targets: Mapping[str, Mapping[str, Any]],
+                      series: Mapping[str, Sequence[Mapping[str, Any]]],
+                      bucket_order: Sequence[str]) -> dict[str, TargetSummary]:
+    """Each target's phases (its windows) and, in each, its buckets in the run's order."""
+    frame = results_frame(results)
+    groups = dict(iter(frame.groupby(["target", "phase"], sort=False)))
+    out = {}
+    for name, info in targets.items():
+        cache = info.get("cache_config") or {}
+        out[name] = TargetSummary(
+            status=info.get("status"), reason=info.get("reason"),
+            cache_dtype=cache.get("cache_dtype"),
+            kv_cache_size_tokens=_num(cache.get("kv_cache_size_tokens")),
+            phases={label: _phase(groups.get((name, label), frame.iloc[:0]), window, cache,
+                                  series.get(name, ()), bucket_order)
+                    for label, window in (info.get("phases") or {}).items()})
+    return out
+
+
 def build_summary(results: Iterable[Result], targets: Mapping[str, Mapping[str, Any]],
                   series: Mapping[str, Sequence[Mapping[str, Any]]],
                   bucket_order: Sequence[str]) -> dict[str, Any]:
-    """The summary document (versioned): targets -> phases -> buckets."""
-    grouped: dict[str, dict[str, dict[str, list[Result]]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(list)))
-    for r in results:
-        grouped[r.target][r.phase][r.bucket].append(r)
-    out: dict[str, Any] = {"version": SUMMARY_VERSION, "targets": {}}
-    for name, info in targets.items():
-        cache_cfg = info.get("cache_config") or {}
-        t_out: dict[str, Any] = {
-            "status": info.get("status"), "reason": info.get("reason"),
-            "cache_dtype": cache_cfg.get("cache_dtype"),
-            "kv_cache_size_tokens": _num(cache_cfg.get("kv_cache_size_tokens")),
-            "phases": {},
-        }
-        for label, window in (info.get("phases") or {}).items():
-            by_bucket = grouped[name][label]
-            everything = [r for rs in by_bucket.values() for r in rs]
-            dur = window["end"] - window["start"]
-            phase: dict[str, Any] = {
-                "start": window["start"], "end": window["end"], "duration_s": dur,
-                "all": summarize_results(everything),
-                "server": summarize_server(series.get(name, ()), window["start"], window["end"]),
-                "buckets": {},
-            }
-            phase["all"]["throughput_out_tok_s"] = (
-                phase["all"]["output_tokens"] / dur if dur > 0 and everything else None)
-            ordered = sorted(by_bucket, key=lambda b: (bucket_order.index(b)
-                                                       if b in bucket_order else 99, b))
-            for b in ordered:
-                row = summarize_results(by_bucket[b])
-                ctx = None
-                if row["prompt_tokens_median"] is not None:
-                    ctx = row["prompt_tokens_median"] + (row["output_tokens_median"] or 0)
-                row["capacity"] = capacity(cache_cfg, ctx)
-                phase["buckets"][b] = row
-            t_out["phases"][label] = phase
-        out["targets"][name] = t_out
-    return out
+    """The summary document's targets as JSON (versioned), for callers outside the pipeline:
+    targets -> phases -> buckets."""
+    return {"version": SUMMARY_VERSION, "targets": {
+        name: t.to_json() for name, t in summarize_targets(results, targets, series,
+                                                            bucket_order).items()}}

@@ -13,8 +13,9 @@
     INSUFFICIENT   no loss shown, but too few graded pairs to show there is none.
 
 ``decide`` takes plain ``Facts`` (so every rule is table-tested); ``facts_from_run`` builds
-them from a run's summary and manifest. Tolerance, alpha and minimum pairs come from the
-``Thresholds`` given, the same ones grading's evidence column uses (``stats.evidence``).
+them from a run's ``Summary`` record (``_analysis_types``) and manifest. Tolerance, alpha and
+minimum pairs come from the ``Thresholds`` given, the same ones grading's evidence column uses
+(``stats.evidence``).
 
 Every phase of a sweep counts. A bucket is judged in each phase (one ``BucketFacts`` per
 phase and bucket), because the phases replay the *same* requests: pooling their pairs would
@@ -32,10 +33,11 @@ multiplies the apparent evidence by the number of phases without adding any. So:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import _stats as stats
+from ._analysis_types import OMITTED, BucketQuality, Combined, Summary, TargetSummary, Verdict
 from ._roles import Roles
 from ._scale_log import SCALE_ONE_WARNING, from_engine_config
 
@@ -122,23 +124,11 @@ class Facts:
     outlier_layers: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class Verdict:
-    verdict: str
-    exit_code: int
-    headline: str
-    reasons: tuple[str, ...]
-    evidence: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "exit_code": self.exit_code, "headline": self.headline,
-                "reasons": list(self.reasons), "evidence": list(self.evidence)}
-
-
 def _verdict(kind: str, reasons: Sequence[str], evidence: Sequence[dict[str, Any]]) -> Verdict:
     code, title = VERDICTS[kind]
-    return Verdict(kind, code, f"{title}: {reasons[0]}" if reasons else title, tuple(reasons),
-                   tuple(evidence))
+    return Verdict(verdict=kind, exit_code=code,
+                   headline=f"{title}: {reasons[0]}" if reasons else title,
+                   reasons=tuple(reasons), evidence=tuple(evidence))
 
 
 def _pts(x: float | None) -> str:
@@ -346,13 +336,20 @@ def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
 # -- from a run -----------------------------------------------------------------------------
 
 
-def error_problem(name: str, target: Mapping[str, Any], max_rate: float) -> str | None:
+def _target(name: str, target: TargetSummary | Mapping[str, Any]) -> TargetSummary:
+    """A target's summary; a JSON one (a caller outside the pipeline) is read first."""
+    if isinstance(target, TargetSummary):
+        return target
+    return TargetSummary.from_json(target, where=f"summary of target {name}")
+
+
+def error_problem(name: str, target: TargetSummary | Mapping[str, Any],
+                  max_rate: float) -> str | None:
     """A target whose requests fail is a failed target, not a quality result."""
     total, kinds = 0, dict[str, int]()
-    for ph in (target.get("phases") or {}).values():
-        a = ph.get("all") or {}
-        total += a.get("requests", 0)
-        for k, n in (a.get("errors_by_kind") or {}).items():
+    for ph in _target(name, target).phases.values():
+        total += ph.all.requests
+        for k, n in ph.all.errors_by_kind.items():
             kinds[k] = kinds.get(k, 0) + n
     failed = sum(kinds.values())
     if total and failed / total > max_rate:
@@ -361,15 +358,17 @@ def error_problem(name: str, target: Mapping[str, Any], max_rate: float) -> str 
     return None
 
 
-def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str, Any],
-                     calibrated: bool, max_error_rate: float = 0.05) -> list[str]:
+def serving_problems(name: str, target: TargetSummary | Mapping[str, Any],
+                     manifest: Mapping[str, Any], calibrated: bool,
+                     max_error_rate: float = 0.05) -> list[str]:
     """What says this target does not run the FP8 path it is meant to test, or not the same
     engine and model as the reference."""
     out = []
-    if target.get("status") != "ok":
-        out.append(f"target failed: {target.get('reason')}")
+    summary = _target(name, target)
+    if summary.status != "ok":
+        out.append(f"target failed: {summary.reason}")
         return out
-    dtype = target.get("cache_dtype")
+    dtype = summary.cache_dtype
     info = manifest.get("targets", {}).get(name, {}) or {}
     spec = info.get("spec") or {}
     meant = spec.get("expect_cache_dtype") or spec.get("kv_cache_dtype")
@@ -391,7 +390,7 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
         served = (info.get("cache_config") or {}).get("kv_cache_dtype_skip_layers", "")
         if not all(x.strip() in served for x in want.split(",")):
             out.append(f"skip-layers configured as {want!r} but the server reports {served!r}")
-    failing = error_problem(name, target, max_error_rate)
+    failing = error_problem(name, summary, max_error_rate)
     if failing:
         out.append(failing)
     lines = info.get("scale_log_lines") or []
@@ -405,65 +404,73 @@ def serving_problems(name: str, target: Mapping[str, Any], manifest: Mapping[str
     return out
 
 
-def _cell(bucket: str, row: Mapping[str, Any], phase: str | None, th: Thresholds,
+def _cell(bucket: str, row: BucketQuality, phase: str | None, th: Thresholds,
           phases: int) -> BucketFacts:
     # Every graded pair: explicit checks and, for requests without one, derived grades
     # (``_grading.combined_pairs``: one pair per request, explicit checks win). Summaries
     # written before derived grading have only the explicit comparison.
-    vs, floor = row.get("combined") or row.get("vs_reference") or {}, row.get("noise_floor") or {}
-    tf = row.get("teacher_forced") or {}
-    b = BucketFacts(bucket, vs.get("pairs", 0), vs.get("diff"), vs.get("lo"), vs.get("hi"),
-                    vs.get("mcnemar_p"), floor.get("lo"), None, vs.get("ref_only"),
-                    vs.get("target_only"), phase, vs.get("derived", 0),
-                    tf.get("nll_delta_mean"), tf.get("nll_delta_lo"), tf.get("nll_delta_hi"),
-                    tf.get("top1_agreement"), tf.get("top1_hi"), floor.get("nll_delta_hi"),
-                    floor.get("top1_lo"))
+    vs = row.combined if isinstance(row.combined, Combined) else row.vs_reference
+    floor = row.noise_floor if row.noise_floor is not OMITTED else None
+    tf = row.teacher_forced
+    b = BucketFacts(
+        bucket, pairs=vs.pairs if vs else 0, diff=vs.diff if vs else None,
+        lo=vs.lo if vs else None, hi=vs.hi if vs else None,
+        mcnemar_p=vs.mcnemar_p if vs else None, floor_lo=floor.lo if floor else None,
+        ref_only=vs.ref_only if vs else None, target_only=vs.target_only if vs else None,
+        phase=phase, derived=vs.derived if isinstance(vs, Combined) else 0,
+        tf_nll=tf.nll_delta_mean, tf_nll_lo=tf.nll_delta_lo, tf_nll_hi=tf.nll_delta_hi,
+        tf_top1=tf.top1_agreement, tf_top1_hi=tf.top1_hi,
+        tf_floor_nll_hi=floor.nll_delta_hi if floor else None,
+        tf_floor_top1_lo=floor.top1_lo if floor else None)
     ev = b.evidence(th, phases)
-    return replace(b, needed=(row.get("evidence") or {}).get("needed") if ev is None
-                   else ev.needed)
+    if ev is None:  # no discordant counts: the evidence column's word, if it has one
+        return replace(b, needed=row.evidence.needed if row.evidence else None)
+    return replace(b, needed=ev.needed)
 
 
-def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
+def facts_from_run(summary: Summary | Mapping[str, Any], manifest: Mapping[str, Any], *,
                    candidate: str | None = None, calibrated: str | None = None,
                    thresholds: Thresholds = Thresholds()) -> Facts:
-    """The verdict's facts from a run's summary: every phase's paired grades, per bucket and
-    phase (see the module docstring for how phases combine), judged under ``thresholds``."""
-    q = summary.get("quality") or {}
-    targets = summary.get("targets", {})
+    """The verdict's facts from a run's summary (a JSON one is read first): every phase's
+    paired grades, per bucket and phase (see the module docstring for how phases combine),
+    judged under ``thresholds``."""
+    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+    targets = s.targets
     roles = Roles.from_manifest(manifest, list(targets))
-    reference = q.get("reference") or roles.reference
+    reference = (s.quality.reference if s.quality else None) or roles.reference
     cal = calibrated or roles.calibrated
     cand = candidate or roles.candidate
-    phases: Mapping[str, Any] = q.get("phases") or {}
+    phases = s.quality.phases if s.quality else {}
 
     def arm(name: str | None, is_cal: bool) -> ArmFacts | None:
         if name is None or name not in targets:
             return None
         problems = serving_problems(name, targets[name], manifest, is_cal,
                                     thresholds.max_error_rate)
-        per_phase = [(ph, t["buckets"]) for ph, t in
-                     ((ph, (rows or {}).get(name) or {}) for ph, rows in phases.items())
-                     if t.get("buckets")]
+        per_phase = [(ph, rows[name]) for ph, rows in phases.items()
+                     if name in rows and rows[name].buckets]
         several = len(per_phase) > 1
-        order = list(dict.fromkeys(b for _, rows in per_phase for b in rows))
-        cells = [_cell(b, rows[b], ph if several else None, thresholds, len(per_phase))
-                 for b in order for ph, rows in per_phase if b in rows]
-        shifts = [(phases[ph][name].get("shift") or {}) for ph, _ in per_phase]
-        down = [sh for sh in shifts if sh.get("direction") == "down"
-                and sh.get("p_value") is not None]
-        shift = min(down, key=lambda sh: float(sh["p_value"])) if down else (
-            shifts[0] if shifts else {})
-        return ArmFacts(name, tuple(problems), tuple(cells), shift.get("p_value"),
-                        shift.get("direction"), max(1, len(per_phase)))
+        order = list(dict.fromkeys(b for _, q in per_phase for b in q.buckets))
+        cells = [_cell(b, q.buckets[b], ph if several else None, thresholds, len(per_phase))
+                 for b in order for ph, q in per_phase if b in q.buckets]
+        shifts = [q.shift for _, q in per_phase]
+        down = [sh for sh in shifts if sh is not None and sh.direction == "down"
+                and sh.p_value is not None]
+        shift = min(down, key=lambda sh: sh.p_value or 0.0) if down else (
+            shifts[0] if shifts else None)
+        return ArmFacts(name, tuple(problems), tuple(cells),
+                        shift.p_value if shift else None, shift.direction if shift else None,
+                        max(1, len(per_phase)))
 
-    ref_problem = error_problem(reference, targets.get(reference, {}), thresholds.max_error_rate)
-    ref_t, cand_t = targets.get(reference, {}), targets.get(cand or "", {})
+    ref_t = targets.get(reference)
+    ref_problem = None if ref_t is None else error_problem(reference, ref_t,
+                                                           thresholds.max_error_rate)
+    cand_t = targets.get(cand or "")
     ratio = None
-    if ref_t.get("kv_cache_size_tokens") and cand_t.get("kv_cache_size_tokens"):
-        ratio = cand_t["kv_cache_size_tokens"] / ref_t["kv_cache_size_tokens"]
-    usage = [ph["server"]["peak_kv_usage"] for ph in (ref_t.get("phases") or {}).values()
-             if ph["server"].get("peak_kv_usage") is not None]
-    systems = summary.get("systems") or {}
+    if ref_t and cand_t and ref_t.kv_cache_size_tokens and cand_t.kv_cache_size_tokens:
+        ratio = cand_t.kv_cache_size_tokens / ref_t.kv_cache_size_tokens
+    usage = [ph.server.peak_kv_usage for ph in (ref_t.phases.values() if ref_t else ())
+             if ph.server.peak_kv_usage is not None]
     candidate_arm = arm(cand, False)
     if ref_problem and candidate_arm is not None:
         # Without a working reference there is nothing to compare with.
@@ -471,7 +478,7 @@ def facts_from_run(summary: Mapping[str, Any], manifest: Mapping[str, Any], *,
             f"the reference {reference}: {ref_problem}", *candidate_arm.serving_problems))
     return Facts(reference=reference, candidate=candidate_arm, calibrated=arm(cal, True),
                  capacity_ratio=ratio,
-                 latency_better=systems.get("latency_better"),
+                 latency_better=s.systems.latency_better if s.systems else None,
                  capacity_needed=(max(usage) >= thresholds.capacity_needed_usage)
                  if usage else None,
-                 below_break_even=systems.get("below_break_even"))
+                 below_break_even=s.systems.below_break_even if s.systems else None)

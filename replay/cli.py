@@ -10,7 +10,7 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -27,6 +27,7 @@ from rich.progress import (
 )
 
 from . import __version__
+from ._analysis_types import Summary
 from ._buckets import DEFAULT_BOUNDS, Buckets
 from ._errors import InputError, KvcanaryError, TraceError
 from ._exclude import exclusion, refuse_overlap
@@ -361,7 +362,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                   MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                   transient=canary, disable=canary) as bar:
         runner = Runner(cfg, RichProgress(bar))  # may raise ConfigError (--reference)
-        summary = run_loop(runner.run())
+        summary = Summary.from_json(run_loop(runner.run()))
     html, md = _write_reports(run_dir)
     if runner.interrupted:
         console.print(f"[yellow]interrupted[/yellow]: partial summary and report written; "
@@ -369,28 +370,29 @@ def _run(o: dict[str, Any], canary: bool) -> int:
         return EXIT_INTERRUPTED
     if o["markdown_path"]:
         Path(o["markdown_path"]).write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
-    verdict = summary["verdict"]
+    verdict = summary.verdict
+    assert verdict is not None  # the runner always decides
     if canary:
         click.echo(md.read_text(encoding="utf-8"))
-        console.print(f"verdict: {verdict['verdict']} (exit {verdict['exit_code']}); "
+        console.print(f"verdict: {verdict.verdict} (exit {verdict.exit_code}); "
                       f"report: {html}")
-        return int(verdict["exit_code"])
+        return verdict.exit_code
     out = Console()
     if not out.is_terminal:
         out = Console(width=170)
     out.print(summary_table(summary))
-    if summary.get("quality", {}).get("phases"):
-        out.print(quality_table(summary["quality"]))
-        for note in summary["quality"]["notes"]:
+    if summary.quality and summary.quality.phases:
+        out.print(quality_table(summary.quality))
+        for note in summary.quality.notes:
             console.print(f"[yellow]note:[/yellow] {note}")
-    failed = [(n, t["reason"]) for n, t in summary["targets"].items() if t["status"] != "ok"]
+    failed = [(n, t.reason) for n, t in summary.targets.items() if t.status != "ok"]
     for name, reason in failed:
         console.print(f"[red]target {name} failed:[/red] {reason}")
     erring = target_errors(summary, max_error_rate)
     for name, why in erring:
         console.print(f"[red]target {name}:[/red] {why}")
-    style = "green" if verdict["verdict"] == "keep" else "yellow"
-    console.print(f"[bold {style}]{verdict['headline']}[/bold {style}]")
+    style = "green" if verdict.verdict == "keep" else "yellow"
+    console.print(f"[bold {style}]{verdict.headline}[/bold {style}]")
     console.print(f"results: {run_dir}  report: {html}")
     erring_names = {n for n, _ in erring}
     if any(n not in erring_names for n, _ in failed):
@@ -398,21 +400,23 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     return EXIT_TARGET_ERRORS if erring else EXIT_OK
 
 
-def target_errors(summary: dict[str, Any], max_error_rate: float) -> list[tuple[str, str]]:
+def target_errors(summary: Summary | Mapping[str, Any],
+                  max_error_rate: float) -> list[tuple[str, str]]:
     """Targets that ran but did not answer: stopped by their error budget, no request
     answered, or more than ``max_error_rate`` of them failed (over every phase)."""
+    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
     out = []
-    for name, t in summary["targets"].items():
-        reason = t.get("reason") or ""
+    for name, t in s.targets.items():
+        reason = t.reason or ""
         if reason.startswith("error budget spent"):
             out.append((name, reason))
             continue
-        if t["status"] != "ok":
+        if t.status != "ok":
             continue  # could not be used at all: EXIT_TARGET_FAILED says so
-        phases = [p["all"] for p in (t.get("phases") or {}).values()]
+        phases = [p.all for p in t.phases.values()]
         # Requests a time limit or an interrupt left unsent are not the target's failures.
-        total = sum(p["requests"] - p["errors_by_kind"].get("cancelled", 0) for p in phases)
-        failed = total - sum(p["ok"] for p in phases)
+        total = sum(p.requests - p.errors_by_kind.get("cancelled", 0) for p in phases)
+        failed = total - sum(p.ok for p in phases)
         if total and failed == total:
             out.append((name, f"answered none of its {total} requests"))
         elif total and failed / total > max_error_rate:
@@ -483,9 +487,10 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
         summaries = []
         for d in (run_a, run_b):
             try:
-                summaries.append(json.loads((d / "summary.json").read_text(encoding="utf-8")))
+                doc = json.loads((d / "summary.json").read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise InputError(f"{d}: cannot read summary.json: {exc}") from None
+            summaries.append(Summary.from_json(doc, where=str(d / "summary.json")))
         out = Console()
         if not out.is_terminal:
             out = Console(width=170)
