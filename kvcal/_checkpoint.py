@@ -25,6 +25,8 @@ from . import __version__
 from ._scales import TensorReport
 
 SCALES_SHARD = "kv_scales.safetensors"
+SINGLE_FILE = "model.safetensors"
+SINGLE_FILE_LINK = "model-weights.safetensors"
 INDEX = "model.safetensors.index.json"
 MANIFEST = "kvcal_manifest.json"  # replay reads "sample_ids" from it to refuse an overlap
 RECIPE = "recipe.yaml"
@@ -75,8 +77,8 @@ def model_digests(model_dir: Path) -> dict[str, Any]:
 
 
 def scale_tensors(reports: Sequence[TensorReport], strategy: str, dtype: Any) -> dict[str, Any]:
-    """``model.layers.{i}.self_attn.{k,v}_scale``: shape [] per tensor, [kv_heads, 1, 1] per
-    head, in the model's dtype (as LLM Compressor writes them)."""
+    """``model.layers.{i}.self_attn.{k,v}_scale`` in the model's dtype: shape [] per tensor
+    (LLM Compressor writes [1]; vLLM's loader takes either), [kv_heads, 1, 1] per head."""
     import torch
 
     out = {}
@@ -139,6 +141,7 @@ def write_overlay(model_dir: Path, out_dir: Path, reports: Sequence[TensorReport
                              "into a new folder")
         link.symlink_to(src)
     tensors = scale_tensors(reports, strategy, dtype)
+    weight_map = _rename_single_file(out_dir, weight_map)
     save_file(tensors, str(out_dir / SCALES_SHARD), metadata={"format": "pt"})
     weight_map.update({name: SCALES_SHARD for name in tensors})
     (out_dir / INDEX).write_text(json.dumps({"metadata": {"kvcal": __version__},
@@ -146,6 +149,18 @@ def write_overlay(model_dir: Path, out_dir: Path, reports: Sequence[TensorReport
                                             indent=2) + "\n", encoding="utf-8")
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return config
+
+
+def _rename_single_file(out_dir: Path, weight_map: dict[str, str]) -> dict[str, str]:
+    """transformers loads a folder's ``model.safetensors`` in preference to the index, and
+    would miss the scales shard (it reports k_scale/v_scale MISSING and leaves them
+    uninitialised). So the link to a single-file checkpoint takes a shard's name, and only
+    the index names the weights, as vLLM reads them too."""
+    single = out_dir / SINGLE_FILE
+    if not single.is_symlink():
+        return weight_map
+    single.rename(out_dir / SINGLE_FILE_LINK)
+    return {k: SINGLE_FILE_LINK if v == SINGLE_FILE else v for k, v in weight_map.items()}
 
 
 def legacy_scales(reports: Sequence[TensorReport], model_type: str) -> dict[str, Any]:
@@ -159,10 +174,13 @@ def legacy_scales(reports: Sequence[TensorReport], model_type: str) -> dict[str,
 
 
 def recipe_yaml(strategy: str) -> str:
-    """The same KV scheme as an LLM Compressor recipe. ``static_minmax`` keeps the running
-    min/max over every calibration batch (the default observer may keep only the last)."""
-    return ("# LLM Compressor recipe for the same K/V scheme kvcal calibrated; use it with the\n"
-            "# samples.jsonl beside it (input_ids) to calibrate on GPUs with llmcompressor.\n"
+    """The same KV scheme as an LLM Compressor recipe. ``static_minmax`` keeps the min/max
+    over every calibration batch, as kvcal does; LLM Compressor's default ``minmax`` is a
+    moving average and ``memoryless_minmax`` keeps the last batch only."""
+    return ("# LLM Compressor recipe for the same K/V scheme kvcal calibrated. Its samples are\n"
+            "# samples.jsonl beside it (input_ids): load them with\n"
+            "# datasets.load_dataset('json', data_files='samples.jsonl') and pass the dataset to\n"
+            "# oneshot (its dataset_path loader skips files that do not end in 'json').\n"
             "quant_stage:\n"
             "  quant_modifiers:\n"
             "    QuantizationModifier:\n"

@@ -15,7 +15,13 @@ pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 from kvcal._calibrate import Recipe, calibrate  # noqa: E402
-from kvcal._checkpoint import INDEX, MANIFEST, SCALES_SHARD, recipe_yaml  # noqa: E402
+from kvcal._checkpoint import (  # noqa: E402
+    INDEX,
+    MANIFEST,
+    SCALES_SHARD,
+    SINGLE_FILE_LINK,
+    recipe_yaml,
+)
 from kvcal._observe import KVStats, load_model, observe  # noqa: E402
 from kvcal._sample import PromptRenderer, Sample, draw, read_samples, split_key  # noqa: E402
 from kvcal._scales import (  # noqa: E402
@@ -232,7 +238,9 @@ def test_overlay_checkpoint_layout(overlay: Path, model_dir: Path) -> None:
         "quantization_status": "compressed", "config_groups": {}, "ignore": [],
         "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor",
                             "dynamic": False, "symmetric": True}}
-    weights = overlay / "model.safetensors"
+    # no model.safetensors: transformers would load it and skip the index's scales shard
+    assert not (overlay / "model.safetensors").exists()
+    weights = overlay / SINGLE_FILE_LINK
     assert weights.is_symlink() and weights.resolve() == (model_dir / "model.safetensors").resolve()
     assert (overlay / "tokenizer.json").is_symlink()
     index = json.loads((overlay / INDEX).read_text())["weight_map"]
@@ -248,7 +256,7 @@ def test_overlay_checkpoint_layout(overlay: Path, model_dir: Path) -> None:
             assert float(value) == pytest.approx(t["scale"], rel=1 / 128)  # bf16 rounding
             assert index[name] == SCALES_SHARD
     with safe_open(str(weights), "pt") as f:
-        assert all(index[k] == "model.safetensors" for k in f.keys())  # noqa: SIM118
+        assert all(index[k] == SINGLE_FILE_LINK for k in f.keys())  # noqa: SIM118
     manifest = json.loads((overlay / MANIFEST).read_text())
     assert manifest["model"] == str(model_dir.resolve())
     assert set(manifest["digests"]) == {"config", "weights", "tokenizer", "chat_template"}
@@ -344,3 +352,19 @@ def test_verify_decision_needs_scores_that_differ_from_scale_one() -> None:
     bf16 = ServerCheck("calibrated", "m", cache_dtype="auto")
     assert _decide(bf16, compare_scores(moved, same), [])[0] == NOT_APPLIED
     assert _decide(cal, {}, ["per-head (attn_head) scales: no"])[0] == "unsupported"
+
+
+def test_overlay_loads_in_transformers_with_its_scales(overlay: Path) -> None:
+    """transformers prefers a folder's model.safetensors to its index: the overlay must not
+    have one, or the scales shard is skipped and k_scale/v_scale are left uninitialised."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(overlay), dtype=torch.bfloat16)
+    with safe_open(str(overlay / SCALES_SHARD), "pt") as f:
+        names = list(f.keys())
+        assert names
+        for name in names:
+            module, attr = name.rsplit(".", 1)
+            loaded = getattr(model.get_submodule(module), attr)
+            assert torch.equal(loaded.detach().reshape(()), f.get_tensor(name).reshape(())), name
