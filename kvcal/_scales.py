@@ -179,7 +179,8 @@ def advise(reports: list[TensorReport], ratio: float = 4.0,
     if heads:
         reasons.append(f"{len(heads)} head(s) sit {ratio:g}x or more away from their layer's "
                        "median head: per-head scales would fit them")
-    flag = ",".join(str(x) for x in sorted(layers)) or None
+    # one index per word: vLLM 0.32 reads "0,3" as one pattern that matches no layer
+    flag = " ".join(str(x) for x in sorted(layers)) or None
     return Advice(tuple(sorted(layers)), tuple(heads),
                   f"--kv-cache-dtype-skip-layers {flag}" if flag else None, tuple(reasons))
 

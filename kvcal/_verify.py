@@ -24,8 +24,15 @@ import aiohttp
 
 from replay._errors import ServerStartError
 from replay._introspect import introspect
-from replay._scale_log import UNKNOWN, scale_evidence
-from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec, scale_lines
+from replay._scale_log import EMULATED_FP8, UNKNOWN, scale_evidence
+from replay._targets import (
+    DEFAULT_MODEL_ARGS,
+    EMULATION_MARKER,
+    LocalServer,
+    TargetSpec,
+    cache_dtype_matches,
+    scale_lines,
+)
 from replay._teacher import TFScore, score
 
 from ._sample import Sample
@@ -40,6 +47,8 @@ class ServerCheck:
 
     role: str  # "calibrated" or "scale-1.0"
     model: str
+    # FP8 emulated in a BF16 server (kvcal/vllm_plugin.py) rather than served
+    emulated: bool = False
     url: str | None = None
     started: bool = False
     refused: str | None = None
@@ -50,6 +59,7 @@ class ServerCheck:
     # two "default-1.0-..." sources, or "unknown" (a server reached by URL has no log here).
     scales: str = UNKNOWN
     runs_at_scale_one: bool | None = None
+    emulation_active: bool = False
     log_lines: list[str] = field(default_factory=list)
     log: str | None = None
 
@@ -76,6 +86,7 @@ class Verification:
 
 def _from_log(check: ServerCheck, log_text: str) -> None:
     check.log_lines = scale_lines(log_text)
+    check.emulation_active = EMULATION_MARKER in log_text
     ev = scale_evidence(log_text)
     check.scale_one_warning = ev.warning
     check.scales, check.runs_at_scale_one = ev.source, ev.runs_at_scale_one
@@ -135,8 +146,9 @@ class _Server:
     def __init__(self, check: ServerCheck, url: str | None, log_dir: Path) -> None:
         self.check, self.local = check, None
         if url is None:
-            spec = TargetSpec(name=check.role, model=check.model, kv_cache_dtype="fp8",
-                              args=DEFAULT_MODEL_ARGS, expect_cache_dtype="fp8")
+            dtype = EMULATED_FP8 if check.emulated else "fp8"
+            spec = TargetSpec(name=check.role, model=check.model, kv_cache_dtype=dtype,
+                              args=DEFAULT_MODEL_ARGS, expect_cache_dtype=dtype)
             self.local = LocalServer(spec, log_dir / f"{check.role}.log")
             check.log = str(self.local.log_path)
         else:
@@ -166,12 +178,13 @@ class _Server:
 
 def verify(overlay: Path, original: str, samples: Sequence[Sample], log_dir: Path, *,
            strategy: str, per_head: tuple[bool, str], url: str | None = None,
-           baseline_url: str | None = None,
+           baseline_url: str | None = None, emulate: bool = False,
            status: Callable[[str], None] = lambda _: None) -> Verification:
     """Start (or reach) FP8 servers on the overlay and on the original, one at a time (fair
-    on small machines), and decide whether the calibrated scales were applied."""
-    cal = ServerCheck("calibrated", str(overlay.resolve()))
-    base = ServerCheck("scale-1.0", original)
+    on small machines), and decide whether the calibrated scales were applied. ``emulate``:
+    FP8 emulated in BF16 servers by kvcal's plugin, where the CPU cannot serve FP8."""
+    cal = ServerCheck("calibrated", str(overlay.resolve()), emulated=emulate)
+    base = ServerCheck("scale-1.0", original, emulated=emulate)
     reasons: list[str] = []
     if strategy == "attn_head" and not per_head[0]:
         reasons.append(f"per-head (attn_head) scales: {per_head[1]}")
@@ -202,8 +215,12 @@ def _decide(cal: ServerCheck, tf: dict[str, Any], reasons: list[str]) -> tuple[s
         # The server came up (a backend that ignores or lacks per-head support must not be
         # mistaken for one that applied it).
         return UNSUPPORTED, reasons
-    if cal.cache_dtype is not None and not cal.cache_dtype.startswith("fp8"):
+    meant = EMULATED_FP8 if cal.emulated else "fp8"
+    if cal.cache_dtype is not None and not cache_dtype_matches(meant, cal.cache_dtype):
         return NOT_APPLIED, [*reasons, f"served cache_dtype is '{cal.cache_dtype}', not FP8"]
+    if cal.emulated and not cal.emulation_active:
+        return NOT_APPLIED, [*reasons, f"the server never logged '{EMULATION_MARKER}': the "
+                             "emulation plugin did not run (is kvcanary installed there?)"]
     if cal.scale_one_warning or cal.runs_at_scale_one:
         why = "the server log says 'Using KV cache scaling factor 1.0'" if cal.scale_one_warning \
             else "the engine runs with quantization=None (vLLM's default k/v scales of 1.0)"

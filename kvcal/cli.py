@@ -4,6 +4,7 @@
     kvcal calibrate MODEL --samples F -o OUT  observe K/V, scales, overlay checkpoint, manifest
     kvcal verify OUT                          did an FP8 server apply the scales? (or refuse?)
     kvcal inspect MODEL                       what KV scheme and k/v scales a checkpoint carries
+    kvcal emulate MODEL --trace T             FP8 quality offline: E4M3 at the cache write
 
 Exit codes: 0 done (verify: scales applied); 1 verify: not applied; 2 bad input; 3 verify: the
 FP8 server refused (unsupported on this backend).
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -324,9 +326,12 @@ def calibrate_cmd(model_dir: Path, samples_path: Path | None, trace_path: Path |
               help="Calibration samples scored teacher-forced on both servers.")
 @click.option("--log-dir", type=click.Path(path_type=Path, file_okay=False),
               help="Server logs [default: OVERLAY/verify].")
+@click.option("--emulate-fp8", is_flag=True,
+              help="Start BF16 servers that emulate the FP8 cache (kvcal's vLLM plugin), where "
+                   "this CPU cannot serve FP8: checks the scales reach the cache write.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def verify_cmd(overlay: Path, url: str | None, baseline_url: str | None, sequences: int,
-               log_dir: Path | None, as_json: bool) -> None:
+               log_dir: Path | None, emulate_fp8: bool, as_json: bool) -> None:
     """Start (or reach) FP8 servers on the calibrated checkpoint and on the original, and
     check that the engine applied the scales: served cache dtype, log, teacher-forced scores.
     A server that refuses FP8 (or per-head scales) is reported as unsupported, exit 3."""
@@ -342,7 +347,7 @@ def verify_cmd(overlay: Path, url: str | None, baseline_url: str | None, sequenc
         result = verify(overlay, str(manifest["model"]), samples, logs,
                         strategy=str(manifest["kv_cache_scheme"]["strategy"]),
                         per_head=per_head_backend_support(), url=url,
-                        baseline_url=baseline_url,
+                        baseline_url=baseline_url, emulate=emulate_fp8,
                         status=lambda m: console.print(f"[dim]{m}[/dim]"))
         data = result.to_json()
         logs.mkdir(parents=True, exist_ok=True)
@@ -356,6 +361,168 @@ def verify_cmd(overlay: Path, url: str | None, baseline_url: str | None, sequenc
                 console.print(f"  {reason}")
             console.print(f"details: {logs / 'verify.json'}")
         return result.exit_code
+
+    _guard(run)
+
+
+# -- emulate ------------------------------------------------------------------------------
+
+
+def _parse_layers(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        layers = tuple(sorted({int(p) for p in text.replace(",", " ").split()}))
+    except ValueError:
+        raise InputError(f"--skip-layers {text!r}: expected layer indices such as 0,3") from None
+    if any(i < 0 for i in layers):
+        raise InputError(f"--skip-layers {text!r}: layer indices start at 0")
+    return layers
+
+
+def _nll(x: float) -> str:
+    return f"{x:+.1e}" if x and abs(x) < 5e-4 else f"{x:+.4f}"
+
+
+def _pct1(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _ci(mean: float | None, lo: float | None, hi: float | None,
+        fmt: Callable[[float], str] = _nll) -> str:
+    if mean is None:
+        return "-"
+    if lo is None or hi is None:
+        return fmt(mean)
+    return f"{fmt(mean)}\n[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _emulation_table(report: dict[str, Any]) -> Table:
+    ref = report["reference"]
+    table = Table(title=f"EMULATED FP8 E4M3 ({report['rounding']} rounding) vs BF16: "
+                        f"{ref['requests']} requests, {ref['tokens']} answer tokens "
+                        "teacher-forced (95% intervals)", box=box.SIMPLE_HEAD)
+    for col in ("setting", "bucket", "req", "ΔNLL/token", "top-1", "greedy\nexact",
+                "common\nprefix"):
+        table.add_column(col, justify="left" if col == "setting" else "right")
+    for row in report["results"]:
+        g = row["greedy"]
+        table.add_row(
+            row["setting"], row["bucket"], str(row["requests"]),
+            _ci(row["nll_delta_mean"], row["nll_delta_lo"], row["nll_delta_hi"]),
+            _ci(row["top1_agreement"], row["top1_lo"], row["top1_hi"], _pct1),
+            f"{g['exact']}/{g['requests']}" if g else "-",
+            f"{g['mean_common_prefix']:.1f}/{g['mean_tokens']:.1f}" if g else "-",
+            end_section=row["bucket"] == "all")
+    return table
+
+
+def _sensitivity_table(sens: dict[str, Any]) -> Table:
+    table = Table(title=f"per-layer sensitivity on {sens['base']} (every layer FP8: ΔNLL "
+                        f"{_nll(sens['loss'])}/token)", box=box.SIMPLE_HEAD)
+    for col in ("layer", "ΔNLL/token,\nonly this layer FP8", "ΔNLL/token,\nthis layer BF16",
+                "recovered", "share"):
+        table.add_column(col, justify="right")
+    for r in sens["layers"]:
+        only, kept = r["only_fp8"], r["kept_bf16"]
+        share = r["recovered_share"]
+        table.add_row(str(r["layer"]),
+                      _ci(only["nll_delta_mean"], only["nll_delta_lo"], only["nll_delta_hi"]),
+                      _ci(kept["nll_delta_mean"], kept["nll_delta_lo"], kept["nll_delta_hi"]),
+                      _nll(r["recovered"]), "-" if share is None else f"{share:.0%}")
+    return table
+
+
+@main.command("emulate")
+@click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option("--trace", "trace_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Trace to draw requests from (any format replay reads).")
+@click.option("--answers", "answers_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="A replay run directory: score its reference target's answers instead.")
+@click.option("--trace-format", default="auto", show_default=True)
+@click.option("--buckets", "bucket_spec", default=DEFAULT_BOUNDS, show_default=True,
+              help="Context-length bucket bounds, as in replay --buckets.")
+@click.option("--per-bucket", default=16, show_default=True, help="Requests per bucket.")
+@click.option("--seed", default=0, show_default=True, help="Draw seed (hash of id + seed).")
+@click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail",
+              show_default=True)
+@click.option("--overlay", "overlay_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="A calibrated overlay (kvcal calibrate): also emulate its k/v scales.")
+@click.option("--skip-layers", "skip_text", help="Also emulate with these layers kept BF16, "
+              "e.g. 0,3 (vLLM: --kv-cache-dtype-skip-layers 0 3).")
+@click.option("--rounding", type=click.Choice(["cpu", "cuda"]), default="cpu",
+              show_default=True, help="vLLM's CPU kernel (truncates) or CUDA's (nearest).")
+@click.option("--max-new-tokens", default=32, show_default=True,
+              help="Longest BF16 answer generated (capped by each request's max_tokens).")
+@click.option("--greedy-sample", default=4, show_default=True,
+              help="Requests per bucket also decoded greedily under each setting (0: none).")
+@click.option("--sensitivity", is_flag=True,
+              help="Per-layer sensitivity and the skip-layers value that recovers the loss.")
+@click.option("--recover", default=0.8, show_default=True,
+              help="--sensitivity: share of the FP8 loss the skip layers must recover.")
+@click.option("--min-loss", default=0.01, show_default=True,
+              help="--sensitivity: ΔNLL/token below which no layer needs BF16.")
+@click.option("--chunk-tokens", default=2048, show_default=True,
+              help="Prefill chunk: bounds activation memory on long prompts.")
+@click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+              default="auto", show_default=True, help="Compute dtype (auto: the checkpoint's).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write everything (settings, per bucket, per request, sensitivity) here.")
+def emulate_cmd(model_dir: Path, trace_path: Path | None, answers_dir: Path | None,
+                trace_format: str, bucket_spec: str, per_bucket: int, seed: int,
+                on_bad_line: str, overlay_dir: Path | None, skip_text: str | None,
+                rounding: str, max_new_tokens: int, greedy_sample: int, sensitivity: bool,
+                recover: float, min_loss: float, chunk_tokens: int, dtype: str, device: str,
+                json_path: Path | None) -> None:
+    """Predict FP8 KV-cache quality offline: K/V round-tripped through E4M3 where they enter
+    the cache (transformers, CPU or GPU), scored against BF16 on the trace's requests. An
+    emulation: it says nothing of capacity or kernel speed."""
+    from ._emulate_report import EmulateArgs, emulate
+
+    def run() -> int:
+        if (trace_path is None) == (answers_dir is None):
+            raise InputError("give exactly one of --trace TRACE and --answers RUN_DIR")
+        for name, value, low in (("--per-bucket", per_bucket, 1), ("--greedy-sample",
+                                 greedy_sample, 0), ("--max-new-tokens", max_new_tokens, 1),
+                                 ("--chunk-tokens", chunk_tokens, 16)):
+            if value < low:
+                raise InputError(f"{name} must be at least {low}")
+        if not 0 < recover <= 1:
+            raise InputError("--recover must be in (0, 1]")
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise InputError("--device cuda: torch sees no CUDA device here")
+        Buckets.parse(bucket_spec)
+        args = EmulateArgs(model_dir, trace_path, answers_dir, trace_format, bucket_spec,
+                           per_bucket, seed, on_bad_line, overlay_dir, _parse_layers(skip_text),
+                           rounding, max_new_tokens, greedy_sample, sensitivity, recover,
+                           min_loss, chunk_tokens, dtype, device)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+
+            def track(what: str, total: int) -> Callable[[int], None]:
+                task = bar.add_task(what, total=total)
+                return lambda n: bar.advance(task, n)
+
+            report = emulate(args, track)
+        out = Console()
+        out.print(_emulation_table(report))
+        for note in report["notes"]:
+            console.print(f"[yellow]note:[/yellow] {note}")
+        sens = report["sensitivity"]
+        if sens is not None:
+            out.print(_sensitivity_table(sens))
+            console.print(f"[yellow]advice:[/yellow] {sens['advice']}")
+        console.print(f"[dim]{report['caveat']}; intervals: {report['interval']}[/dim]")
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            console.print(f"wrote {json_path}")
+        return EXIT_OK
 
     _guard(run)
 

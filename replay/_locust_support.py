@@ -30,14 +30,14 @@ from . import __version__
 from ._buckets import Buckets
 from ._budget import ErrorBudget
 from ._client import Client
-from ._errors import ConfigError, ServingMismatch
+from ._errors import ConfigError
 from ._grading import grading_spec
 from ._introspect import Scraper, introspect, served_model
 from ._records import Result
 from ._rundir import MANIFEST, RESULTS, JsonlWriter, read_results, write_json
 from ._runner import Analysis, _cpu_flags, analyse, count_tokens, token_pool
 from ._synth import TokenPool, synthesize
-from ._targets import TargetSpec, cache_dtype_matches, load_targets_config, parse_targets
+from ._targets import TargetSpec, check_served_dtype, load_targets_config, parse_targets
 from ._trace import Request, TraceLoad
 from ._verdict import Thresholds
 from .checkers import Answer, Grader
@@ -313,16 +313,8 @@ async def prepare(spec: TargetSpec, reqs: Sequence[Request], buckets: Buckets) -
     async with aiohttp.ClientSession(headers=spec.auth_headers()) as session:
         info = await introspect(session, url)
         model = served_model(info)
-        served = info["cache_config"].get("cache_dtype")
-        if spec.expect_cache_dtype is not None:
-            if served is None:
-                info["problems"].append("cache_dtype not reported by /metrics "
-                                        "(vllm:cache_config_info); cannot verify")
-            elif not cache_dtype_matches(spec.expect_cache_dtype, served):
-                raise ServingMismatch(
-                    f"served cache_dtype is '{served}' but target '{spec.name}' expects "
-                    f"'{spec.expect_cache_dtype}': the server is not running the KV cache "
-                    "this target is meant to test")
+        check_served_dtype(spec, info["cache_config"].get("cache_dtype"), None,
+                           info["problems"])
         pool = await token_pool(session, url, model) if any(r.synth for r in reqs) else None
         counts = await count_tokens(session, url, model, reqs, problems=info["problems"])
     labels = {rid: (buckets.label(n) if n is not None else "unknown")

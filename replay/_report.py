@@ -46,6 +46,7 @@ from ._analysis_types import (
 )
 from ._roles import Roles
 from ._rundir import GRADES, MANIFEST, RESULTS, SUMMARY, file_digest
+from ._scale_log import is_emulated
 from ._verdict import VERDICTS, serving_problems
 
 TEMPLATE = "_report_template.html.j2"
@@ -59,7 +60,7 @@ CONTROL_COLOR = "#64748b"
 T = TypeVar("T")
 SHORT = {"keep": "KEEP", "calibrate": "CALIBRATE", "per_head_or_skip_layers":
          "PER-HEAD / SKIP LAYERS", "reject": "REJECT", "insufficient_evidence":
-         "INSUFFICIENT EVIDENCE"}
+         "INSUFFICIENT EVIDENCE", "emulated": "EMULATED: NO VERDICT"}
 
 
 # -- tolerant access to JSON ----------------------------------------------------------------
@@ -170,6 +171,10 @@ class Run:
         if systems is not None and systems.candidate is not None:
             return systems.candidate
         return self.roles().candidate
+
+    def emulated(self, name: object) -> bool:
+        """An emulated FP8 target: its quality is FP8's, its capacity and speed BF16's."""
+        return isinstance(name, str) and is_emulated(obj(dig(self.manifest, "targets", name)))
 
     def roles(self) -> Roles:
         return Roles.from_manifest(self.manifest, [n for n in self.targets()
@@ -528,7 +533,7 @@ def glance(run: Run) -> list[tuple[str, str]]:
     ref, cand = run.reference, run.candidate()
     t_ref, t_cand = (run.summary.targets.get(n or "") for n in (ref, cand))
     a, b = (t.kv_cache_size_tokens if t else None for t in (t_ref, t_cand))
-    cap = b / a if a and b else None
+    cap = b / a if a and b and not run.emulated(cand) else None
     q, systems = run.summary.quality, run.summary.systems
     first = next(iter(run.in_order(q.phases, "phase")), None) if q else None
     arm = first[1].get(cand or "") if first else None
@@ -554,7 +559,8 @@ def serving_view(run: Run) -> dict[str, Any]:
               Cell(text(s.status or m.get("status")),
                    "good" if (s.status or m.get("status")) == "ok" else "bad"),
               text(dig(m, "spec", "expect_cache_dtype") or dig(m, "spec", "kv_cache_dtype")),
-              text(served), f_int(s.kv_cache_size_tokens
+              text(served) + (" (emulated FP8)" if run.emulated(name) else ""),
+              f_int(s.kv_cache_size_tokens
                                   or num(_float(dig(m, "cache_config", "kv_cache_size_tokens")))),
               text(m.get("engine_version")), text(m.get("model_id")),
               f_int(m.get("max_model_len")),
@@ -700,9 +706,11 @@ def systems_view(run: Run) -> dict[str, Any] | None:
     if s is None:
         return None
     ref, cand = text(s.reference), text(s.candidate)
+    emulated = (f"; {cand} is emulated FP8: a BF16 server rounding K/V, not FP8's speed"
+                if run.emulated(s.candidate) else "")
     lat = Table(["Bucket", "Metric", f"{ref} median (ms)", f"{cand} median (ms)",
                  "Δ mean, ms [95% CI]", "Pairs"], caption=f"phase {text(s.phase)}, "
-                f"{cand} − {ref} on the same requests (negative: {cand} is faster)")
+                f"{cand} − {ref} on the same requests (negative: {cand} is faster){emulated}")
     for bucket, row in run.in_order(s.buckets, "bucket"):
         for name, m in _deltas(row):
             if m is None:
@@ -828,7 +836,12 @@ def capacity_view(run: Run) -> dict[str, Any]:
         first = next(iter(run.in_order(s.phases, "phase")), None)
         conc = [f"{b}: {f_sig(row.capacity.concurrency_at_context)}" for b, row in
                 run.in_order(first[1].buckets if first else {}, "bucket")]
-        t.add(name, text(s.cache_dtype or cfg.get("cache_dtype")), f_int(size),
+        emulated = run.emulated(name)
+        if emulated:  # BF16 storage: never shown as FP8's capacity
+            bars.pop()
+        t.add(name, text(s.cache_dtype or cfg.get("cache_dtype"))
+              + (" (emulated FP8: BF16 storage)" if emulated else ""), f_int(size),
+              "not FP8's: emulated" if emulated else
               f_ratio(size / ref_size if size and ref_size else None),
               text(cfg.get("block_size")), text(cfg.get("num_gpu_blocks")),
               text(cfg.get("kv_cache_max_concurrency")), ", ".join(conc) or DASH)

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from ._introspect import engine_config_from_log
 
 SCALE_ONE_WARNING = "Using KV cache scaling factor 1.0"
+# An FP8 E4M3 cache emulated in a BF16 server by kvcal's vLLM plugin (kvcal/vllm_plugin.py):
+# the kv_cache_dtype of such a target's spec. Its quality is FP8's; its capacity and speed
+# are BF16's, so the verdict and the report never present them as FP8's.
+EMULATED_FP8 = "fp8-emulated"
 
 CHECKPOINT = "checkpoint"  # a quantization method loaded the checkpoint's scales
 DEFAULT_WARNED = "default-1.0-warned"  # it found none and said so
@@ -79,3 +83,11 @@ def from_engine_config(engine: Mapping[str, str], warning: bool) -> ScaleEvidenc
     else:
         source = CHECKPOINT
     return ScaleEvidence(source, quant, kv, warning)
+
+
+def is_emulated(target_info: Mapping[str, object]) -> bool:
+    """Whether a manifest's target entry is an emulated FP8 target."""
+    spec = target_info.get("spec")
+    if not isinstance(spec, Mapping):
+        return False
+    return EMULATED_FP8 in (spec.get("kv_cache_dtype"), spec.get("expect_cache_dtype"))

@@ -8,6 +8,7 @@ SIGTERM into an exception) and, through PR_SET_PDEATHSIG, even when this tool is
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import signal
@@ -19,14 +20,20 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError, ServerStartError
+from ._errors import ConfigError, ServerStartError, ServingMismatch
+from ._scale_log import EMULATED_FP8
 
 DEFAULT_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE when the user sets none
 BUILTIN_DTYPES = {"bf16": "auto", "fp8": "fp8"}
+# The emulated FP8 target's server (kvcal/vllm_plugin.py): these names are the plugin's contract.
+EMULATION_ENV = "KVCANARY_FP8_EMULATION"
+EMULATION_SKIP_ENV = "KVCANARY_FP8_EMULATION_SKIP_LAYERS"
+EMULATION_MARKER = "kvcanary fp8 emulation: active"
+SKIP_LAYERS_FLAG = "--kv-cache-dtype-skip-layers"
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,11 @@ class TargetSpec:
     @property
     def is_local(self) -> bool:
         return self.model is not None
+
+    @property
+    def emulated(self) -> bool:
+        """An emulated FP8 cache: quality evidence only, never capacity or speed."""
+        return EMULATED_FP8 in (self.kv_cache_dtype, self.expect_cache_dtype)
 
     def api_key(self) -> str | None:
         """Read from the environment at connect time; never stored or written anywhere."""
@@ -88,7 +100,43 @@ def cache_dtype_matches(expected: str, served: str) -> bool:
         return s in bf16_like
     if e == "fp8":
         return s.startswith("fp8")
+    if e == EMULATED_FP8:  # the server stores BF16; the plugin's log line shows the rest
+        return s in bf16_like
     return e == s
+
+
+def emulate_fp8(spec: TargetSpec) -> TargetSpec:
+    """``--emulate-fp8``: a local FP8 target served as BF16 with the E4M3 round trip."""
+    if not spec.is_local or spec.kv_cache_dtype != "fp8":
+        return spec
+    return replace(spec, kv_cache_dtype=EMULATED_FP8, expect_cache_dtype=EMULATED_FP8)
+
+
+def check_served_dtype(spec: TargetSpec, served: str | None, log_text: str | None,
+                       problems: list[str]) -> None:
+    """Raise ServingMismatch when the target does not run the KV cache its spec means;
+    append to ``problems`` what cannot be verified. ``log_text``: a local server's log."""
+    if spec.expect_cache_dtype is None:
+        return
+    if served is None:
+        problems.append("cache_dtype not reported by /metrics (vllm:cache_config_info); "
+                        "cannot verify")
+    elif not cache_dtype_matches(spec.expect_cache_dtype, served):
+        raise ServingMismatch(
+            f"served cache_dtype is '{served}' but target '{spec.name}' expects "
+            f"'{spec.expect_cache_dtype}': the server is not running the KV cache "
+            "this target is meant to test")
+    if not spec.emulated:
+        return
+    if log_text is None:
+        problems.append(f"'{spec.name}' is declared FP8-emulated; without the server's log "
+                        "kvcanary cannot see that the emulation plugin runs")
+    elif EMULATION_MARKER not in log_text:
+        raise ServingMismatch(
+            f"target '{spec.name}' is FP8-emulated but its server never logged "
+            f"'{EMULATION_MARKER}': install kvcanary in the server's environment (its "
+            "vllm.general_plugins entry point) and keep VLLM_PLUGINS unset or naming "
+            "kvcanary_fp8_emulation")
 
 
 def parse_targets(text: str, default_model: Path | None,
@@ -228,6 +276,21 @@ def failure_reason(log_text: str) -> str:
     return " | ".join(tail)[-500:] or "the server exited without output"
 
 
+def unquantized_cache_dtype(model_dir: Path) -> str:
+    """The --kv-cache-dtype that stores K/V unquantized. 'auto', except for a checkpoint that
+    declares a ``kv_cache_scheme`` (a kvcal overlay): vLLM serves FP8 for those under 'auto'
+    (seen on vLLM CPU 0.32: twice the cache tokens), so the model's own dtype is named."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "auto"
+    if not isinstance(config, dict) or not (config.get("quantization_config") or {}).get(
+            "kv_cache_scheme"):
+        return "auto"
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
+
+
 class LocalServer:
     """A vLLM OpenAI server for one TargetSpec. Use as a context manager."""
 
@@ -248,15 +311,34 @@ class LocalServer:
 
     def command(self) -> list[str]:
         assert self.spec.model is not None
+        args, _ = self._emulation()
+        dtype = unquantized_cache_dtype(Path(self.spec.model)) if self.spec.emulated \
+            else self.spec.kv_cache_dtype
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", self.spec.model, "--host", self.host, "--port", str(self.port),
-                "--kv-cache-dtype", self.spec.kv_cache_dtype, "--seed", "0",
-                *self.spec.args]
+                "--kv-cache-dtype", dtype, "--seed", "0", *args]
+
+    def _emulation(self) -> tuple[list[str], dict[str, str]]:
+        """The server's arguments and the plugin's environment. An emulated target's
+        --kv-cache-dtype-skip-layers goes to the plugin: a BF16 cache skips nothing."""
+        args = list(self.spec.args)
+        if not self.spec.emulated:
+            return args, {}
+        env = {EMULATION_ENV: "e4m3"}
+        if SKIP_LAYERS_FLAG in args:
+            i = args.index(SKIP_LAYERS_FLAG)
+            j = i + 1
+            while j < len(args) and not args[j].startswith("-"):
+                j += 1
+            env[EMULATION_SKIP_ENV] = ",".join(",".join(args[i + 1:j]).split(","))
+            del args[i:j]
+        return args, env
 
     def start(self) -> None:
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
         env.update(self.spec.env)
+        env.update(self._emulation()[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
@@ -322,7 +404,7 @@ class LocalServer:
 def scale_lines(log_text: str) -> list[str]:
     """Server-log lines about KV-cache dtype, scales and quantization (what actually ran)."""
     keys = ("scaling factor", "k_scale", "v_scale", "kv_cache_scheme", "quantization=",
-            "fp8 data type", "kv cache dtype", "compressed-tensors")
+            "fp8 data type", "kv cache dtype", "compressed-tensors", "kvcanary fp8 emulation")
     out = []
     for line in log_text.splitlines():
         low = line.lower()

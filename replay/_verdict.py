@@ -11,6 +11,10 @@
                    the server refused FP8), calibrated quality still misses, or the workload is
                    too short/prefill-heavy to recover the overhead with no capacity need.
     INSUFFICIENT   no loss shown, but too few graded pairs to show there is none.
+    EMULATED       an FP8 arm is emulated (kvcal's plugin: a BF16 server rounding K/V through
+                   E4M3): its quality evidence is reported, but no rollout decision rests on
+                   it unless ``Thresholds.accept_emulated`` (``--accept-emulated``); and then
+                   on quality alone, since an emulated cache has BF16's capacity and speed.
 
 ``decide`` takes plain ``Facts`` (so every rule is table-tested); ``facts_from_run`` builds
 them from a run's ``Summary`` record (``_analysis_types``) and manifest. Tolerance, alpha and
@@ -32,6 +36,7 @@ multiplies the apparent evidence by the number of phases without adding any. So:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -39,7 +44,7 @@ from typing import Any
 from . import _stats as stats
 from ._analysis_types import OMITTED, BucketQuality, Combined, Summary, TargetSummary, Verdict
 from ._roles import Roles
-from ._scale_log import SCALE_ONE_WARNING, from_engine_config
+from ._scale_log import EMULATED_FP8, SCALE_ONE_WARNING, from_engine_config, is_emulated
 
 VERDICTS: dict[str, tuple[int, str]] = {
     "keep": (0, "KEEP FP8 at scale 1.0"),
@@ -47,6 +52,7 @@ VERDICTS: dict[str, tuple[int, str]] = {
     "per_head_or_skip_layers": (11, "TRY PER-HEAD SCALES OR BF16 FOR SOME LAYERS"),
     "reject": (12, "REJECT FP8 for this path"),
     "insufficient_evidence": (13, "INSUFFICIENT EVIDENCE"),
+    "emulated": (14, "NO VERDICT ON EMULATED FP8"),
 }
 
 
@@ -63,6 +69,8 @@ class Thresholds:
     # lies below 1 - this and below the floor's.
     tf_warn_nll: float = 0.05
     tf_warn_top1: float = 0.05
+    # Decide on emulated FP8 arms (quality only) instead of refusing to.
+    accept_emulated: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,7 @@ class ArmFacts:
     shift_p: float | None = None            # the phase with the strongest downward shift
     shift_direction: str | None = None
     phases: int = 1                         # loss and shift tests run at alpha / phases
+    emulated: bool = False                  # FP8 emulated in a BF16 server (no systems facts)
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,15 @@ def _decide(f: Facts, th: Thresholds) -> Verdict:
             return _verdict("reject", [f"{arm.name}: {arm.serving_problems[0]}"], ev)
     if f.candidate is None:
         return _verdict("insufficient_evidence", ["no FP8 target to compare"], ev)
+    emulated = [arm.name for arm in (f.candidate, f.calibrated) if arm is not None and arm.emulated]
+    if emulated and not th.accept_emulated:
+        for arm in (f.calibrated, f.candidate):
+            if arm is not None:
+                ev += _quality(arm, f.reference, th)
+        return _verdict("emulated", [
+            f"{', '.join(emulated)} emulated FP8 (a BF16 server rounding K/V through E4M3): "
+            "its quality evidence is below, but a rollout decision needs a server that serves "
+            "FP8 (or --accept-emulated to decide on quality alone)"], ev)
 
     # 2. With a calibrated target, judge the calibration.
     if f.calibrated is not None:
@@ -269,7 +287,7 @@ def _decide(f: Facts, th: Thresholds) -> Verdict:
             b = min(cal_loss, key=lambda c: c.diff if c.diff is not None else 0.0)
             how = ("per-head scales (the backend supports them)" if f.per_head_supported else
                    "BF16 for the outlier layers (--kv-cache-dtype-skip-layers "
-                   f"{','.join(map(str, f.outlier_layers)) or 'LAYERS'}); per-head scales "
+                   f"{' '.join(map(str, f.outlier_layers)) or 'LAYERS'}); per-head scales "
                    "need FlashAttention")
             return _verdict("per_head_or_skip_layers", [
                 f"after calibration only {_where(b)} still loses ({_pts(b.diff)} points): try "
@@ -315,6 +333,11 @@ def _insufficient(arm: ArmFacts, thin: Sequence[BucketFacts], ev: list[dict[str,
 
 
 def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+    if f.candidate is not None and f.candidate.emulated:
+        ev.append(_evidence("systems", f"{f.candidate.name} is emulated: its capacity and speed "
+                            "are a BF16 server's, so FP8's gain is not measured here"))
+        return _verdict("keep", [f"matches {f.reference} in every bucket (emulated FP8, quality "
+                                 "only: capacity and speed not measured)"], ev)
     cap_ok = f.capacity_ratio is not None and f.capacity_ratio >= th.required_capacity_ratio
     if f.capacity_ratio is not None:
         ev.append(_evidence("systems", f"KV-cache capacity {f.capacity_ratio:.2f}x the reference "
@@ -373,8 +396,9 @@ def serving_problems(name: str, target: TargetSummary | Mapping[str, Any],
     spec = info.get("spec") or {}
     meant = spec.get("expect_cache_dtype") or spec.get("kv_cache_dtype")
     # A candidate whose spec says BF16 is a deliberate BF16 comparison (another checkpoint,
-    # other server flags); one meant to be FP8, or of unknown kind, must serve FP8.
-    meant_fp8 = meant is None or str(meant).startswith("fp8")
+    # other server flags); one meant to be FP8, or of unknown kind, must serve FP8. An
+    # emulated one stores BF16 by design (the runner checked its plugin ran).
+    meant_fp8 = (meant is None or str(meant).startswith("fp8")) and meant != EMULATED_FP8
     if meant_fp8 and dtype is not None and not str(dtype).startswith("fp8"):
         out.append(f"served cache_dtype is '{dtype}', not FP8 (the backend fell back)")
     ref = manifest.get("targets", {}).get(manifest.get("reference", ""), {}) or {}
@@ -384,12 +408,11 @@ def serving_problems(name: str, target: TargetSummary | Mapping[str, Any],
     if not calibrated and info.get("model_root") and ref.get("model_root") and \
             info["model_root"] != ref["model_root"]:
         out.append(f"serves model {info['model_root']}, the reference {ref['model_root']}")
-    args = list((info.get("spec") or {}).get("args") or [])
-    if "--kv-cache-dtype-skip-layers" in args[:-1]:
-        want = args[args.index("--kv-cache-dtype-skip-layers") + 1]
-        served = (info.get("cache_config") or {}).get("kv_cache_dtype_skip_layers", "")
-        if not all(x.strip() in served for x in want.split(",")):
-            out.append(f"skip-layers configured as {want!r} but the server reports {served!r}")
+    skip = _skip_layers_problem(list(spec.get("args") or []),
+                                str((info.get("cache_config") or {}).get(
+                                    "kv_cache_dtype_skip_layers", "")))
+    if skip and meant != EMULATED_FP8:  # an emulated target's plugin does the skipping
+        out.append(skip)
     failing = error_problem(name, summary, max_error_rate)
     if failing:
         out.append(failing)
@@ -402,6 +425,26 @@ def serving_problems(name: str, target: TargetSummary | Mapping[str, Any],
            for ln in lines):
         out.append("the backend rejected per-head scales")
     return out
+
+
+def _skip_layers_problem(args: Sequence[str], served: str) -> str | None:
+    """``--kv-cache-dtype-skip-layers 0 3`` against the server's ``['0', '3']``. vLLM 0.32
+    takes one pattern per word, so ``0,3`` is a single pattern that matches no layer."""
+    flag = "--kv-cache-dtype-skip-layers"
+    if flag not in args:
+        return None
+    i = list(args).index(flag) + 1
+    words = []
+    while i < len(args) and not args[i].startswith("-"):
+        words.append(args[i])
+        i += 1
+    if any("," in w for w in words):
+        return (f"{flag} {' '.join(words)}: vLLM takes one layer index per word ("
+                f"{' '.join(w for word in words for w in word.split(',') if w)}); a "
+                "comma-separated value is one pattern that matches no layer")
+    if not set(words) <= set(re.findall(r"\w+", served)):
+        return f"skip-layers configured as {' '.join(words)!r} but the server reports {served!r}"
+    return None
 
 
 def _cell(bucket: str, row: BucketQuality, phase: str | None, th: Thresholds,
@@ -458,16 +501,19 @@ def facts_from_run(summary: Summary | Mapping[str, Any], manifest: Mapping[str, 
                 and sh.p_value is not None]
         shift = min(down, key=lambda sh: sh.p_value or 0.0) if down else (
             shifts[0] if shifts else None)
+        emulated = is_emulated(manifest.get("targets", {}).get(name) or {})
         return ArmFacts(name, tuple(problems), tuple(cells),
                         shift.p_value if shift else None, shift.direction if shift else None,
-                        max(1, len(per_phase)))
+                        max(1, len(per_phase)), emulated)
 
     ref_t = targets.get(reference)
     ref_problem = None if ref_t is None else error_problem(reference, ref_t,
                                                            thresholds.max_error_rate)
     cand_t = targets.get(cand or "")
     ratio = None
-    if ref_t and cand_t and ref_t.kv_cache_size_tokens and cand_t.kv_cache_size_tokens:
+    cand_emulated = is_emulated(manifest.get("targets", {}).get(cand or "") or {})
+    if ref_t and cand_t and ref_t.kv_cache_size_tokens and cand_t.kv_cache_size_tokens \
+            and not cand_emulated:  # an emulated cache's capacity is BF16's, never FP8's
         ratio = cand_t.kv_cache_size_tokens / ref_t.kv_cache_size_tokens
     usage = [ph.server.peak_kv_usage for ph in (ref_t.phases.values() if ref_t else ())
              if ph.server.peak_kv_usage is not None]
@@ -478,7 +524,8 @@ def facts_from_run(summary: Summary | Mapping[str, Any], manifest: Mapping[str, 
             f"the reference {reference}: {ref_problem}", *candidate_arm.serving_problems))
     return Facts(reference=reference, candidate=candidate_arm, calibrated=arm(cal, True),
                  capacity_ratio=ratio,
-                 latency_better=s.systems.latency_better if s.systems else None,
+                 latency_better=s.systems.latency_better if s.systems and not cand_emulated
+                 else None,
                  capacity_needed=(max(usage) >= thresholds.capacity_needed_usage)
                  if usage else None,
                  below_break_even=s.systems.below_break_even if s.systems else None)

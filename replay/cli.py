@@ -36,7 +36,7 @@ from ._rundir import file_digest, new_run_dir
 from ._runner import RunConfig, Runner
 from ._schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
 from ._table import compare_table, quality_table, summary_table
-from ._targets import load_targets_config, parse_targets
+from ._targets import emulate_fp8, load_targets_config, parse_targets
 from ._trace import CheckStats
 from ._verdict import Thresholds
 
@@ -180,6 +180,12 @@ RUN_OPTIONS = [
                  "calibrated]."),
     click.option("--calibrated", help="Target with calibrated scales [default: a targets-file "
                  "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal]."),
+    click.option("--emulate-fp8", is_flag=True,
+                 help="Serve local fp8 targets with a BF16 cache and kvcal's E4M3 round trip of "
+                      "K/V at the cache write (where the CPU cannot serve FP8): quality "
+                      "evidence only; capacity and speed are BF16's."),
+    click.option("--accept-emulated", is_flag=True,
+                 help="Let the verdict rest on emulated FP8 targets (otherwise it refuses)."),
     click.option("--control/--no-control", default=None,
                  help="Replay the reference a second time (A/A): the noise floor of every "
                       "metric [default: on in `canary` when the trace has requests without a "
@@ -318,6 +324,8 @@ def _run(o: dict[str, Any], canary: bool) -> int:
         model_dir = ensure_default_model()
         console.print(f"using the embedded test model {model_dir}")
     specs = parse_targets(o["targets"], model_dir.resolve() if model_dir else None, config)
+    if o.get("emulate_fp8"):
+        specs = [emulate_fp8(s) for s in specs]
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
     refuse_overlap(trace.iter_requests(), specs, trace_path)
@@ -351,7 +359,8 @@ def _run(o: dict[str, Any], canary: bool) -> int:
                     thresholds=Thresholds(tolerance=o["tolerance"], alpha=o["alpha"],
                                           min_pairs=o["min_pairs"],
                                           required_capacity_ratio=o["required_capacity_ratio"],
-                                          max_error_rate=max_error_rate),
+                                          max_error_rate=max_error_rate,
+                                          accept_emulated=bool(o.get("accept_emulated"))),
                     max_errors=o.get("max_errors"), max_error_rate=max_error_rate,
                     drain_s=o["drain_s"], resume=o.get("resume_dir") is not None,
                     cli_options={k: str(v) if isinstance(v, Path) else v for k, v in o.items()
@@ -627,8 +636,10 @@ def trace_scan(path: Path) -> None:
 
 @main.command("model")
 @click.option("--twin", is_flag=True,
-              help="Derive the outlier twin (keys x256, queries /256: identical in BF16, keys "
-                   "past FP8's range) into the cache and print its folder.")
+              help="Derive the outlier twin (keys times F, queries divided by F: identical in "
+                   "BF16, keys past FP8's range; F is the power of two that puts every layer's "
+                   "keys 4x past 448, 1024 for the embedded model) into the cache and print "
+                   "its folder.")
 @click.option("--random", "random_out", type=click.Path(path_type=Path),
               help="Build the untrained factory model (random weights) into this folder.")
 def model_cmd(twin: bool, random_out: Path | None) -> None:

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
+from replay._targets import DEFAULT_MODEL_ARGS, EMULATED_FP8, LocalServer, TargetSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data" / "traces"
@@ -27,6 +27,24 @@ def cpu_can_serve_fp8_kv() -> bool:
         return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
     except Exception:
         return False
+
+
+# "emulated" runs the FP8 tests against emulated FP8 on any CPU (to see that half here too).
+FP8_MODE_ENV = "KVCANARY_TEST_FP8"
+
+
+def fp8_emulated() -> bool:
+    """The FP8 tests' FP8: served where vLLM CPU can serve an FP8 KV cache, elsewhere a BF16
+    server with kvcal's E4M3 round trip at the cache write (kvcal/vllm_plugin.py)."""
+    return os.environ.get(FP8_MODE_ENV) == "emulated" or not cpu_can_serve_fp8_kv()
+
+
+def fp8_flags() -> list[str]:
+    """What a replay command line needs for the FP8 tests' FP8 (see fp8_emulated)."""
+    return ["--emulate-fp8", "--accept-emulated"] if fp8_emulated() else []
+
+
+FP8_DTYPE = EMULATED_FP8 if fp8_emulated() else "fp8"
 
 
 @pytest.fixture(scope="session")
@@ -62,9 +80,8 @@ def bf16_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="session")
 def fp8_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    if not cpu_can_serve_fp8_kv():
-        pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM CPU cannot serve an FP8 KV cache")
-    yield from _serve("fp8", "fp8", model_dir, tmp_path_factory.mktemp("servers"))
+    """Served FP8, or emulated where this CPU cannot serve it (fp8_emulated)."""
+    yield from _serve("fp8", FP8_DTYPE, model_dir, tmp_path_factory.mktemp("servers"))
 
 
 def run(coro):  # type: ignore[no-untyped-def]

@@ -26,7 +26,7 @@ from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
 from replay._teacher import TFScore, score
 from replay._trace import Request
 
-from .conftest import cpu_can_serve_fp8_kv
+from .conftest import cpu_can_serve_fp8_kv, fp8_emulated
 from .test_kvcal import _requests, build_test_model
 
 pytestmark = pytest.mark.vllm
@@ -124,9 +124,9 @@ def test_prompts_render_as_the_server_renders_them(model_dir: Path,
     assert asyncio.run(check()) >= 20
 
 
-def _verify(overlay: Path, log_dir: Path) -> tuple[int, dict[str, Any]]:
+def _verify(overlay: Path, log_dir: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     res = CliRunner().invoke(kvcal_main, ["verify", str(overlay), "--sequences", "2",
-                                          "--log-dir", str(log_dir)])
+                                          "--log-dir", str(log_dir), *extra])
     return res.exit_code, json.loads((log_dir / "verify.json").read_text())
 
 
@@ -143,12 +143,19 @@ def test_verify_reports_vllms_refusal_of_fp8(calibrated: Path, tmp_path: Path) -
 
 @pytest.mark.fp8
 def test_verify_scales_applied(calibrated: Path, tmp_path: Path) -> None:
-    if not cpu_can_serve_fp8_kv():
-        pytest.skip("this CPU has neither AVX-512 nor AMX: vLLM CPU cannot serve an FP8 KV cache")
-    code, result = _verify(calibrated, tmp_path)
+    """On served FP8, or on emulated FP8 (kvcal's plugin) where this CPU cannot serve it."""
+    emulated = fp8_emulated()
+    code, result = _verify(calibrated, tmp_path, *(["--emulate-fp8"] if emulated else []))
     assert code == 0 and result["status"] == "applied", result["reasons"]
-    assert result["servers"][0]["cache_dtype"].startswith("fp8")
     cal, base = result["servers"]
+    if emulated:
+        assert cal["cache_dtype"] in ("auto", "bfloat16")
+        assert cal["emulated"] and cal["emulation_active"]
+        # the plugin rounds each layer's K at the checkpoint's scale, and the original's at 1.0
+        assert any("k_scale" in ln and "(checkpoint)" in ln for ln in cal["log_lines"])
+        assert any("k_scale 1 v_scale 1 (default)" in ln for ln in base["log_lines"])
+    else:
+        assert cal["cache_dtype"].startswith("fp8")
     assert cal["scales"] == "checkpoint" and cal["runs_at_scale_one"] is False
     assert cal["quantization"] == "compressed-tensors" and not cal["scale_one_warning"]
     # The original runs at scale 1.0, and vLLM CPU 0.32 says so only through its engine line

@@ -539,3 +539,19 @@ def test_explicit_and_derived_grades_side_by_side_and_the_warning(tmp_path: Path
     assert "teacher-forced ΔNLL +0.800/token" in verdict and "early warning" in verdict
     md = report.render_markdown(run_dir)
     assert "| fp8 | 256-1K | 60.0% [" in md and "(4/10) |" in md
+
+
+def test_an_emulated_target_never_shows_fp8_capacity(run_dir: Path) -> None:
+    """Emulated FP8 (kvcal's plugin in a BF16 server): its quality rows stay, its served dtype
+    says emulated, and its capacity is never presented as FP8's."""
+    manifest = orjson.loads((run_dir / "manifest.json").read_bytes())
+    spec = manifest["targets"]["fp8"]["spec"]
+    spec["kv_cache_dtype"] = spec["expect_cache_dtype"] = "fp8-emulated"
+    write_json(run_dir / "manifest.json", manifest)
+    s = sections(report.render_html(run_dir))
+    serving = {r[0]: r for r in s.rows["serving"]}
+    assert serving["fp8"][3] == "fp8-emulated" and serving["fp8"][4].endswith("(emulated FP8)")
+    capacity = {r[0]: r for r in s.rows["capacity"]}
+    assert capacity["fp8"][3] == "not FP8's: emulated"
+    assert "emulated FP8" in s.text["systems"]
+    assert any(r[0] == "fp8" for r in s.rows["quality"])

@@ -73,6 +73,8 @@ CASES = {
         Facts("bf16", ArmFacts("fp8", buckets=thin()), capacity_ratio=2.0),
         "insufficient_evidence"),
     "insufficient: no candidate": (Facts("bf16", None), "insufficient_evidence"),
+    "emulated: no decision on an emulated FP8 arm unless accepted": (
+        Facts("bf16", ArmFacts("fp8", buckets=lose("<8K"), emulated=True)), "emulated"),
 }
 
 
@@ -255,8 +257,12 @@ def _manifest(**fp8: object) -> dict[str, object]:
     ({"status": "ok", "cache_dtype": "fp8"}, _manifest(scale_log_lines=[
         "WARNING Using KV cache scaling factor 1.0 for fp8_e4m3."]), True, "not applied"),
     ({"status": "ok", "cache_dtype": "fp8"}, _manifest(
+        spec={"args": ["--kv-cache-dtype-skip-layers", "0", "3"]},
+        cache_config={"kv_cache_dtype_skip_layers": "['0']"}), False, "skip-layers configured"),
+    ({"status": "ok", "cache_dtype": "fp8"}, _manifest(
         spec={"args": ["--kv-cache-dtype-skip-layers", "0,3"]},
-        cache_config={"kv_cache_dtype_skip_layers": "[0]"}), False, "skip-layers configured"),
+        cache_config={"kv_cache_dtype_skip_layers": "['0,3']"}), False,
+     "one layer index per word (0 3)"),
 ])
 def test_serving_path_problems(target: dict[str, object], manifest: dict[str, object],
                                calibrated: bool, problem: str) -> None:
@@ -271,8 +277,8 @@ def test_clean_serving_path_has_no_problems() -> None:
 
     ok = {"status": "ok", "cache_dtype": "fp8_e4m3"}
     assert serving_problems("fp8", ok, _manifest(), False) == []
-    skip = _manifest(spec={"args": ["--kv-cache-dtype-skip-layers", "0,3"]},
-                     cache_config={"kv_cache_dtype_skip_layers": "[0, 3]"})
+    skip = _manifest(spec={"args": ["--kv-cache-dtype-skip-layers", "0", "3"]},
+                     cache_config={"kv_cache_dtype_skip_layers": "['0', '3']"})
     assert serving_problems("fp8", ok, skip, False) == []
 
 
@@ -319,3 +325,40 @@ def test_divergence_inside_the_floor_or_below_the_threshold_is_no_warning() -> N
               replace(_diverging(buckets[0], 0.03, None), tf_top1_hi=1.0)):
         v = decide(Facts("bf16", ArmFacts("fp8", buckets=(b, *buckets[1:])), capacity_ratio=2.0))
         assert v.verdict == "keep" and not [e for e in v.evidence if e["kind"] == "warning"]
+
+
+# -- emulated FP8: quality evidence, a decision only when accepted, never systems ------------
+
+
+def test_emulated_arm_is_reported_but_not_decided_unless_accepted() -> None:
+    broken = Facts("bf16", ArmFacts("fp8", buckets=lose("<8K"), emulated=True))
+    refused = decide(broken)
+    assert refused.verdict == "emulated" and refused.exit_code == 14
+    assert "--accept-emulated" in refused.reasons[0]
+    assert {e["bucket"] for e in refused.evidence if e["kind"] == "quality"} == set(BUCKETS)
+    accepted = decide(broken, Thresholds(accept_emulated=True))
+    assert accepted.verdict == "calibrate", accepted.reasons
+
+
+def test_an_accepted_emulated_match_keeps_on_quality_alone() -> None:
+    """Its capacity and speed are a BF16 server's: KEEP says so instead of REJECT for no
+    gain, and never quotes a capacity ratio."""
+    ok = Facts("bf16", ArmFacts("fp8", buckets=same(), emulated=True))
+    v = decide(ok, Thresholds(accept_emulated=True))
+    assert v.verdict == "keep" and "emulated FP8, quality only" in v.reasons[0]
+    assert not any("capacity" in e["text"] and "x the reference" in e["text"]
+                   for e in v.evidence)
+
+
+def test_emulated_target_serves_bf16_without_a_fallback_problem() -> None:
+    from replay._verdict import facts_from_run, serving_problems
+
+    manifest = _manifest(spec={"kv_cache_dtype": "fp8-emulated",
+                               "expect_cache_dtype": "fp8-emulated"})
+    target = {"status": "ok", "cache_dtype": "bfloat16", "kv_cache_size_tokens": 1000}
+    assert serving_problems("fp8", target, manifest, False) == []
+    summary = {"targets": {"bf16": {"status": "ok", "cache_dtype": "auto",
+                                    "kv_cache_size_tokens": 1000}, "fp8": target}}
+    facts = facts_from_run(summary, {**manifest, "reference": "bf16"})
+    assert facts.candidate is not None and facts.candidate.emulated
+    assert facts.capacity_ratio is None  # 1.0x here: BF16's, never presented as FP8's

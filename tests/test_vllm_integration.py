@@ -20,7 +20,7 @@ from replay._runner import RunConfig, Runner
 from replay._schedule import ClosedLoop
 from replay._targets import LocalServer, TargetSpec
 
-from .conftest import ROOT, SHARED_DATA
+from .conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated
 
 pytestmark = pytest.mark.vllm
 
@@ -153,11 +153,16 @@ def test_served_dtype_contradicting_the_spec_is_an_error(bf16_server: LocalServe
 @pytest.mark.fp8
 def test_fp8_server_capacity_is_twice_bf16(bf16_server: LocalServer,
                                            fp8_server: LocalServer) -> None:
+    """Served FP8 holds twice the tokens; emulated FP8 stores BF16 and must not pretend."""
     bf16 = asyncio.run(_introspect(bf16_server.url))["cache_config"]
     fp8 = asyncio.run(_introspect(fp8_server.url))["cache_config"]
-    assert fp8["cache_dtype"].startswith("fp8")
     ratio = int(fp8["kv_cache_size_tokens"]) / int(bf16["kv_cache_size_tokens"])
-    assert ratio == pytest.approx(2.0, rel=0.05)
+    if fp8_emulated():
+        assert fp8["cache_dtype"] == "auto"
+        assert ratio == pytest.approx(1.0, rel=0.05)
+    else:
+        assert fp8["cache_dtype"].startswith("fp8")
+        assert ratio == pytest.approx(2.0, rel=0.05)
 
 
 def test_graded_replay_with_control_reports_quality(bf16_server: LocalServer,
@@ -209,7 +214,7 @@ def test_fp8_teacher_forced_scores_differ_from_bf16(bf16_server: LocalServer,
     cfg = RunConfig(trace=load(trace), trace_path=trace, trace_format="v1",
                     targets=[TargetSpec(name="bf16", url=bf16_server.url),
                              TargetSpec(name="fp8", url=fp8_server.url,
-                                        expect_cache_dtype="fp8")],
+                                        expect_cache_dtype=FP8_DTYPE)],
                     schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
                     run_dir=new_run_dir(tmp_path))
     summary = asyncio.run(Runner(cfg).run())

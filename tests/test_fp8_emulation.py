@@ -1,0 +1,148 @@
+"""Emulated FP8 targets without a server: how they are started, checked and patched in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replay._errors import ServingMismatch
+from replay._targets import (
+    EMULATED_FP8,
+    EMULATION_ENV,
+    EMULATION_MARKER,
+    EMULATION_SKIP_ENV,
+    LocalServer,
+    TargetSpec,
+    check_served_dtype,
+    emulate_fp8,
+    load_targets_config,
+    parse_targets,
+)
+
+
+def _emulated(*args: str) -> TargetSpec:
+    return TargetSpec(name="fp8", model="/models/m", kv_cache_dtype=EMULATED_FP8, args=args,
+                      expect_cache_dtype=EMULATED_FP8)
+
+
+def test_emulated_server_stores_bf16_and_hands_skip_layers_to_the_plugin(tmp_path: Path) -> None:
+    server = LocalServer(_emulated("--kv-cache-dtype-skip-layers", "0", "3", "--seed", "1"),
+                         tmp_path / "log")
+    cmd = server.command()
+    assert cmd[cmd.index("--kv-cache-dtype") + 1] == "auto"
+    assert "--kv-cache-dtype-skip-layers" not in cmd and cmd[-2:] == ["--seed", "1"]
+    assert server._emulation()[1] == {EMULATION_ENV: "e4m3", EMULATION_SKIP_ENV: "0,3"}
+    comma = LocalServer(_emulated("--kv-cache-dtype-skip-layers", "1,2"), tmp_path / "log")
+    assert comma._emulation()[1][EMULATION_SKIP_ENV] == "1,2"
+    served = LocalServer(TargetSpec(name="fp8", model="/m", kv_cache_dtype="fp8"), tmp_path / "l")
+    assert served._emulation()[1] == {} and "fp8" in served.command()
+
+
+def test_emulate_fp8_turns_only_local_fp8_targets(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    specs = parse_targets(f"bf16,fp8,fp8-cal={model},remote=http://127.0.0.1:9", model)
+    turned = {s.name: s for s in map(emulate_fp8, specs)}
+    assert not turned["bf16"].emulated and not turned["remote"].emulated
+    assert turned["fp8"].emulated and turned["fp8-cal"].emulated
+    assert turned["fp8"].kv_cache_dtype == turned["fp8"].expect_cache_dtype == EMULATED_FP8
+
+
+def test_targets_file_declares_an_emulated_target(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('[targets.fp8-emu]\nmodel = "/m"\nkv_cache_dtype = "fp8-emulated"\n')
+    assert load_targets_config(path)["fp8-emu"].emulated
+
+
+def test_served_dtype_check_of_an_emulated_target() -> None:
+    spec = _emulated()
+    problems: list[str] = []
+    check_served_dtype(spec, "auto", f"... {EMULATION_MARKER} (E4M3 ...)\n", problems)
+    assert problems == []
+    with pytest.raises(ServingMismatch, match="never logged"):
+        check_served_dtype(spec, "auto", "INFO engine started\n", problems)
+    with pytest.raises(ServingMismatch, match="served cache_dtype is 'fp8_e4m3'"):
+        check_served_dtype(spec, "fp8_e4m3", EMULATION_MARKER, problems)
+    check_served_dtype(spec, "auto", None, problems)  # a URL target: no log to read
+    assert len(problems) == 1 and "cannot see" in problems[0]
+
+
+def test_plugin_is_a_no_op_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvcal import vllm_plugin
+
+    monkeypatch.delenv(EMULATION_ENV, raising=False)
+    vllm_plugin.register()  # imports nothing from vLLM, patches nothing
+    monkeypatch.setenv(EMULATION_ENV, "e5m2")
+    with pytest.raises(ValueError, match="e4m3"):
+        vllm_plugin.register()
+    assert vllm_plugin.parse_skip_layers(" 0, 3") == {0, 3}
+    with pytest.raises(ValueError, match="layer indices"):
+        vllm_plugin.parse_skip_layers("first")
+
+
+class _Layer:
+    def __init__(self, index: int, k_scale: Any = None) -> None:
+        self.layer_name = f"model.layers.{index}.self_attn.attn"
+        if k_scale is not None:  # as vLLM keeps them: a tensor, loaded or its default 1.0
+            self._k_scale = k_scale
+
+
+def test_plugin_rounds_k_and_v_at_the_cache_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The patched write hands vLLM's own write the E4M3 round trip of K and V, at the
+    checkpoint's scale (per head here) or 1.0, except in skipped layers and served FP8."""
+    torch = pytest.importorskip("torch")
+    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    from kvcal import vllm_plugin
+    from kvcal._fp8 import e4m3_roundtrip, vllm_head_scale
+
+    seen: list[tuple[Any, Any]] = []
+
+    def record(self: Any, layer: Any, key: Any, value: Any, kv_cache: Any, slots: Any) -> None:
+        seen.append((key, value))
+
+    monkeypatch.setattr(cpu_attn.CPUAttentionBackendImpl, "do_kv_cache_update", record)
+    monkeypatch.setenv(EMULATION_ENV, "e4m3")
+    monkeypatch.setenv(EMULATION_SKIP_ENV, "2")
+    vllm_plugin.register()
+    write = cpu_attn.CPUAttentionBackendImpl.do_kv_cache_update
+    gen = torch.Generator().manual_seed(0)
+    key = (torch.randn(5, 2, 32, generator=gen) * 300).to(torch.bfloat16)
+    value = torch.randn(5, 2, 32, generator=gen).to(torch.bfloat16)
+    impl = type("Impl", (), {"kv_cache_dtype": "auto"})()
+    per_head = torch.tensor([2.0, 0.5])
+
+    write(impl, _Layer(0, per_head), key, value, None, None)
+    assert torch.equal(seen[-1][0], e4m3_roundtrip(key, vllm_head_scale(per_head, 2)))
+    assert torch.equal(seen[-1][1], e4m3_roundtrip(value, 1.0))
+    assert not torch.equal(seen[-1][0], key)
+    write(impl, _Layer(2), key, value, None, None)  # skipped layer: BF16 as it came
+    assert seen[-1][0] is key and seen[-1][1] is value
+    served = type("Impl", (), {"kv_cache_dtype": "fp8"})()
+    write(served, _Layer(0), key, value, None, None)  # a real FP8 cache rounds itself
+    assert seen[-1][0] is key
+
+
+def test_an_overlay_is_emulated_on_its_own_dtype_not_auto(tmp_path: Path) -> None:
+    """Under --kv-cache-dtype auto vLLM serves FP8 for a checkpoint with a kv_cache_scheme:
+    its emulated server names the model's dtype so that it really stores BF16."""
+    import json
+
+    from replay._targets import unquantized_cache_dtype
+
+    plain, overlay = tmp_path / "plain", tmp_path / "overlay"
+    for folder, config in ((plain, {"torch_dtype": "bfloat16"}),
+                           (overlay, {"torch_dtype": "float16", "quantization_config": {
+                               "quant_method": "compressed-tensors",
+                               "kv_cache_scheme": {"num_bits": 8, "type": "float"}}})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    assert unquantized_cache_dtype(plain) == "auto"
+    assert unquantized_cache_dtype(overlay) == "float16"
+    assert unquantized_cache_dtype(tmp_path / "missing") == "auto"
+    server = LocalServer(_emulated(), tmp_path / "log")
+    object.__setattr__(server.spec, "model", str(overlay))
+    cmd = server.command()
+    assert cmd[cmd.index("--kv-cache-dtype") + 1] == "float16"
