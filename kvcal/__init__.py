@@ -1,9 +1,12 @@
 """kvcal: offline FP8 K/V scale calibration from the same traces kvcanary replays.
 
-    cli                                  sample, calibrate, verify, inspect
+    cli                                  sample, calibrate, verify, emulate, inspect
     _calibrate _verify                   one calibration; the serving-path check
+    _emulate _emulate_report             offline E4M3 emulation, per-layer sensitivity
     _checkpoint _scales                  overlay checkpoint and manifest; scales and advice
     _observe _sample                     K/V at the cache write; stratified samples
+    _fp8                                 vLLM's E4M3 cache write (imports torch only)
+    vllm_plugin                          emulated FP8 inside a BF16 vLLM server
 
 May import replay's trace, bucketing and target code; replay never imports kvcal.
 """
