@@ -7,7 +7,8 @@ process's CPU seconds
 (``getrusage``, user + system) and wall seconds over the measured load only, and per request
 what the client saw. Kinds:
 
-* ``kvcanary``: ``replay._client.Client`` as shipped (default ``perf_counter`` clock, epoch 0).
+* ``kvcanary``: ``replay.serving.client.Client`` as shipped (default ``perf_counter`` clock,
+  epoch 0).
 * ``bare``: the floor, an aiohttp read loop that posts the same bodies and only counts lines.
 * ``bare-clock``: the bare loop plus one ``perf_counter()`` per non-blank line, so its arrival
   times show how much timing error is the machine's rather than the client's.
@@ -34,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _machine import machine_busy_s
 
-from replay._client import Client
-from replay._records import Result
-from replay._trace import Request
+from replay.core.records import Result
+from replay.core.trace import Request
+from replay.serving.client import Client
 
 Record = dict[str, Any]
 SlotRunner = Callable[[list[Request]], Awaitable[list[Any]]]

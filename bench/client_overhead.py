@@ -8,7 +8,7 @@ then one every ``--server-itl-ms``, and stamps every send. At each concurrency t
 (``_load_clients.py``, each in its own process, one warm-up request per stream first) run
 the same load, ``--reps`` times each in rotating order:
 
-* ``kvcanary``: ``replay._client.Client``. CPU per token; TTFT and ITL against the stamps.
+* ``kvcanary``: ``replay.serving.client.Client``. CPU per token; TTFT and ITL against the stamps.
 * ``bare``: an aiohttp loop that posts the same bodies and only counts lines (the CPU floor).
 * ``bare-clock``: the bare loop stamping each line (the timing floor on this machine).
 
@@ -299,7 +299,7 @@ def ensure_tokenizer(opts: Options) -> Path:
     path = Path(tempfile.gettempdir()) / "kvcanary-bench-model"
     if not (path / "tokenizer.json").exists():
         sys.path.insert(0, str(ROOT))
-        from replay.testmodel import build
+        from replay.testmodel.factory import build
         build(path)
     return path
 
@@ -463,7 +463,7 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def client_version() -> dict[str, Any]:
     """Which kvcanary client was measured: file digests and the git commit (tree may differ)."""
-    files = ("replay/_client.py", "replay/_sse.py", "replay/_records.py")
+    files = ("replay/serving/client.py", "replay/serving/sse.py", "replay/core/records.py")
     out: dict[str, Any] = {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:12]
                            for f in files}
     try:

@@ -45,8 +45,8 @@ def run(model_dir: Path, trace: Path, buckets: str, per_bucket: int, chunk: int,
 
     from kvcal._observe import KVStats, ObservingCache, kv_shape, load_model, prefill
     from kvcal._sample import PromptRenderer, draw
-    from replay._buckets import Buckets
-    from replay._importers import load
+    from replay.core.buckets import Buckets
+    from replay.core.importers import load
 
     reqs = load(trace).requests
     split = draw(reqs, PromptRenderer(AutoTokenizer.from_pretrained(str(model_dir))),
@@ -103,7 +103,7 @@ def run(model_dir: Path, trace: Path, buckets: str, per_bucket: int, chunk: int,
 
 
 def main() -> None:
-    from replay.testmodel import ensure_default_model
+    from replay.testmodel.factory import ensure_default_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, help="model folder [default: the test model]")

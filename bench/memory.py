@@ -200,9 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # The floor (what importing the CLI costs), and a check that the measurement sees a
         # known allocation: 256 MiB more than the floor, not the launcher's size.
-        floor = run_measured([sys.executable, "-c", "import replay.cli, replay._runner"],
+        floor = run_measured([sys.executable, "-c", "import replay.cli, replay.run.runner"],
                              root)["peak_rss_mib"]
-        probe = run_measured([sys.executable, "-c", "import replay.cli, replay._runner; "
+        probe = run_measured([sys.executable, "-c", "import replay.cli, replay.run.runner; "
                               "x = bytearray(256 * 2**20); x[::4096] = b'1' * (2**16)"],
                              root)["peak_rss_mib"]
         console.print(f"floor {floor} MiB; floor + 256 MiB measured as {probe} MiB")

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from replay._errors import InputError
-from replay._rundir import file_digest
+from replay.core.errors import InputError
+from replay.run.rundir import file_digest
 
 from . import __version__
 from ._scales import TensorReport

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from replay._buckets import Buckets
-from replay._errors import InputError
+from replay.core.buckets import Buckets
+from replay.core.errors import InputError
 
 from ._fp8 import e4m3_roundtrip, hf_head_scale
 
@@ -225,8 +225,8 @@ def draw_from_trace(tokenizer: Any, trace: Path, trace_format: str, buckets: Buc
                     per_bucket: int, seed: int, on_bad_line: str, max_new: int,
                     exclude: frozenset[str], max_len: int) -> Drawn:
     """Requests of a trace (any format replay reads), rendered as vLLM renders them."""
-    from replay._errors import TraceError
-    from replay._importers import stream
+    from replay.core.errors import TraceError
+    from replay.core.importers import stream
 
     from ._sample import PromptRenderer
 
@@ -257,7 +257,7 @@ def draw_from_run(run_dir: Path, buckets: Buckets, per_bucket: int, seed: int,
     them): its prompt and output token ids, as the server reported them."""
     import json
 
-    from replay._rundir import MANIFEST, RESULTS, read_jsonl
+    from replay.run.rundir import MANIFEST, RESULTS, read_jsonl
 
     try:
         manifest = json.loads((run_dir / MANIFEST).read_text(encoding="utf-8"))

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay._buckets import DEFAULT_BOUNDS, Buckets
-from replay._errors import InputError
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import InputError
 
 from ._emulate import (
     Drawn,
@@ -139,7 +139,7 @@ def tf_summary(scores: dict[str, Score], ref: Reference, ids: Sequence[str],
 
 
 def greedy_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    from replay._stats import wilson
+    from replay.analysis.stats import wilson
 
     if not rows:
         return None

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay._buckets import Buckets
-from replay._errors import InputError
-from replay._synth import POOL_TEXT, TokenPool, synthesize
-from replay._trace import Request
+from replay.core.buckets import Buckets
+from replay.core.errors import InputError
+from replay.core.synth import POOL_TEXT, TokenPool, synthesize
+from replay.core.trace import Request
 
 CALIBRATION_IDS = "calibration_ids.txt"
 EVALUATION_IDS = "evaluation_ids.txt"

@@ -4,7 +4,7 @@ Three kinds of evidence, each recorded: the served ``cache_dtype`` (``/metrics``
 server log (the engine line's ``quantization=compressed-tensors`` means the checkpoint's
 scales went through a quantization method; ``quantization=None``, or vLLM's "Using KV cache
 scaling factor 1.0" warning, means the server runs at scale 1.0: see
-``replay._scale_log``), and teacher-forced scores of the same token sequences
+``replay.serving.scale_log``), and teacher-forced scores of the same token sequences
 under the calibrated FP8 server and a scale-1.0 FP8 server of the original model: scales
 that were applied change the dequantized K/V and so the scores. A server that refuses to
 start (no FP8 KV kernels on this CPU, per-head scales on a backend without them) is a result,
@@ -22,10 +22,11 @@ from typing import Any
 
 import aiohttp
 
-from replay._errors import ServerStartError
-from replay._introspect import introspect
-from replay._scale_log import EMULATED_FP8, UNKNOWN, scale_evidence
-from replay._targets import (
+from replay.core.errors import ServerStartError
+from replay.run.teacher import TFScore, score
+from replay.serving.introspect import introspect
+from replay.serving.scale_log import EMULATED_FP8, UNKNOWN, scale_evidence
+from replay.serving.targets import (
     DEFAULT_MODEL_ARGS,
     EMULATION_MARKER,
     LocalServer,
@@ -33,7 +34,6 @@ from replay._targets import (
     cache_dtype_matches,
     scale_lines,
 )
-from replay._teacher import TFScore, score
 
 from ._sample import Sample
 
@@ -55,7 +55,7 @@ class ServerCheck:
     cache_dtype: str | None = None
     quantization: str | None = None
     scale_one_warning: bool = False
-    # What the log says the server runs with (replay._scale_log): "checkpoint", one of the
+    # What the log says the server runs with (replay.serving.scale_log): "checkpoint", one of the
     # two "default-1.0-..." sources, or "unknown" (a server reached by URL has no log here).
     scales: str = UNKNOWN
     runs_at_scale_one: bool | None = None

@@ -31,8 +31,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from replay._buckets import DEFAULT_BOUNDS, Buckets
-from replay._errors import InputError
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import InputError
 
 console = Console(stderr=True)
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_INPUT = 0, 1, 2
@@ -118,9 +118,9 @@ def _tokenizer(model_dir: Path) -> Any:
 def _draw(model_dir: Path, trace: Path, trace_format: str, bucket_spec: str, per_bucket: int,
           max_share: float, seed: int, on_bad_line: str) -> tuple[Any, dict[str, Any]]:
     """Load the trace (replay's importers) and draw the stratified split."""
-    from replay._errors import TraceError
-    from replay._importers import stream
-    from replay._rundir import file_digest
+    from replay.core.errors import TraceError
+    from replay.core.importers import stream
+    from replay.run.rundir import file_digest
 
     from ._checkpoint import model_digests
     from ._sample import PromptRenderer, draw

@@ -8,9 +8,9 @@ How kvcanary's concepts map onto Locust's
   the user count caps the requests in flight (``--trace-times --max-in-flight``).
 * A phase is a load level: the shapes (``kvc_shapes.py``) name each level ``c<N>`` (or
   ``trace-x<scale>``), exactly as ``replay`` names its schedules, and results carry it.
-* A result (``replay._records.Result``) is reported as Locust request events per context
+* A result (``replay.core.records.Result``) is reported as Locust request events per context
   bucket: ``ttft <b>``, ``itl <b>``, ``e2e <b>``, ``output_tokens <b>`` and, with checkers
-  on, ``check <b>`` (see ``replay._locust_support.locust_events``). Locust's own statistics,
+  on, ``check <b>`` (see ``replay.locust.support.locust_events``). Locust's own statistics,
   charts, CSV and distributed stats merging work on those unchanged.
 * The run directory is ``replay``'s: results go to the master (Locust messages), which writes
   ``results.jsonl`` as they arrive and ``manifest.json``/``summary.json``/``grades.jsonl``
@@ -62,11 +62,14 @@ from locust import __version__ as locust_version
 from locust.env import Environment
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
-from replay._buckets import DEFAULT_BOUNDS, Buckets
-from replay._client import Client
-from replay._errors import KvcanaryError
-from replay._importers import load, sniff_format
-from replay._locust_support import (
+from replay.checkers import Answer, Grader
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import KvcanaryError
+from replay.core.importers import load, sniff_format
+from replay.core.records import Result
+from replay.core.schedule import trace_offsets
+from replay.core.trace import Request, TraceLoad
+from replay.locust.support import (
     DEFAULT_ITL_EVENTS,
     DEFAULT_MAX_RESULTS,
     Constant,
@@ -88,12 +91,9 @@ from replay._locust_support import (
     target_message,
     trace_requests,
 )
-from replay._records import Result
-from replay._rundir import file_digest, read_results
-from replay._schedule import trace_offsets
-from replay._targets import TargetSpec
-from replay._trace import Request, TraceLoad
-from replay.checkers import Answer, Grader
+from replay.run.rundir import file_digest, read_results
+from replay.serving.client import Client
+from replay.serving.targets import TargetSpec
 
 log = logging.getLogger("kvcanary")
 T = TypeVar("T")

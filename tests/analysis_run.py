@@ -19,12 +19,12 @@ from typing import Any
 
 import orjson
 
-from replay._grading import grading_spec
-from replay._records import Result, ToolCall
-from replay._rundir import TEACHER_FORCED
-from replay._runner import Analysis
-from replay._trace import Request
-from replay._verdict import Thresholds
+from replay.analysis.grading import grading_spec
+from replay.analysis.verdict import Thresholds
+from replay.core.records import Result, ToolCall
+from replay.core.trace import Request
+from replay.run.rundir import TEACHER_FORCED
+from replay.run.runner import Analysis
 
 GOLDEN = Path(__file__).parent / "data" / "analysis"
 SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -195,7 +195,7 @@ def locust_analysis(run_dir: Path) -> Analysis:
 
 
 def main() -> None:  # pragma: no cover - rewrites the goldens
-    from replay._runner import analyse
+    from replay.run.runner import analyse
 
     tmp = GOLDEN / "tmp"
     for name, build in (("run", analysis), ("locust", locust_analysis)):

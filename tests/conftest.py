@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from replay._targets import DEFAULT_MODEL_ARGS, EMULATED_FP8, LocalServer, TargetSpec
+from replay.serving.targets import DEFAULT_MODEL_ARGS, EMULATED_FP8, LocalServer, TargetSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data" / "traces"
@@ -49,14 +49,14 @@ FP8_DTYPE = EMULATED_FP8 if fp8_emulated() else "fp8"
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from replay.testmodel import ensure_default_model
+    from replay.testmodel.factory import ensure_default_model
 
     return ensure_default_model()
 
 
 @pytest.fixture(scope="session")
 def twin_dir() -> Path:
-    from replay.testmodel import ensure_twin_model
+    from replay.testmodel.factory import ensure_twin_model
 
     return ensure_twin_model()
 

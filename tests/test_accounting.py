@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replay._client import _Accumulator
-from replay._records import Result
+from replay.core.records import Result
+from replay.serving.client import _Accumulator
 
 
 class Ticks:

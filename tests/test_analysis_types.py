@@ -16,8 +16,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from replay import _report as report
-from replay._analysis_types import (
+from replay.analysis.schemas import (
     OMITTED,
     BucketQuality,
     Combined,
@@ -26,9 +25,10 @@ from replay._analysis_types import (
     SummaryError,
     TargetSummary,
 )
-from replay._rundir import write_json
-from replay._runner import analyse
 from replay.cli import main
+from replay.present import report
+from replay.run.rundir import write_json
+from replay.run.runner import analyse
 
 from . import analysis_run
 from .analysis_run import GOLDEN, SORTED
@@ -155,7 +155,7 @@ def test_lenient_reading_keeps_everything_else() -> None:
 
 
 def test_the_verdict_and_report_read_records_and_json_alike(tmp_path: Path) -> None:
-    from replay._verdict import facts_from_run
+    from replay.analysis.verdict import facts_from_run
 
     doc = _golden("run_summary.json")
     typed = Summary.from_json(doc)

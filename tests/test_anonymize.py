@@ -17,7 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay._anonymize import (
+from replay.checkers import Answer, parse_check
+from replay.core.errors import TraceError
+from replay.core.records import ToolCall
+from replay.core.trace import parse_line
+from replay.tools.anonymize import (
     KINDS,
     PLACEHOLDER,
     Anonymizer,
@@ -28,10 +32,6 @@ from replay._anonymize import (
     scan_record,
     scan_text,
 )
-from replay._errors import TraceError
-from replay._records import ToolCall
-from replay._trace import parse_line
-from replay.checkers import Answer, parse_check
 
 from . import pii_corpus
 from .pii_corpus import CERT, EC, RSA, Planted, pem_block

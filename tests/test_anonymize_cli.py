@@ -45,7 +45,7 @@ def test_anonymize_then_scan(tmp_path: Path) -> None:
 
 
 def test_shipped_sample_is_scanned_and_clean() -> None:
-    from replay._anonymize import is_scanned, scan_file
+    from replay.tools.anonymize import is_scanned, scan_file
 
     sample = ROOT / "traces" / "sample.jsonl"
     assert is_scanned(sample)

@@ -4,9 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from replay._buckets import Buckets
-from replay._errors import ConfigError, InputError
-from replay._targets import cache_dtype_matches, failure_reason, load_targets_config, parse_targets
+from replay.core.buckets import Buckets
+from replay.core.errors import ConfigError, InputError
+from replay.serving.targets import (
+    cache_dtype_matches,
+    failure_reason,
+    load_targets_config,
+    parse_targets,
+)
 
 
 def test_default_buckets() -> None:

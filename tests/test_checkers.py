@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay._errors import TraceError
-from replay._importers import load
-from replay._records import ToolCall
 from replay.checkers import Answer, SpecError, parse_check
+from replay.core.errors import TraceError
+from replay.core.importers import load
+from replay.core.records import ToolCall
 
 
 def grade(spec: dict[str, Any], text: str, calls: tuple[ToolCall, ...] = ()) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from replay._grading import (
+from replay.analysis.grading import (
     PROMPT_KEEP_CHARS,
     GradingSpec,
     grade_rows,
@@ -19,11 +19,11 @@ from replay._grading import (
     prompt_text,
     quality,
 )
-from replay._records import Result, ToolCall
-from replay._trace import Request
 from replay.checkers import Answer, Grader, derive, derived_record
 from replay.checkers._derived import facts_of, reference_label
 from replay.checkers._sandbox import SandboxLimits
+from replay.core.records import Result, ToolCall
+from replay.core.trace import Request
 
 from .conftest import within
 

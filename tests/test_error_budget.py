@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from replay._budget import ErrorBudget
-from replay._rundir import read_results
 from replay.cli import EXIT_OK, EXIT_TARGET_ERRORS, main, target_errors
+from replay.run.budget import ErrorBudget
+from replay.run.rundir import read_results
 
 from .conftest import ROOT
 from .fault_server import fault_server

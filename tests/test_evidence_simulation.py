@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from replay import _stats as stats
-from replay._verdict import ArmFacts, BucketFacts, Facts, decide
+from replay.analysis import stats
+from replay.analysis.verdict import ArmFacts, BucketFacts, Facts, decide
 
 CANARIES = 10_000
 SEED = 20240516

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from replay._buckets import Buckets
-from replay._importers import load
-from replay._rundir import new_run_dir, read_results
-from replay._runner import RunConfig, Runner
-from replay._schedule import ClosedLoop
-from replay._targets import LocalServer, TargetSpec
+from replay.core.buckets import Buckets
+from replay.core.importers import load
+from replay.core.schedule import ClosedLoop
+from replay.run.rundir import new_run_dir, read_results
+from replay.run.runner import RunConfig, Runner
+from replay.serving.targets import LocalServer, TargetSpec
 
 from .conftest import ROOT
 from .fault_server import describe, fault_server
@@ -87,7 +87,7 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
     import signal
     import threading
 
-    from replay._targets import DEFAULT_MODEL_ARGS
+    from replay.serving.targets import DEFAULT_MODEL_ARGS
 
     spec = TargetSpec(name="fp8", model=str(model_dir), kv_cache_dtype="auto",
                       args=DEFAULT_MODEL_ARGS)

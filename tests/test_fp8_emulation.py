@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from replay._errors import ServingMismatch
-from replay._targets import (
+from replay.core.errors import ServingMismatch
+from replay.serving.targets import (
     EMULATED_FP8,
     EMULATION_ENV,
     EMULATION_MARKER,
@@ -130,7 +130,7 @@ def test_an_overlay_is_emulated_on_its_own_dtype_not_auto(tmp_path: Path) -> Non
     its emulated server names the model's dtype so that it really stores BF16."""
     import json
 
-    from replay._targets import unquantized_cache_dtype
+    from replay.serving.targets import unquantized_cache_dtype
 
     plain, overlay = tmp_path / "plain", tmp_path / "overlay"
     for folder, config in ((plain, {"torch_dtype": "bfloat16"}),

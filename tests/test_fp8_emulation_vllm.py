@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from replay._targets import DEFAULT_MODEL_ARGS, EMULATED_FP8
+from replay.serving.targets import DEFAULT_MODEL_ARGS, EMULATED_FP8
 
 from .conftest import ROOT, cpu_can_serve_fp8_kv
 

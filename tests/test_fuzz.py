@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay._errors import InputError, TraceError
-from replay._importers import load
-from replay._targets import load_targets_config
 from replay.checkers import SpecError, parse_check
+from replay.core.errors import InputError, TraceError
+from replay.core.importers import load
+from replay.serving.targets import load_targets_config
 
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -151,10 +151,10 @@ def test_sse_events_of_any_shape_are_results(events: list[object], done: bool) -
     it never escapes, and whatever the result holds can be written and summarized."""
     import orjson
 
-    from replay._client import _Accumulator
-    from replay._records import Result
-    from replay._sse import DONE, ProtocolError, SSEDecoder
-    from replay._summary import summarize_results
+    from replay.analysis.summary import summarize_results
+    from replay.core.records import Result
+    from replay.serving.client import _Accumulator
+    from replay.serving.sse import DONE, ProtocolError, SSEDecoder
 
     body = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in events)
     body += b"data: [DONE]\n\n" if done else b""
@@ -189,7 +189,7 @@ TOML_TABLE = st.tuples(
 def test_targets_config_structured(tmp_path_factory, tables: list, top: bool) -> None:  # type: ignore[no-untyped-def]
     """Valid TOML with wrong keys, types and shapes: a ConfigError naming the file (and the
     table, when one is at fault), or a usable spec."""
-    from replay._errors import ConfigError
+    from replay.core.errors import ConfigError
 
     text = 'targets = "flat"\n' if top else ""
     for name, keys in tables:

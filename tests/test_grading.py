@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay._grading import GradingSpec, agreement, first_divergence, grade_rows, quality
-from replay._records import Result
-from replay._teacher import parse_scores
-from replay._trace import Request
+from replay.analysis.grading import GradingSpec, agreement, first_divergence, grade_rows, quality
+from replay.core.records import Result
+from replay.core.trace import Request
+from replay.run.teacher import parse_scores
 
 
 def res(target: str, rid: str, text: str, ids: list[int], status: str = "ok",

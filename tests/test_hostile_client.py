@@ -17,12 +17,12 @@ from typing import Any
 import orjson
 import pytest
 
-from replay import _client
-from replay._client import MAX_ANSWER_CHARS, Client, _Accumulator
-from replay._records import Result
-from replay._sse import MAX_EVENT_BYTES, SSEDecoder
-from replay._summary import summarize_results
-from replay._trace import Request
+from replay.analysis.summary import summarize_results
+from replay.core.records import Result
+from replay.core.trace import Request
+from replay.serving import client as _client
+from replay.serving.client import MAX_ANSWER_CHARS, Client, _Accumulator
+from replay.serving.sse import MAX_EVENT_BYTES, SSEDecoder
 
 from .fault_server import PIECE, fault_server
 from .test_accounting import Ticks

@@ -20,17 +20,17 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from replay._buckets import Buckets
-from replay._errors import TraceError
-from replay._grading import grade_rows
-from replay._importers import load
-from replay._records import Result, ToolCall
-from replay._rundir import new_run_dir, read_json
-from replay._runner import RunConfig, Runner, reanalyse
-from replay._schedule import ClosedLoop
-from replay._targets import TargetSpec
+from replay.analysis.grading import grade_rows
 from replay.checkers import Answer, Grade, Grader, JsonSchema, grade_safely, parse_check
 from replay.cli import main
+from replay.core.buckets import Buckets
+from replay.core.errors import TraceError
+from replay.core.importers import load
+from replay.core.records import Result, ToolCall
+from replay.core.schedule import ClosedLoop
+from replay.run.rundir import new_run_dir, read_json
+from replay.run.runner import RunConfig, Runner, reanalyse
+from replay.serving.targets import TargetSpec
 
 from .conftest import within
 from .fault_server import fault_server
@@ -233,7 +233,7 @@ def test_grading_a_run_never_raises_and_notes_checker_errors() -> None:
     assert not any(g["passed"] for (_, k), g in grades.items() if k != "ok")
     assert {g["detail"].get("checker_error") for (_, k), g in grades.items() if k != "ok"} == {
         None, "exception", "timeout", "size"}
-    from replay._grading import quality
+    from replay.analysis.grading import quality
 
     notes = quality(rows, [], "a", ["<256"])["notes"]
     assert any(n.startswith("b: 3 answer(s) failed with a checker error") for n in notes), notes

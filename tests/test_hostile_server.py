@@ -26,12 +26,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from replay._errors import TargetError
-from replay._importers import load
-from replay._introspect import EndpointError, fetch, introspect, served_model
-from replay._rundir import read_results
-from replay._runner import token_pool
 from replay.cli import EXIT_INPUT, EXIT_OK, EXIT_TARGET_FAILED
+from replay.core.errors import TargetError
+from replay.core.importers import load
+from replay.run.rundir import read_results
+from replay.run.runner import token_pool
+from replay.serving.introspect import EndpointError, fetch, introspect, served_model
 
 from .conftest import ROOT
 from .fault_server import METRICS, LoopbackServer
@@ -411,9 +411,9 @@ def test_token_pool_names_what_tokenize_answered() -> None:
 
 def test_locust_preparation_and_metrics_tap_carry_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Locust adapter's sessions toward the target (preparation, the metrics tap)."""
-    from replay._buckets import Buckets
-    from replay._locust_support import MetricsTap, prepare
-    from replay._targets import TargetSpec
+    from replay.core.buckets import Buckets
+    from replay.locust.support import MetricsTap, prepare
+    from replay.serving.targets import TargetSpec
 
     monkeypatch.setenv(KEY_ENV, KEY)
     reqs = load(ROOT / "traces" / "sample.jsonl").requests[:4]
@@ -435,9 +435,9 @@ def test_locust_preparation_and_metrics_tap_carry_the_key(monkeypatch: pytest.Mo
 
 
 def test_locust_preparation_fails_with_the_endpoint_named() -> None:
-    from replay._buckets import Buckets
-    from replay._locust_support import prepare
-    from replay._targets import TargetSpec
+    from replay.core.buckets import Buckets
+    from replay.locust.support import prepare
+    from replay.serving.targets import TargetSpec
 
     reqs = load(ROOT / "traces" / "sample.jsonl").requests[:2]
 
@@ -458,7 +458,7 @@ def test_locust_preparation_fails_with_the_endpoint_named() -> None:
      "POST /v1/completions: HTTP 302 redirect to 'http://elsewhere.test/'"),
 ])
 def test_teacher_forced_scoring_names_what_came_back(canned: Canned, words: str) -> None:
-    from replay._teacher import score
+    from replay.run.teacher import score
 
     async def go(url: str) -> str | None:
         async with aiohttp.ClientSession() as session:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from replay._errors import TraceError
-from replay._importers import LengthPolicy, load, sniff_format
-from replay._synth import TokenPool, synthesize
+from replay.core.errors import TraceError
+from replay.core.importers import LengthPolicy, load, sniff_format
+from replay.core.synth import TokenPool, synthesize
 
 from .conftest import SHARED_DATA
 
@@ -107,7 +107,7 @@ POOL = TokenPool(range(100, 400))
 
 
 def synth_req(rid: str, n: int, hash_ids: list[int], block: int = 16):  # type: ignore[no-untyped-def]
-    from replay._trace import Request, Synth
+    from replay.core.trace import Request, Synth
 
     return Request(id=rid, api="completions", synth=Synth(input_tokens=n, hash_ids=tuple(hash_ids),
                                                           block_tokens=block))

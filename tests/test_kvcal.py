@@ -34,12 +34,12 @@ from kvcal._scales import (  # noqa: E402
     tiny,
 )
 from kvcal._verify import NOT_APPLIED, ServerCheck, _decide, compare_scores  # noqa: E402
-from replay._buckets import Buckets  # noqa: E402
-from replay._errors import ConfigError, InputError  # noqa: E402
-from replay._exclude import Exclusion, read_ids, refuse_overlap  # noqa: E402
-from replay._targets import TargetSpec, parse_targets  # noqa: E402
-from replay._teacher import TFScore  # noqa: E402
-from replay._trace import Request  # noqa: E402
+from replay.core.buckets import Buckets  # noqa: E402
+from replay.core.errors import ConfigError, InputError  # noqa: E402
+from replay.core.trace import Request  # noqa: E402
+from replay.run.exclude import Exclusion, read_ids, refuse_overlap  # noqa: E402
+from replay.run.teacher import TFScore  # noqa: E402
+from replay.serving.targets import TargetSpec, parse_targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRACE = ROOT / "traces" / "sample.jsonl"
@@ -49,7 +49,7 @@ def build_test_model(factory: pytest.TempPathFactory) -> Path:
     """A Llama checkpoint of our own (the test model's builder, random weights): kvcal must
     work on any Llama-family folder, and these tests must not move when the default model
     is replaced."""
-    from replay.testmodel import build
+    from replay.testmodel.factory import build
 
     return build(factory.mktemp("model") / "tiny-llama")
 

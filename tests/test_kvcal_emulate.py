@@ -30,8 +30,8 @@ from kvcal._fp8 import (  # noqa: E402
     hf_head_scale,
     vllm_head_scale,
 )
-from replay._buckets import Buckets  # noqa: E402
-from replay._errors import InputError  # noqa: E402
+from replay.core.buckets import Buckets  # noqa: E402
+from replay.core.errors import InputError  # noqa: E402
 
 from .conftest import ROOT, cpu_can_serve_fp8_kv  # noqa: E402
 
@@ -218,7 +218,7 @@ def _calibrate(model_dir: Path, out: Path) -> Path:
 
     from kvcal._calibrate import Recipe, calibrate
     from kvcal._sample import PromptRenderer, draw
-    from replay._importers import stream
+    from replay.core.importers import stream
 
     split = draw(stream(TRACE), PromptRenderer(AutoTokenizer.from_pretrained(str(model_dir))),
                  Buckets.parse(BUCKETS), per_bucket=2, seed=5)

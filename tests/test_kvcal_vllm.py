@@ -20,11 +20,11 @@ from kvcal._sample import PromptRenderer, Sample, draw, read_samples
 from kvcal._scales import per_head_backend_support
 from kvcal._verify import split_for_scoring
 from kvcal.cli import main as kvcal_main
-from replay._buckets import Buckets
-from replay._introspect import introspect
-from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
-from replay._teacher import TFScore, score
-from replay._trace import Request
+from replay.core.buckets import Buckets
+from replay.core.trace import Request
+from replay.run.teacher import TFScore, score
+from replay.serving.introspect import introspect
+from replay.serving.targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
 
 from .conftest import cpu_can_serve_fp8_kv, fp8_emulated
 from .test_kvcal import _requests, build_test_model

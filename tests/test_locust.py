@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from replay._importers import load
-from replay._targets import LocalServer, free_port
+from replay.core.importers import load
+from replay.serving.targets import LocalServer, free_port
 
 from .conftest import ARTIFACTS, ROOT
 
@@ -225,9 +225,9 @@ import json, sys
 import gevent
 sys.path.insert(0, sys.argv[2])
 from kvc_runtime import AsyncBridge
-from replay._client import Client
-from replay._records import Result
-from replay._trace import Request
+from replay.serving.client import Client
+from replay.core.records import Result
+from replay.core.trace import Request
 
 bridge = AsyncBridge()
 

@@ -1,4 +1,4 @@
-"""The Locust adapter's core side (``replay._locust_support``), without Locust or a server:
+"""The Locust adapter's core side (``replay.locust.support``), without Locust or a server:
 load plans, sharding, Results as Locust events, target resolution, the run directory.
 
 Nothing here imports Locust: importing it monkey-patches the whole test process (gevent).
@@ -15,10 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay._buckets import Buckets
-from replay._errors import ConfigError
-from replay._importers import load
-from replay._locust_support import (
+from replay.checkers import Grader
+from replay.core.buckets import Buckets
+from replay.core.errors import ConfigError
+from replay.core.importers import load
+from replay.core.records import Result
+from replay.locust.support import (
     Constant,
     LocustEvent,
     RunPlan,
@@ -34,11 +36,9 @@ from replay._locust_support import (
     shard_indices,
     trace_requests,
 )
-from replay._records import Result
-from replay._report import write_reports
-from replay._rundir import file_digest
-from replay._targets import TargetSpec
-from replay.checkers import Grader
+from replay.present.report import write_reports
+from replay.run.rundir import file_digest
+from replay.serving.targets import TargetSpec
 
 from .conftest import ROOT
 

@@ -16,13 +16,13 @@ from typing import Any
 import orjson
 import pytest
 
-from replay import _report as report
-from replay._grading import quality
-from replay._records import Result
-from replay._rundir import write_json
-from replay._summary import build_summary
-from replay._systems import compare_systems, throughput_ratio
-from replay._verdict import decide, facts_from_run
+from replay.analysis.grading import quality
+from replay.analysis.summary import build_summary
+from replay.analysis.systems import compare_systems, throughput_ratio
+from replay.analysis.verdict import decide, facts_from_run
+from replay.core.records import Result
+from replay.present import report
+from replay.run.rundir import write_json
 
 PAYLOAD = "<script>alert(1)</script>"
 TITLE_PAYLOAD = "<script>document.title='pwned'</script>"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from replay._report import write_reports
+from replay.present.report import write_reports
 from tests.test_report import PAYLOAD, SECTION_IDS, make_run_dir
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

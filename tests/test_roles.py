@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from replay._errors import ConfigError
-from replay._roles import Roles, looks_calibrated, resolve
-from replay._targets import load_targets_config
-from replay._verdict import serving_problems
+from replay.analysis.roles import Roles, looks_calibrated, resolve
+from replay.analysis.verdict import serving_problems
+from replay.core.errors import ConfigError
+from replay.serving.targets import load_targets_config
 
 
 def test_the_guess_reads_words_not_letters() -> None:

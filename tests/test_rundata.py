@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 import replay
-from replay._errors import InputError
-from replay._rundir import read_results
 from replay.cli import main
+from replay.core.errors import InputError
+from replay.run.rundir import read_results
 
 from .conftest import ROOT
 from .fault_server import fault_server

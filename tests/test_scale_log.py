@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvcal._verify import APPLIED, NOT_APPLIED, ServerCheck, _decide, _from_log, compare_scores
-from replay._introspect import engine_config_from_log
-from replay._scale_log import (
+from replay.analysis.verdict import serving_problems
+from replay.run.teacher import TFScore
+from replay.serving.introspect import engine_config_from_log
+from replay.serving.scale_log import (
     CHECKPOINT,
     DEFAULT_UNQUANTIZED,
     DEFAULT_WARNED,
@@ -22,9 +24,7 @@ from replay._scale_log import (
     UNKNOWN,
     scale_evidence,
 )
-from replay._targets import scale_lines
-from replay._teacher import TFScore
-from replay._verdict import serving_problems
+from replay.serving.targets import scale_lines
 
 LOGS = Path(__file__).parent / "data" / "vllm_logs"
 ORIGINAL = (LOGS / "fp8_scale_one_original.log").read_text()

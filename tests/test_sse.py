@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay._sse import DONE, ProtocolError, SSEDecoder
+from replay.serving.sse import DONE, ProtocolError, SSEDecoder
 
 STREAM = (
     b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
@@ -122,7 +122,7 @@ def test_the_cap_is_on_the_event_not_the_read() -> None:
 
 
 def test_an_event_of_endless_empty_data_lines_is_bounded() -> None:
-    from replay._sse import MAX_DATA_LINES
+    from replay.serving.sse import MAX_DATA_LINES
 
     events, err = outcome([b"data:\n" * (MAX_DATA_LINES + 1)], 1 << 30)
     assert events == [] and err == f"SSE event of over {MAX_DATA_LINES} data lines"

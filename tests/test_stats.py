@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay._stats import (
+from replay.analysis.stats import (
     EXACT_MAX,
     MAX_NEEDED,
     MIN_PAIRS,
@@ -310,7 +310,7 @@ def test_tolerance_zero_is_one_sided_mcnemar() -> None:
 
 
 def test_quadrature_is_converged() -> None:
-    from replay._stats import _equivalence_ps
+    from replay.analysis.stats import _equivalence_ps
 
     for n, m, x, t in ((200, 4, 2, 0.05), (1000, 40, 35, 0.05), (60, 4, 1, 0.2),
                        (3000, 500, 240, 0.02), (80, 79, 40, 0.1)):

@@ -15,15 +15,15 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay._buckets import Buckets
-from replay._errors import TraceError
-from replay._importers import load, scan
-from replay._rundir import new_run_dir, read_jsonl, read_results
-from replay._runner import RunConfig, Runner
-from replay._schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
-from replay._targets import TargetSpec
-from replay._trace import IdIndex, Request
 from replay.cli import main
+from replay.core.buckets import Buckets
+from replay.core.errors import TraceError
+from replay.core.importers import load, scan
+from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
+from replay.core.trace import IdIndex, Request
+from replay.run.rundir import new_run_dir, read_jsonl, read_results
+from replay.run.runner import RunConfig, Runner
+from replay.serving.targets import TargetSpec
 
 from .fault_server import fault_server
 

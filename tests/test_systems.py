@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from replay._records import Result
-from replay._systems import break_even, compare_systems, fit_line
+from replay.analysis.systems import break_even, compare_systems, fit_line
+from replay.core.records import Result
 
 
 def test_fit_line_recovers_a_line() -> None:

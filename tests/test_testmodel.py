@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from replay import testmodel_tasks as tasks
 from replay.checkers import parse_check
-from replay.testmodel import (
+from replay.testmodel import tasks
+from replay.testmodel.factory import (
     SPECIAL_TOKENS,
     build,
     checkpoint_digest,
@@ -35,8 +35,8 @@ def training_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tokenizer the trainer builds, wrapped with the chat template (no weights needed)."""
     from transformers import PreTrainedTokenizerFast
 
-    from replay.testmodel import CHAT_TEMPLATE, build_tokenizer
-    from replay.testmodel_train import VOCAB_SIZE, tokenizer_corpus
+    from replay.testmodel.factory import CHAT_TEMPLATE, build_tokenizer
+    from replay.testmodel.train import VOCAB_SIZE, tokenizer_corpus
 
     tok = build_tokenizer(tokenizer_corpus(), VOCAB_SIZE)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
@@ -49,7 +49,7 @@ def training_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_training_tokenizer_makes_every_key_and_value_one_token(training_tokenizer: Any,
                                                                 ) -> None:
-    from replay.testmodel_train import check_single_tokens
+    from replay.testmodel.train import check_single_tokens
 
     tok = training_tokenizer.raw
     check_single_tokens(tok)  # a lookup is then one copied token
@@ -64,7 +64,7 @@ def test_built_induction_circuit_copies_before_any_training() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from replay.testmodel_train import ARCH, build_induction_circuit
+    from replay.testmodel.train import ARCH, build_induction_circuit
 
     torch.manual_seed(0)
     config = LlamaConfig(**{**ARCH, "vocab_size": 3000}, tie_word_embeddings=False,
@@ -104,8 +104,8 @@ def test_tokenizer_and_chat_template(model_dir: Path) -> None:
 
 
 def test_examples_are_deterministic_and_graded_by_their_own_answer() -> None:
-    from replay._records import ToolCall
     from replay.checkers import Answer
+    from replay.core.records import ToolCall
 
     for ex in tasks.heldout_set(3):
         again = tasks.example("heldout", ex.family, int(ex.id.rsplit("-", 1)[1]),

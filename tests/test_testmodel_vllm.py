@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from replay._targets import LocalServer
-from replay.testmodel_tasks import BANDS, FAMILIES
-from replay.testmodel_train import served_accuracy
+from replay.serving.targets import LocalServer
+from replay.testmodel.tasks import BANDS, FAMILIES
+from replay.testmodel.train import served_accuracy
 
 from .conftest import ROOT, _serve, fp8_flags
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay._errors import InputError, TraceError
-from replay._importers import load, scan
+from replay.core.errors import InputError, TraceError
+from replay.core.importers import load, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from replay._targets import DEFAULT_MODEL_ARGS, LocalServer
+from replay.serving.targets import DEFAULT_MODEL_ARGS, LocalServer
 
 from .conftest import ROOT
 

@@ -12,13 +12,13 @@ import aiohttp
 import pytest
 import vllm
 
-from replay._buckets import Buckets
-from replay._importers import LengthPolicy, load
-from replay._introspect import introspect
-from replay._rundir import new_run_dir, read_results
-from replay._runner import RunConfig, Runner
-from replay._schedule import ClosedLoop
-from replay._targets import LocalServer, TargetSpec
+from replay.core.buckets import Buckets
+from replay.core.importers import LengthPolicy, load
+from replay.core.schedule import ClosedLoop
+from replay.run.rundir import new_run_dir, read_results
+from replay.run.runner import RunConfig, Runner
+from replay.serving.introspect import introspect
+from replay.serving.targets import LocalServer, TargetSpec
 
 from .conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated
 
@@ -86,9 +86,9 @@ def test_sent_is_when_the_body_reached_the_socket(bf16_server: LocalServer) -> N
     client's TTFT would count its own queueing as the server's."""
     import time
 
-    from replay._client import Client
-    from replay._records import Result
-    from replay._trace import Request
+    from replay.core.records import Result
+    from replay.core.trace import Request
+    from replay.serving.client import Client
 
     async def go() -> tuple[Result, float]:
         assert bf16_server.spec.model is not None
@@ -250,7 +250,7 @@ def test_canary_fp8_target_serving_bf16_is_the_fallback_verdict(bf16_server: Loc
 
 def test_api_key_never_reaches_any_run_artifact(bf16_server: LocalServer, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from replay._report import write_reports
+    from replay.present.report import write_reports
 
     key = "sk-planted-0123456789abcdefSECRET"
     monkeypatch.setenv("KVC_PLANTED_KEY", key)

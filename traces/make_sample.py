@@ -2,7 +2,7 @@
 buckets (<256, 256-1K, >=1K tokens on the embedded test model): chat and completions, tools,
 and a checker of every kind (retrieval, tool_call, code, json_schema, number, exact, regex,
 contains). Retrieval, tool and code requests are held-out examples of the tasks the embedded
-model was trained on (``replay.testmodel_tasks``), so they grade what a working model does; the
+model was trained on (``replay.testmodel.tasks``), so they grade what a working model does; the
 other kinds exercise their checkers on requests the model was not trained for.
 
     python traces/make_sample.py > /tmp/sample.jsonl
@@ -25,7 +25,7 @@ import json
 import random
 import sys
 
-from replay import testmodel_tasks as tasks
+from replay.testmodel import tasks
 
 WORDS = ("river stone cloud ember forest harbor lantern meadow orbit pepper quartz saddle "
          "timber velvet willow anchor bridge cobalt falcon garnet hollow island jasper kernel "

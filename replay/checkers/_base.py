@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from .._records import ToolCall
+from replay.core.records import ToolCall
 
 
 class SpecError(ValueError):

@@ -345,7 +345,7 @@ def _serve_one(line: bytes, cache: dict[str, Checker | Mapping[str, Any]]) -> Gr
 
 
 def _call(index: int, id_: str | None, name: str, arguments: str) -> Any:
-    from .._records import ToolCall
+    from replay.core.records import ToolCall
 
     return ToolCall(index=index, id=id_, name=name, arguments=arguments)
 

@@ -59,7 +59,7 @@ takes a number has received something else), nor a boolean a number (``true`` is
 Arguments that are not JSON are compared as text.
 
 A ``<think>...</think>`` block is left out of both answers before any rule reads them. The
-prompt is what grading kept of it (``_grading.PROMPT_KEEP_CHARS``, its head and tail): facts
+prompt is what grading kept of it (``grading.PROMPT_KEEP_CHARS``, its head and tail): facts
 and examples beyond that are not seen, and a prompt of token ids has no text, so free text
 there is ungraded.
 
@@ -82,7 +82,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .._records import ToolCall
+from replay.core.records import ToolCall
+
 from ._base import _NUM, Answer, Grade, canonical_number, normalize
 from ._bounded import DERIVED_TYPE, MAX_ANSWER_CHARS, answer_size, checker_error
 from ._sandbox import SandboxLimits, run_python

@@ -26,14 +26,14 @@ import orjson
 # Only kvcanary's own modules are instrumented: instrumenting everything (numpy, pydantic,
 # aiohttp) takes minutes at start-up, and their coverage is not what is being explored.
 with atheris.instrument_imports(include=["replay"]):
-    from replay._client import _Accumulator
-    from replay._errors import ConfigError, TraceError
-    from replay._importers import load
-    from replay._records import Result
-    from replay._sse import DONE, ProtocolError, SSEDecoder
-    from replay._targets import load_targets_config
-    from replay._trace import parse_line
     from replay.checkers import SpecError, parse_check
+    from replay.core.errors import ConfigError, TraceError
+    from replay.core.importers import load
+    from replay.core.records import Result
+    from replay.core.trace import parse_line
+    from replay.serving.client import _Accumulator
+    from replay.serving.sse import DONE, ProtocolError, SSEDecoder
+    from replay.serving.targets import load_targets_config
 
 # Files the file-reading targets write each input to (the CI test points it at its tmp_path).
 SCRATCH = Path(os.environ.get("KVCANARY_FUZZ_SCRATCH") or tempfile.mkdtemp(prefix="kvcanary-fuzz-"))
