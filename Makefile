@@ -1,7 +1,7 @@
 # One command for everything CI checks: make check
 PY := .venv/bin/python
 
-.PHONY: setup check fmt lint types test unit
+.PHONY: setup check fmt lint types imports test unit
 
 setup:
 	bash scripts/setup
@@ -15,10 +15,14 @@ lint:
 types:
 	$(PY) -m mypy
 
+# The layer contracts in pyproject.toml ([tool.importlinter]).
+imports:
+	.venv/bin/lint-imports
+
 unit:
 	$(PY) -m pytest -q -m "not vllm"
 
 test:
 	$(PY) -m pytest -q
 
-check: lint types test
+check: lint types imports test

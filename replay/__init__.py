@@ -1,6 +1,6 @@
 """kvcanary's replay engine: is the FP8 KV cache safe for this model and this traffic?
 
-Architecture (imports point one way, downwards):
+Architecture (imports point one way, downwards; lint-imports checks it, see pyproject.toml):
 
     cli                                   the ``replay`` command; the only place click lives
     locust   present   tools   testmodel  Locust adapter support, reports (rich tables), trace
