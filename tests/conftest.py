@@ -62,8 +62,13 @@ def twin_dir() -> Path:
 
 
 def _serve(name: str, dtype: str, model: Path, tmp: Path) -> Iterator[LocalServer]:
-    spec = TargetSpec(name=name, model=str(model), kv_cache_dtype=dtype, args=DEFAULT_MODEL_ARGS,
-                      expect_cache_dtype=dtype)
+    spec = TargetSpec(
+        name=name,
+        model=str(model),
+        kv_cache_dtype=dtype,
+        args=DEFAULT_MODEL_ARGS,
+        expect_cache_dtype=dtype,
+    )
     server = LocalServer(spec, tmp / f"{name}.log")
     server.start()
     try:

@@ -21,14 +21,16 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("lint-imports")
     cmd = [str(exe)] if exe.exists() else ["lint-imports"]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([*cmd, "--no-cache"], cwd=root, env=env, text=True,
-                          capture_output=True, timeout=300)
+    return subprocess.run(
+        [*cmd, "--no-cache"], cwd=root, env=env, text=True, capture_output=True, timeout=300
+    )
 
 
 def copy_tree(dst: Path) -> Path:
     for pkg in ("replay", "kvcal"):
-        shutil.copytree(ROOT / pkg, dst / pkg,
-                        ignore=shutil.ignore_patterns("__pycache__", "models", "*.j2"))
+        shutil.copytree(
+            ROOT / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__", "models", "*.j2")
+        )
     shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
     return dst
 
@@ -46,15 +48,19 @@ def test_the_tree_keeps_its_contracts() -> None:
     assert "0 broken" in done.stdout
 
 
-@pytest.mark.parametrize(("module", "line", "contract"), [
-    ("replay/core/errors.py", "import replay.cli", "layers"),
-    ("replay/serving/sse.py", "from replay.analysis import stats", "layers"),
-    ("replay/core/trace.py", "import torch", "the core never imports"),
-    ("replay/checkers/_text.py", "import locust", "the core never imports"),
-    ("replay/run/runner.py", "import kvcal", "kvcal may import replay"),
-])
-def test_a_wrong_way_import_breaks_a_contract(tmp_path: Path, module: str, line: str,
-                                              contract: str) -> None:
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("replay/core/errors.py", "import replay.cli", "layers"),
+        ("replay/serving/sse.py", "from replay.analysis import stats", "layers"),
+        ("replay/core/trace.py", "import torch", "the core never imports"),
+        ("replay/checkers/_text.py", "import locust", "the core never imports"),
+        ("replay/run/runner.py", "import kvcal", "kvcal may import replay"),
+    ],
+)
+def test_a_wrong_way_import_breaks_a_contract(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
     root = copy_tree(tmp_path)
     plant(root / module, line)
     done = lint_imports(root)

@@ -30,8 +30,9 @@ LOGS = Path(__file__).parent / "data" / "vllm_logs"
 ORIGINAL = (LOGS / "fp8_scale_one_original.log").read_text()
 OVERLAY = (LOGS / "fp8_calibrated_overlay.log").read_text()
 # Different scores, as the live comparison found (119 of 120 positions on the twin).
-MOVED = compare_scores([TFScore(3, (1.0, 2.5, 3.0), (True,) * 3)],
-                       [TFScore(3, (1.0, 2.0, 3.0), (True,) * 3)])
+MOVED = compare_scores(
+    [TFScore(3, (1.0, 2.5, 3.0), (True,) * 3)], [TFScore(3, (1.0, 2.0, 3.0), (True,) * 3)]
+)
 
 
 def test_the_original_at_scale_one_is_recognized_without_any_warning() -> None:

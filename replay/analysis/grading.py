@@ -99,7 +99,7 @@ def _cap(text: str) -> str:
     if len(text) <= PROMPT_KEEP_CHARS:
         return text
     head = PROMPT_KEEP_CHARS * 3 // 4
-    return text[:head] + "\n" + text[len(text) - (PROMPT_KEEP_CHARS - head):]
+    return text[:head] + "\n" + text[len(text) - (PROMPT_KEEP_CHARS - head) :]
 
 
 def prompt_text(record: Any) -> str:
@@ -117,8 +117,11 @@ def prompt_text(record: Any) -> str:
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):
-            parts += [p["text"] for p in content
-                      if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+            parts += [
+                p["text"]
+                for p in content
+                if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+            ]
         for call in m.get("tool_calls") or ():
             fn = call.get("function") if isinstance(call, Mapping) else None
             if isinstance(fn, Mapping):
@@ -134,8 +137,12 @@ def prompt_text(record: Any) -> str:
 def grading_spec(record: Gradable) -> GradingSpec:
     """A record's ``GradingSpec``: with its prompt's text only when it has no check."""
     text = prompt_text(record) if record.check is None else ""
-    return GradingSpec(record.id, record.task, record.check,
-                       zlib.compress(text.encode("utf-8", "surrogatepass"), 6) if text else b"")
+    return GradingSpec(
+        record.id,
+        record.task,
+        record.check,
+        zlib.compress(text.encode("utf-8", "surrogatepass"), 6) if text else b"",
+    )
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -152,15 +159,20 @@ def agreement(r: Result, ref: Result) -> dict[str, Any]:
     exact = r.output_text == ref.output_text and calls == ref_calls
     return {
         "exact": exact,
-        "normalized": exact or (normalize(r.output_text) == normalize(ref.output_text)
-                                and calls == ref_calls),
+        "normalized": exact
+        or (normalize(r.output_text) == normalize(ref.output_text) and calls == ref_calls),
         "first_divergence": first_divergence(r.output_ids, ref.output_ids)
-        if r.output_ids or ref.output_ids else (None if exact else 0),
+        if r.output_ids or ref.output_ids
+        else (None if exact else 0),
     }
 
 
-def grade_rows(results: Sequence[Result], requests: Mapping[str, Gradable],
-               reference: str, grader: Grader | None = None) -> list[dict[str, Any]]:
+def grade_rows(
+    results: Sequence[Result],
+    requests: Mapping[str, Gradable],
+    reference: str,
+    grader: Grader | None = None,
+) -> list[dict[str, Any]]:
     """One row per result: checker grade, agreement with the reference, and, for a request
     without a check, the derived grade against the reference's answer (every target but the
     reference; the A/A control is graded like a candidate)."""
@@ -171,10 +183,17 @@ def grade_rows(results: Sequence[Result], requests: Mapping[str, Gradable],
     rows = []
     for r in results:
         req = requests.get(r.request_id)
-        row: dict[str, Any] = {"target": r.target, "phase": r.phase, "request_id": r.request_id,
-                               "bucket": r.bucket, "answered": r.status == "ok",
-                               "task": req.task if req else None, "grade": None,
-                               "agreement": None, "derived": None}
+        row: dict[str, Any] = {
+            "target": r.target,
+            "phase": r.phase,
+            "request_id": r.request_id,
+            "bucket": r.bucket,
+            "answered": r.status == "ok",
+            "task": req.task if req else None,
+            "grade": None,
+            "agreement": None,
+            "derived": None,
+        }
         if r.status != "ok":
             row["error"] = f"{r.error_kind}: {r.error}"
         else:
@@ -185,9 +204,11 @@ def grade_rows(results: Sequence[Result], requests: Mapping[str, Gradable],
             if r.target != reference and ref is not None and ref.status == "ok":
                 row["agreement"] = agreement(r, ref)
                 if req is not None and req.check is None:
-                    grade = grader.grade_derived(Answer(ref.output_text, tuple(ref.tool_calls)),
-                                                 Answer(r.output_text, tuple(r.tool_calls)),
-                                                 prompt_text(req))
+                    grade = grader.grade_derived(
+                        Answer(ref.output_text, tuple(ref.tool_calls)),
+                        Answer(r.output_text, tuple(r.tool_calls)),
+                        prompt_text(req),
+                    )
                     row["derived"] = derived_record(grade, row["agreement"]["normalized"])
         rows.append(row)
     return rows
@@ -200,9 +221,22 @@ def _rate(values: Iterable[bool]) -> float | None:
 
 # -- quality per target x bucket: the grades as a table ------------------------------------------
 
-GRADE_COLUMNS = ("phase", "target", "request_id", "bucket", "answered", "passed", "rule",
-                 "d_passed", "d_exact", "d_error", "agreed", "exact", "normalized",
-                 "divergence")
+GRADE_COLUMNS = (
+    "phase",
+    "target",
+    "request_id",
+    "bucket",
+    "answered",
+    "passed",
+    "rule",
+    "d_passed",
+    "d_exact",
+    "d_error",
+    "agreed",
+    "exact",
+    "normalized",
+    "divergence",
+)
 KEY = ["phase", "target", "request_id"]
 
 
@@ -217,26 +251,44 @@ def grades_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     flat = []
     for row in rows:
         g, d, ag = row["grade"], row.get("derived"), row["agreement"]
-        flat.append((row["phase"], row["target"], row["request_id"], row["bucket"],
-                     bool(row["answered"]), None if g is None else bool(g["passed"]),
-                     str(d["rule"]) if d else None,
-                     None if not d or d["passed"] is None else bool(d["passed"]),
-                     None if not d or d.get("exact") is None else bool(d["exact"]),
-                     bool(d and (d.get("detail") or {}).get("checker_error")),
-                     ag is not None, ag and ag["exact"], ag and ag["normalized"],
-                     ag and ag["first_divergence"]))
+        flat.append(
+            (
+                row["phase"],
+                row["target"],
+                row["request_id"],
+                row["bucket"],
+                bool(row["answered"]),
+                None if g is None else bool(g["passed"]),
+                str(d["rule"]) if d else None,
+                None if not d or d["passed"] is None else bool(d["passed"]),
+                None if not d or d.get("exact") is None else bool(d["exact"]),
+                bool(d and (d.get("detail") or {}).get("checker_error")),
+                ag is not None,
+                ag and ag["exact"],
+                ag and ag["normalized"],
+                ag and ag["first_divergence"],
+            )
+        )
     frame = pd.DataFrame.from_records(flat, columns=GRADE_COLUMNS)
     first = frame.groupby(KEY, sort=False).ngroup()
-    return (frame.assign(first=first).drop_duplicates(KEY, keep="last")
-            .sort_values("first").drop(columns="first").set_index("request_id", drop=False))
+    return (
+        frame.assign(first=first)
+        .drop_duplicates(KEY, keep="last")
+        .sort_values("first")
+        .drop(columns="first")
+        .set_index("request_id", drop=False)
+    )
 
 
 def _outcomes(values: pd.Series) -> list[bool]:
     return [bool(v) for v in values]
 
 
-def _paired(rows: pd.DataFrame, base: pd.DataFrame | None, column: str,
-            ) -> tuple[list[bool], list[bool]]:
+def _paired(
+    rows: pd.DataFrame,
+    base: pd.DataFrame | None,
+    column: str,
+) -> tuple[list[bool], list[bool]]:
     """``column``'s outcomes of the requests graded in both, in ``rows``' order: (base,
     rows)."""
     if base is None or rows.empty:
@@ -256,21 +308,35 @@ class _Rule:
 
     def evidence(self, a: Sequence[bool], b: Sequence[bool]) -> EvidenceSummary:
         mc = stats.mcnemar_exact(a, b)
-        ev = stats.evidence(len(a), mc.a_only, mc.b_only, tolerance=self.tolerance,
-                            alpha=self.alpha, min_pairs=self.min_pairs)
+        ev = stats.evidence(
+            len(a),
+            mc.a_only,
+            mc.b_only,
+            tolerance=self.tolerance,
+            alpha=self.alpha,
+            min_pairs=self.min_pairs,
+        )
         return EvidenceSummary(
-            status=ev.status, sufficient=ev.sufficient, needed=ev.needed, p_value=ev.p_value,
-            drop_bound=ev.drop_bound, rule=EvidenceRule(tolerance=ev.tolerance, alpha=ev.alpha,
-                                                        min_pairs=ev.min_pairs, power=ev.power),
-            short=ev.short, reason=ev.reason)
+            status=ev.status,
+            sufficient=ev.sufficient,
+            needed=ev.needed,
+            p_value=ev.p_value,
+            drop_bound=ev.drop_bound,
+            rule=EvidenceRule(
+                tolerance=ev.tolerance, alpha=ev.alpha, min_pairs=ev.min_pairs, power=ev.power
+            ),
+            short=ev.short,
+            reason=ev.reason,
+        )
 
 
 def _bootstrap(a: Sequence[bool], b: Sequence[bool], seed: int) -> stats.PairedDiff | None:
     return stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
 
 
-def _comparison(rows: pd.DataFrame, ref: pd.DataFrame | None, rule: _Rule,
-                seed: int) -> dict[str, Any]:
+def _comparison(
+    rows: pd.DataFrame, ref: pd.DataFrame | None, rule: _Rule, seed: int
+) -> dict[str, Any]:
     """``Comparison``'s fields: pass rate, paired difference to the reference, McNemar,
     agreement, and ``evidence`` (whether the pairs show a loss or a drop bounded below the
     tolerance, and only while they show neither, how many pairs would)."""
@@ -280,20 +346,37 @@ def _comparison(rows: pd.DataFrame, ref: pd.DataFrame | None, rule: _Rule,
     diff, mc = _bootstrap(a, b, seed), stats.mcnemar_exact(a, b)
     agree = rows[rows["agreed"]]
     divs = agree["divergence"].dropna().tolist()
-    return {"answered": int(rows["answered"].sum()), "requests": len(rows), "graded": n,
-            "passed": k, "pass_rate": k / n if n else None, "wilson": stats.wilson(k, n),
-            "vs_reference": None if diff is None else VsReference(
-                pairs=diff.n, diff=diff.diff, lo=diff.lo, hi=diff.hi, mcnemar_p=mc.p_value,
-                ref_only=mc.a_only, target_only=mc.b_only),
-            "agreement": Agreement(compared=len(agree), exact=_rate(agree["exact"].tolist()),
-                                   normalized=_rate(agree["normalized"].tolist()),
-                                   first_divergence_median=float(np.median(divs))
-                                   if divs else None),
-            "evidence": rule.evidence(a, b)}
+    return {
+        "answered": int(rows["answered"].sum()),
+        "requests": len(rows),
+        "graded": n,
+        "passed": k,
+        "pass_rate": k / n if n else None,
+        "wilson": stats.wilson(k, n),
+        "vs_reference": None
+        if diff is None
+        else VsReference(
+            pairs=diff.n,
+            diff=diff.diff,
+            lo=diff.lo,
+            hi=diff.hi,
+            mcnemar_p=mc.p_value,
+            ref_only=mc.a_only,
+            target_only=mc.b_only,
+        ),
+        "agreement": Agreement(
+            compared=len(agree),
+            exact=_rate(agree["exact"].tolist()),
+            normalized=_rate(agree["normalized"].tolist()),
+            first_divergence_median=float(np.median(divs)) if divs else None,
+        ),
+        "evidence": rule.evidence(a, b),
+    }
 
 
-def compare_derived(rows: pd.DataFrame, control: pd.DataFrame | None,
-                    seed: int) -> DerivedComparison:
+def compare_derived(
+    rows: pd.DataFrame, control: pd.DataFrame | None, seed: int
+) -> DerivedComparison:
     """Derived grades of one target: pass rate, counts (by rule, ungraded, checker errors), the
     normalized exact rate beside them, and ``vs_control``: the paired comparison with the A/A
     control's derived grades of the same requests, its floor (None for the control itself, the
@@ -304,27 +387,58 @@ def compare_derived(rows: pd.DataFrame, control: pd.DataFrame | None,
     outcome = recs["d_passed"]
     graded = outcome.dropna()
     k, n = int(graded.astype(bool).sum()), len(graded)
-    counts = pd.DataFrame({"rule": recs["rule"], "graded": outcome.notna(),
-                           "passed": outcome.eq(True), "ungraded": outcome.isna()}
-                          ).groupby("rule").sum()
+    counts = (
+        pd.DataFrame(
+            {
+                "rule": recs["rule"],
+                "graded": outcome.notna(),
+                "passed": outcome.eq(True),
+                "ungraded": outcome.isna(),
+            }
+        )
+        .groupby("rule")
+        .sum()
+    )
     vs = None
     if control is not None:
         a, b = _paired(recs, control, "d_passed")
         diff, mc = _bootstrap(a, b, seed), stats.mcnemar_exact(a, b)
-        vs = None if diff is None else VsControl(
-            pairs=diff.n, control_pass_rate=diff.mean_a, pass_rate=diff.mean_b, diff=diff.diff,
-            lo=diff.lo, hi=diff.hi, mcnemar_p=mc.p_value, control_only=mc.a_only,
-            target_only=mc.b_only)
+        vs = (
+            None
+            if diff is None
+            else VsControl(
+                pairs=diff.n,
+                control_pass_rate=diff.mean_a,
+                pass_rate=diff.mean_b,
+                diff=diff.diff,
+                lo=diff.lo,
+                hi=diff.hi,
+                mcnemar_p=mc.p_value,
+                control_only=mc.a_only,
+                target_only=mc.b_only,
+            )
+        )
     return DerivedComparison(
-        graded=n, passed=k, pass_rate=k / n if n else None, wilson=stats.wilson(k, n),
-        ungraded=len(recs) - n, checker_errors=int(recs["d_error"].sum()),
-        by_rule={str(r): RuleCounts(graded=int(c["graded"]), passed=int(c["passed"]),
-                                    ungraded=int(c["ungraded"])) for r, c in counts.iterrows()},
-        exact_rate=_rate(_outcomes(recs["d_exact"].dropna())), vs_control=vs)
+        graded=n,
+        passed=k,
+        pass_rate=k / n if n else None,
+        wilson=stats.wilson(k, n),
+        ungraded=len(recs) - n,
+        checker_errors=int(recs["d_error"].sum()),
+        by_rule={
+            str(r): RuleCounts(
+                graded=int(c["graded"]), passed=int(c["passed"]), ungraded=int(c["ungraded"])
+            )
+            for r, c in counts.iterrows()
+        },
+        exact_rate=_rate(_outcomes(recs["d_exact"].dropna())),
+        vs_control=vs,
+    )
 
 
-def combined_pairs(rows: pd.DataFrame, ref: pd.DataFrame | None,
-                   control: pd.DataFrame | None) -> tuple[list[bool], list[bool], int]:
+def combined_pairs(
+    rows: pd.DataFrame, ref: pd.DataFrame | None, control: pd.DataFrame | None
+) -> tuple[list[bool], list[bool], int]:
     """Every graded pair of one target and bucket, explicit and derived pooled, and how many
     are derived. A request is one pair at most: with a check, its grade against the
     reference's (explicit checks win); without one, its derived grade (agreement with the
@@ -341,8 +455,13 @@ def combined_pairs(rows: pd.DataFrame, ref: pd.DataFrame | None,
     return a + base, b + mine, len(base)
 
 
-def compare_combined(rows: pd.DataFrame, ref: pd.DataFrame | None,
-                     control: pd.DataFrame | None, rule: _Rule, seed: int) -> Combined | None:
+def compare_combined(
+    rows: pd.DataFrame,
+    ref: pd.DataFrame | None,
+    control: pd.DataFrame | None,
+    rule: _Rule,
+    seed: int,
+) -> Combined | None:
     """The paired comparison the verdict decides on: ``combined_pairs`` under the same
     statistics and evidence rule as the explicit grades alone."""
     a, b, derived = combined_pairs(rows, ref, control)
@@ -350,14 +469,27 @@ def compare_combined(rows: pd.DataFrame, ref: pd.DataFrame | None,
     if diff is None:
         return None
     mc = stats.mcnemar_exact(a, b)
-    return Combined(pairs=diff.n, explicit=diff.n - derived, derived=derived,
-                    baseline="control" if control is not None else "pass", diff=diff.diff,
-                    lo=diff.lo, hi=diff.hi, mcnemar_p=mc.p_value, ref_only=mc.a_only,
-                    target_only=mc.b_only, evidence=rule.evidence(a, b))
+    return Combined(
+        pairs=diff.n,
+        explicit=diff.n - derived,
+        derived=derived,
+        baseline="control" if control is not None else "pass",
+        diff=diff.diff,
+        lo=diff.lo,
+        hi=diff.hi,
+        mcnemar_p=mc.p_value,
+        ref_only=mc.a_only,
+        target_only=mc.b_only,
+        evidence=rule.evidence(a, b),
+    )
 
 
-def teacher_forced(tf: Mapping[str, Mapping[str, Any]], tf_ref: Mapping[str, Mapping[str, Any]],
-                   ids: Iterable[str], seed: int = 0) -> TeacherForced:
+def teacher_forced(
+    tf: Mapping[str, Mapping[str, Any]],
+    tf_ref: Mapping[str, Mapping[str, Any]],
+    ids: Iterable[str],
+    seed: int = 0,
+) -> TeacherForced:
     """Mean NLL difference per token to the reference's own scores, and top-1 agreement, with
     intervals over requests (each request's mean, resampled: tokens of one answer are not
     independent), the early warning the verdict reports beside the outcomes."""
@@ -380,13 +512,17 @@ def teacher_forced(tf: Mapping[str, Mapping[str, Any]], tf_ref: Mapping[str, Map
     nll_ci = stats.paired_bootstrap([0.0] * len(per_request), per_request, seed=seed)
     top1_ci = stats.paired_bootstrap([0.0] * len(top1_per_request), top1_per_request, seed=seed)
     return TeacherForced(
-        tokens=len(deltas), requests=len(per_request), errors=errors,
+        tokens=len(deltas),
+        requests=len(per_request),
+        errors=errors,
         nll_delta_mean=float(np.mean(deltas)) if deltas else None,
         nll_delta_lo=None if nll_ci is None else nll_ci.lo,
-        nll_delta_hi=None if nll_ci is None else nll_ci.hi, top1_agreement=_rate(top1),
+        nll_delta_hi=None if nll_ci is None else nll_ci.hi,
+        top1_agreement=_rate(top1),
         top1_lo=None if top1_ci is None else top1_ci.lo,
         top1_hi=None if top1_ci is None else top1_ci.hi,
-        identical_to_reference=bool(deltas) and all(d == 0.0 for d in deltas))
+        identical_to_reference=bool(deltas) and all(d == 0.0 for d in deltas),
+    )
 
 
 def checker_error_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -397,16 +533,20 @@ def checker_error_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     rows = list(rows)
     notes = []
     for key, what in (("grade", "answer(s)"), ("derived", "derived grade(s)")):
-        failed = [(row["target"], kind, f"{row['request_id']}: {row[key]['reason']}")
-                  for row in rows
-                  if (kind := ((row.get(key) or {}).get("detail") or {}).get("checker_error"))]
+        failed = [
+            (row["target"], kind, f"{row['request_id']}: {row[key]['reason']}")
+            for row in rows
+            if (kind := ((row.get(key) or {}).get("detail") or {}).get("checker_error"))
+        ]
         if not failed:
             continue
         frame = pd.DataFrame.from_records(failed, columns=["target", "kind", "first"])
         for target, errors in frame.groupby("target", sort=False):
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(errors["kind"].value_counts().items()))
-            notes.append(f"{target}: {len(errors)} {what} failed with a checker error ({kinds}); "
-                         f"first: {errors['first'].iloc[0]}")
+            notes.append(
+                f"{target}: {len(errors)} {what} failed with a checker error ({kinds}); "
+                f"first: {errors['first'].iloc[0]}"
+            )
     return notes
 
 
@@ -414,44 +554,75 @@ def _noise_floor(floor: BucketQuality | None) -> NoiseFloor | None:
     if floor is None:
         return None
     vs, tf = floor.vs_reference, floor.teacher_forced
-    return NoiseFloor(diff=None if vs is None else vs.diff, lo=None if vs is None else vs.lo,
-                      hi=None if vs is None else vs.hi, agreement_exact=floor.agreement.exact,
-                      nll_delta_mean=tf.nll_delta_mean, nll_delta_hi=tf.nll_delta_hi,
-                      top1_lo=tf.top1_lo)
+    return NoiseFloor(
+        diff=None if vs is None else vs.diff,
+        lo=None if vs is None else vs.lo,
+        hi=None if vs is None else vs.hi,
+        agreement_exact=floor.agreement.exact,
+        nll_delta_mean=tf.nll_delta_mean,
+        nll_delta_hi=tf.nll_delta_hi,
+        top1_lo=tf.top1_lo,
+    )
 
 
-def _target_quality(name: str, rows: pd.DataFrame, targets: Mapping[str, pd.DataFrame],
-                    tf: Mapping[str, Mapping[str, Mapping[str, Any]]], reference: str,
-                    bucket_order: Sequence[str], rule: _Rule, seed: int) -> TargetQuality:
+def _target_quality(
+    name: str,
+    rows: pd.DataFrame,
+    targets: Mapping[str, pd.DataFrame],
+    tf: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    reference: str,
+    bucket_order: Sequence[str],
+    rule: _Rule,
+    seed: int,
+) -> TargetQuality:
     control = reference + CONTROL_SUFFIX
     compared = name not in (reference, control)
     ref, floor = targets.get(reference), targets.get(control) if compared else None
     mine, theirs = tf.get(name, {}), tf.get(reference, {})
     buckets, strata = {}, []
     by_bucket = dict(iter(rows.groupby("bucket", sort=False)))
-    for b in sorted(by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order
-                                              else 99, b)):
+    for b in sorted(
+        by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order else 99, b)
+    ):
         sub = by_bucket[b]
         buckets[str(b)] = BucketQuality(
-            **_comparison(sub, ref, rule, seed), derived=compare_derived(sub, floor, seed),
+            **_comparison(sub, ref, rule, seed),
+            derived=compare_derived(sub, floor, seed),
             combined=compare_combined(sub, ref, floor, rule, seed) if compared else OMITTED,
-            teacher_forced=teacher_forced(mine, theirs, sub.index, seed))
+            teacher_forced=teacher_forced(mine, theirs, sub.index, seed),
+        )
         # The shift test pools what the verdict decides on: explicit and derived.
         strata.append(combined_pairs(sub, ref, floor)[:2])
     shift = stats.stratified_shift(strata) if name != reference else None
     return TargetQuality(
-        buckets=buckets, all=QualityTotals(**_comparison(rows, ref, rule, seed),
-                                           derived=compare_derived(rows, floor, seed)),
-        shift=None if shift is None else Shift(
-            p_value=shift.p_value, direction=shift.direction, ref_only=shift.a_only,
-            target_only=shift.b_only, pairs=shift.n),
-        teacher_forced=teacher_forced(mine, theirs, rows.index))
+        buckets=buckets,
+        all=QualityTotals(
+            **_comparison(rows, ref, rule, seed), derived=compare_derived(rows, floor, seed)
+        ),
+        shift=None
+        if shift is None
+        else Shift(
+            p_value=shift.p_value,
+            direction=shift.direction,
+            ref_only=shift.a_only,
+            target_only=shift.b_only,
+            pairs=shift.n,
+        ),
+        teacher_forced=teacher_forced(mine, theirs, rows.index),
+    )
 
 
-def assess_quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, Any]],
-                   reference: str, bucket_order: Sequence[str],
-                   tolerance: float = stats.TOLERANCE, seed: int = 0, *,
-                   alpha: float = stats.ALPHA, min_pairs: int = stats.MIN_PAIRS) -> Quality:
+def assess_quality(
+    rows: Sequence[Mapping[str, Any]],
+    tf_rows: Sequence[Mapping[str, Any]],
+    reference: str,
+    bucket_order: Sequence[str],
+    tolerance: float = stats.TOLERANCE,
+    seed: int = 0,
+    *,
+    alpha: float = stats.ALPHA,
+    min_pairs: int = stats.MIN_PAIRS,
+) -> Quality:
     """phase -> target -> buckets, all and shift, plus notes. ``tolerance``, ``alpha`` and
     ``min_pairs`` are the verdict's, so the evidence column says what it says."""
     tf: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
@@ -463,32 +634,62 @@ def assess_quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[
     frame = grades_frame(rows)
     for phase, in_phase in frame.groupby("phase", sort=False):
         targets = dict(iter(in_phase.groupby("target", sort=False)))
-        out = {str(t): _target_quality(str(t), t_rows, targets, tf, reference, bucket_order,
-                                       rule, seed) for t, t_rows in targets.items()}
+        out = {
+            str(t): _target_quality(
+                str(t), t_rows, targets, tf, reference, bucket_order, rule, seed
+            )
+            for t, t_rows in targets.items()
+        }
         if control not in targets and in_phase["rule"].notna().any():
             notes.append(
                 f"{phase}: derived grades have no noise floor: no A/A control ({control}) ran, "
                 "so every disagreement with the reference's answer counts against the "
-                "candidate (--control gives the floor)")
+                "candidate (--control gives the floor)"
+            )
         if control in out:
             floors = out[control].buckets
-            out = {t: replace(q, buckets={b: replace(row, noise_floor=_noise_floor(floors.get(b)))
-                                          for b, row in q.buckets.items()})
-                   for t, q in out.items()}
+            out = {
+                t: replace(
+                    q,
+                    buckets={
+                        b: replace(row, noise_floor=_noise_floor(floors.get(b)))
+                        for b, row in q.buckets.items()
+                    },
+                )
+                for t, q in out.items()
+            }
         phases[str(phase)] = out
     notes += checker_error_notes(rows)
-    notes += [f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: this "
-              "path does not exercise a different KV cache on this backend; it is not evidence "
-              "of no loss" for phase, out in phases.items() for target, q in out.items()
-              if target not in (reference, control) and q.teacher_forced.identical_to_reference]
-    return Quality(reference=reference, tolerance=tolerance, alpha=alpha, min_pairs=min_pairs,
-                   phases=phases, notes=tuple(notes))
+    notes += [
+        f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: this "
+        "path does not exercise a different KV cache on this backend; it is not evidence "
+        "of no loss"
+        for phase, out in phases.items()
+        for target, q in out.items()
+        if target not in (reference, control) and q.teacher_forced.identical_to_reference
+    ]
+    return Quality(
+        reference=reference,
+        tolerance=tolerance,
+        alpha=alpha,
+        min_pairs=min_pairs,
+        phases=phases,
+        notes=tuple(notes),
+    )
 
 
-def quality(rows: Sequence[Mapping[str, Any]], tf_rows: Sequence[Mapping[str, Any]],
-            reference: str, bucket_order: Sequence[str], tolerance: float = stats.TOLERANCE,
-            seed: int = 0, *, alpha: float = stats.ALPHA,
-            min_pairs: int = stats.MIN_PAIRS) -> dict[str, Any]:
+def quality(
+    rows: Sequence[Mapping[str, Any]],
+    tf_rows: Sequence[Mapping[str, Any]],
+    reference: str,
+    bucket_order: Sequence[str],
+    tolerance: float = stats.TOLERANCE,
+    seed: int = 0,
+    *,
+    alpha: float = stats.ALPHA,
+    min_pairs: int = stats.MIN_PAIRS,
+) -> dict[str, Any]:
     """``assess_quality`` as JSON, for callers outside the pipeline."""
-    return assess_quality(rows, tf_rows, reference, bucket_order, tolerance, seed,
-                          alpha=alpha, min_pairs=min_pairs).to_json()
+    return assess_quality(
+        rows, tf_rows, reference, bucket_order, tolerance, seed, alpha=alpha, min_pairs=min_pairs
+    ).to_json()

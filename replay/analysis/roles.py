@@ -32,8 +32,11 @@ class Roles:
     calibrated: str | None = None
 
     def to_json(self) -> dict[str, str | None]:
-        return {"reference": self.reference, "candidate": self.candidate,
-                "calibrated": self.calibrated}
+        return {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "calibrated": self.calibrated,
+        }
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any], names: Sequence[str]) -> Roles:
@@ -41,9 +44,11 @@ class Roles:
         # A manifest is read back from disk: anything odd in it falls back to the guess.
         saved = manifest.get("roles")
         if isinstance(saved, Mapping) and isinstance(saved.get("reference"), str):
+
             def name(key: str) -> str | None:
                 v = saved.get(key)
                 return v if isinstance(v, str) else None
+
             return cls(saved["reference"], name("candidate"), name("calibrated"))
         if not names:
             return cls(str(manifest.get("reference") or "bf16"))
@@ -55,14 +60,22 @@ def looks_calibrated(name: str) -> bool:
     return bool(_CAL_WORDS & set(re.split(r"[-_.\s]+", name.lower())))
 
 
-def resolve(names: Sequence[str], *, reference: str | None = None,
-            candidate: str | None = None, calibrated: str | None = None,
-            declared: Mapping[str, str] | None = None) -> Roles:
+def resolve(
+    names: Sequence[str],
+    *,
+    reference: str | None = None,
+    candidate: str | None = None,
+    calibrated: str | None = None,
+    declared: Mapping[str, str] | None = None,
+) -> Roles:
     """Roles for ``names`` (in the order the user gave them; controls are not targets here).
     ``declared`` maps a target to the role its targets-file table gives it."""
     names = [n for n in names if not n.endswith(CONTROL_SUFFIX)]
-    given: dict[str, str | None] = {"reference": reference, "candidate": candidate,
-                                    "calibrated": calibrated}
+    given: dict[str, str | None] = {
+        "reference": reference,
+        "candidate": candidate,
+        "calibrated": calibrated,
+    }
     for target, role in (declared or {}).items():
         if role not in ROLES:
             raise ConfigError(f"[targets.{target}]: role '{role}' is not one of {list(ROLES)}")

@@ -379,6 +379,6 @@ class Summary(Record):
     targets: Mapping[str, TargetSummary]
     run_dir: str | None = absent_if_none()
     driver: Mapping[str, Any] | None = absent_if_none()  # a Locust run: what drove it
-    quality: Quality | None = absent_if_none()       # None: not graded (Locust, checkers off)
-    systems: Systems | None = absent_if_none()       # None: no candidate compared
-    verdict: Verdict | None = absent_if_none()       # None: no verdict (a Locust run)
+    quality: Quality | None = absent_if_none()  # None: not graded (Locust, checkers off)
+    systems: Systems | None = absent_if_none()  # None: no candidate compared
+    verdict: Verdict | None = absent_if_none()  # None: no verdict (a Locust run)

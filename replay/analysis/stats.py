@@ -44,6 +44,7 @@ _BOOT_CHUNK = 1 << 20  # resampled indices held in memory at once by the bootstr
 
 # --- binomial tails -------------------------------------------------------------------------
 
+
 def _binom_cdf_half(m: int, n: int) -> float:
     """P(X <= m) for X ~ Binomial(n, 1/2): the null distribution of discordant pairs."""
     if m < 0:
@@ -69,6 +70,7 @@ def _binom_cdf_half_log(m: int, n: int) -> float:
 
 # --- pass rates -----------------------------------------------------------------------------
 
+
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
     """Wilson score interval for k passes out of n graded requests; ``None`` when n == 0.
 
@@ -91,6 +93,7 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
 
 # --- paired difference ----------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class PairedDiff:
     """Mean FP8 - BF16 difference over paired requests, with a bootstrap interval.
@@ -112,8 +115,9 @@ def _paired_arrays(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if xa.ndim != 1 or xb.ndim != 1 or xa.shape != xb.shape:
-        raise ValueError(f"{what}: a and b must be flat and of the same length "
-                         f"({xa.shape} vs {xb.shape})")
+        raise ValueError(
+            f"{what}: a and b must be flat and of the same length ({xa.shape} vs {xb.shape})"
+        )
     if not (np.isfinite(xa).all() and np.isfinite(xb).all()):
         raise ValueError(f"{what}: values must be finite")
     return xa, xb
@@ -124,13 +128,19 @@ def _boot_means(d: npt.NDArray[np.float64], n_boot: int, seed: int) -> npt.NDArr
     rng = np.random.default_rng(seed)
     n = d.size
     rows = max(1, _BOOT_CHUNK // n)
-    out = [d[rng.integers(0, n, size=(min(rows, n_boot - i), n))].mean(axis=1)
-           for i in range(0, n_boot, rows)]
+    out = [
+        d[rng.integers(0, n, size=(min(rows, n_boot - i), n))].mean(axis=1)
+        for i in range(0, n_boot, rows)
+    ]
     return np.concatenate(out)
 
 
 def paired_bootstrap(
-    a: Sequence[float], b: Sequence[float], *, n_boot: int = 2000, alpha: float = 0.05,
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    n_boot: int = 2000,
+    alpha: float = 0.05,
     seed: int = 0,
 ) -> PairedDiff | None:
     """Mean of ``b - a`` with a paired percentile-bootstrap (1 - alpha) interval.
@@ -142,19 +152,27 @@ def paired_bootstrap(
     tiny samples at extreme alphas).
     """
     if n_boot < 1 or not 0.0 < alpha < 1.0:
-        raise ValueError(f"paired_bootstrap: need n_boot >= 1 and 0 < alpha < 1 "
-                         f"(got {n_boot}, {alpha})")
+        raise ValueError(
+            f"paired_bootstrap: need n_boot >= 1 and 0 < alpha < 1 (got {n_boot}, {alpha})"
+        )
     xa, xb = _paired_arrays(a, b, "paired_bootstrap")
     if xa.size == 0:
         return None
     d = xb - xa
     diff = float(d.mean())
     lo, hi = np.percentile(_boot_means(d, n_boot, seed), [50 * alpha, 100 - 50 * alpha])
-    return PairedDiff(n=int(d.size), mean_a=float(xa.mean()), mean_b=float(xb.mean()),
-                      diff=diff, lo=min(float(lo), diff), hi=max(float(hi), diff))
+    return PairedDiff(
+        n=int(d.size),
+        mean_a=float(xa.mean()),
+        mean_b=float(xb.mean()),
+        diff=diff,
+        lo=min(float(lo), diff),
+        hi=max(float(hi), diff),
+    )
 
 
 # --- McNemar --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class McNemar:
@@ -174,8 +192,9 @@ def _discordant(a: Sequence[bool], b: Sequence[bool], what: str) -> tuple[int, i
     """(pairs, a passed & b failed, b passed & a failed)."""
     xa, xb = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
     if xa.ndim != 1 or xb.ndim != 1 or xa.shape != xb.shape:
-        raise ValueError(f"{what}: a and b must be flat and of the same length "
-                         f"({xa.shape} vs {xb.shape})")
+        raise ValueError(
+            f"{what}: a and b must be flat and of the same length ({xa.shape} vs {xb.shape})"
+        )
     return int(xa.size), int((xa & ~xb).sum()), int((xb & ~xa).sum())
 
 
@@ -193,6 +212,7 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> McNemar:
 
 
 # --- stratified shift -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class StratifiedShift:
@@ -218,8 +238,9 @@ def _shift(strata: int, n: int, worse: int, better: int) -> StratifiedShift:
     """
     p = _binom_cdf_half(better, worse + better)
     direction = "down" if worse > better else "up" if better > worse else "none"
-    return StratifiedShift(strata=strata, n=n, a_only=worse, b_only=better, p_value=p,
-                           direction=direction)
+    return StratifiedShift(
+        strata=strata, n=n, a_only=worse, b_only=better, p_value=p, direction=direction
+    )
 
 
 def stratified_shift(strata: Sequence[tuple[Sequence[bool], Sequence[bool]]]) -> StratifiedShift:
@@ -247,7 +268,9 @@ def stratified_shift(strata: Sequence[tuple[Sequence[bool], Sequence[bool]]]) ->
 
 
 def stratified_sign_test(
-    strata: Sequence[tuple[Sequence[float], Sequence[float]]], *, higher_is_better: bool = True,
+    strata: Sequence[tuple[Sequence[float], Sequence[float]]],
+    *,
+    higher_is_better: bool = True,
     tie: float = 0.0,
 ) -> StratifiedShift:
     """Pooled paired sign test for a consistent downward FP8 shift in continuous scores.
@@ -297,8 +320,9 @@ _PANELS = 8  # panels of 16 Gauss-Legendre nodes (half once T is near normal): 1
 
 def _check_tol_alpha(tolerance: float, alpha: float, what: str) -> None:
     if not 0.0 < tolerance < 1.0 or not 0.0 < alpha < 0.5:
-        raise ValueError(f"{what}: need 0 < tolerance < 1 and 0 < alpha < 0.5 "
-                         f"(got {tolerance}, {alpha})")
+        raise ValueError(
+            f"{what}: need 0 < tolerance < 1 and 0 < alpha < 0.5 (got {tolerance}, {alpha})"
+        )
 
 
 def _check_tolerance(tolerance: float, what: str) -> None:
@@ -308,8 +332,10 @@ def _check_tolerance(tolerance: float, what: str) -> None:
 
 def _check_counts(n: int, regressions: int, improvements: int, what: str) -> None:
     if regressions < 0 or improvements < 0 or regressions + improvements > n:
-        raise ValueError(f"{what}: need 0 <= regressions + improvements <= n (got "
-                         f"{regressions} + {improvements} of {n})")
+        raise ValueError(
+            f"{what}: need 0 <= regressions + improvements <= n (got "
+            f"{regressions} + {improvements} of {n})"
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -357,13 +383,13 @@ def _discordance_nodes(
     s = ((a + b) / 2 + (b - a) / 2 * _GL_X[None, :]).ravel()
     w = ((b - a) / 2 * _GL_W[None, :]).ravel()
     lf = _lf(n)
-    log_density = (m * np.log(s) + (n - m - 1) * np.log1p(-s)
-                   - (lf[m] + lf[n - m - 1] - lf[n]))
+    log_density = m * np.log(s) + (n - m - 1) * np.log1p(-s) - (lf[m] + lf[n - m - 1] - lf[n])
     return s, w * np.exp(log_density)
 
 
-def _equivalence_ps(n: int, m: int, top: int, tolerance: float,
-                    panels: int = 0) -> npt.NDArray[np.float64]:
+def _equivalence_ps(
+    n: int, m: int, top: int, tolerance: float, panels: int = 0
+) -> npt.NDArray[np.float64]:
     """:func:`equivalence_p` for x = 0..top regressions among m discordant pairs, at once.
 
     For fixed n and m the discordance's confidence distribution is shared, so one quadrature
@@ -390,9 +416,13 @@ def _equivalence_ps(n: int, m: int, top: int, tolerance: float,
             first = max(0, math.floor(m * um - 12 * math.sqrt(m * um * (1 - um))) - 5)
             if first <= top:
                 k = j[first:]
-                logs = (lf[m] - lf[k][None, :] - lf[m - k][None, :]
-                        + k[None, :] * np.log(u)[:, None]
-                        + (m - k)[None, :] * np.log1p(-u)[:, None])
+                logs = (
+                    lf[m]
+                    - lf[k][None, :]
+                    - lf[m - k][None, :]
+                    + k[None, :] * np.log(u)[:, None]
+                    + (m - k)[None, :] * np.log1p(-u)[:, None]
+                )
                 out[first:] = np.minimum(1.0, w @ np.cumsum(np.exp(logs), axis=1))
     if top == m:  # no improvement at all: the regression share is 1, the bound is exact
         out[m] = _binom_cdf(m, n, tolerance)
@@ -436,8 +466,15 @@ def _equivalence_p(n: int, x: int, y: int, tolerance: float) -> float:
     return float(_equivalence_ps(n, x + y, x, tolerance)[x])
 
 
-def equivalent(n: int, regressions: int, improvements: int, *, tolerance: float = TOLERANCE,
-               alpha: float = ALPHA, min_pairs: int = MIN_PAIRS) -> bool:
+def equivalent(
+    n: int,
+    regressions: int,
+    improvements: int,
+    *,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
+    min_pairs: int = MIN_PAIRS,
+) -> bool:
     """Is the drop shown to be below ``tolerance`` (at level ``alpha``, with enough pairs)?
 
     The one rule behind grading's "sufficient", the report's evidence column and the KEEP
@@ -469,9 +506,13 @@ def _drop_upper_bound(n: int, x: int, y: int, alpha: float) -> float:
     return hi
 
 
-def critical_regressions(n: int, discordant: Sequence[int] | npt.NDArray[np.int_], *,
-                         tolerance: float = TOLERANCE, alpha: float = ALPHA,
-                         ) -> npt.NDArray[np.int_]:
+def critical_regressions(
+    n: int,
+    discordant: Sequence[int] | npt.NDArray[np.int_],
+    *,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
+) -> npt.NDArray[np.int_]:
     """For each count m of discordant pairs among n, the most regressions x for which
     :func:`equivalence_p` is at most ``alpha`` (-1: none): a bucket of n pairs shows
     equivalence exactly when x <= this. The p-value grows with x at fixed n and m (more of
@@ -494,8 +535,14 @@ def _critical(n: int, m: int, tolerance: float, alpha: float) -> int:
     return int(above[0]) - 1 if above.size else len(ps) - 1
 
 
-def equivalence_power(n: int, regression_rate: float, improvement_rate: float, *,
-                      tolerance: float = TOLERANCE, alpha: float = ALPHA) -> float:
+def equivalence_power(
+    n: int,
+    regression_rate: float,
+    improvement_rate: float,
+    *,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
+) -> float:
     """Exact chance that n pairs show equivalence when each pair independently is a
     regression with probability ``regression_rate`` and an improvement with
     ``improvement_rate``: the trinomial mass of the region of :func:`critical_regressions`,
@@ -511,8 +558,9 @@ def equivalence_power(n: int, regression_rate: float, improvement_rate: float, *
         return float(_critical(n, 0, tolerance, alpha) >= 0)
     share = regression_rate / psi
     sd = math.sqrt(n * psi * (1 - psi))
-    m = np.arange(max(0, math.floor(n * psi - 8 * sd) - 2),
-                  min(n, math.ceil(n * psi + 8 * sd) + 2) + 1)
+    m = np.arange(
+        max(0, math.floor(n * psi - 8 * sd) - 2), min(n, math.ceil(n * psi + 8 * sd) + 2) + 1
+    )
     lf = _lf(n)
     if psi < 1.0:
         log_pm = lf[n] - lf[m] - lf[n - m] + m * math.log(psi) + (n - m) * math.log1p(-psi)
@@ -520,8 +568,9 @@ def equivalence_power(n: int, regression_rate: float, improvement_rate: float, *
     else:
         pm = (m == n).astype(float)
     total = 0.0
-    for mi, crit in zip(m, critical_regressions(n, m, tolerance=tolerance, alpha=alpha),
-                        strict=True):
+    for mi, crit in zip(
+        m, critical_regressions(n, m, tolerance=tolerance, alpha=alpha), strict=True
+    ):
         if crit >= 0 and pm[mi - m[0]] > 0.0:
             total += float(pm[mi - m[0]]) * _binom_cdf(int(crit), int(mi), share)
     return min(1.0, total)
@@ -537,9 +586,15 @@ def zero_discordance_pairs(tolerance: float = TOLERANCE, alpha: float = ALPHA) -
     return n
 
 
-def pairs_needed(regression_rate: float, improvement_rate: float, *,
-                 tolerance: float = TOLERANCE, alpha: float = ALPHA, power: float = POWER,
-                 at_least: int = MIN_PAIRS) -> int | None:
+def pairs_needed(
+    regression_rate: float,
+    improvement_rate: float,
+    *,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
+    power: float = POWER,
+    at_least: int = MIN_PAIRS,
+) -> int | None:
     """Pairs a bucket needs to show equivalence with chance ``power``, if its pairs go on
     disagreeing at the given rates (the ones seen so far).
 
@@ -554,13 +609,15 @@ def pairs_needed(regression_rate: float, improvement_rate: float, *,
     _check_tol_alpha(tolerance, alpha, "pairs_needed")
     if not 0.0 < power < 1.0:
         raise ValueError(f"pairs_needed: need 0 < power < 1, got {power}")
-    return _pairs_needed(regression_rate, improvement_rate, tolerance, alpha, power,
-                         max(1, at_least))
+    return _pairs_needed(
+        regression_rate, improvement_rate, tolerance, alpha, power, max(1, at_least)
+    )
 
 
 @functools.lru_cache(maxsize=1024)
-def _pairs_needed(r10: float, r01: float, tolerance: float, alpha: float, power: float,
-                  at_least: int) -> int | None:
+def _pairs_needed(
+    r10: float, r01: float, tolerance: float, alpha: float, power: float, at_least: int
+) -> int | None:
     drop = r10 - r01
     if drop >= tolerance - 1e-12 or at_least > MAX_NEEDED:  # 0.06 - 0.01 is 0.04999...
         return None
@@ -573,8 +630,9 @@ def _pairs_needed(r10: float, r01: float, tolerance: float, alpha: float, power:
 
     nd = NormalDist()
     var = r10 + r01 - drop * drop
-    guess = math.ceil((nd.inv_cdf(1 - alpha) + nd.inv_cdf(power)) ** 2 * var
-                      / (tolerance - drop) ** 2)
+    guess = math.ceil(
+        (nd.inv_cdf(1 - alpha) + nd.inv_cdf(power)) ** 2 * var / (tolerance - drop) ** 2
+    )
     lo, hi = at_least - 1, min(MAX_NEEDED, max(at_least, guess))
     while not ok(hi):
         if hi >= MAX_NEEDED:
@@ -603,8 +661,8 @@ class Evidence:
     regressions: int
     improvements: int
     needed: int | None
-    p_value: float        # exact one-sided p for "the drop is at least the tolerance"
-    drop_bound: float     # exact one-sided (1 - alpha) upper bound of the drop
+    p_value: float  # exact one-sided p for "the drop is at least the tolerance"
+    drop_bound: float  # exact one-sided (1 - alpha) upper bound of the drop
     tolerance: float
     alpha: float
     min_pairs: int
@@ -613,16 +671,34 @@ class Evidence:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "sufficient": self.sufficient, "needed": self.needed,
-                "p_value": self.p_value, "drop_bound": self.drop_bound,
-                "rule": {"tolerance": self.tolerance, "alpha": self.alpha,
-                         "min_pairs": self.min_pairs, "power": self.power},
-                "short": self.short, "reason": self.reason}
+        return {
+            "status": self.status,
+            "sufficient": self.sufficient,
+            "needed": self.needed,
+            "p_value": self.p_value,
+            "drop_bound": self.drop_bound,
+            "rule": {
+                "tolerance": self.tolerance,
+                "alpha": self.alpha,
+                "min_pairs": self.min_pairs,
+                "power": self.power,
+            },
+            "short": self.short,
+            "reason": self.reason,
+        }
 
 
-def evidence(n_pairs: int, regressions: int = 0, improvements: int = 0, *,
-             tolerance: float = TOLERANCE, alpha: float = ALPHA, min_pairs: int = MIN_PAIRS,
-             power: float = POWER, loss_alpha: float | None = None) -> Evidence:
+def evidence(
+    n_pairs: int,
+    regressions: int = 0,
+    improvements: int = 0,
+    *,
+    tolerance: float = TOLERANCE,
+    alpha: float = ALPHA,
+    min_pairs: int = MIN_PAIRS,
+    power: float = POWER,
+    loss_alpha: float | None = None,
+) -> Evidence:
     """Whether a bucket's pairs settle the question, and how many it needs while they do not.
 
     ``regressions``: pairs the reference passed and the candidate failed; ``improvements``:
@@ -645,37 +721,65 @@ def evidence(n_pairs: int, regressions: int = 0, improvements: int = 0, *,
     needed: int | None = None
     if x > y and mc < (alpha if loss_alpha is None else loss_alpha):
         status, short = "loss", "loss shown"
-        reason = (f"{n} graded pairs show a loss: {seen} (McNemar p={mc:.3g}, drop "
-                  f"{100 * (x - y) / n:.1f} points)")
+        reason = (
+            f"{n} graded pairs show a loss: {seen} (McNemar p={mc:.3g}, drop "
+            f"{100 * (x - y) / n:.1f} points)"
+        )
     elif n >= min_pairs and p_eq <= alpha:
         status, short = "equivalent", "within tolerance"
-        reason = (f"{n} graded pairs ({seen}) bound the drop below the {tol} tolerance: at "
-                  f"most {100 * bound:.2f} points ({conf})")
+        reason = (
+            f"{n} graded pairs ({seen}) bound the drop below the {tol} tolerance: at "
+            f"most {100 * bound:.2f} points ({conf})"
+        )
     else:
         status = "open"
         rates = (x / n, y / n) if n else (0.0, 0.0)
-        needed = pairs_needed(*rates, tolerance=tolerance, alpha=alpha, power=power,
-                              at_least=max(min_pairs, n + 1))
-        now = "no graded pairs" if n == 0 else (
-            f"{n} graded pairs ({seen}) bound the drop only below {100 * bound:.1f} points")
+        needed = pairs_needed(
+            *rates, tolerance=tolerance, alpha=alpha, power=power, at_least=max(min_pairs, n + 1)
+        )
+        now = (
+            "no graded pairs"
+            if n == 0
+            else (f"{n} graded pairs ({seen}) bound the drop only below {100 * bound:.1f} points")
+        )
         if needed is not None and x + y == 0:
             short = f"at least {needed} needed"
-            reason = (f"{now}; at least {needed} needed for the {tol} tolerance ({conf}: that "
-                      "many pairs with no disagreement)")
+            reason = (
+                f"{now}; at least {needed} needed for the {tol} tolerance ({conf}: that "
+                "many pairs with no disagreement)"
+            )
         elif needed is not None:
             short = f"about {needed} needed"
-            reason = (f"{now}; about {needed} needed for the {tol} tolerance ({100 * power:g}% "
-                      f"chance at {conf}, if pairs keep disagreeing at the rates seen so far)")
+            reason = (
+                f"{now}; about {needed} needed for the {tol} tolerance ({100 * power:g}% "
+                f"chance at {conf}, if pairs keep disagreeing at the rates seen so far)"
+            )
         elif (x - y) / n >= tolerance - 1e-12:
             short = f"drop so far {100 * (x - y) / n:.1f} points, not below tolerance"
-            reason = (f"{now}; at the rates seen so far (a drop of {100 * (x - y) / n:.1f} "
-                      f"points, not below the {tol} tolerance) no number of pairs would show a "
-                      "match: more pairs will tell whether the loss is real")
+            reason = (
+                f"{now}; at the rates seen so far (a drop of {100 * (x - y) / n:.1f} "
+                f"points, not below the {tol} tolerance) no number of pairs would show a "
+                "match: more pairs will tell whether the loss is real"
+            )
         else:
             short = f"more than {MAX_NEEDED} needed"
-            reason = (f"{now}; more than {MAX_NEEDED} needed for the {tol} tolerance at the "
-                      "rates seen so far")
-    return Evidence(status=status, sufficient=status != "open", n=n, regressions=x,
-                    improvements=y, needed=needed, p_value=p_eq, drop_bound=bound,
-                    tolerance=tolerance, alpha=alpha, min_pairs=min_pairs, power=power,
-                    short=short, reason=reason)
+            reason = (
+                f"{now}; more than {MAX_NEEDED} needed for the {tol} tolerance at the "
+                "rates seen so far"
+            )
+    return Evidence(
+        status=status,
+        sufficient=status != "open",
+        n=n,
+        regressions=x,
+        improvements=y,
+        needed=needed,
+        p_value=p_eq,
+        drop_bound=bound,
+        tolerance=tolerance,
+        alpha=alpha,
+        min_pairs=min_pairs,
+        power=power,
+        short=short,
+        reason=reason,
+    )

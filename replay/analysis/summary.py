@@ -31,8 +31,22 @@ if TYPE_CHECKING:
 SUMMARY_VERSION = 1
 PCTS = (50, 90, 99)
 # What each result contributes; the latencies, ITL gaps and decode rate count only when ok.
-COLUMNS = ("target", "phase", "bucket", "ok", "error_kind", "output_tokens", "prompt_tokens",
-           "ttft", "from_schedule", "queue_delay", "e2e", "itl", "decode_rate", "estimated")
+COLUMNS = (
+    "target",
+    "phase",
+    "bucket",
+    "ok",
+    "error_kind",
+    "output_tokens",
+    "prompt_tokens",
+    "ttft",
+    "from_schedule",
+    "queue_delay",
+    "e2e",
+    "itl",
+    "decode_rate",
+    "estimated",
+)
 
 
 def pct(values: Iterable[float] | pd.Series, scale: float = 1000.0) -> Percentiles:
@@ -52,8 +66,7 @@ def _median(values: pd.Series) -> float | None:
 
 def _decode_rate(r: Result) -> float | None:
     """Output tokens per second after the first token (a one-token answer has no rate)."""
-    if (r.done is None or r.first_token is None or r.done <= r.first_token
-            or r.output_tokens <= 1):
+    if r.done is None or r.first_token is None or r.done <= r.first_token or r.output_tokens <= 1:
         return None
     return r.output_tokens / (r.done - r.first_token)
 
@@ -62,10 +75,25 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
     """One row per result, with what the summary's figures are computed from."""
     import pandas as pd
 
-    rows = [(r.target, r.phase, r.bucket, r.status == "ok", r.error_kind or "unknown",
-             r.output_tokens, r.prompt_tokens, r.ttft,
-             None if r.first_token is None else r.first_token - r.scheduled, r.queue_delay,
-             r.e2e, r.itl(), _decode_rate(r), r.tokens_estimated) for r in results]
+    rows = [
+        (
+            r.target,
+            r.phase,
+            r.bucket,
+            r.status == "ok",
+            r.error_kind or "unknown",
+            r.output_tokens,
+            r.prompt_tokens,
+            r.ttft,
+            None if r.first_token is None else r.first_token - r.scheduled,
+            r.queue_delay,
+            r.e2e,
+            r.itl(),
+            _decode_rate(r),
+            r.tokens_estimated,
+        )
+        for r in results
+    ]
     frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
     return frame.astype({"ok": bool, "estimated": bool, "output_tokens": "int64"})
 
@@ -75,15 +103,19 @@ def _figures(group: pd.DataFrame) -> dict[str, Any]:
     ok = group[group["ok"]]
     errors = group.loc[~group["ok"], "error_kind"].value_counts()
     return {
-        "requests": len(group), "ok": len(ok), "errors": int(errors.sum()),
+        "requests": len(group),
+        "ok": len(ok),
+        "errors": int(errors.sum()),
         "errors_by_kind": {str(k): int(n) for k, n in sorted(errors.items())},
         "output_tokens": int(ok["output_tokens"].sum()),
         "prompt_tokens_median": _median(group["prompt_tokens"]),
         "output_tokens_median": _median(ok["output_tokens"]),
-        "ttft_ms": pct(ok["ttft"]), "ttft_from_schedule_ms": pct(ok["from_schedule"]),
+        "ttft_ms": pct(ok["ttft"]),
+        "ttft_from_schedule_ms": pct(ok["from_schedule"]),
         "queue_delay_ms": pct(group["queue_delay"]),
         "itl_ms": pct(ok["itl"].explode()),  # every gap of every answer, pooled
-        "e2e_ms": pct(ok["e2e"]), "decode_tok_s_median": _median(ok["decode_rate"]),
+        "e2e_ms": pct(ok["e2e"]),
+        "decode_tok_s_median": _median(ok["decode_rate"]),
         "tokens_estimated": bool(ok["estimated"].any()),
     }
 
@@ -98,8 +130,7 @@ def summarize_results(results: Sequence[Result]) -> dict[str, Any]:
     return summarize(results).to_json()
 
 
-def summarize_server(series: Sequence[Mapping[str, Any]], start: float,
-                     end: float) -> ServerStats:
+def summarize_server(series: Sequence[Mapping[str, Any]], start: float, end: float) -> ServerStats:
     """Server-side figures over a phase from scraped snapshots; the runner scrapes at the
     phase's start and end, so counter deltas cover exactly the phase."""
     inside = [s for s in series if start <= s["t"] <= end]
@@ -122,13 +153,17 @@ def summarize_server(series: Sequence[Mapping[str, Any]], start: float,
         return None
 
     q, h = delta("prefix_queries"), delta("prefix_hits")
-    return ServerStats(scrapes=len(inside), peak_kv_usage=peak("kv_usage"),
-                       peak_running=peak("running"), peak_waiting=peak("waiting"),
-                       preemptions=delta("preemptions"),
-                       prefix_cache_hit_rate=(h / q) if q and h is not None else None,
-                       server_ttft_mean_ms=hist_mean_ms("ttft"),
-                       server_itl_mean_ms=hist_mean_ms("itl"),
-                       server_e2e_mean_ms=hist_mean_ms("e2e"))
+    return ServerStats(
+        scrapes=len(inside),
+        peak_kv_usage=peak("kv_usage"),
+        peak_running=peak("running"),
+        peak_waiting=peak("waiting"),
+        preemptions=delta("preemptions"),
+        prefix_cache_hit_rate=(h / q) if q and h is not None else None,
+        server_ttft_mean_ms=hist_mean_ms("ttft"),
+        server_itl_mean_ms=hist_mean_ms("itl"),
+        server_e2e_mean_ms=hist_mean_ms("e2e"),
+    )
 
 
 def capacity(cache_config: Mapping[str, str], context_tokens: float | None) -> Capacity:
@@ -145,8 +180,13 @@ def _num(text: str | None) -> float | None:
         return None
 
 
-def _phase(group: pd.DataFrame, window: Mapping[str, float], cache: Mapping[str, str],
-           series: Sequence[Mapping[str, Any]], bucket_order: Sequence[str]) -> PhaseSummary:
+def _phase(
+    group: pd.DataFrame,
+    window: Mapping[str, float],
+    cache: Mapping[str, str],
+    series: Sequence[Mapping[str, Any]],
+    bucket_order: Sequence[str],
+) -> PhaseSummary:
     import pandas as pd
 
     start, end = window["start"], window["end"]
@@ -156,22 +196,31 @@ def _phase(group: pd.DataFrame, window: Mapping[str, float], cache: Mapping[str,
     # last digit depends on the order it adds in.
     totals = _figures(pd.concat(by_bucket.values()) if by_bucket else group)
     buckets = {}
-    for b in sorted(by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order
-                                              else 99, b)):
+    for b in sorted(
+        by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order else 99, b)
+    ):
         figures = _figures(by_bucket[b])
         ctx = None
         if figures["prompt_tokens_median"] is not None:
             ctx = figures["prompt_tokens_median"] + (figures["output_tokens_median"] or 0)
         buckets[str(b)] = BucketStats(**figures, capacity=capacity(cache, ctx))
     throughput = totals["output_tokens"] / dur if dur > 0 and len(group) else None
-    return PhaseSummary(start=start, end=end, duration_s=dur,
-                        all=PhaseTotals(**totals, throughput_out_tok_s=throughput),
-                        server=summarize_server(series, start, end), buckets=buckets)
+    return PhaseSummary(
+        start=start,
+        end=end,
+        duration_s=dur,
+        all=PhaseTotals(**totals, throughput_out_tok_s=throughput),
+        server=summarize_server(series, start, end),
+        buckets=buckets,
+    )
 
 
-def summarize_targets(results: Iterable[Result], targets: Mapping[str, Mapping[str, Any]],
-                      series: Mapping[str, Sequence[Mapping[str, Any]]],
-                      bucket_order: Sequence[str]) -> dict[str, TargetSummary]:
+def summarize_targets(
+    results: Iterable[Result],
+    targets: Mapping[str, Mapping[str, Any]],
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    bucket_order: Sequence[str],
+) -> dict[str, TargetSummary]:
     """Each target's phases (its windows) and, in each, its buckets in the run's order."""
     frame = results_frame(results)
     groups = dict(iter(frame.groupby(["target", "phase"], sort=False)))
@@ -179,20 +228,36 @@ def summarize_targets(results: Iterable[Result], targets: Mapping[str, Mapping[s
     for name, info in targets.items():
         cache = info.get("cache_config") or {}
         out[name] = TargetSummary(
-            status=info.get("status"), reason=info.get("reason"),
+            status=info.get("status"),
+            reason=info.get("reason"),
             cache_dtype=cache.get("cache_dtype"),
             kv_cache_size_tokens=_num(cache.get("kv_cache_size_tokens")),
-            phases={label: _phase(groups.get((name, label), frame.iloc[:0]), window, cache,
-                                  series.get(name, ()), bucket_order)
-                    for label, window in (info.get("phases") or {}).items()})
+            phases={
+                label: _phase(
+                    groups.get((name, label), frame.iloc[:0]),
+                    window,
+                    cache,
+                    series.get(name, ()),
+                    bucket_order,
+                )
+                for label, window in (info.get("phases") or {}).items()
+            },
+        )
     return out
 
 
-def build_summary(results: Iterable[Result], targets: Mapping[str, Mapping[str, Any]],
-                  series: Mapping[str, Sequence[Mapping[str, Any]]],
-                  bucket_order: Sequence[str]) -> dict[str, Any]:
+def build_summary(
+    results: Iterable[Result],
+    targets: Mapping[str, Mapping[str, Any]],
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    bucket_order: Sequence[str],
+) -> dict[str, Any]:
     """The summary document's targets as JSON (versioned), for callers outside the pipeline:
     targets -> phases -> buckets."""
-    return {"version": SUMMARY_VERSION, "targets": {
-        name: t.to_json() for name, t in summarize_targets(results, targets, series,
-                                                            bucket_order).items()}}
+    return {
+        "version": SUMMARY_VERSION,
+        "targets": {
+            name: t.to_json()
+            for name, t in summarize_targets(results, targets, series, bucket_order).items()
+        },
+    }

@@ -34,8 +34,10 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float] | No
     return float(intercept), float(slope)
 
 
-def crossing(ref: tuple[float, float] | None, cand: tuple[float, float] | None,
-             ) -> tuple[float | None, str]:
+def crossing(
+    ref: tuple[float, float] | None,
+    cand: tuple[float, float] | None,
+) -> tuple[float | None, str]:
     """Where the candidate's line drops below the reference's, in prompt tokens, and on which
     side of it the candidate wins ("always", "never", "above", "below", "unknown")."""
     if ref is None or cand is None:
@@ -48,15 +50,18 @@ def crossing(ref: tuple[float, float] | None, cand: tuple[float, float] | None,
     return max(0.0, x), "above" if b1 < b0 else "below"
 
 
-def break_even(ref: tuple[float, float] | None, cand: tuple[float, float] | None,
-               ) -> dict[str, Any]:
+def break_even(
+    ref: tuple[float, float] | None,
+    cand: tuple[float, float] | None,
+) -> dict[str, Any]:
     """``crossing`` as JSON: ``{"tokens": ..., "fp8_wins": ...}``."""
     tokens, wins = crossing(ref, cand)
     return {"tokens": tokens, "fp8_wins": wins}
 
 
-def systems(results: Sequence[Result], reference: str, candidate: str, phase: str,
-            seed: int = 0) -> Systems:
+def systems(
+    results: Sequence[Result], reference: str, candidate: str, phase: str, seed: int = 0
+) -> Systems:
     """Per bucket: paired latency deltas (candidate - reference) with intervals; fits. The
     output throughput ratio comes from the summary (``throughput_ratio``): None here."""
     by: dict[str, dict[str, Result]] = defaultdict(dict)
@@ -77,24 +82,44 @@ def systems(results: Sequence[Result], reference: str, candidate: str, phase: st
             d = stats.paired_bootstrap(xs, ys, seed=seed)
             if d is not None:  # never None: a bucket here has a pair
                 buckets[bucket][name] = LatencyDelta(
-                    reference_median=float(np.median(xs)), candidate_median=float(np.median(ys)),
-                    delta_mean=d.diff, lo=d.lo, hi=d.hi, pairs=d.n)
+                    reference_median=float(np.median(xs)),
+                    candidate_median=float(np.median(ys)),
+                    delta_mean=d.diff,
+                    lo=d.lo,
+                    hi=d.hi,
+                    pairs=d.n,
+                )
     fits = {name: _fit(METRICS[name], ref, cand) for name in ("ttft_ms", "itl_ms", "e2e_ms")}
     prompts = [float(r.prompt_tokens) for r in ref.values() if r.prompt_tokens is not None]
     median_ctx = float(np.median(prompts)) if prompts else None
-    faster = any(m.hi is not None and m.hi < 0 for row in buckets.values()
-                 for key, m in row.items() if key in ("e2e_ms", "ttft_ms"))
-    return Systems(reference=reference, candidate=candidate, phase=phase, pairs=len(common),
-                   buckets={b: SystemsBucket(**row) for b, row in buckets.items()}, fits=fits,
-                   median_context_tokens=median_ctx, latency_better=faster if common else None,
-                   below_break_even=_below(fits["e2e_ms"], median_ctx), throughput_ratio=None)
+    faster = any(
+        m.hi is not None and m.hi < 0
+        for row in buckets.values()
+        for key, m in row.items()
+        if key in ("e2e_ms", "ttft_ms")
+    )
+    return Systems(
+        reference=reference,
+        candidate=candidate,
+        phase=phase,
+        pairs=len(common),
+        buckets={b: SystemsBucket(**row) for b, row in buckets.items()},
+        fits=fits,
+        median_context_tokens=median_ctx,
+        latency_better=faster if common else None,
+        below_break_even=_below(fits["e2e_ms"], median_ctx),
+        throughput_ratio=None,
+    )
 
 
 def _fit(metric: Metric, ref: Mapping[str, Result], cand: Mapping[str, Result]) -> Fit:
     lines = []
     for rs in (ref, cand):
-        pts = [(float(r.prompt_tokens), v) for r in rs.values()
-               if r.prompt_tokens is not None and (v := metric(r)) is not None]
+        pts = [
+            (float(r.prompt_tokens), v)
+            for r in rs.values()
+            if r.prompt_tokens is not None and (v := metric(r)) is not None
+        ]
         lines.append(fit_line([p[0] for p in pts], [p[1] for p in pts]))
     tokens, wins = crossing(lines[0], lines[1])
     return Fit(reference=lines[0], candidate=lines[1], tokens=tokens, fp8_wins=wins)
@@ -104,19 +129,23 @@ def _below(e2e: Fit, median_ctx: float | None) -> bool | None:
     """Does the workload's median context sit where FP8's E2E line loses?"""
     if median_ctx is None or e2e.fp8_wins == "unknown":
         return None
-    return (e2e.fp8_wins == "never" or
-            (e2e.fp8_wins == "above" and median_ctx < (e2e.tokens or 0)) or
-            (e2e.fp8_wins == "below" and median_ctx > (e2e.tokens or 0)))
+    return (
+        e2e.fp8_wins == "never"
+        or (e2e.fp8_wins == "above" and median_ctx < (e2e.tokens or 0))
+        or (e2e.fp8_wins == "below" and median_ctx > (e2e.tokens or 0))
+    )
 
 
-def compare_systems(results: Sequence[Result], reference: str, candidate: str, phase: str,
-                    seed: int = 0) -> dict[str, Any]:
+def compare_systems(
+    results: Sequence[Result], reference: str, candidate: str, phase: str, seed: int = 0
+) -> dict[str, Any]:
     """``systems`` as JSON, for callers outside the pipeline."""
     return systems(results, reference, candidate, phase, seed).to_json()
 
 
-def throughput_ratio(summary: Summary | Mapping[str, Any], reference: str, candidate: str,
-                     phase: str) -> float | None:
+def throughput_ratio(
+    summary: Summary | Mapping[str, Any], reference: str, candidate: str, phase: str
+) -> float | None:
     """The candidate's output throughput over the reference's in ``phase``."""
     s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
 

@@ -78,20 +78,32 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
-def build_schedules(trace: StreamedTrace, concurrency: str, rate: float | None,
-                    trace_times: bool, time_scale: float, max_in_flight: int,
-                    seed: int) -> list[ClosedLoop | OpenLoop]:
+def build_schedules(
+    trace: StreamedTrace,
+    concurrency: str,
+    rate: float | None,
+    trace_times: bool,
+    time_scale: float,
+    max_in_flight: int,
+    seed: int,
+) -> list[ClosedLoop | OpenLoop]:
     if rate is not None and trace_times:
         raise InputError("--rate and --trace-times are exclusive: pick one open-loop schedule")
     try:
         # Offsets are computed as the schedule consumes them (no list as long as the trace).
         if trace_times:
-            times = TraceOffsets(lambda: (r.t for r in trace.iter_requests()),
-                                 trace.t_min or 0.0, time_scale)
+            times = TraceOffsets(
+                lambda: (r.t for r in trace.iter_requests()), trace.t_min or 0.0, time_scale
+            )
             return [OpenLoop(times, max_in_flight, name=f"trace-x{time_scale:g}")]
         if rate is not None:
-            return [OpenLoop(PoissonOffsets(trace.count, rate, seed), max_in_flight,
-                             name=f"poisson-{rate:g}rps")]
+            return [
+                OpenLoop(
+                    PoissonOffsets(trace.count, rate, seed),
+                    max_in_flight,
+                    name=f"poisson-{rate:g}rps",
+                )
+            ]
     except ValueError as exc:
         raise InputError(f"schedule: {exc}") from None
     return [ClosedLoop(c) for c in _int_list(concurrency, "--concurrency")]
@@ -111,6 +123,7 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
 def _install_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C (asyncio cancels the run, ``finally`` blocks stop the
     servers we started)."""
+
     def handler(signum: int, frame: Any) -> None:
         signal.raise_signal(signal.SIGINT)
 
@@ -133,97 +146,215 @@ def _guard(fn: Callable[[], int]) -> NoReturn:
 
 
 RUN_OPTIONS = [
-    click.option("--trace", "trace_path", type=click.Path(path_type=Path),
-                  help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV)."),
-    click.option("--trace-format", default="auto", show_default=True,
-                  type=click.Choice(["auto", *IMPORTERS]), help="Format of --trace."),
-    click.option("--targets", default="bf16,fp8", show_default=True,
-                  help="Comma-separated: bf16/fp8 (local servers of --model), name=URL, or names "
-                       "from --targets-file."),
-    click.option("--targets-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-                  help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml)."),
-    click.option("--model", "model_dir", type=click.Path(path_type=Path),
-                  help="Model for the built-in bf16/fp8 local targets [default: the embedded "
-                       "test model: `replay model` prints it]."),
-    click.option("--concurrency", default="4", show_default=True,
-                  help="Closed loop: requests in flight; a list sweeps levels (1,4,16)."),
+    click.option(
+        "--trace",
+        "trace_path",
+        type=click.Path(path_type=Path),
+        help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV).",
+    ),
+    click.option(
+        "--trace-format",
+        default="auto",
+        show_default=True,
+        type=click.Choice(["auto", *IMPORTERS]),
+        help="Format of --trace.",
+    ),
+    click.option(
+        "--targets",
+        default="bf16,fp8",
+        show_default=True,
+        help="Comma-separated: bf16/fp8 (local servers of --model), name=URL, or names "
+        "from --targets-file.",
+    ),
+    click.option(
+        "--targets-file",
+        type=click.Path(path_type=Path, exists=True, dir_okay=False),
+        help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml).",
+    ),
+    click.option(
+        "--model",
+        "model_dir",
+        type=click.Path(path_type=Path),
+        help="Model for the built-in bf16/fp8 local targets [default: the embedded "
+        "test model: `replay model` prints it].",
+    ),
+    click.option(
+        "--concurrency",
+        default="4",
+        show_default=True,
+        help="Closed loop: requests in flight; a list sweeps levels (1,4,16).",
+    ),
     click.option("--rate", type=float, help="Open loop: Poisson arrivals at this many requests/s."),
     click.option("--trace-times", is_flag=True, help="Open loop at the trace's own timestamps."),
-    click.option("--time-scale", default=1.0, show_default=True,
-                  help="With --trace-times: multiply gaps (0.5 = twice as fast)."),
-    click.option("--max-in-flight", default=0, show_default=True,
-                  help="Open loop: cap on requests in flight (0 = none)."),
-    click.option("--buckets", "bucket_spec", default=DEFAULT_BOUNDS, show_default=True,
-                  help="Context-length bucket bounds in tokens."),
-    click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail",
-                  show_default=True, help=
-                 "A bad trace line stops the run, or is skipped and listed."),
-    click.option("--length-scale", default=1.0, show_default=True,
-                  help="Length-only traces: scale input/output lengths (fit a small model)."),
+    click.option(
+        "--time-scale",
+        default=1.0,
+        show_default=True,
+        help="With --trace-times: multiply gaps (0.5 = twice as fast).",
+    ),
+    click.option(
+        "--max-in-flight",
+        default=0,
+        show_default=True,
+        help="Open loop: cap on requests in flight (0 = none).",
+    ),
+    click.option(
+        "--buckets",
+        "bucket_spec",
+        default=DEFAULT_BOUNDS,
+        show_default=True,
+        help="Context-length bucket bounds in tokens.",
+    ),
+    click.option(
+        "--on-bad-line",
+        type=click.Choice(["fail", "skip"]),
+        default="fail",
+        show_default=True,
+        help="A bad trace line stops the run, or is skipped and listed.",
+    ),
+    click.option(
+        "--length-scale",
+        default=1.0,
+        show_default=True,
+        help="Length-only traces: scale input/output lengths (fit a small model).",
+    ),
     click.option("--max-input-tokens", type=int, help="Length-only traces: cap prompt length."),
     click.option("--max-output-tokens", type=int, help="Length-only traces: cap output length."),
     click.option("--limit", type=int, help="Replay only the first N requests."),
-    click.option("--exclude-ids", type=click.Path(path_type=Path, dir_okay=False),
-                 help="Leave out the request ids this file lists (one a line), e.g. the "
-                      "calibration_ids.txt of `kvcal sample`."),
-    click.option("--parallel-targets", is_flag=True,
-                  help="Run targets at the same time (default: one after another, fair on shared "
-                       "hardware)."),
-    click.option("--timeout", "timeout_s", default=600.0, show_default=True,
-                  help="Per-request timeout, seconds."),
-    click.option("--phase-timeout", "phase_timeout_s", default=3600.0, show_default=True,
-                  help="Time limit per phase; unsent requests are recorded as cancelled."),
-    click.option("--reference", help="Target the others are compared with [default: bf16, else "
-                  "the first]."),
-    click.option("--candidate", help="Target judged against the reference (FP8 at scale 1.0) "
-                 "[default: a targets-file `role`, else the first other target that is not "
-                 "calibrated]."),
-    click.option("--calibrated", help="Target with calibrated scales [default: a targets-file "
-                 "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal]."),
-    click.option("--emulate-fp8", is_flag=True,
-                 help="Serve local fp8 targets with a BF16 cache and kvcal's E4M3 round trip of "
-                      "K/V at the cache write (where the CPU cannot serve FP8): quality "
-                      "evidence only; capacity and speed are BF16's."),
-    click.option("--accept-emulated", is_flag=True,
-                 help="Let the verdict rest on emulated FP8 targets (otherwise it refuses)."),
-    click.option("--control/--no-control", default=None,
-                 help="Replay the reference a second time (A/A): the noise floor of every "
-                      "metric [default: on in `canary` when the trace has requests without a "
-                      "check, whose grades are derived from the reference's answers; off "
-                      "otherwise]."),
-    click.option("--no-teacher-forced", is_flag=True,
-                  help="Skip scoring the reference's answers under each target "
-                 "(prompt_logprobs)."),
-    click.option("--tolerance", default=0.05, show_default=True,
-                  help="Quality drop (pass-rate points, 0.05 = 5) a bucket must be able to "
-                 "detect."),
-    click.option("--share-prefix-cache", is_flag=True,
-                  help="Let a phase reuse the prefix cache earlier phases filled (default: a "
-                       "cache salt per phase keeps phases comparable)."),
-    click.option("--out", "out_dir", default=Path("reports"), type=click.Path(path_type=Path),
-                  show_default=True, help="Where run directories go."),
+    click.option(
+        "--exclude-ids",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Leave out the request ids this file lists (one a line), e.g. the "
+        "calibration_ids.txt of `kvcal sample`.",
+    ),
+    click.option(
+        "--parallel-targets",
+        is_flag=True,
+        help="Run targets at the same time (default: one after another, fair on shared hardware).",
+    ),
+    click.option(
+        "--timeout",
+        "timeout_s",
+        default=600.0,
+        show_default=True,
+        help="Per-request timeout, seconds.",
+    ),
+    click.option(
+        "--phase-timeout",
+        "phase_timeout_s",
+        default=3600.0,
+        show_default=True,
+        help="Time limit per phase; unsent requests are recorded as cancelled.",
+    ),
+    click.option(
+        "--reference", help="Target the others are compared with [default: bf16, else the first]."
+    ),
+    click.option(
+        "--candidate",
+        help="Target judged against the reference (FP8 at scale 1.0) "
+        "[default: a targets-file `role`, else the first other target that is not "
+        "calibrated].",
+    ),
+    click.option(
+        "--calibrated",
+        help="Target with calibrated scales [default: a targets-file "
+        "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal].",
+    ),
+    click.option(
+        "--emulate-fp8",
+        is_flag=True,
+        help="Serve local fp8 targets with a BF16 cache and kvcal's E4M3 round trip of "
+        "K/V at the cache write (where the CPU cannot serve FP8): quality "
+        "evidence only; capacity and speed are BF16's.",
+    ),
+    click.option(
+        "--accept-emulated",
+        is_flag=True,
+        help="Let the verdict rest on emulated FP8 targets (otherwise it refuses).",
+    ),
+    click.option(
+        "--control/--no-control",
+        default=None,
+        help="Replay the reference a second time (A/A): the noise floor of every "
+        "metric [default: on in `canary` when the trace has requests without a "
+        "check, whose grades are derived from the reference's answers; off "
+        "otherwise].",
+    ),
+    click.option(
+        "--no-teacher-forced",
+        is_flag=True,
+        help="Skip scoring the reference's answers under each target (prompt_logprobs).",
+    ),
+    click.option(
+        "--tolerance",
+        default=0.05,
+        show_default=True,
+        help="Quality drop (pass-rate points, 0.05 = 5) a bucket must be able to detect.",
+    ),
+    click.option(
+        "--share-prefix-cache",
+        is_flag=True,
+        help="Let a phase reuse the prefix cache earlier phases filled (default: a "
+        "cache salt per phase keeps phases comparable).",
+    ),
+    click.option(
+        "--out",
+        "out_dir",
+        default=Path("reports"),
+        type=click.Path(path_type=Path),
+        show_default=True,
+        help="Where run directories go.",
+    ),
     click.option("--run-id", help="Name of the run directory [default: timestamp]."),
     click.option("--seed", default=0, show_default=True, help="Sampling and schedule seed."),
-    click.option("--min-pairs", default=20, show_default=True,
-                 help="Graded pairs a bucket needs before it counts as evidence."),
-    click.option("--required-capacity-ratio", default=1.5, show_default=True,
-                 help="FP8/BF16 KV-cache capacity that counts as the gain."),
-    click.option("--alpha", default=0.05, show_default=True,
-                 help="Significance level for a repeatable loss."),
-    click.option("--max-errors", type=click.IntRange(min=1),
-                 help="Stop sending to a target after this many failed requests (it fails)."),
-    click.option("--max-error-rate", default=0.05, show_default=True,
-                 type=click.FloatRange(0.0, 1.0),
-                 help="A target with more failed requests than this share (after 20) gets no "
-                      "more and fails; replay then exits 4. 1 turns it off."),
-    click.option("--drain", "drain_s", default=30.0, show_default=True,
-                 help="On Ctrl-C: seconds in-flight requests get to finish."),
-    click.option("--resume", "resume_dir", type=click.Path(path_type=Path, file_okay=False,
-                                                           exists=True),
-                 help="Continue an interrupted or killed run in this run directory (its "
-                      "options are read from its manifest)."),
-    click.option("--markdown", "markdown_path", type=click.Path(path_type=Path),
-                 help="Also write the Markdown summary here (for a PR comment)."),
+    click.option(
+        "--min-pairs",
+        default=20,
+        show_default=True,
+        help="Graded pairs a bucket needs before it counts as evidence.",
+    ),
+    click.option(
+        "--required-capacity-ratio",
+        default=1.5,
+        show_default=True,
+        help="FP8/BF16 KV-cache capacity that counts as the gain.",
+    ),
+    click.option(
+        "--alpha", default=0.05, show_default=True, help="Significance level for a repeatable loss."
+    ),
+    click.option(
+        "--max-errors",
+        type=click.IntRange(min=1),
+        help="Stop sending to a target after this many failed requests (it fails).",
+    ),
+    click.option(
+        "--max-error-rate",
+        default=0.05,
+        show_default=True,
+        type=click.FloatRange(0.0, 1.0),
+        help="A target with more failed requests than this share (after 20) gets no "
+        "more and fails; replay then exits 4. 1 turns it off.",
+    ),
+    click.option(
+        "--drain",
+        "drain_s",
+        default=30.0,
+        show_default=True,
+        help="On Ctrl-C: seconds in-flight requests get to finish.",
+    ),
+    click.option(
+        "--resume",
+        "resume_dir",
+        type=click.Path(path_type=Path, file_okay=False, exists=True),
+        help="Continue an interrupted or killed run in this run directory (its "
+        "options are read from its manifest).",
+    ),
+    click.option(
+        "--markdown",
+        "markdown_path",
+        type=click.Path(path_type=Path),
+        help="Also write the Markdown summary here (for a PR comment).",
+    ),
 ]
 
 
@@ -270,9 +401,11 @@ def _warn_unscanned(path: Path, has_text: bool) -> None:
     from replay.tools.anonymize import is_scanned
 
     if has_text and path.suffix == ".jsonl" and not is_scanned(path):
-        console.print(f"[yellow]warning:[/yellow] {path} was not anonymized by kvcanary; run "
-                      "`replay trace anonymize` (and `replay trace scan`) before sharing "
-                      "production traces")
+        console.print(
+            f"[yellow]warning:[/yellow] {path} was not anonymized by kvcanary; run "
+            "`replay trace anonymize` (and `replay trace scan`) before sharing "
+            "production traces"
+        )
 
 
 def _resume_options(run_dir: Path) -> dict[str, Any]:
@@ -281,10 +414,18 @@ def _resume_options(run_dir: Path) -> dict[str, Any]:
         manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
         saved = dict(manifest["cli_options"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(f"--resume {run_dir}: no readable manifest.json with the run's "
-                         "options; is this a kvcanary run directory?") from None
-    for key in ("trace_path", "targets_file", "model_dir", "out_dir", "markdown_path",
-                "exclude_ids"):
+        raise InputError(
+            f"--resume {run_dir}: no readable manifest.json with the run's "
+            "options; is this a kvcanary run directory?"
+        ) from None
+    for key in (
+        "trace_path",
+        "targets_file",
+        "model_dir",
+        "out_dir",
+        "markdown_path",
+        "exclude_ids",
+    ):
         if saved.get(key) is not None:
             saved[key] = Path(saved[key])
     saved["resume_dir"], saved["trace_sha256"] = run_dir, manifest["trace"]["sha256"]
@@ -296,29 +437,43 @@ def _run(o: dict[str, Any], canary: bool) -> int:
         o = _resume_options(o["resume_dir"])
     trace_path: Path = o["trace_path"]
     policy = LengthPolicy(o["length_scale"], o["max_input_tokens"], o["max_output_tokens"])
-    fmt = sniff_format(trace_path) if o["trace_format"] == "auto" and trace_path.is_file() \
+    fmt = (
+        sniff_format(trace_path)
+        if o["trace_format"] == "auto" and trace_path.is_file()
         else o["trace_format"]
+    )
     # One streaming pass checks the whole trace; the runner re-reads it for each pass, so the
     # replay's memory does not grow with the trace's length.
     keep = exclusion(o.get("exclude_ids"))
     trace = scan(trace_path, fmt, policy, o["on_bad_line"], o["limit"], keep=keep)
     if keep is not None:
-        console.print(f"--exclude-ids: left out {keep.dropped} request(s) listed in "
-                      f"{keep.source}")
+        console.print(f"--exclude-ids: left out {keep.dropped} request(s) listed in {keep.source}")
     if trace.bad_count:
-        console.print(f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
-                      f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl")
+        console.print(
+            f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
+            f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl"
+        )
     if not trace.count:
         raise InputError(f"{trace_path}: no valid requests to replay")
     _warn_unscanned(trace_path, trace.has_text)
     buckets = Buckets.parse(o["bucket_spec"])
-    schedules = build_schedules(trace, o["concurrency"], o["rate"], o["trace_times"],
-                                o["time_scale"], o["max_in_flight"], o["seed"])
+    schedules = build_schedules(
+        trace,
+        o["concurrency"],
+        o["rate"],
+        o["trace_times"],
+        o["time_scale"],
+        o["max_in_flight"],
+        o["seed"],
+    )
     config = load_targets_config(o["targets_file"]) if o["targets_file"] else None
     model_dir = o["model_dir"]
     needs_default = any(n.strip() in ("bf16", "fp8") for n in o["targets"].split(","))
-    if model_dir is None and needs_default and not (config and all(
-            n.strip() in config for n in o["targets"].split(","))):
+    if (
+        model_dir is None
+        and needs_default
+        and not (config and all(n.strip() in config for n in o["targets"].split(",")))
+    ):
         from replay.testmodel.factory import ensure_default_model
 
         model_dir = ensure_default_model()
@@ -332,8 +487,10 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     if o.get("resume_dir") is not None:
         run_dir = o["resume_dir"]
         if file_digest(trace_path) != o["trace_sha256"]:
-            raise InputError(f"--resume: {trace_path} changed since the run started (its "
-                             "sha256 differs); resuming would mix two traces")
+            raise InputError(
+                f"--resume: {trace_path} changed since the run started (its "
+                "sha256 differs); resuming would mix two traces"
+            )
     else:
         run_dir = new_run_dir(o["out_dir"], o["run_id"])
     control = o.get("control")
@@ -342,40 +499,74 @@ def _run(o: dict[str, Any], canary: bool) -> int:
         # itself. It costs one more pass of the reference (the README says so).
         control = canary and trace.unlabeled > 0
         if control:
-            console.print(f"{trace.unlabeled} request(s) have no check: their grades come from "
-                          "the reference's answers, so the reference is replayed a second time "
-                          "for their noise floor (A/A; --no-control to skip)")
+            console.print(
+                f"{trace.unlabeled} request(s) have no check: their grades come from "
+                "the reference's answers, so the reference is replayed a second time "
+                "for their noise floor (A/A; --no-control to skip)"
+            )
         o = {**o, "control": control}  # saved resolved: a resume must replay the same arms
     # Runs saved before the error budget existed resume with its defaults.
     max_error_rate = float(o.get("max_error_rate", 0.05))
-    cfg = RunConfig(trace=trace, trace_path=trace_path, trace_format=fmt, targets=specs,
-                    schedules=schedules, buckets=buckets, run_dir=run_dir,
-                    length_policy=policy, parallel_targets=o["parallel_targets"],
-                    timeout_s=o["timeout_s"], phase_timeout_s=o["phase_timeout_s"],
-                    seed=o["seed"], salt_phases=not o["share_prefix_cache"],
-                    reference=o["reference"], candidate=o.get("candidate"),
-                    calibrated=o.get("calibrated"), control=control,
-                    teacher_forced=not o["no_teacher_forced"], tolerance=o["tolerance"],
-                    thresholds=Thresholds(tolerance=o["tolerance"], alpha=o["alpha"],
-                                          min_pairs=o["min_pairs"],
-                                          required_capacity_ratio=o["required_capacity_ratio"],
-                                          max_error_rate=max_error_rate,
-                                          accept_emulated=bool(o.get("accept_emulated"))),
-                    max_errors=o.get("max_errors"), max_error_rate=max_error_rate,
-                    drain_s=o["drain_s"], resume=o.get("resume_dir") is not None,
-                    cli_options={k: str(v) if isinstance(v, Path) else v for k, v in o.items()
-                                 if k not in ("resume_dir", "trace_sha256")})
-    console.print(f"run directory: [bold]{run_dir}[/bold] - {trace.count} requests, "
-                  f"{len(specs)} target(s), schedules {', '.join(s.label for s in schedules)}")
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=canary, disable=canary) as bar:
+    cfg = RunConfig(
+        trace=trace,
+        trace_path=trace_path,
+        trace_format=fmt,
+        targets=specs,
+        schedules=schedules,
+        buckets=buckets,
+        run_dir=run_dir,
+        length_policy=policy,
+        parallel_targets=o["parallel_targets"],
+        timeout_s=o["timeout_s"],
+        phase_timeout_s=o["phase_timeout_s"],
+        seed=o["seed"],
+        salt_phases=not o["share_prefix_cache"],
+        reference=o["reference"],
+        candidate=o.get("candidate"),
+        calibrated=o.get("calibrated"),
+        control=control,
+        teacher_forced=not o["no_teacher_forced"],
+        tolerance=o["tolerance"],
+        thresholds=Thresholds(
+            tolerance=o["tolerance"],
+            alpha=o["alpha"],
+            min_pairs=o["min_pairs"],
+            required_capacity_ratio=o["required_capacity_ratio"],
+            max_error_rate=max_error_rate,
+            accept_emulated=bool(o.get("accept_emulated")),
+        ),
+        max_errors=o.get("max_errors"),
+        max_error_rate=max_error_rate,
+        drain_s=o["drain_s"],
+        resume=o.get("resume_dir") is not None,
+        cli_options={
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in o.items()
+            if k not in ("resume_dir", "trace_sha256")
+        },
+    )
+    console.print(
+        f"run directory: [bold]{run_dir}[/bold] - {trace.count} requests, "
+        f"{len(specs)} target(s), schedules {', '.join(s.label for s in schedules)}"
+    )
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=canary,
+        disable=canary,
+    ) as bar:
         runner = Runner(cfg, RichProgress(bar))  # may raise ConfigError (--reference)
         summary = Summary.from_json(run_loop(runner.run()))
     html, md = _write_reports(run_dir)
     if runner.interrupted:
-        console.print(f"[yellow]interrupted[/yellow]: partial summary and report written; "
-                      f"continue with: replay --resume {run_dir}")
+        console.print(
+            f"[yellow]interrupted[/yellow]: partial summary and report written; "
+            f"continue with: replay --resume {run_dir}"
+        )
         return EXIT_INTERRUPTED
     if o["markdown_path"]:
         Path(o["markdown_path"]).write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
@@ -383,8 +574,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     assert verdict is not None  # the runner always decides
     if canary:
         click.echo(md.read_text(encoding="utf-8"))
-        console.print(f"verdict: {verdict.verdict} (exit {verdict.exit_code}); "
-                      f"report: {html}")
+        console.print(f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {html}")
         return verdict.exit_code
     out = Console()
     if not out.is_terminal:
@@ -409,8 +599,9 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     return EXIT_TARGET_ERRORS if erring else EXIT_OK
 
 
-def target_errors(summary: Summary | Mapping[str, Any],
-                  max_error_rate: float) -> list[tuple[str, str]]:
+def target_errors(
+    summary: Summary | Mapping[str, Any], max_error_rate: float
+) -> list[tuple[str, str]]:
     """Targets that ran but did not answer: stopped by their error budget, no request
     answered, or more than ``max_error_rate`` of them failed (over every phase)."""
     s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
@@ -429,8 +620,13 @@ def target_errors(summary: Summary | Mapping[str, Any],
         if total and failed == total:
             out.append((name, f"answered none of its {total} requests"))
         elif total and failed / total > max_error_rate:
-            out.append((name, f"{failed} of {total} requests failed, more than "
-                              f"--max-error-rate {max_error_rate:g}"))
+            out.append(
+                (
+                    name,
+                    f"{failed} of {total} requests failed, more than "
+                    f"--max-error-rate {max_error_rate:g}",
+                )
+            )
     return out
 
 
@@ -443,22 +639,32 @@ def _write_reports(run_dir: Path) -> tuple[Path, Path]:
 
 @main.command("report")
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("--trace", "trace_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="The run's trace, for its checks, when it is no longer where the manifest "
-                   "says (it must be the same file).")
-@click.option("--reanalyse", is_flag=True,
-              help="Grade and summarize again from results.jsonl even when summary.json exists.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The run's trace, for its checks, when it is no longer where the manifest "
+    "says (it must be the same file).",
+)
+@click.option(
+    "--reanalyse",
+    is_flag=True,
+    help="Grade and summarize again from results.jsonl even when summary.json exists.",
+)
 def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
     """Re-render report.html and report.md from a run directory's saved results. A run with
     no summary.json (stopped or killed before its analysis, or whose analysis failed) is
     graded and summarized first, from results.jsonl and manifest.json."""
+
     def run() -> int:
         from replay.run.runner import reanalyse as analyse_again
 
         if reanalyse or not (run_dir / "summary.json").exists():
             if not (run_dir / "manifest.json").exists():
-                raise InputError(f"{run_dir}: no summary.json and no manifest.json; is this a "
-                                 "kvcanary run directory?")
+                raise InputError(
+                    f"{run_dir}: no summary.json and no manifest.json; is this a "
+                    "kvcanary run directory?"
+                )
             analyse_again(run_dir, trace_path)
             console.print(f"graded and summarized {run_dir} from its results")
         for path in _write_reports(run_dir):
@@ -470,13 +676,24 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
 
 @main.command("export")
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), default="csv",
-              show_default=True, help="File format of the tables.")
-@click.option("-o", "--output", type=click.Path(path_type=Path, file_okay=False),
-              help="Folder for the tables [default: RUN_DIR/export].")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["csv", "parquet"]),
+    default="csv",
+    show_default=True,
+    help="File format of the tables.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder for the tables [default: RUN_DIR/export].",
+)
 def export_cmd(run_dir: Path, fmt: str, output: Path | None) -> None:
     """Write the run as tables (results, grades, metrics, teacher_forced), the same ones
     replay.load_run(RUN_DIR) returns as DataFrames."""
+
     def run() -> int:
         from replay.run.rundata import export_run
 
@@ -492,6 +709,7 @@ def export_cmd(run_dir: Path, fmt: str, output: Path | None) -> None:
 @click.argument("run_b", type=click.Path(path_type=Path, file_okay=False, exists=True))
 def compare_cmd(run_a: Path, run_b: Path) -> None:
     """Compare two runs (before/after calibration): verdicts, pass rates, latency per bucket."""
+
     def run() -> int:
         summaries = []
         for d in (run_a, run_b):
@@ -519,6 +737,7 @@ def trace() -> None:
 @click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
 def trace_validate(path: Path, fmt: str) -> None:
     """Check every line of a trace; list each bad one with its field and reason."""
+
     def run() -> int:
         bad: list[int] = [0]  # streamed: each bad line is printed as it is found
 
@@ -541,10 +760,17 @@ def trace_validate(path: Path, fmt: str) -> None:
 @click.option("--max-input-tokens", type=int)
 @click.option("--max-output-tokens", type=int)
 @click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail")
-def trace_import(path: Path, fmt: str, output: Path, length_scale: float,
-                 max_input_tokens: int | None, max_output_tokens: int | None,
-                 on_bad_line: str) -> None:
+def trace_import(
+    path: Path,
+    fmt: str,
+    output: Path,
+    length_scale: float,
+    max_input_tokens: int | None,
+    max_output_tokens: int | None,
+    on_bad_line: str,
+) -> None:
     """Convert a Mooncake or Azure trace into kvcanary's v1 format."""
+
     def run() -> int:
         policy = LengthPolicy(length_scale, max_input_tokens, max_output_tokens)
         stats, bad = CheckStats(), [0]
@@ -553,14 +779,19 @@ def trace_import(path: Path, fmt: str, output: Path, length_scale: float,
         tmp = output.with_name(output.name + ".part")
         try:
             with tmp.open("w", encoding="utf-8") as fh:
-                for req in stream(path, fmt, policy, on_bad_line,  # type: ignore[arg-type]
-                                  lambda _k, _e: bad.__setitem__(0, bad[0] + 1), stats):
+                for req in stream(
+                    path,
+                    fmt,
+                    policy,
+                    on_bad_line,  # type: ignore[arg-type]
+                    lambda _k, _e: bad.__setitem__(0, bad[0] + 1),
+                    stats,
+                ):
                     fh.write(req.model_dump_json(exclude_none=True) + "\n")
             tmp.replace(output)
         finally:
             tmp.unlink(missing_ok=True)
-        click.echo(f"wrote {stats.requests} request(s) to {output}; "
-                   f"{bad[0]} bad line(s) skipped")
+        click.echo(f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped")
         return EXIT_OK
 
     _guard(run)
@@ -592,15 +823,20 @@ def _secret(secret_env: str | None, secret_file: Path | None) -> bytes:
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--secret-env", help="Environment variable holding the pseudonym key.")
-@click.option("--secret-file", type=click.Path(path_type=Path, dir_okay=False),
-              help="File holding the pseudonym key.")
-def trace_anonymize(path: Path, output: Path, secret_env: str | None,
-                    secret_file: Path | None) -> None:
+@click.option(
+    "--secret-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File holding the pseudonym key.",
+)
+def trace_anonymize(
+    path: Path, output: Path, secret_env: str | None, secret_file: Path | None
+) -> None:
     """Scrub PII and secrets (emails, also full-width or look-alike ones; phones, IPs, cards,
     also split across a line; IBANs, keys, JWTs, PEM blocks, credentials in URLs, query strings
     and password=/token: text, and fragments of them where a field was cut) from a v1 trace, in
     messages, tool arguments and checks alike, with consistent pseudonyms keyed by a secret;
     then re-scan the output."""
+
     def run() -> int:
         from replay.tools.anonymize import anonymize_file, scan_file
 
@@ -622,6 +858,7 @@ def trace_anonymize(path: Path, output: Path, secret_env: str | None,
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 def trace_scan(path: Path) -> None:
     """Report PII and secrets left in a trace; exit 1 when anything is found."""
+
     def run() -> int:
         from replay.tools.anonymize import scan_file
 
@@ -635,13 +872,20 @@ def trace_scan(path: Path) -> None:
 
 
 @main.command("model")
-@click.option("--twin", is_flag=True,
-              help="Derive the outlier twin (keys times F, queries divided by F: identical in "
-                   "BF16, keys past FP8's range; F is the power of two that puts every layer's "
-                   "keys 4x past 448, 1024 for the embedded model) into the cache and print "
-                   "its folder.")
-@click.option("--random", "random_out", type=click.Path(path_type=Path),
-              help="Build the untrained factory model (random weights) into this folder.")
+@click.option(
+    "--twin",
+    is_flag=True,
+    help="Derive the outlier twin (keys times F, queries divided by F: identical in "
+    "BF16, keys past FP8's range; F is the power of two that puts every layer's "
+    "keys 4x past 448, 1024 for the embedded model) into the cache and print "
+    "its folder.",
+)
+@click.option(
+    "--random",
+    "random_out",
+    type=click.Path(path_type=Path),
+    help="Build the untrained factory model (random weights) into this folder.",
+)
 def model_cmd(twin: bool, random_out: Path | None) -> None:
     """Print the folder of the default test model: a trained checkpoint committed under
     replay/testmodel/models/ (python -m replay.testmodel.train

@@ -44,8 +44,11 @@ class Buckets:
     @property
     def labels(self) -> list[str]:
         b = self.bounds
-        return ([f"<{_fmt(b[0])}"] + [f"{_fmt(lo)}-{_fmt(hi)}" for lo, hi in itertools.pairwise(b)]
-                + [f">={_fmt(b[-1])}"])
+        return (
+            [f"<{_fmt(b[0])}"]
+            + [f"{_fmt(lo)}-{_fmt(hi)}" for lo, hi in itertools.pairwise(b)]
+            + [f">={_fmt(b[-1])}"]
+        )
 
     def label(self, tokens: int) -> str:
         return self.labels[bisect.bisect_right(self.bounds, tokens)]

@@ -73,22 +73,40 @@ class LengthPolicy:
         return inp_s, out_s, block_s
 
 
-def _record(rid: str, t: float, inp: int, out: int, hash_ids: list[int], block: int,
-            policy: LengthPolicy, meta: dict[str, Any]) -> Request:
+def _record(
+    rid: str,
+    t: float,
+    inp: int,
+    out: int,
+    hash_ids: list[int],
+    block: int,
+    policy: LengthPolicy,
+    meta: dict[str, Any],
+) -> Request:
     inp_s, out_s, block_s = policy.apply(inp, out, block)
     n_blocks = math.ceil(inp_s / block_s)
     return Request(
-        id=rid, t=t, api="completions",
+        id=rid,
+        t=t,
+        api="completions",
         synth=Synth(input_tokens=inp_s, hash_ids=tuple(hash_ids[:n_blocks]), block_tokens=block_s),
-        max_tokens=out_s, params={"ignore_eos": True}, task="perf",
-        input_tokens=inp_s, meta={**meta, "orig_input_tokens": inp, "orig_output_tokens": out},
+        max_tokens=out_s,
+        params={"ignore_eos": True},
+        task="perf",
+        input_tokens=inp_s,
+        meta={**meta, "orig_input_tokens": inp, "orig_output_tokens": out},
     )
 
 
 def _positive_int(obj: dict[str, Any], key: str) -> int:
     v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 1 \
-            or int(v) != v:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or not math.isfinite(v)
+        or v < 1
+        or int(v) != v
+    ):
         raise ValueError(f"{key}: must be a positive integer, got {v!r}")
     return int(v)
 
@@ -103,17 +121,33 @@ def import_mooncake(path: Path, policy: LengthPolicy) -> Records:
             if not isinstance(obj, dict):
                 raise ValueError("(line): a Mooncake line must be a JSON object")
             ts = obj.get("timestamp")
-            if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) \
-                    or ts < 0:
+            if (
+                isinstance(ts, bool)
+                or not isinstance(ts, int | float)
+                or not math.isfinite(ts)
+                or ts < 0
+            ):
                 raise ValueError(f"timestamp: must be milliseconds >= 0, got {ts!r}")
             inp = _positive_int(obj, "input_length")
             out = _positive_int(obj, "output_length")
             hids = obj.get("hash_ids", [])
             if not isinstance(hids, list) or not all(
-                    isinstance(h, int) and not isinstance(h, bool) for h in hids):
+                isinstance(h, int) and not isinstance(h, bool) for h in hids
+            ):
                 raise ValueError("hash_ids: must be a list of integers")
-            yield lineno, _record(f"mooncake-{lineno}", ts / 1000.0, inp, out, hids, 512, policy,
-                                  {"source": "mooncake", "line": lineno})
+            yield (
+                lineno,
+                _record(
+                    f"mooncake-{lineno}",
+                    ts / 1000.0,
+                    inp,
+                    out,
+                    hids,
+                    512,
+                    policy,
+                    {"source": "mooncake", "line": lineno},
+                ),
+            )
         except orjson.JSONDecodeError as exc:
             yield lineno, TraceError(src, lineno, "(line)", f"not valid JSON ({exc})")
         except (ValueError, ValidationError) as exc:
@@ -146,8 +180,13 @@ def import_azure(path: Path, policy: LengthPolicy) -> Records:
         except UnicodeDecodeError as exc:
             raise TraceError(src, 1, "(header)", f"not UTF-8 text: {exc}") from None
         if not need <= header:
-            raise TraceError(src, 1, "(header)", f"missing column(s) {sorted(need - header)}; "
-                             "expected TIMESTAMP,ContextTokens,GeneratedTokens")
+            raise TraceError(
+                src,
+                1,
+                "(header)",
+                f"missing column(s) {sorted(need - header)}; "
+                "expected TIMESTAMP,ContextTokens,GeneratedTokens",
+            )
         while True:
             at = reader.line_num
             try:
@@ -168,8 +207,19 @@ def import_azure(path: Path, policy: LengthPolicy) -> Records:
                 first = t if first is None else first
                 inp = _csv_int(row, "ContextTokens")
                 out = _csv_int(row, "GeneratedTokens")
-                yield lineno, _record(f"azure-{lineno}", max(0.0, t - first), inp, out, [], 512,
-                                      policy, {"source": "azure", "line": lineno})
+                yield (
+                    lineno,
+                    _record(
+                        f"azure-{lineno}",
+                        max(0.0, t - first),
+                        inp,
+                        out,
+                        [],
+                        512,
+                        policy,
+                        {"source": "azure", "line": lineno},
+                    ),
+                )
             except (ValueError, ValidationError) as exc:
                 yield lineno, _as_trace_error(src, lineno, exc)
 
@@ -210,8 +260,9 @@ def get_importer(name: str) -> Callable[[Path, LengthPolicy], Records]:
     try:
         return IMPORTERS[name]
     except KeyError:
-        raise InputError(f"--trace-format: unknown format '{name}'. "
-                         f"Available: {', '.join(IMPORTERS)}") from None
+        raise InputError(
+            f"--trace-format: unknown format '{name}'. Available: {', '.join(IMPORTERS)}"
+        ) from None
 
 
 def sniff_format(path: Path) -> str:
@@ -228,8 +279,12 @@ def sniff_format(path: Path) -> str:
     return "v1"
 
 
-def load(path: Path, fmt: str = "auto", policy: LengthPolicy | None = None,
-         on_bad_line: OnBadLine = "fail") -> TraceLoad:
+def load(
+    path: Path,
+    fmt: str = "auto",
+    policy: LengthPolicy | None = None,
+    on_bad_line: OnBadLine = "fail",
+) -> TraceLoad:
     """Read a trace of any known format into validated v1 requests."""
     fmt = resolve_format(path, fmt)
     return collect(str(path), get_importer(fmt)(path, policy or LengthPolicy()), on_bad_line)
@@ -239,14 +294,22 @@ def resolve_format(path: Path, fmt: str) -> str:
     if path.is_dir():
         raise InputError(f"{path}: is a directory; give the trace file in it")
     if not path.is_file():
-        raise InputError(f"{path}: no such trace file" if not path.exists()
-                         else f"{path}: not a regular file; give a trace file")
+        raise InputError(
+            f"{path}: no such trace file"
+            if not path.exists()
+            else f"{path}: not a regular file; give a trace file"
+        )
     return sniff_format(path) if fmt == "auto" else fmt
 
 
-def stream(path: Path, fmt: str = "auto", policy: LengthPolicy | None = None,
-           on_bad_line: OnBadLine = "fail", bad: Callable[[int, TraceError], None] | None = None,
-           stats: CheckStats | None = None) -> Iterator[Request]:
+def stream(
+    path: Path,
+    fmt: str = "auto",
+    policy: LengthPolicy | None = None,
+    on_bad_line: OnBadLine = "fail",
+    bad: Callable[[int, TraceError], None] | None = None,
+    stats: CheckStats | None = None,
+) -> Iterator[Request]:
     """The valid requests of a trace of any known format, one at a time (bad lines raise, or
     go to ``bad``). Nothing is kept: what a trace import writes as it reads."""
     fmt = resolve_format(path, fmt)
@@ -315,8 +378,12 @@ class StreamedTrace:
                     next_bad = next(bad, None)
                     continue  # a bad line or a repeated id, listed by the scan
                 if isinstance(item, TraceError):
-                    raise TraceError(self.path, lineno, item.field, "the trace changed while "
-                                     f"it was being replayed: {item.reason}")
+                    raise TraceError(
+                        self.path,
+                        lineno,
+                        item.field,
+                        f"the trace changed while it was being replayed: {item.reason}",
+                    )
                 if self.keep is not None and not self.keep(item):
                     continue
                 yield item
@@ -328,9 +395,14 @@ class StreamedTrace:
             bad.close()
 
 
-def scan(path: Path, fmt: str = "auto", policy: LengthPolicy | None = None,
-         on_bad_line: OnBadLine = "fail", limit: int | None = None,
-         keep: Callable[[Request], bool] | None = None) -> StreamedTrace:
+def scan(
+    path: Path,
+    fmt: str = "auto",
+    policy: LengthPolicy | None = None,
+    on_bad_line: OnBadLine = "fail",
+    limit: int | None = None,
+    keep: Callable[[Request], bool] | None = None,
+) -> StreamedTrace:
     """Check a whole trace in one streaming pass (see ``StreamedTrace``)."""
     fmt = resolve_format(path, fmt)
     policy = policy or LengthPolicy()
@@ -340,6 +412,7 @@ def scan(path: Path, fmt: str = "auto", policy: LengthPolicy | None = None,
     out._spool = spool_dir / "bad.jsonl"
     stats = CheckStats()
     with out._spool.open("wb") as spool:
+
         def bad(k: int, err: TraceError) -> None:
             if out.first_bad is None:
                 out.first_bad = err

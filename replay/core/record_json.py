@@ -89,8 +89,9 @@ class Record:
         return out
 
     @classmethod
-    def from_json(cls, data: object, *, where: str = "summary",
-                  problems: list[str] | None = None) -> Self:
+    def from_json(
+        cls, data: object, *, where: str = "summary", problems: list[str] | None = None
+    ) -> Self:
         """The record of ``data``; ``where`` names the document in error messages. Without
         ``problems`` a wrong type raises ``SummaryError``; with it, each is recorded there."""
         reading = _Reading(where, problems)
@@ -162,15 +163,21 @@ def _missing(hint: Any) -> Any:
 
 
 _SCALARS: dict[Any, tuple[tuple[type, ...], str]] = {
-    int: ((int,), "an integer"), float: ((int, float), "a number"), str: ((str,), "a string"),
-    bool: ((bool,), "true or false")}
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+    bool: ((bool,), "true or false"),
+}
 
 
 def _decode(value: object, hint: Any, path: str, reading: _Reading) -> Any:
     origin, args = _parts(hint)
     if origin is Union:
-        return None if value is None and types.NoneType in args else _decode(
-            value, _inner(args), path, reading)
+        return (
+            None
+            if value is None and types.NoneType in args
+            else _decode(value, _inner(args), path, reading)
+        )
     if isinstance(hint, type) and issubclass(hint, Record):
         return hint._read(value, path, reading)
     if hint is Any:
@@ -189,8 +196,7 @@ def _decode(value: object, hint: Any, path: str, reading: _Reading) -> Any:
     return value
 
 
-def _entries(value: Mapping[Any, Any], hint: Any, path: str,
-             reading: _Reading) -> dict[str, Any]:
+def _entries(value: Mapping[Any, Any], hint: Any, path: str, reading: _Reading) -> dict[str, Any]:
     out = {}
     for k, v in value.items():
         try:
@@ -213,12 +219,15 @@ def _sequence(value: object, args: tuple[Any, ...], path: str, reading: _Reading
         return tuple(out)
     if len(value) != len(args):
         raise reading.bad(path, f"a list of {len(args)}", value)
-    return tuple(_decode(v, a, f"{path}[{i}]", reading)
-                 for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    return tuple(
+        _decode(v, a, f"{path}[{i}]", reading)
+        for i, (v, a) in enumerate(zip(value, args, strict=True))
+    )
 
 
-@typing.dataclass_transform(frozen_default=True, kw_only_default=True,
-                            field_specifiers=(dataclasses.field,))
+@typing.dataclass_transform(
+    frozen_default=True, kw_only_default=True, field_specifiers=(dataclasses.field,)
+)
 def record(cls: type[R]) -> type[R]:
     """A frozen, slotted, keyword-only record."""
     return dataclass(frozen=True, slots=True, kw_only=True)(cls)

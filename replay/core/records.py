@@ -12,7 +12,13 @@ from typing import Any, Literal
 
 Status = Literal["ok", "error", "cancelled"]
 ErrorKind = Literal[
-    "timeout", "http", "connect", "disconnect", "protocol", "cancelled", "server_error",
+    "timeout",
+    "http",
+    "connect",
+    "disconnect",
+    "protocol",
+    "cancelled",
+    "server_error",
     "unavailable",
 ]
 

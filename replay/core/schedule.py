@@ -51,8 +51,9 @@ class ClosedLoop:
     def label(self) -> str:
         return f"c{self.concurrency}"
 
-    async def run(self, items: Iterable[T], send: Send[T], clock: Clock,
-                  stop: asyncio.Event | None = None) -> None:
+    async def run(
+        self, items: Iterable[T], send: Send[T], clock: Clock, stop: asyncio.Event | None = None
+    ) -> None:
         it = iter(items)
         lock = asyncio.Lock()
 
@@ -86,8 +87,9 @@ class OpenLoop:
     def label(self) -> str:
         return self.name
 
-    async def run(self, items: Iterable[T], send: Send[T], clock: Clock,
-                  stop: asyncio.Event | None = None) -> None:
+    async def run(
+        self, items: Iterable[T], send: Send[T], clock: Clock, stop: asyncio.Event | None = None
+    ) -> None:
         start = clock.now()
         slots = asyncio.Semaphore(self.max_in_flight) if self.max_in_flight > 0 else None
         tasks: set[asyncio.Task[object]] = set()

@@ -75,8 +75,10 @@ class Request(BaseModel):
                     raise ValueError(f"messages.{i}.role: every message needs a role")
         else:
             if (self.prompt is None) == (self.synth is None):
-                raise ValueError("prompt: a completions request needs exactly one of "
-                                 "'prompt' (text or token ids) and 'synth'")
+                raise ValueError(
+                    "prompt: a completions request needs exactly one of "
+                    "'prompt' (text or token ids) and 'synth'"
+                )
             if self.messages is not None or self.tools is not None:
                 raise ValueError("messages: 'messages'/'tools' need api 'chat'")
             if isinstance(self.prompt, str) and not self.prompt:
@@ -155,7 +157,7 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
     loc = ".".join(str(p) for p in err["loc"]) or "(record)"
     msg = err["msg"]
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
         head, sep, rest = msg.partition(": ")
         if sep and " " not in head:
             return head, rest
@@ -171,8 +173,9 @@ def parse_line(raw: bytes | str, path: str, lineno: int) -> Request:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise TraceError(path, lineno, "(line)",
-                         f"not valid JSON ({exc}); one object a line") from None
+        raise TraceError(
+            path, lineno, "(line)", f"not valid JSON ({exc}); one object a line"
+        ) from None
     if not isinstance(obj, dict):
         raise TraceError(path, lineno, "(line)", "a trace line must be a JSON object")
     if isinstance(obj.get("id"), int) and not isinstance(obj.get("id"), bool):
@@ -281,9 +284,13 @@ class CheckStats:
     requests: int = 0
 
 
-def check(path: str, items: Iterable[tuple[int, Request | TraceError]], on_bad_line: OnBadLine,
-          bad: Callable[[int, TraceError], None], stats: CheckStats | None = None,
-          ) -> Iterator[Request]:
+def check(
+    path: str,
+    items: Iterable[tuple[int, Request | TraceError]],
+    on_bad_line: OnBadLine,
+    bad: Callable[[int, TraceError], None],
+    stats: CheckStats | None = None,
+) -> Iterator[Request]:
     """Apply the bad-line policy and the unique-id rule to parsed records, streamed.
 
     Yields the valid requests with unique ids, in trace order; a bad line (or a repeated id)
@@ -300,8 +307,9 @@ def check(path: str, items: Iterable[tuple[int, Request | TraceError]], on_bad_l
                     stats.requests += 1
                     yield item
                     continue
-                item = TraceError(path, lineno, "id",
-                                  f"duplicate id '{item.id}' (first on line {first})")
+                item = TraceError(
+                    path, lineno, "id", f"duplicate id '{item.id}' (first on line {first})"
+                )
             if on_bad_line == "fail":
                 raise item
             bad(k, item)
@@ -309,12 +317,12 @@ def check(path: str, items: Iterable[tuple[int, Request | TraceError]], on_bad_l
         raise TraceError(path, 0, "(file)", "the trace is empty")
 
 
-def collect(path: str, items: Iterable[tuple[int, Request | TraceError]],
-            on_bad_line: OnBadLine) -> TraceLoad:
+def collect(
+    path: str, items: Iterable[tuple[int, Request | TraceError]], on_bad_line: OnBadLine
+) -> TraceLoad:
     """Gather parsed records in memory, applying the bad-line policy and the unique-id rule."""
     out = TraceLoad(path)
     stats = CheckStats()
-    out.requests.extend(check(path, items, on_bad_line, lambda _k, err: out.bad.append(err),
-                              stats))
+    out.requests.extend(check(path, items, on_bad_line, lambda _k, err: out.bad.append(err), stats))
     out.lines = stats.lines
     return out

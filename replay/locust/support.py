@@ -80,8 +80,9 @@ def parse_levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(int(p) for p in text.split(",") if p.strip())
     except ValueError:
-        raise ConfigError(f"--kvc-levels: '{text}' is not a list of integers (e.g. 1,4,16)"
-                          ) from None
+        raise ConfigError(
+            f"--kvc-levels: '{text}' is not a list of integers (e.g. 1,4,16)"
+        ) from None
     if not levels or any(v < 1 for v in levels):
         raise ConfigError(f"--kvc-levels: give positive user counts, e.g. 1,4,16 (got '{text}')")
     if len(set(levels)) != len(levels):
@@ -243,12 +244,15 @@ def locust_events(r: Result, itl_cap: int = DEFAULT_ITL_EVENTS) -> list[LocustEv
     out: list[LocustEvent] = []
     if r.ttft is not None:
         out.append(LocustEvent(REQUEST_TYPE, f"ttft {b}", r.ttft * 1000, r.prompt_tokens or 0))
-    out += [LocustEvent(REQUEST_TYPE, f"itl {b}", gap * 1000, 1)
-            for gap in sample_evenly(r.itl(), itl_cap)]
+    out += [
+        LocustEvent(REQUEST_TYPE, f"itl {b}", gap * 1000, 1)
+        for gap in sample_evenly(r.itl(), itl_cap)
+    ]
     if r.e2e is not None:
         out.append(LocustEvent(REQUEST_TYPE, f"e2e {b}", r.e2e * 1000, r.output_tokens))
-    out.append(LocustEvent(REQUEST_TYPE, f"output_tokens {b}", float(r.output_tokens),
-                           r.output_tokens))
+    out.append(
+        LocustEvent(REQUEST_TYPE, f"output_tokens {b}", float(r.output_tokens), r.output_tokens)
+    )
     return out
 
 
@@ -260,8 +264,13 @@ def check_event(r: Result, req: Request, grader: Grader) -> LocustEvent | None:
         return None
     grade = grader.grade(req.check, Answer(r.output_text, tuple(r.tool_calls)))
     kind = str(req.check.get("type"))
-    return LocustEvent(CHECK_TYPE, f"check {r.bucket}", 0.0, 0,
-                       None if grade.passed else f"{kind}: {grade.reason[:300]}")
+    return LocustEvent(
+        CHECK_TYPE,
+        f"check {r.bucket}",
+        0.0,
+        0,
+        None if grade.passed else f"{kind}: {grade.reason[:300]}",
+    )
 
 
 # -- the target, through the core client ------------------------------------------------------
@@ -273,22 +282,30 @@ def resolve_target(text: str, host: str | None, targets_file: str | None) -> Tar
     empty for Locust's host. Locust drives servers that already run; it starts none."""
     text = (text or "").strip() or (host or "").strip()
     if not text:
-        raise ConfigError("no target: give --kvc-target (URL, NAME=URL or a name from "
-                          "--kvc-targets-file) or Locust's --host")
+        raise ConfigError(
+            "no target: give --kvc-target (URL, NAME=URL or a name from "
+            "--kvc-targets-file) or Locust's --host"
+        )
     if re.match(r"https?://", text):
         return TargetSpec(name="target", url=text.rstrip("/"))
     config = load_targets_config(Path(targets_file)) if targets_file else None
     if "=" not in text and (config is None or text not in config):
-        raise ConfigError(f"--kvc-target: '{text}' names no server: give a URL, NAME=URL, or a "
-                          "name from --kvc-targets-file")
+        raise ConfigError(
+            f"--kvc-target: '{text}' names no server: give a URL, NAME=URL, or a "
+            "name from --kvc-targets-file"
+        )
     specs = parse_targets(text, None, config)
     if len(specs) != 1:
-        raise ConfigError(f"--kvc-target: one target per Locust run (got {len(specs)}); run "
-                          "Locust once per target and compare the run directories")
+        raise ConfigError(
+            f"--kvc-target: one target per Locust run (got {len(specs)}); run "
+            "Locust once per target and compare the run directories"
+        )
     spec = specs[0]
     if spec.url is None:
-        raise ConfigError(f"--kvc-target: '{spec.name}' is a local model; start it (vllm serve "
-                          "or replay) and give its URL: Locust starts no servers")
+        raise ConfigError(
+            f"--kvc-target: '{spec.name}' is a local model; start it (vllm serve "
+            "or replay) and give its URL: Locust starts no servers"
+        )
     return spec
 
 
@@ -303,9 +320,14 @@ class Prepared:
     pool: TokenPool | None
 
     def new_result(self, req: Request, target: str, phase: str, scheduled: float) -> Result:
-        return Result(request_id=req.id, target=target, phase=phase,
-                      bucket=self.buckets.get(req.id, "unknown"), scheduled=scheduled,
-                      prompt_tokens=self.counts.get(req.id))
+        return Result(
+            request_id=req.id,
+            target=target,
+            phase=phase,
+            bucket=self.buckets.get(req.id, "unknown"),
+            scheduled=scheduled,
+            prompt_tokens=self.counts.get(req.id),
+        )
 
 
 async def prepare(spec: TargetSpec, reqs: Sequence[Request], buckets: Buckets) -> Prepared:
@@ -318,18 +340,17 @@ async def prepare(spec: TargetSpec, reqs: Sequence[Request], buckets: Buckets) -
     async with aiohttp.ClientSession(headers=spec.auth_headers()) as session:
         info = await introspect(session, url)
         model = served_model(info)
-        check_served_dtype(spec, info["cache_config"].get("cache_dtype"), None,
-                           info["problems"])
+        check_served_dtype(spec, info["cache_config"].get("cache_dtype"), None, info["problems"])
         pool = await token_pool(session, url, model) if any(r.synth for r in reqs) else None
         counts = await count_tokens(session, url, model, reqs, problems=info["problems"])
-    labels = {rid: (buckets.label(n) if n is not None else "unknown")
-              for rid, n in counts.items()}
+    labels = {rid: (buckets.label(n) if n is not None else "unknown") for rid, n in counts.items()}
     info["tokens_counted"] = sum(c is not None for c in counts.values())
     return Prepared(info, model, counts, labels, pool)
 
 
-async def send_one(client: Client, req: Request, res: Result, prepared: Prepared,
-                   salt: str | None) -> Result:
+async def send_one(
+    client: Client, req: Request, res: Result, prepared: Prepared, salt: str | None
+) -> Result:
     """Send one request through the core client into ``res``. Also when the send is cancelled
     (the test stopped) the Result comes back, marked cancelled by the client."""
     ids = synthesize(req, prepared.pool) if req.synth is not None and prepared.pool else None
@@ -344,8 +365,9 @@ class MetricsTap:
     """The target's introspection and its /metrics scraped about once a second (the core's
     Scraper), for the manifest and the server-side figures of the summary."""
 
-    def __init__(self, spec: TargetSpec, now: Callable[[], float],
-                 sink: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, spec: TargetSpec, now: Callable[[], float], sink: Callable[[dict[str, Any]], None]
+    ) -> None:
         self.spec, self.now, self.sink = spec, now, sink
         self._session: aiohttp.ClientSession | None = None
         self._scraper: Scraper | None = None
@@ -354,8 +376,9 @@ class MetricsTap:
         assert self.spec.url is not None
         self._session = aiohttp.ClientSession(headers=self.spec.auth_headers())
         info = await introspect(self._session, self.spec.url)
-        self._scraper = Scraper(self._session, self.spec.url, self.now,
-                                lambda snap: self.sink(snap.to_json()))
+        self._scraper = Scraper(
+            self._session, self.spec.url, self.now, lambda snap: self.sink(snap.to_json())
+        )
         self._scraper.start()
         return info
 
@@ -405,8 +428,7 @@ class RunPlan:
     max_error_rate: float = 0.05
 
     def budget(self) -> ErrorBudget:
-        return ErrorBudget(max_errors=self.max_errors or None,
-                           max_error_rate=self.max_error_rate)
+        return ErrorBudget(max_errors=self.max_errors or None, max_error_rate=self.max_error_rate)
 
     def to_msg(self) -> dict[str, Any]:
         return asdict(self)
@@ -417,8 +439,12 @@ class RunPlan:
 
     def target_spec(self) -> TargetSpec:
         t = self.target
-        return TargetSpec(name=t["name"], url=t["url"], api_key_env=t.get("api_key_env"),
-                          expect_cache_dtype=t.get("expect_cache_dtype"))
+        return TargetSpec(
+            name=t["name"],
+            url=t["url"],
+            api_key_env=t.get("api_key_env"),
+            expect_cache_dtype=t.get("expect_cache_dtype"),
+        )
 
     def salt(self, target: str, label: str, pass_no: int) -> str:
         """A prefix-cache salt per phase (and per pass over the trace), as the runner's."""
@@ -427,22 +453,33 @@ class RunPlan:
 
 
 def target_message(spec: TargetSpec) -> dict[str, Any]:
-    return {"name": spec.name, "url": spec.url, "api_key_env": spec.api_key_env,
-            "expect_cache_dtype": spec.expect_cache_dtype}
+    return {
+        "name": spec.name,
+        "url": spec.url,
+        "api_key_env": spec.api_key_env,
+        "expect_cache_dtype": spec.expect_cache_dtype,
+    }
 
 
 def trace_requests(trace: TraceLoad, limit: int) -> list[Request]:
     return trace.requests[:limit] if limit > 0 else list(trace.requests)
 
 
-def cancelled_result(req: Request, target: str, phase: str, bucket: str, at: float,
-                     kind: str, reason: str) -> Result:
+def cancelled_result(
+    req: Request, target: str, phase: str, bucket: str, at: float, kind: str, reason: str
+) -> Result:
     """A request the test will not send (stopped, or the target is unavailable): a result
     too, so every trace request is accounted for."""
-    return Result(request_id=req.id, target=target, phase=phase, bucket=bucket, scheduled=at,
-                  status="cancelled" if kind == "cancelled" else "error",
-                  error_kind="cancelled" if kind == "cancelled" else "unavailable",
-                  error=reason)
+    return Result(
+        request_id=req.id,
+        target=target,
+        phase=phase,
+        bucket=bucket,
+        scheduled=at,
+        status="cancelled" if kind == "cancelled" else "error",
+        error_kind="cancelled" if kind == "cancelled" else "unavailable",
+        error=reason,
+    )
 
 
 # -- the run directory ------------------------------------------------------------------------
@@ -498,7 +535,8 @@ class RunRecorder:
                 if not self.dropped:
                     self.info.setdefault("problems", []).append(
                         f"results past --kvc-max-results {self.max_results} were counted, "
-                        "not stored")
+                        "not stored"
+                    )
                 self.dropped += 1
                 continue
             self._results.write(row)
@@ -529,21 +567,38 @@ class RunRecorder:
             "driver": self.driver,
             "command": list(self.command),
             "started_at": self.started_at,
-            "platform": {"python": platform.python_version(), "machine": platform.machine(),
-                         "cpu_flags": _cpu_flags()},
-            "trace": {"path": str(self.trace_path), "format": self.trace_format,
-                      "sha256": self.trace_sha256, "lines": self.trace.lines,
-                      "requests": len(self.requests), "bad_lines": len(self.trace.bad),
-                      "length_policy": {"scale": 1.0, "max_input_tokens": None,
-                                        "max_output_tokens": None}},
+            "platform": {
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "cpu_flags": _cpu_flags(),
+            },
+            "trace": {
+                "path": str(self.trace_path),
+                "format": self.trace_format,
+                "sha256": self.trace_sha256,
+                "lines": self.trace.lines,
+                "requests": len(self.requests),
+                "bad_lines": len(self.trace.bad),
+                "length_policy": {
+                    "scale": 1.0,
+                    "max_input_tokens": None,
+                    "max_output_tokens": None,
+                },
+            },
             "buckets": {"bounds": self.buckets.spec(), "labels": self.buckets.labels},
             "schedules": list(self.schedules),
             "options": dict(self.options),
             "reference": self.spec.name,
             "results_not_stored": self.dropped,
-            "targets": {self.spec.name: {"spec": self.spec.describe(), "status": self.status,
-                                         "reason": self.reason, **self.info,
-                                         "phases": self.phases}},
+            "targets": {
+                self.spec.name: {
+                    "spec": self.spec.describe(),
+                    "status": self.status,
+                    "reason": self.reason,
+                    **self.info,
+                    "phases": self.phases,
+                }
+            },
         }
 
     def save_manifest(self) -> None:
@@ -561,18 +616,36 @@ class RunRecorder:
                 self.phases[r.phase] = {"start": min(times), "end": max(times)}
         self.save_manifest()
         name = self.spec.name
-        targets = {name: {"status": self.status, "reason": self.reason,
-                          "cache_config": self.info.get("cache_config") or {},
-                          "phases": self.phases}}
+        targets = {
+            name: {
+                "status": self.status,
+                "reason": self.reason,
+                "cache_config": self.info.get("cache_config") or {},
+                "phases": self.phases,
+            }
+        }
         specs = {r.id: grading_spec(r) for r in self.requests}
         # The CLI's own analysis (replay.run.runner.analyse): one pipeline for both drivers.
-        return analyse(Analysis(
-            run_dir=self.run_dir, targets=targets, series={name: self.series}, reference=name,
-            candidate=None, first_phase=next(iter(self.phases), ""),
-            bucket_labels=self.buckets.labels, tolerance=tolerance, seed=self.seed,
-            thresholds=Thresholds(tolerance=tolerance), manifest=self.manifest(),
-            grading_specs=lambda ids: specs, verdict=False, grading=self.checkers,
-            results=results, driver=self.driver)).to_json()
+        return analyse(
+            Analysis(
+                run_dir=self.run_dir,
+                targets=targets,
+                series={name: self.series},
+                reference=name,
+                candidate=None,
+                first_phase=next(iter(self.phases), ""),
+                bucket_labels=self.buckets.labels,
+                tolerance=tolerance,
+                seed=self.seed,
+                thresholds=Thresholds(tolerance=tolerance),
+                manifest=self.manifest(),
+                grading_specs=lambda ids: specs,
+                verdict=False,
+                grading=self.checkers,
+                results=results,
+                driver=self.driver,
+            )
+        ).to_json()
 
     def close(self) -> None:
         self._results.close()

@@ -58,12 +58,18 @@ CONTROL_SUFFIX = "-control"
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#be185d")
 CONTROL_COLOR = "#64748b"
 T = TypeVar("T")
-SHORT = {"keep": "KEEP", "calibrate": "CALIBRATE", "per_head_or_skip_layers":
-         "PER-HEAD / SKIP LAYERS", "reject": "REJECT", "insufficient_evidence":
-         "INSUFFICIENT EVIDENCE", "emulated": "EMULATED: NO VERDICT"}
+SHORT = {
+    "keep": "KEEP",
+    "calibrate": "CALIBRATE",
+    "per_head_or_skip_layers": "PER-HEAD / SKIP LAYERS",
+    "reject": "REJECT",
+    "insufficient_evidence": "INSUFFICIENT EVIDENCE",
+    "emulated": "EMULATED: NO VERDICT",
+}
 
 
 # -- tolerant access to JSON ----------------------------------------------------------------
+
 
 def obj(x: object) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
@@ -93,6 +99,7 @@ def text(x: object) -> str:
 
 
 # -- formatting: None is a dash, never 0 ----------------------------------------------------
+
 
 def f_sig(x: object) -> str:
     v = num(x)
@@ -143,6 +150,7 @@ def f_est(x: object, lo: object, hi: object, fmt: Callable[[object], str]) -> st
 
 # -- the run directory ------------------------------------------------------------------------
 
+
 @dataclass
 class Run:
     dir: Path
@@ -177,8 +185,9 @@ class Run:
         return isinstance(name, str) and is_emulated(obj(dig(self.manifest, "targets", name)))
 
     def roles(self) -> Roles:
-        return Roles.from_manifest(self.manifest, [n for n in self.targets()
-                                                   if not n.endswith(CONTROL_SUFFIX)])
+        return Roles.from_manifest(
+            self.manifest, [n for n in self.targets() if not n.endswith(CONTROL_SUFFIX)]
+        )
 
     def phases(self) -> list[str]:
         q = self.summary.quality
@@ -190,10 +199,14 @@ class Run:
     def in_order(self, items: Mapping[str, T], kind: str) -> list[tuple[str, T]]:
         """Items in the run's order of buckets, targets or phases (summary.json is written
         with sorted keys, which would put "256-1K" before "<256")."""
-        order = {"bucket": [str(b) for b in lst(dig(self.manifest, "buckets", "labels"))],
-                 "target": self.targets(), "phase": self.phases()}[kind]
-        return sorted(items.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order
-                      else len(order))
+        order = {
+            "bucket": [str(b) for b in lst(dig(self.manifest, "buckets", "labels"))],
+            "target": self.targets(),
+            "phase": self.phases(),
+        }[kind]
+        return sorted(
+            items.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)
+        )
 
     def color(self, target: str) -> str:
         if target.endswith(CONTROL_SUFFIX):
@@ -241,13 +254,22 @@ def load_run(run_dir: Path) -> Run:
     if metrics.is_dir():
         series = {p.stem: _read_lines(p, problems) for p in sorted(metrics.glob("*.jsonl"))}
     manifest = _read_object(run_dir / MANIFEST, problems)
-    summary = Summary.from_json(_read_object(run_dir / SUMMARY, problems), where=SUMMARY,
-                                problems=problems)
-    return Run(run_dir, manifest, summary, _read_lines(run_dir / RESULTS, problems),
-               _read_lines(run_dir / GRADES, problems), series, problems)
+    summary = Summary.from_json(
+        _read_object(run_dir / SUMMARY, problems), where=SUMMARY, problems=problems
+    )
+    return Run(
+        run_dir,
+        manifest,
+        summary,
+        _read_lines(run_dir / RESULTS, problems),
+        _read_lines(run_dir / GRADES, problems),
+        series,
+        problems,
+    )
 
 
 # -- prompts from the trace -------------------------------------------------------------------
+
 
 def trace_file(run: Run) -> tuple[Path | None, str]:
     """The run's trace file, if it can be found, and a note (for a changed or missing one)."""
@@ -270,8 +292,9 @@ def prompt_text(rec: Mapping[str, Any]) -> str:
     """A trace record's prompt as readable text (chat messages, text, token ids or synth)."""
     messages = rec.get("messages")
     if isinstance(messages, list):
-        return "\n".join(f"[{obj(m).get('role', '?')}] {_content(obj(m).get('content'))}"
-                         for m in messages)
+        return "\n".join(
+            f"[{obj(m).get('role', '?')}] {_content(obj(m).get('content'))}" for m in messages
+        )
     prompt = rec.get("prompt")
     if isinstance(prompt, str):
         return prompt
@@ -280,15 +303,16 @@ def prompt_text(rec: Mapping[str, Any]) -> str:
         return f"({len(prompt)} token ids) {head}{' …' if len(prompt) > 24 else ''}"
     synth = obj(rec.get("synth"))
     if synth:
-        return (f"(synthetic prompt: {synth.get('input_tokens')} tokens, hash ids "
-                f"{synth.get('hash_ids', [])})")
+        return (
+            f"(synthetic prompt: {synth.get('input_tokens')} tokens, hash ids "
+            f"{synth.get('hash_ids', [])})"
+        )
     return "(no prompt in the trace record)"
 
 
 def _content(content: object) -> str:
     if isinstance(content, list):  # OpenAI content parts
-        return " ".join(str(obj(p).get("text", f"({obj(p).get('type', 'part')})"))
-                        for p in content)
+        return " ".join(str(obj(p).get("text", f"({obj(p).get('type', 'part')})")) for p in content)
     return "" if content is None else str(content)
 
 
@@ -317,6 +341,7 @@ def load_prompts(run: Run, ids: Iterable[str]) -> tuple[dict[str, str], str]:
 
 
 # -- view models: tables and charts -----------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -382,22 +407,27 @@ def _axis(hi: float, n: int = 5) -> tuple[float, list[float]]:
     return top, [i * step for i in range(round(top / step) + 1)]
 
 
-def _xaxis(x0: float, x1: float, y: float, top: float, ticks: Sequence[float], unit: str,
-           y_top: float) -> list[Shape]:
+def _xaxis(
+    x0: float, x1: float, y: float, top: float, ticks: Sequence[float], unit: str, y_top: float
+) -> list[Shape]:
     out = []
     for t in ticks:
         x = round(x0 + (x1 - x0) * t / top, 1)
-        out += [Shape("line", x, y_top, x2=x, y2=y, color="#e2e8f0"),
-                Shape("text", x, y + 14, text=f"{t:,.6g}", anchor="middle", size=10,
-                      color="#64748b")]
+        out += [
+            Shape("line", x, y_top, x2=x, y2=y, color="#e2e8f0"),
+            Shape("text", x, y + 14, text=f"{t:,.6g}", anchor="middle", size=10, color="#64748b"),
+        ]
     return [*out, Shape("text", x1, y + 28, text=unit, anchor="end", size=10, color="#64748b")]
 
 
 BoxRow = tuple[str, str, Sequence[float]]  # (label, color, values)
 
 
-def box_chart(groups: Sequence[tuple[str, Sequence[BoxRow]]], unit: str, label: str,
-              ) -> Chart | None:
+def box_chart(
+    groups: Sequence[tuple[str, Sequence[BoxRow]]],
+    unit: str,
+    label: str,
+) -> Chart | None:
     """Horizontal box plots (box p25-p75, median, whiskers p5-p95), one row per label, in
     groups (buckets). None when there is nothing to draw."""
     stats = [(g, [(name, color, _quantiles(v)) for name, color, v in rows]) for g, rows in groups]
@@ -423,8 +453,16 @@ def _quantiles(values: Sequence[float]) -> tuple[float, ...] | None:
     return tuple(float(v) for v in np.percentile(np.asarray(values, float), (5, 25, 50, 75, 95)))
 
 
-def _box_row(name: str, color: str, q: tuple[float, ...] | None, y: float, left: float,
-             right: float, top: float, unit: str) -> list[Shape]:
+def _box_row(
+    name: str,
+    color: str,
+    q: tuple[float, ...] | None,
+    y: float,
+    left: float,
+    right: float,
+    top: float,
+    unit: str,
+) -> list[Shape]:
     out = [Shape("text", 20, y + 14, text=name, color=color)]
     if q is None:
         return [*out, Shape("text", left, y + 14, text="no data", color="#94a3b8")]
@@ -432,19 +470,37 @@ def _box_row(name: str, color: str, q: tuple[float, ...] | None, y: float, left:
     def sx(v: float) -> float:
         return round(left + (right - left) * min(v, top) / top, 1)
 
-    tip = (f"{name}: p5 {f_sig(q[0])}, p25 {f_sig(q[1])}, median {f_sig(q[2])}, "
-           f"p75 {f_sig(q[3])}, p95 {f_sig(q[4])} {unit}")
+    tip = (
+        f"{name}: p5 {f_sig(q[0])}, p25 {f_sig(q[1])}, median {f_sig(q[2])}, "
+        f"p75 {f_sig(q[3])}, p95 {f_sig(q[4])} {unit}"
+    )
     mid = y + 10
-    return [*out, Shape("line", sx(q[0]), mid, x2=sx(q[4]), y2=mid, color=color),
-            Shape("rect", sx(q[1]), y + 4, w=max(1.0, sx(q[3]) - sx(q[1])), h=12, color=color,
-                  opacity=0.35, title=tip),
-            Shape("line", sx(q[2]), y + 3, x2=sx(q[2]), y2=y + 17, color=color),
-            Shape("text", right + 8, y + 14, text=f"median {f_sig(q[2])} {unit}", size=10,
-                  color="#475569")]
+    return [
+        *out,
+        Shape("line", sx(q[0]), mid, x2=sx(q[4]), y2=mid, color=color),
+        Shape(
+            "rect",
+            sx(q[1]),
+            y + 4,
+            w=max(1.0, sx(q[3]) - sx(q[1])),
+            h=12,
+            color=color,
+            opacity=0.35,
+            title=tip,
+        ),
+        Shape("line", sx(q[2]), y + 3, x2=sx(q[2]), y2=y + 17, color=color),
+        Shape(
+            "text", right + 8, y + 14, text=f"median {f_sig(q[2])} {unit}", size=10, color="#475569"
+        ),
+    ]
 
 
-def line_chart(points: Sequence[tuple[float, float]], color: str,
-               windows: Sequence[tuple[str, float, float]], label: str) -> Chart | None:
+def line_chart(
+    points: Sequence[tuple[float, float]],
+    color: str,
+    windows: Sequence[tuple[str, float, float]],
+    label: str,
+) -> Chart | None:
     """A usage fraction over seconds since its first point, with phase windows shaded. The
     y axis runs to a round value above the peak (at most 100%) so a small peak stays visible;
     its top label says where that is."""
@@ -464,14 +520,34 @@ def line_chart(points: Sequence[tuple[float, float]], color: str,
     shapes = _xaxis(left, right, y1, top, ticks, "s", y0)
     for i, (name, a, b) in enumerate(windows):  # labels alternate rows: windows can be narrow
         if sx(b) > sx(a):
-            shapes += [Shape("rect", sx(a), y0, w=sx(b) - sx(a), h=y1 - y0, color="#94a3b8",
-                             opacity=0.12, title=name),
-                       Shape("text", sx(a) + 3, y0 + 11 + 12 * (i % 2), text=name, size=10,
-                             color="#475569")]
+            shapes += [
+                Shape(
+                    "rect",
+                    sx(a),
+                    y0,
+                    w=sx(b) - sx(a),
+                    h=y1 - y0,
+                    color="#94a3b8",
+                    opacity=0.12,
+                    title=name,
+                ),
+                Shape(
+                    "text", sx(a) + 3, y0 + 11 + 12 * (i % 2), text=name, size=10, color="#475569"
+                ),
+            ]
     for v in (0.0, ytop / 2, ytop):
-        shapes += [Shape("line", left, sy(v), x2=right, y2=sy(v), color="#e2e8f0"),
-                   Shape("text", left - 6, sy(v) + 4, text=f"{100 * v:.3g}%", anchor="end",
-                         size=10, color="#64748b")]
+        shapes += [
+            Shape("line", left, sy(v), x2=right, y2=sy(v), color="#e2e8f0"),
+            Shape(
+                "text",
+                left - 6,
+                sy(v) + 4,
+                text=f"{100 * v:.3g}%",
+                anchor="end",
+                size=10,
+                color="#64748b",
+            ),
+        ]
     pts = " ".join(f"{sx(t)},{sy(v)}" for t, v in _thin(points))
     shapes.append(Shape("poly", points=pts, color=color))
     return Chart(width, int(y1 + 36), label, shapes)
@@ -482,11 +558,14 @@ def _thin(points: Sequence[tuple[float, float]], n: int = 1500) -> list[tuple[fl
     k = math.ceil(len(points) / n)
     if k <= 1:
         return list(points)
-    return [max(points[i:i + k], key=lambda p: p[1]) for i in range(0, len(points), k)]
+    return [max(points[i : i + k], key=lambda p: p[1]) for i in range(0, len(points), k)]
 
 
-def bar_chart(bars: Sequence[tuple[str, str, float | None]], unit: str, label: str,
-              ) -> Chart | None:
+def bar_chart(
+    bars: Sequence[tuple[str, str, float | None]],
+    unit: str,
+    label: str,
+) -> Chart | None:
     """Horizontal bars (label, color, value); a missing value is a dash, not a zero bar."""
     values = [v for _, _, v in bars if v is not None]
     if not values:
@@ -499,33 +578,66 @@ def bar_chart(bars: Sequence[tuple[str, str, float | None]], unit: str, label: s
         shapes.append(Shape("text", 4, y + 15, text=name, color=color))
         w = 0.0 if v is None else (right - left) * v / top
         if v is not None:
-            shapes.append(Shape("rect", left, y + 3, w=max(1.0, round(w, 1)), h=16, color=color,
-                                opacity=0.8, title=f"{name}: {f_int(v)} {unit}"))
+            shapes.append(
+                Shape(
+                    "rect",
+                    left,
+                    y + 3,
+                    w=max(1.0, round(w, 1)),
+                    h=16,
+                    color=color,
+                    opacity=0.8,
+                    title=f"{name}: {f_int(v)} {unit}",
+                )
+            )
         shapes.append(Shape("text", left + w + 6, y + 15, text=f"{f_int(v)} {unit}", size=10))
     y_axis = 6.0 + len(bars) * row_h + 4
-    return Chart(width, int(y_axis + 36), label,
-                 _xaxis(left, right, y_axis, top, ticks, unit, 6) + shapes)
+    return Chart(
+        width, int(y_axis + 36), label, _xaxis(left, right, y_axis, top, ticks, unit, 6) + shapes
+    )
 
 
 # -- sections -------------------------------------------------------------------------------
+
 
 def verdict_view(run: Run) -> dict[str, Any]:
     v = run.summary.verdict
     kind = (v.verdict if v else None) or None
     title = VERDICTS.get(kind or "", (None, ""))[1]
-    ev = Table(["Kind", "Bucket", "Finding", "Pairs", "Δ pass rate, pts [95% CI]", "McNemar p",
-                "Noise floor (low end, pts)"])
+    ev = Table(
+        [
+            "Kind",
+            "Bucket",
+            "Finding",
+            "Pairs",
+            "Δ pass rate, pts [95% CI]",
+            "McNemar p",
+            "Noise floor (low end, pts)",
+        ]
+    )
     # An evidence entry is the verdict's own JSON object (its keys depend on its kind).
     for e in v.evidence if v else ():
-        ev.add(text(e.get("kind")), text(e.get("bucket")), Cell(text(e.get("text"))),
-               f_int(e.get("pairs")), f_est(e.get("diff"), e.get("lo"), e.get("hi"), f_pts),
-               f_p(e.get("mcnemar_p")), f_pts(e.get("floor_lo")))
+        ev.add(
+            text(e.get("kind")),
+            text(e.get("bucket")),
+            Cell(text(e.get("text"))),
+            f_int(e.get("pairs")),
+            f_est(e.get("diff"), e.get("lo"), e.get("hi"), f_pts),
+            f_p(e.get("mcnemar_p")),
+            f_pts(e.get("floor_lo")),
+        )
     headline = v.headline if v else None
-    return {"present": v is not None, "kind": kind or "none",
-            "word": SHORT.get(kind or "", (kind or "no verdict").upper()), "title": title,
-            "headline": text(headline), "exit_code": text(v.exit_code if v else None),
-            "reasons": [r for r in (v.reasons if v else ()) if not str(headline).endswith(r)],
-            "evidence": ev, "glance": glance(run)}
+    return {
+        "present": v is not None,
+        "kind": kind or "none",
+        "word": SHORT.get(kind or "", (kind or "no verdict").upper()),
+        "title": title,
+        "headline": text(headline),
+        "exit_code": text(v.exit_code if v else None),
+        "reasons": [r for r in (v.reasons if v else ()) if not str(headline).endswith(r)],
+        "evidence": ev,
+        "glance": glance(run),
+    }
 
 
 def glance(run: Run) -> list[tuple[str, str]]:
@@ -538,16 +650,35 @@ def glance(run: Run) -> list[tuple[str, str]]:
     first = next(iter(run.in_order(q.phases, "phase")), None) if q else None
     arm = first[1].get(cand or "") if first else None
     vs = arm.all.vs_reference if arm else None
-    return [("reference", text(ref)), ("candidate", text(cand)),
-            ("status (reference / candidate)", f"{text(t_ref.status if t_ref else None)} / "
-                       f"{text(t_cand.status if t_cand else None)}"),
-            ("graded pairs", f_int(vs.pairs if vs else None)), ("KV-cache capacity", f_ratio(cap)),
-            ("throughput", f_ratio(systems.throughput_ratio if systems else None))]
+    return [
+        ("reference", text(ref)),
+        ("candidate", text(cand)),
+        (
+            "status (reference / candidate)",
+            f"{text(t_ref.status if t_ref else None)} / {text(t_cand.status if t_cand else None)}",
+        ),
+        ("graded pairs", f_int(vs.pairs if vs else None)),
+        ("KV-cache capacity", f_ratio(cap)),
+        ("throughput", f_ratio(systems.throughput_ratio if systems else None)),
+    ]
 
 
 def serving_view(run: Run) -> dict[str, Any]:
-    t = Table(["Target", "Role", "Status", "Expected cache dtype", "Served cache dtype",
-               "KV cache (tokens)", "Engine", "Model", "Max model len", "Server", "Findings"])
+    t = Table(
+        [
+            "Target",
+            "Role",
+            "Status",
+            "Expected cache dtype",
+            "Served cache dtype",
+            "KV cache (tokens)",
+            "Engine",
+            "Model",
+            "Max model len",
+            "Server",
+            "Findings",
+        ]
+    )
     details = []
     for name in run.targets():
         m = obj(dig(run.manifest, "targets", name))
@@ -555,24 +686,35 @@ def serving_view(run: Run) -> dict[str, Any]:
         served = s.cache_dtype or dig(m, "cache_config", "cache_dtype")
         findings = _findings(run, name, m, s, served)
         server = obj(m.get("server"))
-        t.add(Cell(name, title=text(dig(m, "spec", "model"))), _role(run, name),
-              Cell(text(s.status or m.get("status")),
-                   "good" if (s.status or m.get("status")) == "ok" else "bad"),
-              text(dig(m, "spec", "expect_cache_dtype") or dig(m, "spec", "kv_cache_dtype")),
-              text(served) + (" (emulated FP8)" if run.emulated(name) else ""),
-              f_int(s.kv_cache_size_tokens
-                                  or num(_float(dig(m, "cache_config", "kv_cache_size_tokens")))),
-              text(m.get("engine_version")), text(m.get("model_id")),
-              f_int(m.get("max_model_len")),
-              text(server.get("url")) + (f" (pid {server['pid']})" if server.get("pid") else ""),
-              Cell("; ".join(findings) or "none", "bad" if findings else "good"))
-        details.append({"name": name, "reason": m.get("reason") or s.reason,
-                        "scale_lines": [str(x) for x in lst(m.get("scale_log_lines"))],
-                        "engine": sorted((str(k), str(v)) for k, v in
-                                         obj(m.get("engine_config")).items()),
-                        "cache": sorted((str(k), str(v)) for k, v in
-                                        obj(m.get("cache_config")).items()),
-                        "problems": [str(x) for x in lst(m.get("problems"))]})
+        t.add(
+            Cell(name, title=text(dig(m, "spec", "model"))),
+            _role(run, name),
+            Cell(
+                text(s.status or m.get("status")),
+                "good" if (s.status or m.get("status")) == "ok" else "bad",
+            ),
+            text(dig(m, "spec", "expect_cache_dtype") or dig(m, "spec", "kv_cache_dtype")),
+            text(served) + (" (emulated FP8)" if run.emulated(name) else ""),
+            f_int(
+                s.kv_cache_size_tokens
+                or num(_float(dig(m, "cache_config", "kv_cache_size_tokens")))
+            ),
+            text(m.get("engine_version")),
+            text(m.get("model_id")),
+            f_int(m.get("max_model_len")),
+            text(server.get("url")) + (f" (pid {server['pid']})" if server.get("pid") else ""),
+            Cell("; ".join(findings) or "none", "bad" if findings else "good"),
+        )
+        details.append(
+            {
+                "name": name,
+                "reason": m.get("reason") or s.reason,
+                "scale_lines": [str(x) for x in lst(m.get("scale_log_lines"))],
+                "engine": sorted((str(k), str(v)) for k, v in obj(m.get("engine_config")).items()),
+                "cache": sorted((str(k), str(v)) for k, v in obj(m.get("cache_config")).items()),
+                "problems": [str(x) for x in lst(m.get("problems"))],
+            }
+        )
     return {"table": t if t.rows else None, "details": details}
 
 
@@ -591,8 +733,9 @@ def _float(x: object) -> float | None:
         return None
 
 
-def _findings(run: Run, name: str, m: Mapping[str, Any], s: TargetSummary,
-              served: object) -> list[str]:
+def _findings(
+    run: Run, name: str, m: Mapping[str, Any], s: TargetSummary, served: object
+) -> list[str]:
     """What says this target does not run the path it is meant to test (as the verdict sees
     it); the reference and the control only report failing."""
     status = s.status or m.get("status")
@@ -601,22 +744,32 @@ def _findings(run: Run, name: str, m: Mapping[str, Any], s: TargetSummary,
         return [f"status '{status}': {text(reason) if reason else 'no outcome recorded'}"]
     if name == run.reference or name.endswith(CONTROL_SUFFIX):
         return [] if status in ("ok", None) else [f"target failed: {text(reason)}"]
-    merged = TargetSummary(status=None if status is None else str(status),
-                           reason=None if reason is None else str(reason),
-                           cache_dtype=None if served is None else str(served),
-                           kv_cache_size_tokens=None, phases={})
+    merged = TargetSummary(
+        status=None if status is None else str(status),
+        reason=None if reason is None else str(reason),
+        cache_dtype=None if served is None else str(served),
+        kv_cache_size_tokens=None,
+        phases={},
+    )
     # The verdict's own check, on what the manifest keeps of this target.
     info = {k: m[k] for k in ("scale_log_lines", "engine_config", "spec") if k in m}
-    return serving_problems(name, merged, {"targets": {name: info}},
-                            name == run.roles().calibrated)
+    return serving_problems(name, merged, {"targets": {name: info}}, name == run.roles().calibrated)
 
 
-QUALITY_HEADERS = ["Target", "Bucket", "Explicit checks: pass rate [95% Wilson] (passed/graded)",
-                   "Derived from the reference: pass rate [95% Wilson] (passed/graded)",
-                   "Δ vs reference, pts [95% CI] (every pair)", "Pairs (explicit + derived)",
-                   "McNemar p", "Noise floor Δ, pts [95% CI]", "Agreement exact / normalized",
-                   "First divergence (median token)", "Teacher-forced ΔNLL / top-1",
-                   "Evidence"]
+QUALITY_HEADERS = [
+    "Target",
+    "Bucket",
+    "Explicit checks: pass rate [95% Wilson] (passed/graded)",
+    "Derived from the reference: pass rate [95% Wilson] (passed/graded)",
+    "Δ vs reference, pts [95% CI] (every pair)",
+    "Pairs (explicit + derived)",
+    "McNemar p",
+    "Noise floor Δ, pts [95% CI]",
+    "Agreement exact / normalized",
+    "First divergence (median token)",
+    "Teacher-forced ΔNLL / top-1",
+    "Evidence",
+]
 
 
 def quality_view(run: Run) -> dict[str, Any]:
@@ -630,17 +783,23 @@ def quality_view(run: Run) -> dict[str, Any]:
             for bucket, row in run.in_order(tq.buckets, "bucket"):
                 t.add(*_quality_row(target, bucket, row, tol, target == run.reference))
             if tq.shift:
-                shifts.append(f"{target}: stratified shift across buckets "
-                              f"p={f_p(tq.shift.p_value)} ({text(tq.shift.direction)})")
+                shifts.append(
+                    f"{target}: stratified shift across buckets "
+                    f"p={f_p(tq.shift.p_value)} ({text(tq.shift.direction)})"
+                )
         tables.append({"table": t, "shifts": shifts})
-    return {"present": bool(tables), "tables": tables,
-            "reference": text(q.reference if q else None),
-            "tolerance": f_pts(tol).lstrip("+") if tol is not None else DASH,
-            "notes": list(q.notes if q else ())}
+    return {
+        "present": bool(tables),
+        "tables": tables,
+        "reference": text(q.reference if q else None),
+        "tolerance": f_pts(tol).lstrip("+") if tol is not None else DASH,
+        "notes": list(q.notes if q else ()),
+    }
 
 
-def _quality_row(target: str, bucket: str, row: BucketQuality, tol: float | None,
-                 is_reference: bool) -> list[str | Cell]:
+def _quality_row(
+    target: str, bucket: str, row: BucketQuality, tol: float | None, is_reference: bool
+) -> list[str | Cell]:
     # What the verdict decides on: every graded pair, explicit and derived (summaries from
     # before derived grading have the explicit comparison only).
     combined = row.combined if isinstance(row.combined, Combined) else None
@@ -649,22 +808,39 @@ def _quality_row(target: str, bucket: str, row: BucketQuality, tol: float | None
     ag, tf = row.agreement, row.teacher_forced
     # The reference paired with itself settles nothing: no evidence (and no "need N") there.
     ev = None if is_reference else combined.evidence if combined else row.evidence
-    evidence = DASH if ev is None else ev.short if ev.short else (
-        "sufficient" if ev.sufficient else f"~{f_int(ev.needed)} needed")
+    evidence = (
+        DASH
+        if ev is None
+        else ev.short
+        if ev.short
+        else ("sufficient" if ev.sufficient else f"~{f_int(ev.needed)} needed")
+    )
     pairs = f_int(vs.pairs if vs else None)
     if combined:
         pairs += f" ({f_int(combined.explicit)} + {f_int(combined.derived)})"
     diff, lo, hi, p = (vs.diff, vs.lo, vs.hi, vs.mcnemar_p) if vs else (None,) * 4
-    versus: list[str | Cell] = [Cell("reference", "dim"), DASH, DASH] if is_reference else [
-        Cell(f_est(diff, lo, hi, f_pts), "num " + _loss_class(vs, tol)), pairs, f_p(p)]
+    versus: list[str | Cell] = (
+        [Cell("reference", "dim"), DASH, DASH]
+        if is_reference
+        else [Cell(f_est(diff, lo, hi, f_pts), "num " + _loss_class(vs, tol)), pairs, f_p(p)]
+    )
     derived = row.derived
-    return [target, bucket, _f_rate(row),
-            _f_rate(derived) if derived and derived.graded else DASH, *versus,
-            f_est(*((floor.diff, floor.lo, floor.hi) if floor else (None,) * 3), f_pts),
-            f"{f_pct(ag.exact)} / {f_pct(ag.normalized)}", f_int(ag.first_divergence_median),
-            f"{_f_nll(tf.nll_delta_mean)} / {f_pct(tf.top1_agreement)}",
-            Cell(evidence, "nowrap" + ("" if ev and ev.sufficient else " dim"),
-                 text(ev.reason) if ev else "")]
+    return [
+        target,
+        bucket,
+        _f_rate(row),
+        _f_rate(derived) if derived and derived.graded else DASH,
+        *versus,
+        f_est(*((floor.diff, floor.lo, floor.hi) if floor else (None,) * 3), f_pts),
+        f"{f_pct(ag.exact)} / {f_pct(ag.normalized)}",
+        f_int(ag.first_divergence_median),
+        f"{_f_nll(tf.nll_delta_mean)} / {f_pct(tf.top1_agreement)}",
+        Cell(
+            evidence,
+            "nowrap" + ("" if ev and ev.sufficient else " dim"),
+            text(ev.reason) if ev else "",
+        ),
+    ]
 
 
 def _f_rate(row: Comparison | DerivedComparison) -> str:
@@ -688,8 +864,9 @@ def _loss_class(vs: Combined | VsReference | None, tol: float | None) -> str:
         return ""
     diff, lo, hi, p = (num(x) for x in (vs.diff, vs.lo, vs.hi, vs.mcnemar_p))
     tol = 0.05 if tol is None else tol
-    if diff is not None and ((p is not None and p < 0.05 and diff < 0)
-                             or (hi is not None and hi < -tol)):
+    if diff is not None and (
+        (p is not None and p < 0.05 and diff < 0) or (hi is not None and hi < -tol)
+    ):
         return "bad"
     return "good" if lo is not None and lo >= -tol else ""
 
@@ -706,33 +883,64 @@ def systems_view(run: Run) -> dict[str, Any] | None:
     if s is None:
         return None
     ref, cand = text(s.reference), text(s.candidate)
-    emulated = (f"; {cand} is emulated FP8: a BF16 server rounding K/V, not FP8's speed"
-                if run.emulated(s.candidate) else "")
-    lat = Table(["Bucket", "Metric", f"{ref} median (ms)", f"{cand} median (ms)",
-                 "Δ mean, ms [95% CI]", "Pairs"], caption=f"phase {text(s.phase)}, "
-                f"{cand} − {ref} on the same requests (negative: {cand} is faster){emulated}")
+    emulated = (
+        f"; {cand} is emulated FP8: a BF16 server rounding K/V, not FP8's speed"
+        if run.emulated(s.candidate)
+        else ""
+    )
+    lat = Table(
+        [
+            "Bucket",
+            "Metric",
+            f"{ref} median (ms)",
+            f"{cand} median (ms)",
+            "Δ mean, ms [95% CI]",
+            "Pairs",
+        ],
+        caption=f"phase {text(s.phase)}, "
+        f"{cand} − {ref} on the same requests (negative: {cand} is faster){emulated}",
+    )
     for bucket, row in run.in_order(s.buckets, "bucket"):
         for name, m in _deltas(row):
             if m is None:
                 lat.add(bucket, name, DASH, DASH, Cell(DASH, "num "), DASH)
                 continue
             cls = "good" if (num(m.hi) or 0) < 0 else "bad" if (num(m.lo) or 0) > 0 else ""
-            lat.add(bucket, name, f_sig(m.reference_median), f_sig(m.candidate_median),
-                    Cell(f_est(m.delta_mean, m.lo, m.hi, f_sig), "num " + cls), f_int(m.pairs))
-    fits = Table(["Metric", f"{ref}: ms = a + b·tokens", f"{cand}: ms = a + b·tokens",
-                  "Break-even (prompt tokens)", f"{cand} wins"])
+            lat.add(
+                bucket,
+                name,
+                f_sig(m.reference_median),
+                f_sig(m.candidate_median),
+                Cell(f_est(m.delta_mean, m.lo, m.hi, f_sig), "num " + cls),
+                f_int(m.pairs),
+            )
+    fits = Table(
+        [
+            "Metric",
+            f"{ref}: ms = a + b·tokens",
+            f"{cand}: ms = a + b·tokens",
+            "Break-even (prompt tokens)",
+            f"{cand} wins",
+        ]
+    )
     for key, name in SYS_METRICS:
         f = s.fits.get(key)
         if f:
-            fits.add(name, _f_line(f.reference), _f_line(f.candidate), f_int(f.tokens),
-                     text(f.fp8_wins))
-    facts = [("paired requests", f_int(s.pairs)),
-             ("median context (tokens)", f_int(s.median_context_tokens)),
-             ("output throughput ratio", f_ratio(s.throughput_ratio)),
-             (f"{cand} faster somewhere", f_bool(s.latency_better)),
-             ("below the break-even", f_bool(s.below_break_even))]
-    return {"latency": lat if lat.rows else None, "fits": fits if fits.rows else None,
-            "facts": facts}
+            fits.add(
+                name, _f_line(f.reference), _f_line(f.candidate), f_int(f.tokens), text(f.fp8_wins)
+            )
+    facts = [
+        ("paired requests", f_int(s.pairs)),
+        ("median context (tokens)", f_int(s.median_context_tokens)),
+        ("output throughput ratio", f_ratio(s.throughput_ratio)),
+        (f"{cand} faster somewhere", f_bool(s.latency_better)),
+        ("below the break-even", f_bool(s.below_break_even)),
+    ]
+    return {
+        "latency": lat if lat.rows else None,
+        "fits": fits if fits.rows else None,
+        "facts": facts,
+    }
 
 
 def _f_line(x: tuple[float, float] | None) -> str:
@@ -756,11 +964,21 @@ def latency_view(run: Run) -> dict[str, Any]:
         dist[(*key, "itl")].extend(1000 * g for g in _itl(r))
     out = []
     for phase in run.phases():
-        charts = [box_chart(_groups(run, dist, phase, metric), "ms",
-                            f"{name} per target and bucket, phase {phase}")
-                  for metric, name in (("ttft", "TTFT"), ("itl", "Inter-token latency"))]
-        out.append({"phase": phase, "charts": [c for c in charts if c],
-                    "table": _latency_table(run, phase)})
+        charts = [
+            box_chart(
+                _groups(run, dist, phase, metric),
+                "ms",
+                f"{name} per target and bucket, phase {phase}",
+            )
+            for metric, name in (("ttft", "TTFT"), ("itl", "Inter-token latency"))
+        ]
+        out.append(
+            {
+                "phase": phase,
+                "charts": [c for c in charts if c],
+                "table": _latency_table(run, phase),
+            }
+        )
     return {"phases": [p for p in out if p["charts"] or p["table"]]}
 
 
@@ -775,14 +993,23 @@ def _itl(r: Mapping[str, Any]) -> list[float]:
     return out
 
 
-def _groups(run: Run, dist: Mapping[tuple[str, str, str, str], list[float]], phase: str,
-            metric: str) -> list[tuple[str, list[BoxRow]]]:
+def _groups(
+    run: Run, dist: Mapping[tuple[str, str, str, str], list[float]], phase: str, metric: str
+) -> list[tuple[str, list[BoxRow]]]:
     buckets = list(dict.fromkeys(k[1] for k in dist if k[0] == phase))
     order = [str(b) for b in lst(dig(run.manifest, "buckets", "labels"))]
     buckets.sort(key=lambda b: order.index(b) if b in order else len(order))
-    return [(f"bucket {b}", [(t, run.color(t), dist.get((phase, b, t, metric), []))
-                             for t in run.targets() if (phase, b, t, "ttft") in dist
-                             or (phase, b, t, "itl") in dist]) for b in buckets]
+    return [
+        (
+            f"bucket {b}",
+            [
+                (t, run.color(t), dist.get((phase, b, t, metric), []))
+                for t in run.targets()
+                if (phase, b, t, "ttft") in dist or (phase, b, t, "itl") in dist
+            ],
+        )
+        for b in buckets
+    ]
 
 
 def _windows(run: Run, name: str) -> list[tuple[str, float, float]]:
@@ -802,18 +1029,38 @@ def _windows(run: Run, name: str) -> list[tuple[str, float, float]]:
 
 
 def _latency_table(run: Run, phase: str) -> Table | None:
-    t = Table(["Target", "Bucket", "Requests", "OK", "Errors", "TTFT p50 / p90 / p99 (ms)",
-               "ITL p50 / p90 / p99 (ms)", "E2E p50 / p90 (ms)", "Queue delay p90 (ms)"])
+    t = Table(
+        [
+            "Target",
+            "Bucket",
+            "Requests",
+            "OK",
+            "Errors",
+            "TTFT p50 / p90 / p99 (ms)",
+            "ITL p50 / p90 / p99 (ms)",
+            "E2E p50 / p90 (ms)",
+            "Queue delay p90 (ms)",
+        ]
+    )
     for name in run.targets():
         target = run.summary.targets.get(name)
         ph = target.phases.get(phase) if target else None
         for bucket, row in run.in_order(ph.buckets if ph else {}, "bucket"):
             kinds = ", ".join(f"{k}: {n}" for k, n in row.errors_by_kind.items())
-            t.add(name, bucket, f_int(row.requests), f_int(row.ok),
-                  Cell(f_int(row.errors) + (f" ({kinds})" if kinds else ""),
-                       "bad" if row.errors else ""),
-                  _f_pcts(row.ttft_ms, True), _f_pcts(row.itl_ms, True),
-                  _f_pcts(row.e2e_ms, False), f_sig(row.queue_delay_ms.p90))
+            t.add(
+                name,
+                bucket,
+                f_int(row.requests),
+                f_int(row.ok),
+                Cell(
+                    f_int(row.errors) + (f" ({kinds})" if kinds else ""),
+                    "bad" if row.errors else "",
+                ),
+                _f_pcts(row.ttft_ms, True),
+                _f_pcts(row.itl_ms, True),
+                _f_pcts(row.e2e_ms, False),
+                f_sig(row.queue_delay_ms.p90),
+            )
     return t if t.rows else None
 
 
@@ -825,26 +1072,47 @@ def capacity_view(run: Run) -> dict[str, Any]:
     targets = run.summary.targets
     reference = targets.get(run.reference or "")
     ref_size = reference.kv_cache_size_tokens if reference else None
-    bars, t = [], Table(["Target", "Served cache dtype", "KV cache (tokens)", "× reference",
-                         "Block size", "Blocks", "Max concurrency (engine)",
-                         "Sequences at each bucket's median context"])
+    bars, t = (
+        [],
+        Table(
+            [
+                "Target",
+                "Served cache dtype",
+                "KV cache (tokens)",
+                "× reference",
+                "Block size",
+                "Blocks",
+                "Max concurrency (engine)",
+                "Sequences at each bucket's median context",
+            ]
+        ),
+    )
     for name in run.targets():
         s = targets.get(name) or TargetSummary.from_json({})
         cfg = obj(dig(run.manifest, "targets", name, "cache_config"))
         size = num(s.kv_cache_size_tokens) or _float(cfg.get("kv_cache_size_tokens"))
         bars.append((name, run.color(name), size))
         first = next(iter(run.in_order(s.phases, "phase")), None)
-        conc = [f"{b}: {f_sig(row.capacity.concurrency_at_context)}" for b, row in
-                run.in_order(first[1].buckets if first else {}, "bucket")]
+        conc = [
+            f"{b}: {f_sig(row.capacity.concurrency_at_context)}"
+            for b, row in run.in_order(first[1].buckets if first else {}, "bucket")
+        ]
         emulated = run.emulated(name)
         if emulated:  # BF16 storage: never shown as FP8's capacity
             bars.pop()
-        t.add(name, text(s.cache_dtype or cfg.get("cache_dtype"))
-              + (" (emulated FP8: BF16 storage)" if emulated else ""), f_int(size),
-              "not FP8's: emulated" if emulated else
-              f_ratio(size / ref_size if size and ref_size else None),
-              text(cfg.get("block_size")), text(cfg.get("num_gpu_blocks")),
-              text(cfg.get("kv_cache_max_concurrency")), ", ".join(conc) or DASH)
+        t.add(
+            name,
+            text(s.cache_dtype or cfg.get("cache_dtype"))
+            + (" (emulated FP8: BF16 storage)" if emulated else ""),
+            f_int(size),
+            "not FP8's: emulated"
+            if emulated
+            else f_ratio(size / ref_size if size and ref_size else None),
+            text(cfg.get("block_size")),
+            text(cfg.get("num_gpu_blocks")),
+            text(cfg.get("kv_cache_max_concurrency")),
+            ", ".join(conc) or DASH,
+        )
     chart = bar_chart(bars, "tokens", "KV-cache capacity per target (tokens)")
     return {"chart": chart, "table": t if t.rows else None}
 
@@ -852,28 +1120,55 @@ def capacity_view(run: Run) -> dict[str, Any]:
 def kv_view(run: Run) -> dict[str, Any]:
     charts = []
     for name in run.targets():
-        pts = sorted((float(s["t"]), float(s["kv_usage"])) for s in run.series.get(name, [])
-                     if num(s.get("t")) is not None and num(s.get("kv_usage")) is not None)
+        pts = sorted(
+            (float(s["t"]), float(s["kv_usage"]))
+            for s in run.series.get(name, [])
+            if num(s.get("t")) is not None and num(s.get("kv_usage")) is not None
+        )
         peak = f_pct(max(v for _, v in pts)) if pts else DASH
-        chart = line_chart(pts, run.color(name), _windows(run, name),
-                           f"{name}: KV-cache usage over time (peak {peak})")
+        chart = line_chart(
+            pts,
+            run.color(name),
+            _windows(run, name),
+            f"{name}: KV-cache usage over time (peak {peak})",
+        )
         if chart:
             charts.append(chart)
-    t = Table(["Target", "Phase", "Duration (s)", "Peak KV usage", "Peak running",
-               "Peak waiting", "Preemptions", "Prefix-cache hit rate", "Server TTFT mean (ms)",
-               "Output tok/s"])
+    t = Table(
+        [
+            "Target",
+            "Phase",
+            "Duration (s)",
+            "Peak KV usage",
+            "Peak running",
+            "Peak waiting",
+            "Preemptions",
+            "Prefix-cache hit rate",
+            "Server TTFT mean (ms)",
+            "Output tok/s",
+        ]
+    )
     for name in run.targets():
         target = run.summary.targets.get(name)
         for phase, ph in run.in_order(target.phases if target else {}, "phase"):
             srv = ph.server
-            t.add(name, phase, f_sig(ph.duration_s), f_pct(srv.peak_kv_usage),
-                  f_int(srv.peak_running), f_int(srv.peak_waiting), f_int(srv.preemptions),
-                  f_pct(srv.prefix_cache_hit_rate), f_sig(srv.server_ttft_mean_ms),
-                  f_sig(ph.all.throughput_out_tok_s))
+            t.add(
+                name,
+                phase,
+                f_sig(ph.duration_s),
+                f_pct(srv.peak_kv_usage),
+                f_int(srv.peak_running),
+                f_int(srv.peak_waiting),
+                f_int(srv.preemptions),
+                f_pct(srv.prefix_cache_hit_rate),
+                f_sig(srv.server_ttft_mean_ms),
+                f_sig(ph.all.throughput_out_tok_s),
+            )
     return {"charts": charts, "table": t if t.rows else None}
 
 
 # -- per-request drill-down ---------------------------------------------------------------
+
 
 def requests_view(run: Run) -> dict[str, Any]:
     def key(row: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -887,50 +1182,84 @@ def requests_view(run: Run) -> dict[str, Any]:
     phases = {p: i for i, p in enumerate(run.phases())}
     items = []
     for i, (rid, rs) in enumerate(by_id.items()):
-        rs.sort(key=lambda r: (phases.get(str(r.get("phase")), 99),
-                               rank.get(str(r.get("target")), 99)))
+        rs.sort(
+            key=lambda r: (phases.get(str(r.get("phase")), 99), rank.get(str(r.get("target")), 99))
+        )
         attempts = [_attempt(r, grades.get(key(r))) for r in rs]
         flags = _flags(run, attempts)
         items.append((_severity(flags), i, rid, rs, attempts, flags))
     items.sort(key=lambda x: (x[0], x[1]))
     shown = items[:MAX_REQUESTS]
     prompts, note = load_prompts(run, [x[2] for x in shown]) if shown else ({}, "")
-    return {"total": len(items), "shown": len(shown), "trace_note": note, "items": [
-        {"id": rid, "bucket": text(rs[0].get("bucket")), "flags": flags,
-         "task": text(next((a["task"] for a in att if a["task"] != DASH), None)),
-         "prompt": prompts.get(rid), "attempts": att, "badges": _badges(run, att)}
-        for _, _, rid, rs, att, flags in shown]}
+    return {
+        "total": len(items),
+        "shown": len(shown),
+        "trace_note": note,
+        "items": [
+            {
+                "id": rid,
+                "bucket": text(rs[0].get("bucket")),
+                "flags": flags,
+                "task": text(next((a["task"] for a in att if a["task"] != DASH), None)),
+                "prompt": prompts.get(rid),
+                "attempts": att,
+                "badges": _badges(run, att),
+            }
+            for _, _, rid, rs, att, flags in shown
+        ],
+    }
 
 
 def _attempt(r: Mapping[str, Any], g: Mapping[str, Any] | None) -> dict[str, Any]:
     g = obj(g)
     grade, ag = obj(g.get("grade")), obj(g.get("agreement"))
     out = str(r.get("output_text") or "")
-    calls = [f"{obj(c).get('name', '?')}({obj(c).get('arguments', '')})"
-             for c in lst(r.get("tool_calls"))]
+    calls = [
+        f"{obj(c).get('name', '?')}({obj(c).get('arguments', '')})"
+        for c in lst(r.get("tool_calls"))
+    ]
     err = r.get("error") or g.get("error")
     passed = grade.get("passed") if isinstance(grade.get("passed"), bool) else None
-    return {"target": text(r.get("target")), "phase": text(r.get("phase")),
-            "status": text(r.get("status")), "ok": r.get("status", "ok") == "ok",
-            "error": None if r.get("status", "ok") == "ok" and not err else
-            f"{text(r.get('error_kind'))}: {text(err)}",
-            "ttft": f_sig(None if num(r.get("ttft")) is None else 1000 * float(r["ttft"])),
-            "tokens": f_int(r.get("output_tokens")), "finish": text(r.get("finish_reason")),
-            "answer": out[:ANSWER_CHARS], "more": max(0, len(out) - ANSWER_CHARS),
-            "calls": calls, "passed": passed, "reason": grade.get("reason"),
-            "task": text(g.get("task")),
-            "agreement": DASH if not ag else ("identical" if ag.get("exact") else
-                                              "same after normalizing" if ag.get("normalized")
-                                              else f"differs from token "
-                                                   f"{f_int(ag.get('first_divergence'))}")}
+    return {
+        "target": text(r.get("target")),
+        "phase": text(r.get("phase")),
+        "status": text(r.get("status")),
+        "ok": r.get("status", "ok") == "ok",
+        "error": None
+        if r.get("status", "ok") == "ok" and not err
+        else f"{text(r.get('error_kind'))}: {text(err)}",
+        "ttft": f_sig(None if num(r.get("ttft")) is None else 1000 * float(r["ttft"])),
+        "tokens": f_int(r.get("output_tokens")),
+        "finish": text(r.get("finish_reason")),
+        "answer": out[:ANSWER_CHARS],
+        "more": max(0, len(out) - ANSWER_CHARS),
+        "calls": calls,
+        "passed": passed,
+        "reason": grade.get("reason"),
+        "task": text(g.get("task")),
+        "agreement": DASH
+        if not ag
+        else (
+            "identical"
+            if ag.get("exact")
+            else "same after normalizing"
+            if ag.get("normalized")
+            else f"differs from token {f_int(ag.get('first_divergence'))}"
+        ),
+    }
 
 
 def _flags(run: Run, attempts: Sequence[Mapping[str, Any]]) -> list[str]:
     """regressed: a candidate fails where the reference passes (same phase)."""
     ref_pass = {a["phase"] for a in attempts if a["target"] == run.reference and a["passed"]}
     flags = []
-    if any(a["passed"] is False and a["phase"] in ref_pass and a["target"] != run.reference
-           and not a["target"].endswith(CONTROL_SUFFIX) for a in attempts):
+    if any(
+        a["passed"] is False
+        and a["phase"] in ref_pass
+        and a["target"] != run.reference
+        and not a["target"].endswith(CONTROL_SUFFIX)
+        for a in attempts
+    ):
         flags.append("regressed")
     if any(not a["ok"] for a in attempts):
         flags.append("error")
@@ -961,13 +1290,26 @@ def _badges(run: Run, attempts: Sequence[Mapping[str, Any]]) -> list[tuple[str, 
 
 # -- rendering --------------------------------------------------------------------------------
 
-SECTIONS = (("verdict", "Verdict"), ("serving", "Serving path"), ("quality", "Quality"),
-            ("systems", "Systems"), ("latency", "Latency"), ("capacity", "Capacity"),
-            ("kv-usage", "KV usage"), ("requests", "Requests"))
+SECTIONS = (
+    ("verdict", "Verdict"),
+    ("serving", "Serving path"),
+    ("quality", "Quality"),
+    ("systems", "Systems"),
+    ("latency", "Latency"),
+    ("capacity", "Capacity"),
+    ("kv-usage", "KV usage"),
+    ("requests", "Requests"),
+)
 BUILDERS: dict[str, Callable[[Run], Any]] = {
-    "verdict": verdict_view, "serving": serving_view, "quality": quality_view,
-    "systems": systems_view, "latency": latency_view, "capacity": capacity_view,
-    "kv-usage": kv_view, "requests": requests_view}
+    "verdict": verdict_view,
+    "serving": serving_view,
+    "quality": quality_view,
+    "systems": systems_view,
+    "latency": latency_view,
+    "capacity": capacity_view,
+    "kv-usage": kv_view,
+    "requests": requests_view,
+}
 
 
 def _build(run: Run, keys: Iterable[str] = BUILDERS) -> tuple[dict[str, Any], list[str]]:
@@ -987,15 +1329,21 @@ def _build(run: Run, keys: Iterable[str] = BUILDERS) -> tuple[dict[str, Any], li
 def _header(run: Run) -> dict[str, Any]:
     m, trace = run.manifest, obj(run.manifest.get("trace"))
     started = num(m.get("started_at"))
-    return {"run_id": run.dir.name, "started": DASH if started is None else
-            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-            "tool": f"{text(dig(m, 'tool', 'name'))} {text(dig(m, 'tool', 'version'))}",
-            "trace": text(trace.get("path")), "sha": _f_sha(trace.get("sha256")),
-            "requests": f_int(trace.get("requests")), "bad_lines": f_int(trace.get("bad_lines")),
-            "buckets": ", ".join(str(b) for b in lst(dig(m, "buckets", "labels"))) or DASH,
-            "schedules": ", ".join(str(s) for s in lst(m.get("schedules"))) or DASH,
-            "command": " ".join(str(c) for c in lst(m.get("command"))) or DASH,
-            "summary_version": text(run.summary.version)}
+    return {
+        "run_id": run.dir.name,
+        "started": DASH
+        if started is None
+        else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+        "tool": f"{text(dig(m, 'tool', 'name'))} {text(dig(m, 'tool', 'version'))}",
+        "trace": text(trace.get("path")),
+        "sha": _f_sha(trace.get("sha256")),
+        "requests": f_int(trace.get("requests")),
+        "bad_lines": f_int(trace.get("bad_lines")),
+        "buckets": ", ".join(str(b) for b in lst(dig(m, "buckets", "labels"))) or DASH,
+        "schedules": ", ".join(str(s) for s in lst(m.get("schedules"))) or DASH,
+        "command": " ".join(str(c) for c in lst(m.get("command"))) or DASH,
+        "summary_version": text(run.summary.version),
+    }
 
 
 def _f_sha(x: object) -> str:
@@ -1004,9 +1352,13 @@ def _f_sha(x: object) -> str:
 
 @functools.cache
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
-                             autoescape=True, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.globals["DASH"] = DASH
     return env
 
@@ -1033,8 +1385,11 @@ def write_reports(run_dir: Path) -> tuple[Path, Path]:
 
 def _html(run: Run) -> str:
     views, problems = _build(run)
-    return _environment().get_template(TEMPLATE).render(
-        h=_header(run), sections=SECTIONS, v=views, problems=problems)
+    return (
+        _environment()
+        .get_template(TEMPLATE)
+        .render(h=_header(run), sections=SECTIONS, v=views, problems=problems)
+    )
 
 
 # The columns of QUALITY_HEADERS a PR comment keeps (explicit and derived side by side).
@@ -1049,9 +1404,13 @@ def _markdown(run: Run) -> str:
     for qt in tables:
         caption = f" ({qt['table'].caption})" if qt["table"] else ""
         out += _md_section(f"Quality{caption}", qt["table"], MD_QUALITY)
-    out += _md_section("Latency", (views["systems"] or {}).get("latency")
-                       or next((p["table"] for p in (views["latency"] or {}).get("phases", [])
-                                if p["table"]), None))
+    out += _md_section(
+        "Latency",
+        (views["systems"] or {}).get("latency")
+        or next(
+            (p["table"] for p in (views["latency"] or {}).get("phases", []) if p["table"]), None
+        ),
+    )
     if problems:
         out += ["### Problems reading this run", ""] + [f"- {md(p)}" for p in problems]
     return "\n".join(out).rstrip() + "\n"
@@ -1075,8 +1434,7 @@ def _md_verdict(run: Run, v: Mapping[str, Any]) -> list[str]:
 def md(s: object) -> str:
     """Text for a Markdown table cell or bullet: one line, pipes and angle brackets escaped."""
     t = " ".join(str(s).split())
-    return (t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
-            .replace(">", "&gt;"))
+    return t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _md_section(title: str, t: Table | None, cols: Sequence[str] | None = None) -> list[str]:

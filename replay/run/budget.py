@@ -49,8 +49,13 @@ class ErrorBudget:
     def spent(self) -> bool:
         return self.reason is not None
 
-    def record(self, status: str, error_kind: str | None = None,
-               http_status: int | None = None, error: str | None = None) -> None:
+    def record(
+        self,
+        status: str,
+        error_kind: str | None = None,
+        http_status: int | None = None,
+        error: str | None = None,
+    ) -> None:
         """One finished request of this target."""
         if status == "cancelled" or error_kind == "cancelled":
             return
@@ -61,7 +66,8 @@ class ErrorBudget:
             self.errors += 1
             self.last_error = f"{error_kind}: {(error or '')[:200]}"
             unreachable = error_kind in UNREACHABLE_KINDS or (
-                error_kind == "http" and http_status in UNREACHABLE_HTTP)
+                error_kind == "http" and http_status in UNREACHABLE_HTTP
+            )
             self.unreachable_run = self.unreachable_run + 1 if unreachable else 0
         if self.reason is None:
             self.reason = self._spent_because()
@@ -69,19 +75,27 @@ class ErrorBudget:
     def _spent_because(self) -> str | None:
         last = f" (last: {self.last_error})"
         if self.unreachable_run >= self.max_unreachable:
-            return (f"the target stopped answering: {self.unreachable_run} requests in a row "
-                    f"failed{last}")
+            return (
+                f"the target stopped answering: {self.unreachable_run} requests in a row "
+                f"failed{last}"
+            )
         if self.max_errors is not None and self.errors >= self.max_errors:
             return f"{self.errors} failed requests reached --max-errors{last}"
-        if (self.max_error_rate is not None and self.finished >= self.min_requests
-                and self.errors / self.finished > self.max_error_rate):
-            return (f"{self.errors} of {self.finished} requests failed, more than "
-                    f"--max-error-rate {self.max_error_rate:g}{last}")
+        if (
+            self.max_error_rate is not None
+            and self.finished >= self.min_requests
+            and self.errors / self.finished > self.max_error_rate
+        ):
+            return (
+                f"{self.errors} of {self.finished} requests failed, more than "
+                f"--max-error-rate {self.max_error_rate:g}{last}"
+            )
         return None
 
     def delay(self) -> float:
         """Seconds to wait before the next send: 0 while the target answers."""
         if self.unreachable_run == 0:
             return 0.0
-        return float(min(self.backoff_cap_s,
-                         self.backoff_base_s * 2.0 ** (self.unreachable_run - 1)))
+        return float(
+            min(self.backoff_cap_s, self.backoff_base_s * 2.0 ** (self.unreachable_run - 1))
+        )

@@ -62,17 +62,22 @@ def calibration_ids(model_dir: Path) -> tuple[Path, set[str]] | None:
         if not isinstance(ids, list):
             raise TypeError("sample_ids must be a list")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{path}: field 'sample_ids': unreadable ({exc}); rewrite it with "
-                         "`kvcal calibrate`") from None
+        raise InputError(
+            f"{path}: field 'sample_ids': unreadable ({exc}); rewrite it with `kvcal calibrate`"
+        ) from None
     return path, {str(i) for i in ids}
 
 
-def refuse_overlap(requests: Iterable[Request], targets: Sequence[TargetSpec],
-                   trace_path: Path) -> None:
+def refuse_overlap(
+    requests: Iterable[Request], targets: Sequence[TargetSpec], trace_path: Path
+) -> None:
     """Stop when a calibrated target was calibrated on requests this run evaluates. The
     requests are streamed; only calibration ids are held."""
-    calibrated = [(spec, *found) for spec in targets if spec.model is not None
-                  and (found := calibration_ids(Path(spec.model))) is not None]
+    calibrated = [
+        (spec, *found)
+        for spec in targets
+        if spec.model is not None and (found := calibration_ids(Path(spec.model))) is not None
+    ]
     if not calibrated:
         return
     wanted = set().union(*(ids for _, _, ids in calibrated))
@@ -87,4 +92,5 @@ def refuse_overlap(requests: Iterable[Request], targets: Sequence[TargetSpec],
                 f"calibrate its scales ({manifest} lists them: {shown}); evaluating on them "
                 "measures reuse, not generalization. Exclude them with --exclude-ids "
                 f"{Path(spec.model) / 'calibration_ids.txt'} (or the calibration_ids.txt "
-                "`kvcal sample` wrote)")
+                "`kvcal sample` wrote)"
+            )

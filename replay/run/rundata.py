@@ -48,8 +48,9 @@ def load_run(run_dir: str | Path) -> RunData:
 
     path = Path(run_dir)
     if not (path / MANIFEST).is_file() and not (path / RESULTS).is_file():
-        raise InputError(f"{path}: no manifest.json or results.jsonl; is this a kvcanary run "
-                         "directory?")
+        raise InputError(
+            f"{path}: no manifest.json or results.jsonl; is this a kvcanary run directory?"
+        )
     return RunData(
         run_dir=path,
         results=pd.DataFrame(list(_result_rows(path)), columns=RESULT_COLUMNS),
@@ -67,8 +68,9 @@ def export_run(run_dir: str | Path, out_dir: Path, fmt: str) -> list[Path]:
         try:
             import pyarrow  # noqa: F401  (pandas writes parquet through it)
         except ImportError:
-            raise InputError("--format parquet needs pyarrow: pip install 'kvcanary[data]' "
-                             "(or use --format csv)") from None
+            raise InputError(
+                "--format parquet needs pyarrow: pip install 'kvcanary[data]' (or use --format csv)"
+            ) from None
     run = load_run(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -85,10 +87,31 @@ def export_run(run_dir: str | Path, out_dir: Path, fmt: str) -> list[Path]:
 # -- rows ---------------------------------------------------------------------------------------
 
 RESULT_COLUMNS = [
-    "target", "phase", "bucket", "request_id", "status", "error_kind", "error", "http_status",
-    "scheduled", "sent", "first_token", "done", "queue_delay_s", "ttft_s", "e2e_s",
-    "itl_mean_s", "itl_p50_s", "chunks", "prompt_tokens", "output_tokens", "finish_reason",
-    "tool_calls", "tokens_estimated", "chunk_tokens_estimated", "output_truncated",
+    "target",
+    "phase",
+    "bucket",
+    "request_id",
+    "status",
+    "error_kind",
+    "error",
+    "http_status",
+    "scheduled",
+    "sent",
+    "first_token",
+    "done",
+    "queue_delay_s",
+    "ttft_s",
+    "e2e_s",
+    "itl_mean_s",
+    "itl_p50_s",
+    "chunks",
+    "prompt_tokens",
+    "output_tokens",
+    "finish_reason",
+    "tool_calls",
+    "tokens_estimated",
+    "chunk_tokens_estimated",
+    "output_truncated",
     "output_text",
 ]
 
@@ -97,25 +120,52 @@ def _result_rows(run_dir: Path) -> Iterator[dict[str, Any]]:
     for r in read_results(run_dir):
         itl = r.itl()
         yield {
-            "target": r.target, "phase": r.phase, "bucket": r.bucket,
-            "request_id": r.request_id, "status": r.status, "error_kind": r.error_kind,
-            "error": r.error, "http_status": r.http_status, "scheduled": r.scheduled,
-            "sent": r.sent, "first_token": r.first_token, "done": r.done,
-            "queue_delay_s": r.queue_delay, "ttft_s": r.ttft, "e2e_s": r.e2e,
+            "target": r.target,
+            "phase": r.phase,
+            "bucket": r.bucket,
+            "request_id": r.request_id,
+            "status": r.status,
+            "error_kind": r.error_kind,
+            "error": r.error,
+            "http_status": r.http_status,
+            "scheduled": r.scheduled,
+            "sent": r.sent,
+            "first_token": r.first_token,
+            "done": r.done,
+            "queue_delay_s": r.queue_delay,
+            "ttft_s": r.ttft,
+            "e2e_s": r.e2e,
             "itl_mean_s": statistics.fmean(itl) if itl else None,
             "itl_p50_s": statistics.median(itl) if itl else None,
-            "chunks": len(r.chunk_times), "prompt_tokens": r.prompt_tokens,
-            "output_tokens": r.output_tokens, "finish_reason": r.finish_reason,
-            "tool_calls": len(r.tool_calls), "tokens_estimated": r.tokens_estimated,
+            "chunks": len(r.chunk_times),
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "finish_reason": r.finish_reason,
+            "tool_calls": len(r.tool_calls),
+            "tokens_estimated": r.tokens_estimated,
             "chunk_tokens_estimated": r.chunk_tokens_estimated,
-            "output_truncated": r.output_truncated, "output_text": r.output_text,
+            "output_truncated": r.output_truncated,
+            "output_text": r.output_text,
         }
 
 
 GRADE_COLUMNS = [
-    "target", "phase", "bucket", "request_id", "task", "answered", "error",
-    "grade_passed", "grade_reason", "grade_score", "derived_rule", "derived_passed",
-    "derived_reason", "agree_exact", "agree_normalized", "first_divergence",
+    "target",
+    "phase",
+    "bucket",
+    "request_id",
+    "task",
+    "answered",
+    "error",
+    "grade_passed",
+    "grade_reason",
+    "grade_score",
+    "derived_rule",
+    "derived_passed",
+    "derived_reason",
+    "agree_exact",
+    "agree_normalized",
+    "first_divergence",
 ]
 
 
@@ -125,21 +175,41 @@ def _grade_rows(path: Path) -> Iterator[dict[str, Any]]:
         derived = _obj(row.get("derived"))
         agree = _obj(row.get("agreement"))
         yield {
-            "target": row.get("target"), "phase": row.get("phase"), "bucket": row.get("bucket"),
-            "request_id": row.get("request_id"), "task": row.get("task"),
-            "answered": row.get("answered"), "error": row.get("error"),
-            "grade_passed": grade.get("passed"), "grade_reason": grade.get("reason"),
-            "grade_score": grade.get("score"), "derived_rule": derived.get("rule"),
-            "derived_passed": derived.get("passed"), "derived_reason": derived.get("reason"),
-            "agree_exact": agree.get("exact"), "agree_normalized": agree.get("normalized"),
+            "target": row.get("target"),
+            "phase": row.get("phase"),
+            "bucket": row.get("bucket"),
+            "request_id": row.get("request_id"),
+            "task": row.get("task"),
+            "answered": row.get("answered"),
+            "error": row.get("error"),
+            "grade_passed": grade.get("passed"),
+            "grade_reason": grade.get("reason"),
+            "grade_score": grade.get("score"),
+            "derived_rule": derived.get("rule"),
+            "derived_passed": derived.get("passed"),
+            "derived_reason": derived.get("reason"),
+            "agree_exact": agree.get("exact"),
+            "agree_normalized": agree.get("normalized"),
             "first_divergence": agree.get("first_divergence"),
         }
 
 
-METRIC_KEYS = ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits",
-               "preemptions", "prompt_tokens", "generation_tokens")
-METRIC_COLUMNS = ["target", "t", *METRIC_KEYS, *(f"{h}_{k}" for h in ("ttft", "itl", "e2e")
-                                                   for k in ("sum", "count"))]
+METRIC_KEYS = (
+    "running",
+    "waiting",
+    "kv_usage",
+    "prefix_queries",
+    "prefix_hits",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+)
+METRIC_COLUMNS = [
+    "target",
+    "t",
+    *METRIC_KEYS,
+    *(f"{h}_{k}" for h in ("ttft", "itl", "e2e") for k in ("sum", "count")),
+]
 
 
 def _metric_rows(folder: Path) -> Iterator[dict[str, Any]]:
@@ -162,11 +232,15 @@ def _tf_rows(path: Path) -> Iterator[dict[str, Any]]:
     for row in _jsonl(path):
         nll = [x for x in row.get("nll") or () if isinstance(x, (int, float))]
         top1 = list(row.get("top1") or ())
-        yield {"target": row.get("target"), "request_id": row.get("request_id"),
-               "bucket": row.get("bucket"), "tokens": row.get("n"),
-               "mean_nll": statistics.fmean(nll) if nll else None,
-               "top1_agreement": sum(map(bool, top1)) / len(top1) if top1 else None,
-               "error": row.get("error")}
+        yield {
+            "target": row.get("target"),
+            "request_id": row.get("request_id"),
+            "bucket": row.get("bucket"),
+            "tokens": row.get("n"),
+            "mean_nll": statistics.fmean(nll) if nll else None,
+            "top1_agreement": sum(map(bool, top1)) / len(top1) if top1 else None,
+            "error": row.get("error"),
+        }
 
 
 def _jsonl(path: Path) -> Iterable[Mapping[str, Any]]:

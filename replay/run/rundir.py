@@ -1,15 +1,15 @@
 """The run directory: everything a run learns, written as it arrives.
 
-    reports/<run-id>/
-      manifest.json          command, options, trace digest, tool version, each target's
-                             introspection (rewritten as it grows)
-      results.jsonl          one line per request and target, appended and flushed on completion
-      bad_lines.jsonl        trace lines that were skipped, with file, line, field and reason
-      metrics/<target>.jsonl server /metrics scraped about once a second
-      servers/<target>.log   stdout/stderr of servers kvcanary started
-      grades.jsonl           per result: checker grade, agreement with the reference
-      teacher_forced.jsonl   the reference's answers scored under each target (per token)
-      summary.json           per target x bucket x phase aggregates, and quality
+reports/<run-id>/
+  manifest.json          command, options, trace digest, tool version, each target's
+                         introspection (rewritten as it grows)
+  results.jsonl          one line per request and target, appended and flushed on completion
+  bad_lines.jsonl        trace lines that were skipped, with file, line, field and reason
+  metrics/<target>.jsonl server /metrics scraped about once a second
+  servers/<target>.log   stdout/stderr of servers kvcanary started
+  grades.jsonl           per result: checker grade, agreement with the reference
+  teacher_forced.jsonl   the reference's answers scored under each target (per token)
+  summary.json           per target x bucket x phase aggregates, and quality
 """
 
 from __future__ import annotations
@@ -47,8 +47,11 @@ def new_run_dir(root: Path, run_id: str | None = None) -> Path:
 def write_json(path: Path, obj: Any) -> None:
     """Atomic: a reader (or a crash) never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
-                                 | orjson.OPT_SERIALIZE_NUMPY))
+    tmp.write_bytes(
+        orjson.dumps(
+            obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+        )
+    )
     os.replace(tmp, path)
 
 

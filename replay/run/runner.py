@@ -149,8 +149,13 @@ class TargetRun:
     budget: ErrorBudget = field(default_factory=ErrorBudget)
 
     def manifest(self) -> dict[str, Any]:
-        return {"spec": self.spec.describe(), "status": self.status, "reason": self.reason,
-                **self.info, "phases": self.phases}
+        return {
+            "spec": self.spec.describe(),
+            "status": self.status,
+            "reason": self.reason,
+            **self.info,
+            "phases": self.phases,
+        }
 
 
 class Runner:
@@ -159,9 +164,13 @@ class Runner:
         self.progress = progress or QuietProgress()
         self.clock = MonotonicClock()
         names = [s.name for s in cfg.targets]
-        self.roles = resolve_roles(names, reference=cfg.reference, candidate=cfg.candidate,
-                                   calibrated=cfg.calibrated,
-                                   declared={s.name: s.role for s in cfg.targets if s.role})
+        self.roles = resolve_roles(
+            names,
+            reference=cfg.reference,
+            candidate=cfg.candidate,
+            calibrated=cfg.calibrated,
+            declared={s.name: s.role for s in cfg.targets if s.role},
+        )
         self.reference = self.roles.reference
         # The reference goes first: the others are compared with (and scored on) its answers.
         ordered = sorted(cfg.targets, key=lambda s: s.name != self.reference)
@@ -169,8 +178,9 @@ class Runner:
         self.control: TargetRun | None = None
         if cfg.control:
             ref = self.runs[self.reference].spec
-            self.control = TargetRun(replace(ref, name=ref.name + CONTROL_SUFFIX),
-                                     budget=self._budget())
+            self.control = TargetRun(
+                replace(ref, name=ref.name + CONTROL_SUFFIX), budget=self._budget()
+            )
         self.ref_done: asyncio.Event | None = None
         self.stopping = asyncio.Event()
         self.interrupted = False
@@ -186,8 +196,7 @@ class Runner:
         self.started_at = time.time()
 
     def _budget(self) -> ErrorBudget:
-        return ErrorBudget(max_errors=self.cfg.max_errors,
-                           max_error_rate=self.cfg.max_error_rate)
+        return ErrorBudget(max_errors=self.cfg.max_errors, max_error_rate=self.cfg.max_error_rate)
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -196,17 +205,29 @@ class Runner:
             "tool": {"name": "kvcanary", "version": __version__},
             "command": list(c.command),
             "started_at": self.started_at,
-            "platform": {"python": platform.python_version(), "machine": platform.machine(),
-                         "cpu_flags": _cpu_flags()},
-            "trace": {"path": str(c.trace_path), "format": c.trace_format,
-                      "sha256": file_digest(c.trace_path), "lines": c.trace.lines,
-                      "requests": c.trace.count, "bad_lines": c.trace.bad_count,
-                      "length_policy": c.length_policy.as_dict()},
+            "platform": {
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "cpu_flags": _cpu_flags(),
+            },
+            "trace": {
+                "path": str(c.trace_path),
+                "format": c.trace_format,
+                "sha256": file_digest(c.trace_path),
+                "lines": c.trace.lines,
+                "requests": c.trace.count,
+                "bad_lines": c.trace.bad_count,
+                "length_policy": c.length_policy.as_dict(),
+            },
             "buckets": {"bounds": c.buckets.spec(), "labels": c.buckets.labels},
             "schedules": [s.label for s in c.schedules],
-            "options": {"parallel_targets": c.parallel_targets, "timeout_s": c.timeout_s,
-                        "phase_timeout_s": c.phase_timeout_s, "seed": c.seed,
-                        "salt_phases": c.salt_phases},
+            "options": {
+                "parallel_targets": c.parallel_targets,
+                "timeout_s": c.timeout_s,
+                "phase_timeout_s": c.phase_timeout_s,
+                "seed": c.seed,
+                "salt_phases": c.salt_phases,
+            },
             "reference": self.reference,
             "roles": self.roles.to_json(),
             "cli_options": self.cfg.cli_options,
@@ -265,8 +286,10 @@ class Runner:
             return
         self.interrupted = True
         self.stopping.set()
-        self.progress.status(f"interrupted: draining in-flight requests (up to "
-                             f"{self.cfg.drain_s:g} s; Ctrl-C again to stop now)")
+        self.progress.status(
+            f"interrupted: draining in-flight requests (up to "
+            f"{self.cfg.drain_s:g} s; Ctrl-C again to stop now)"
+        )
 
         async def drain() -> None:
             await asyncio.sleep(self.cfg.drain_s)
@@ -293,24 +316,41 @@ class Runner:
             self.previous = read_json(run_dir / MANIFEST).get("targets", {})
         except (OSError, ValueError):
             self.previous = {}
-        self.resume_note = {"kept_results": len(kept), "resent_interrupted": redo,
-                            "repaired_bytes": dropped + tf_dropped}
+        self.resume_note = {
+            "kept_results": len(kept),
+            "resent_interrupted": redo,
+            "repaired_bytes": dropped + tf_dropped,
+        }
 
     def write_summary(self) -> dict[str, Any]:
         runs = self.all_runs()
         series = {n: r.series for n, r in runs.items()}
         if self.control is not None:  # the control ran on the reference's server
             series[self.control.spec.name] = series[self.reference]
-        return analyse(Analysis(
-            run_dir=self.cfg.run_dir,
-            targets={n: {"status": r.status, "reason": r.reason,
-                         "cache_config": r.info.get("cache_config") or {}, "phases": r.phases}
-                     for n, r in runs.items()},
-            series=series, reference=self.reference,
-            candidate=self.roles.candidate,
-            first_phase=self.cfg.schedules[0].label, bucket_labels=self.cfg.buckets.labels,
-            tolerance=self.cfg.tolerance, seed=self.cfg.seed, thresholds=self.cfg.thresholds,
-            manifest=self.manifest(), grading_specs=self._grading_specs)).to_json()
+        return analyse(
+            Analysis(
+                run_dir=self.cfg.run_dir,
+                targets={
+                    n: {
+                        "status": r.status,
+                        "reason": r.reason,
+                        "cache_config": r.info.get("cache_config") or {},
+                        "phases": r.phases,
+                    }
+                    for n, r in runs.items()
+                },
+                series=series,
+                reference=self.reference,
+                candidate=self.roles.candidate,
+                first_phase=self.cfg.schedules[0].label,
+                bucket_labels=self.cfg.buckets.labels,
+                tolerance=self.cfg.tolerance,
+                seed=self.cfg.seed,
+                thresholds=self.cfg.thresholds,
+                manifest=self.manifest(),
+                grading_specs=self._grading_specs,
+            )
+        ).to_json()
 
     def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
         """Task and checker of each request that has results: what grading needs of the
@@ -329,26 +369,31 @@ class Runner:
                 if not raw.endswith(b"\n"):
                     break  # another target's line, still being written (after ours)
                 row = orjson.loads(raw)
-                if (row["target"] == self.reference and row["phase"] == first
-                        and row["status"] == "ok" and row.get("prompt_ids")
-                        and row.get("output_ids")):
+                if (
+                    row["target"] == self.reference
+                    and row["phase"] == first
+                    and row["status"] == "ok"
+                    and row.get("prompt_ids")
+                    and row.get("output_ids")
+                ):
                     yield Result.from_json(row)
 
     def _complete(self, name: str) -> bool:
         """Resume: every phase has a final result for every request (and scores if due)."""
-        names = [name] + ([self.control.spec.name] if self.control and name == self.reference
-                          else [])
+        names = [name] + (
+            [self.control.spec.name] if self.control and name == self.reference else []
+        )
         done = [self.done.get((n, s.label), set()) for n in names for s in self.cfg.schedules]
-        phases_done = all(all(req.id in d for d in done)
-                          for req in self.cfg.trace.iter_requests())
+        phases_done = all(all(req.id in d for d in done) for req in self.cfg.trace.iter_requests())
         tf_due = self.cfg.teacher_forced and any(
-            (n, r.request_id) not in self.tf_done for r in self._reference_answers()
-            for n in names)
+            (n, r.request_id) not in self.tf_done for r in self._reference_answers() for n in names
+        )
         return phases_done and not tf_due
 
     async def _healthy_or_stopped(self, server: LocalServer) -> bool:
         health: asyncio.Future[None] = asyncio.get_running_loop().run_in_executor(
-            None, server.wait_healthy)
+            None, server.wait_healthy
+        )
         stop: asyncio.Future[Any] = asyncio.ensure_future(self.stopping.wait())
         await asyncio.wait([health, stop], return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
@@ -378,14 +423,21 @@ class Runner:
             return
         try:
             if spec.is_local:
-                server = LocalServer(spec, self.cfg.run_dir / "servers" / f"{spec.name}.log",
-                                     startup_timeout_s=self.cfg.startup_timeout_s)
+                server = LocalServer(
+                    spec,
+                    self.cfg.run_dir / "servers" / f"{spec.name}.log",
+                    startup_timeout_s=self.cfg.startup_timeout_s,
+                )
                 self.progress.status(
-                    f"[{spec.name}] starting vLLM ({spec.kv_cache_dtype} KV cache)")
+                    f"[{spec.name}] starting vLLM ({spec.kv_cache_dtype} KV cache)"
+                )
                 server.start()
                 assert server.proc is not None
-                run.info["server"] = {"pid": server.proc.pid, "url": server.url,
-                                      "command": server.command()}
+                run.info["server"] = {
+                    "pid": server.proc.pid,
+                    "url": server.url,
+                    "command": server.command(),
+                }
                 self.save_manifest()
                 if not await self._healthy_or_stopped(server):
                     return  # interrupted while starting: the finally below stops it
@@ -397,8 +449,9 @@ class Runner:
         except TargetError as exc:
             reason = exc.reason if isinstance(exc, ServerStartError) else str(exc)
             run.status = "failed"
-            run.reason = f"server did not start: {reason}" if isinstance(
-                exc, ServerStartError) else reason
+            run.reason = (
+                f"server did not start: {reason}" if isinstance(exc, ServerStartError) else reason
+            )
             if server is not None:
                 run.info["engine_config"] = engine_config_from_log(server.log_text())
                 run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
@@ -430,13 +483,21 @@ class Runner:
                 run.info["scale_log_lines"] = scale_lines(log)
                 run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
             model = served_model(info)
-            check_served_dtype(spec, info["cache_config"].get("cache_dtype"),
-                               server.log_text() if server is not None else None,
-                               run.info["problems"])
+            check_served_dtype(
+                spec,
+                info["cache_config"].get("cache_dtype"),
+                server.log_text() if server is not None else None,
+                run.info["problems"],
+            )
             self.save_manifest()
-            client = Client(url, model, api_key=spec.api_key(),
-                            timeout_s=self.cfg.timeout_s, seed=self.cfg.seed,
-                            epoch=self.clock.epoch)
+            client = Client(
+                url,
+                model,
+                api_key=spec.api_key(),
+                timeout_s=self.cfg.timeout_s,
+                seed=self.cfg.seed,
+                epoch=self.clock.epoch,
+            )
             try:
                 await self._phases(run, session, client, url)
             finally:
@@ -444,13 +505,20 @@ class Runner:
         if not run.budget.spent:
             run.status = "ok"
 
-    async def _phases(self, run: TargetRun, session: aiohttp.ClientSession, client: Client,
-                      url: str) -> None:
+    async def _phases(
+        self, run: TargetRun, session: aiohttp.ClientSession, client: Client, url: str
+    ) -> None:
         trace = self.cfg.trace
         self.progress.status(f"[{run.spec.name}] counting prompt tokens on the target tokenizer")
         pool = await token_pool(session, url, client.model) if trace.has_synth else None
-        counts = await prompt_token_counts(session, url, client.model, trace.iter_requests(),
-                                           trace.count, problems=run.info["problems"])
+        counts = await prompt_token_counts(
+            session,
+            url,
+            client.model,
+            trace.iter_requests(),
+            trace.count,
+            problems=run.info["problems"],
+        )
         run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
         series_file = JsonlWriter(self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl")
 
@@ -490,11 +558,19 @@ class Runner:
             series_file.close()
             run.info["scrape_failures"] = scraper.failures
             if scraper.first_failure is not None:
-                run.info["problems"].append(f"{scraper.failures} /metrics scrape(s) failed; "
-                                            f"first: {scraper.first_failure}")
+                run.info["problems"].append(
+                    f"{scraper.failures} /metrics scrape(s) failed; first: {scraper.first_failure}"
+                )
 
-    async def _phase(self, run: TargetRun, sched: Schedule, client: Client,
-                     pool: TokenPool | None, counts: array[int], scraper: Scraper) -> None:
+    async def _phase(
+        self,
+        run: TargetRun,
+        sched: Schedule,
+        client: Client,
+        pool: TokenPool | None,
+        counts: array[int],
+        scraper: Scraper,
+    ) -> None:
         name, label = run.spec.name, sched.label
         before_done = self.done.get((name, label), set())
         # Resume: the results of an earlier process are all for this trace's requests.
@@ -534,8 +610,14 @@ class Runner:
                 await _pause(wait, halt)
             if halt.is_set():
                 return  # left in ``pending``: recorded after the phase as not sent
-            res = Result(request_id=req.id, target=name, phase=label, bucket=bucket(i),
-                         scheduled=scheduled, prompt_tokens=_count(counts[i]))
+            res = Result(
+                request_id=req.id,
+                target=name,
+                phase=label,
+                bucket=bucket(i),
+                scheduled=scheduled,
+                prompt_tokens=_count(counts[i]),
+            )
             ids = synthesize(req, pool) if req.synth is not None and pool is not None else None
             try:
                 await client.send(req, res, ids, salt)
@@ -553,8 +635,9 @@ class Runner:
             before = await scraper.scrape_once()
             start = before.t if before is not None else self.clock.now()
             try:
-                await asyncio.wait_for(sched.run(pulled(todo), send, self.clock, halt),
-                                       self.cfg.phase_timeout_s)
+                await asyncio.wait_for(
+                    sched.run(pulled(todo), send, self.clock, halt), self.cfg.phase_timeout_s
+                )
             except TimeoutError:
                 pass
             finally:
@@ -568,21 +651,31 @@ class Runner:
                 pending.clear()
                 for i, req in [*unsent, *todo]:
                     self.writer.write(self._not_sent(run, req, label, bucket(i), end))
-        run.phases[label] = {"start": start, "end": end,
-                             **({"resumed": True} if before_done else {}),
-                             **({"interrupted": True} if self.stopping.is_set() else {})}
+        run.phases[label] = {
+            "start": start,
+            "end": end,
+            **({"resumed": True} if before_done else {}),
+            **({"interrupted": True} if self.stopping.is_set() else {}),
+        }
         self.save_manifest()
 
-    async def _teacher_forced(self, run: TargetRun, session: aiohttp.ClientSession, url: str,
-                              model: str, concurrency: int = 4) -> None:
+    async def _teacher_forced(
+        self,
+        run: TargetRun,
+        session: aiohttp.ClientSession,
+        url: str,
+        model: str,
+        concurrency: int = 4,
+    ) -> None:
         """Score the reference's first-phase answers under this target."""
         assert self.ref_done is not None
         await self.ref_done.wait()
         name = run.spec.name
 
         def answers() -> Iterator[Result]:
-            return (r for r in self._reference_answers()
-                    if (name, r.request_id) not in self.tf_done)
+            return (
+                r for r in self._reference_answers() if (name, r.request_id) not in self.tf_done
+            )
 
         due = sum(1 for _ in answers())
         if not due:
@@ -592,10 +685,18 @@ class Runner:
 
         async def one(ref: Result) -> None:
             assert ref.prompt_ids is not None
-            s = await tf_score(session, url, model, ref.prompt_ids, ref.output_ids,
-                               salt=salt, timeout_s=self.cfg.timeout_s)
-            self.tf_writer.write({"target": name, "request_id": ref.request_id,
-                                  "bucket": ref.bucket, **s.to_json()})
+            s = await tf_score(
+                session,
+                url,
+                model,
+                ref.prompt_ids,
+                ref.output_ids,
+                salt=salt,
+                timeout_s=self.cfg.timeout_s,
+            )
+            self.tf_writer.write(
+                {"target": name, "request_id": ref.request_id, "bucket": ref.bucket, **s.to_json()}
+            )
             self.progress.advance(name, "teacher-forced", s.error is None)
 
         # The answers are read from the results file as the workers take them (their token
@@ -607,22 +708,40 @@ class Runner:
         """The target failed by its error budget; later phases sent it nothing (their rows
         were written as not sent, so every request is still accounted for)."""
         run.status, run.reason = "failed", f"error budget spent: {run.budget.reason}"
-        run.info["error_budget"] = {"finished": run.budget.finished,
-                                    "errors": run.budget.errors, "reason": run.budget.reason}
+        run.info["error_budget"] = {
+            "finished": run.budget.finished,
+            "errors": run.budget.errors,
+            "reason": run.budget.reason,
+        }
         self.save_manifest()
 
-    def _not_sent(self, run: TargetRun, req: Request, label: str, bucket: str,
-                  at: float) -> dict[str, Any]:
+    def _not_sent(
+        self, run: TargetRun, req: Request, label: str, bucket: str, at: float
+    ) -> dict[str, Any]:
         """A request the phase did not send: the target's error budget was spent (final: the
         target failed), or the phase ran out of time (cancelled)."""
         if run.budget.spent:
-            res = Result(request_id=req.id, target=run.spec.name, phase=label, bucket=bucket,
-                         scheduled=at, status="error", error_kind="unavailable",
-                         error=f"not sent: {run.budget.reason}")
+            res = Result(
+                request_id=req.id,
+                target=run.spec.name,
+                phase=label,
+                bucket=bucket,
+                scheduled=at,
+                status="error",
+                error_kind="unavailable",
+                error=f"not sent: {run.budget.reason}",
+            )
         else:
-            res = Result(request_id=req.id, target=run.spec.name, phase=label, bucket=bucket,
-                         scheduled=at, status="cancelled", error_kind="cancelled",
-                         error=f"not sent: phase time limit {self.cfg.phase_timeout_s:g} s")
+            res = Result(
+                request_id=req.id,
+                target=run.spec.name,
+                phase=label,
+                bucket=bucket,
+                scheduled=at,
+                status="cancelled",
+                error_kind="cancelled",
+                error=f"not sent: phase time limit {self.cfg.phase_timeout_s:g} s",
+            )
         return res.to_json()
 
     def _record_unavailable(self, run: TargetRun) -> None:
@@ -631,9 +750,16 @@ class Runner:
         for sched in self.cfg.schedules:
             run.phases.setdefault(sched.label, {"start": now, "end": now})
             for req in self.cfg.trace.iter_requests():
-                res = Result(request_id=req.id, target=run.spec.name, phase=sched.label,
-                             bucket="unknown", scheduled=now, status="error",
-                             error_kind="unavailable", error=run.reason)
+                res = Result(
+                    request_id=req.id,
+                    target=run.spec.name,
+                    phase=sched.label,
+                    bucket="unknown",
+                    scheduled=now,
+                    status="error",
+                    error_kind="unavailable",
+                    error=run.reason,
+                )
                 self.writer.write(res.to_json())
 
 
@@ -642,14 +768,16 @@ async def token_pool(session: aiohttp.ClientSession, url: str, model: str) -> To
     tokenize cannot replay them (TargetError naming what /tokenize answered)."""
     why = "synthetic prompts are made of the target's own token ids"
     try:
-        ids = await _tokenize(session, url, {"model": model, "prompt": POOL_TEXT,
-                                             "add_special_tokens": False})
+        ids = await _tokenize(
+            session, url, {"model": model, "prompt": POOL_TEXT, "add_special_tokens": False}
+        )
         return TokenPool(ids)
     except EndpointError as exc:
         raise TargetError(f"{url} has no usable /tokenize endpoint ({exc}); {why}") from None
     except ValueError as exc:  # too few distinct ids to build prompts from
-        raise TargetError(f"{url} has no usable /tokenize endpoint (POST /tokenize: {exc}); "
-                          f"{why}") from None
+        raise TargetError(
+            f"{url} has no usable /tokenize endpoint (POST /tokenize: {exc}); {why}"
+        ) from None
 
 
 async def _tokenize(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[int]:
@@ -658,15 +786,18 @@ async def _tokenize(session: aiohttp.ClientSession, url: str, body: dict[str, An
     v = ans.value
     tokens = v.get("tokens") if isinstance(v, dict) else None
     if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+    ):
         raise ans.wrong('an object with a "tokens" list of token ids')
     return tokens
 
 
-async def pooled(items: Iterator[T], work: Callable[[T], Awaitable[None]],
-                 concurrency: int) -> None:
+async def pooled(
+    items: Iterator[T], work: Callable[[T], Awaitable[None]], concurrency: int
+) -> None:
     """``work`` on every item, ``concurrency`` at a time, taking items only as workers free
     up: a million items are never a million pending coroutines."""
+
     async def worker() -> None:
         for item in items:  # shared: each item goes to exactly one worker
             await work(item)
@@ -693,9 +824,15 @@ def _count(n: int) -> int | None:
     return None if n == UNKNOWN else n
 
 
-async def prompt_token_counts(session: aiohttp.ClientSession, url: str, model: str,
-                              reqs: Iterable[Request], n: int, concurrency: int = 16,
-                              problems: list[str] | None = None) -> array[int]:
+async def prompt_token_counts(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    reqs: Iterable[Request],
+    n: int,
+    concurrency: int = 16,
+    problems: list[str] | None = None,
+) -> array[int]:
     """Prompt length of each of the ``n`` requests on the target's own tokenizer (chat
     template applied), by position in ``reqs``; where /tokenize cannot count one, the
     trace's ``input_tokens`` or ``UNKNOWN``, and a line in ``problems`` says how many and
@@ -709,8 +846,11 @@ async def prompt_token_counts(session: aiohttp.ClientSession, url: str, model: s
         known = req.declared_tokens
         if known is None:
             if req.api == "chat":
-                body: dict[str, Any] = {"model": model, "messages": list(req.messages or ()),
-                                        "add_generation_prompt": True}
+                body: dict[str, Any] = {
+                    "model": model,
+                    "messages": list(req.messages or ()),
+                    "add_generation_prompt": True,
+                }
                 if req.tools:
                     body["tools"] = list(req.tools)
             else:
@@ -725,18 +865,24 @@ async def prompt_token_counts(session: aiohttp.ClientSession, url: str, model: s
     with closing(iter(reqs)) as items:
         await pooled(enumerate(items), one, concurrency)
     if failed and problems is not None:
-        problems.append(f"{failed} of {n} prompt(s) not counted on the target's tokenizer "
-                        f"(bucketed by the trace's input_tokens, else 'unknown'); first: "
-                        f"{first}")
+        problems.append(
+            f"{failed} of {n} prompt(s) not counted on the target's tokenizer "
+            f"(bucketed by the trace's input_tokens, else 'unknown'); first: "
+            f"{first}"
+        )
     return out
 
 
-async def count_tokens(session: aiohttp.ClientSession, url: str, model: str,
-                       reqs: Sequence[Request], concurrency: int = 16,
-                       problems: list[str] | None = None) -> dict[str, int | None]:
+async def count_tokens(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    reqs: Sequence[Request],
+    concurrency: int = 16,
+    problems: list[str] | None = None,
+) -> dict[str, int | None]:
     """``prompt_token_counts`` by request id, for callers that hold their requests."""
-    counts = await prompt_token_counts(session, url, model, reqs, len(reqs), concurrency,
-                                       problems)
+    counts = await prompt_token_counts(session, url, model, reqs, len(reqs), concurrency, problems)
     return {r.id: _count(c) for r, c in zip(reqs, counts, strict=True)}
 
 
@@ -783,7 +929,7 @@ class Analysis:
     fills it from its own state at the end of a run, ``reanalyse`` from the run directory."""
 
     run_dir: Path
-    targets: Mapping[str, Mapping[str, Any]]    # name -> status, reason, cache_config, phases
+    targets: Mapping[str, Mapping[str, Any]]  # name -> status, reason, cache_config, phases
     series: Mapping[str, Sequence[Mapping[str, Any]]]
     reference: str
     candidate: str | None
@@ -794,37 +940,59 @@ class Analysis:
     thresholds: Thresholds
     manifest: Mapping[str, Any]
     grading_specs: Callable[[set[str]], Mapping[str, Gradable]]
-    verdict: bool = True                        # a Locust run (one target) has none
-    grading: bool = True                        # Locust with --kvc-checkers off: no grades
-    results: Sequence[Result] | None = None     # None: read from the run directory
-    driver: Mapping[str, Any] | None = None     # a Locust run: what drove it (its manifest's)
+    verdict: bool = True  # a Locust run (one target) has none
+    grading: bool = True  # Locust with --kvc-checkers off: no grades
+    results: Sequence[Result] | None = None  # None: read from the run directory
+    driver: Mapping[str, Any] | None = None  # a Locust run: what drove it (its manifest's)
 
 
 def analyse(a: Analysis) -> Summary:
     """Write ``grades.jsonl`` and ``summary.json`` of a run; return the summary."""
     # Prompt ids are only for teacher-forced scoring, which reads them from the file.
-    results = list(a.results) if a.results is not None else load_results(a.run_dir,
-                                                                          prompt_ids=False)
-    summary = Summary(version=SUMMARY_VERSION,
-                      targets=summarize_targets(results, a.targets, a.series, a.bucket_labels),
-                      run_dir=str(a.run_dir), driver=a.driver)
+    results = (
+        list(a.results) if a.results is not None else load_results(a.run_dir, prompt_ids=False)
+    )
+    summary = Summary(
+        version=SUMMARY_VERSION,
+        targets=summarize_targets(results, a.targets, a.series, a.bucket_labels),
+        run_dir=str(a.run_dir),
+        driver=a.driver,
+    )
     if a.grading:
-        rows = grade_rows(results, a.grading_specs({r.request_id for r in results}),
-                          a.reference)
+        rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
         with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
             for row in rows:
                 fh.write(orjson.dumps(row).decode() + "\n")
         tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
-        summary = replace(summary, quality=assess_quality(
-            rows, tf_rows, a.reference, a.bucket_labels, a.tolerance, a.seed,
-            alpha=a.thresholds.alpha, min_pairs=a.thresholds.min_pairs))
+        summary = replace(
+            summary,
+            quality=assess_quality(
+                rows,
+                tf_rows,
+                a.reference,
+                a.bucket_labels,
+                a.tolerance,
+                a.seed,
+                alpha=a.thresholds.alpha,
+                min_pairs=a.thresholds.min_pairs,
+            ),
+        )
     if a.verdict:
         if a.candidate is not None:
             compared = systems(results, a.reference, a.candidate, a.first_phase, a.seed)
-            summary = replace(summary, systems=replace(compared, throughput_ratio=(
-                throughput_ratio(summary, a.reference, a.candidate, a.first_phase))))
-        verdict = decide(facts_from_run(summary, a.manifest, candidate=a.candidate,
-                                        thresholds=a.thresholds), a.thresholds)
+            summary = replace(
+                summary,
+                systems=replace(
+                    compared,
+                    throughput_ratio=(
+                        throughput_ratio(summary, a.reference, a.candidate, a.first_phase)
+                    ),
+                ),
+            )
+        verdict = decide(
+            facts_from_run(summary, a.manifest, candidate=a.candidate, thresholds=a.thresholds),
+            a.thresholds,
+        )
         summary = replace(summary, verdict=verdict)
     write_json(a.run_dir / SUMMARY, summary.to_json())
     return summary
@@ -846,40 +1014,58 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
     reference = str(manifest.get("reference") or names[0])
     targets = {n: _target_facts(manifest["targets"][n], n, results) for n in names}
     series: dict[str, list[Any]] = {
-        n: list(_complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names}
+        n: list(_complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names
+    }
     for n in names:  # the control ran on the reference's server, which its metrics describe
         if n == reference + CONTROL_SUFFIX:
             series[n] = series.get(reference, [])
     cli = manifest.get("cli_options") or {}
     tolerance = float(cli.get("tolerance", 0.05))
-    thresholds = Thresholds(tolerance=tolerance, alpha=float(cli.get("alpha", 0.05)),
-                            min_pairs=int(cli.get("min_pairs", 20)),
-                            required_capacity_ratio=float(cli.get("required_capacity_ratio",
-                                                                  1.5)),
-                            max_error_rate=float(cli.get("max_error_rate", 0.05)),
-                            accept_emulated=bool(cli.get("accept_emulated", False)))
+    thresholds = Thresholds(
+        tolerance=tolerance,
+        alpha=float(cli.get("alpha", 0.05)),
+        min_pairs=int(cli.get("min_pairs", 20)),
+        required_capacity_ratio=float(cli.get("required_capacity_ratio", 1.5)),
+        max_error_rate=float(cli.get("max_error_rate", 0.05)),
+        accept_emulated=bool(cli.get("accept_emulated", False)),
+    )
     roles = Roles.from_manifest(manifest, _ordered(names, cli.get("targets")))
     schedules = list(manifest.get("schedules") or [])
     locust = "driver" in manifest
-    return analyse(Analysis(
-        run_dir=run_dir, targets=targets, series=series, reference=reference,
-        candidate=None if locust else roles.candidate,
-        first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
-        bucket_labels=list((manifest.get("buckets") or {}).get("labels") or []),
-        tolerance=tolerance, seed=int((manifest.get("options") or {}).get("seed", 0)),
-        thresholds=thresholds, manifest=manifest,
-        grading_specs=_trace_checks(run_dir, manifest, trace_path), verdict=not locust,
-        results=results, driver=manifest["driver"] if locust else None)).to_json()
+    return analyse(
+        Analysis(
+            run_dir=run_dir,
+            targets=targets,
+            series=series,
+            reference=reference,
+            candidate=None if locust else roles.candidate,
+            first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
+            bucket_labels=list((manifest.get("buckets") or {}).get("labels") or []),
+            tolerance=tolerance,
+            seed=int((manifest.get("options") or {}).get("seed", 0)),
+            thresholds=thresholds,
+            manifest=manifest,
+            grading_specs=_trace_checks(run_dir, manifest, trace_path),
+            verdict=not locust,
+            results=results,
+            driver=manifest["driver"] if locust else None,
+        )
+    ).to_json()
 
 
 def _manifest(run_dir: Path) -> dict[str, Any]:
     try:
         manifest = read_json(run_dir / MANIFEST)
     except (OSError, ValueError) as exc:
-        raise InputError(f"{run_dir}: no readable {MANIFEST} ({exc}); is this a kvcanary run "
-                         "directory?") from None
-    if (not isinstance(manifest, dict) or not isinstance(manifest.get("targets"), dict)
-            or not manifest["targets"] or not isinstance(manifest.get("trace"), dict)):
+        raise InputError(
+            f"{run_dir}: no readable {MANIFEST} ({exc}); is this a kvcanary run directory?"
+        ) from None
+    if (
+        not isinstance(manifest, dict)
+        or not isinstance(manifest.get("targets"), dict)
+        or not manifest["targets"]
+        or not isinstance(manifest.get("trace"), dict)
+    ):
         raise InputError(f"{run_dir / MANIFEST}: not a kvcanary manifest (no targets or trace)")
     return manifest
 
@@ -905,12 +1091,13 @@ def _complete_results(run_dir: Path) -> Iterator[Result]:
         try:
             yield Result.from_json(row)
         except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{run_dir / RESULTS}: result {lineno} is not a result "
-                             f"({type(exc).__name__}: {exc})") from None
+            raise InputError(
+                f"{run_dir / RESULTS}: result {lineno} is not a result "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
 
 
-def _target_facts(info: Mapping[str, Any], name: str,
-                  results: Sequence[Result]) -> dict[str, Any]:
+def _target_facts(info: Mapping[str, Any], name: str, results: Sequence[Result]) -> dict[str, Any]:
     """What the summary needs of a target, from its manifest entry. A phase that some result
     names but the manifest has no window for (the run was killed inside it) gets the span of
     its results, so that its requests are counted."""
@@ -923,8 +1110,12 @@ def _target_facts(info: Mapping[str, Any], name: str,
             span[0], span[1] = min(span[0], *times), max(span[1], *times)
     for label, (start, end) in spans.items():
         phases[label] = {"start": start, "end": end, "interrupted": True}
-    return {"status": info.get("status"), "reason": info.get("reason"),
-            "cache_config": info.get("cache_config") or {}, "phases": phases}
+    return {
+        "status": info.get("status"),
+        "reason": info.get("reason"),
+        "cache_config": info.get("cache_config") or {},
+        "phases": phases,
+    }
 
 
 def _ordered(names: Sequence[str], targets_option: Any) -> list[str]:
@@ -933,22 +1124,26 @@ def _ordered(names: Sequence[str], targets_option: Any) -> list[str]:
     return [n for n in order if n in names] + sorted(n for n in names if n not in order)
 
 
-def _trace_checks(run_dir: Path, manifest: Mapping[str, Any],
-                  trace_path: Path | None) -> Callable[[set[str]], dict[str, GradingSpec]]:
+def _trace_checks(
+    run_dir: Path, manifest: Mapping[str, Any], trace_path: Path | None
+) -> Callable[[set[str]], dict[str, GradingSpec]]:
     """The checks of the run's own trace, by request id (read when grading asks for them)."""
     trace = manifest["trace"]
     path = trace_path or Path(str(trace.get("path")))
     if not path.is_file():
-        raise InputError(f"{run_dir}: the run's trace {path} is not there, and grading needs "
-                         "its checks; give it with --trace PATH")
+        raise InputError(
+            f"{run_dir}: the run's trace {path} is not there, and grading needs "
+            "its checks; give it with --trace PATH"
+        )
     if trace.get("sha256") and file_digest(path) != trace["sha256"]:
-        raise InputError(f"{path}: not the trace of {run_dir} (its sha256 differs from the "
-                         "manifest's): its checks would grade other requests; give the "
-                         "original with --trace PATH")
+        raise InputError(
+            f"{path}: not the trace of {run_dir} (its sha256 differs from the "
+            "manifest's): its checks would grade other requests; give the "
+            "original with --trace PATH"
+        )
     fmt = str(trace.get("format") or "auto")
 
     def checks(ids: set[str]) -> dict[str, GradingSpec]:
-        return {r.id: grading_spec(r) for r in stream(path, fmt, on_bad_line="skip")
-                if r.id in ids}
+        return {r.id: grading_spec(r) for r in stream(path, fmt, on_bad_line="skip") if r.id in ids}
 
     return checks

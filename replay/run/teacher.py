@@ -66,19 +66,38 @@ def parse_scores(body: Any, prompt_len: int, output_ids: Sequence[int]) -> TFSco
     return TFScore(len(nll), tuple(nll), tuple(top1))
 
 
-async def score(session: aiohttp.ClientSession, url: str, model: str,
-                prompt_ids: Sequence[int], output_ids: Sequence[int], *,
-                salt: str | None = None, timeout_s: float = 600.0) -> TFScore:
+async def score(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    *,
+    salt: str | None = None,
+    timeout_s: float = 600.0,
+) -> TFScore:
     """Score ``output_ids`` after ``prompt_ids`` under the target at ``url``."""
     if not output_ids:
         return TFScore(0, error="the reference produced no tokens")
-    body: dict[str, Any] = {"model": model, "prompt": [*prompt_ids, *output_ids],
-                            "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": [*prompt_ids, *output_ids],
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": 1,
+    }
     if salt:
         body["cache_salt"] = salt
     try:
-        ans = await fetch_json(session, "POST", url, "/v1/completions", json_body=body,
-                               timeout_s=timeout_s, max_bytes=MAX_SCORES_BODY)
+        ans = await fetch_json(
+            session,
+            "POST",
+            url,
+            "/v1/completions",
+            json_body=body,
+            timeout_s=timeout_s,
+            max_bytes=MAX_SCORES_BODY,
+        )
     except EndpointError as exc:
         return TFScore(0, error=str(exc))
     scored = parse_scores(ans.value, len(prompt_ids), output_ids)

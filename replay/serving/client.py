@@ -102,13 +102,18 @@ class Client:
     def now(self) -> float:
         return self._clock() - self._epoch
 
-    async def _body_written(self, _session: aiohttp.ClientSession, ctx: Any,
-                            _params: aiohttp.TraceRequestChunkSentParams) -> None:
+    async def _body_written(
+        self,
+        _session: aiohttp.ClientSession,
+        ctx: Any,
+        _params: aiohttp.TraceRequestChunkSentParams,
+    ) -> None:
         if isinstance(ctx.trace_request_ctx, Result):
             ctx.trace_request_ctx.sent = self.now()
 
-    def payload(self, req: Request, prompt_ids: Sequence[int] | None = None,
-                cache_salt: str | None = None) -> tuple[str, dict[str, Any]]:
+    def payload(
+        self, req: Request, prompt_ids: Sequence[int] | None = None, cache_salt: str | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """The endpoint and JSON body for a request (deterministic sampling by default).
         ``cache_salt`` isolates vLLM's prefix cache (requests share only within one salt)."""
         body: dict[str, Any] = {
@@ -138,8 +143,13 @@ class Client:
             body["prompt"] = req.prompt
         return "/v1/completions", body
 
-    async def send(self, req: Request, result: Result, prompt_ids: Sequence[int] | None = None,
-                   cache_salt: str | None = None) -> Result:
+    async def send(
+        self,
+        req: Request,
+        result: Result,
+        prompt_ids: Sequence[int] | None = None,
+        cache_salt: str | None = None,
+    ) -> Result:
         """Stream one request into ``result`` (its scheduled time already set)."""
         path, body = self.payload(req, prompt_ids, cache_salt)
         try:
@@ -149,14 +159,22 @@ class Client:
             async with asyncio.timeout(self.timeout_s):
                 await self._stream(path, body, result)
         except aiohttp.ConnectionTimeoutError as exc:  # before TimeoutError: it is one
-            _fail(result, "connect", f"cannot connect to {self.base_url}: no answer to the "
-                  f"TCP connect within {_CONNECT_TIMEOUT_S:g} s ({exc!r})")
+            _fail(
+                result,
+                "connect",
+                f"cannot connect to {self.base_url}: no answer to the "
+                f"TCP connect within {_CONNECT_TIMEOUT_S:g} s ({exc!r})",
+            )
         except TimeoutError:
             _fail(result, "timeout", f"no complete answer within {self.timeout_s:g} s")
         except aiohttp.ClientConnectorError as exc:
             _fail(result, "connect", connect_reason(exc))
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
-                aiohttp.ClientOSError, ConnectionResetError) as exc:
+        except (
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientPayloadError,
+            aiohttp.ClientOSError,
+            ConnectionResetError,
+        ) as exc:
             _fail(result, "disconnect", f"connection lost mid-answer: {exc!r}")
         except ProtocolError as exc:
             _fail(result, "protocol", str(exc))
@@ -174,9 +192,13 @@ class Client:
     async def _stream(self, path: str, body: dict[str, Any], result: Result) -> None:
         data = orjson.dumps(body)
         result.sent = self.now()  # until the body is written (a failed connect keeps this)
-        async with self._session.post(self.base_url + path, data=data, headers=_JSON_HEADERS,
-                                      allow_redirects=False,
-                                      trace_request_ctx=result) as resp:
+        async with self._session.post(
+            self.base_url + path,
+            data=data,
+            headers=_JSON_HEADERS,
+            allow_redirects=False,
+            trace_request_ctx=result,
+        ) as resp:
             result.http_status = resp.status
             if resp.status != 200:
                 await _http_error(resp, result)
@@ -259,8 +281,12 @@ async def _http_error(resp: aiohttp.ClientResponse, result: Result) -> None:
     if 300 <= status < 400:
         where = resp.headers.get("Location")
         to = f"to {where[:500]!r}" if where else "with no Location"
-        _fail(result, "http", f"HTTP {status} redirect {to}, not followed: the answer must "
-              "come from the target's own URL (point the target at where it redirects)")
+        _fail(
+            result,
+            "http",
+            f"HTTP {status} redirect {to}, not followed: the answer must "
+            "come from the target's own URL (point the target at where it redirects)",
+        )
         return
     text = await _body_head(resp)
     message, _ = _server_message(text)
@@ -279,22 +305,42 @@ async def _not_a_stream(resp: aiohttp.ClientResponse, result: Result) -> None:
     message, is_error = _server_message(text)
     ctype = _content_type(resp)
     if is_error:
-        _fail(result, "server_error", f"HTTP 200 with an error body ({ctype}) instead of an "
-              f"event stream: {message}")
+        _fail(
+            result,
+            "server_error",
+            f"HTTP 200 with an error body ({ctype}) instead of an event stream: {message}",
+        )
         return
     hint = " (did it ignore stream=true?)" if resp.content_type == "application/json" else ""
-    _fail(result, "protocol", f"HTTP 200 with {ctype}, not text/event-stream{hint}; the body "
-          f"starts: {_quote(text) if text.strip() else 'empty body'}")
+    _fail(
+        result,
+        "protocol",
+        f"HTTP 200 with {ctype}, not text/event-stream{hint}; the body "
+        f"starts: {_quote(text) if text.strip() else 'empty body'}",
+    )
 
 
 class _Accumulator:
     """Folds streamed chunks into a Result."""
 
-    __slots__ = ("_arrivals", "_attributed", "_calls", "_estimated", "_id_room", "_reported",
-                 "_room", "_stamps_left", "_text", "_usage_seen", "now", "r")
+    __slots__ = (
+        "_arrivals",
+        "_attributed",
+        "_calls",
+        "_estimated",
+        "_id_room",
+        "_reported",
+        "_room",
+        "_stamps_left",
+        "_text",
+        "_usage_seen",
+        "now",
+        "r",
+    )
 
-    def __init__(self, result: Result, now: Callable[[], float],
-                 max_chars: int = MAX_ANSWER_CHARS) -> None:
+    def __init__(
+        self, result: Result, now: Callable[[], float], max_chars: int = MAX_ANSWER_CHARS
+    ) -> None:
         self.r = result
         self.now = now
         self._usage_seen = False
@@ -478,14 +524,15 @@ class _Accumulator:
         empty = r.first_token is None and not (r.finish_reason and self._reported > 0)
         quoted = f"; the body starts: {head[:200]!r}" if empty and head else ""
         if not done:
-            raise ProtocolError("stream ended without [DONE]"
-                                + (" and without any content" if empty else "") + quoted)
+            raise ProtocolError(
+                "stream ended without [DONE]"
+                + (" and without any content" if empty else "")
+                + quoted
+            )
         if empty:
-            raise ProtocolError("stream ended without any content (no text, no tool call)"
-                                + quoted)
+            raise ProtocolError("stream ended without any content (no text, no tool call)" + quoted)
         if self._usage_seen and self._reported == 0 and r.first_token is not None:
-            raise ProtocolError("impossible usage: completion_tokens 0 for an answer with "
-                                "content")
+            raise ProtocolError("impossible usage: completion_tokens 0 for an answer with content")
 
 
 def _fail(result: Result, kind: Any, message: str) -> None:

@@ -17,9 +17,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from replay.core.errors import TargetError
 
-CACHE_INFO_LABELS = ("cache_dtype", "block_size", "num_gpu_blocks", "kv_cache_size_tokens",
-                     "kv_cache_max_concurrency", "kv_cache_dtype_skip_layers",
-                     "kv_cache_memory_bytes", "enable_prefix_caching")
+CACHE_INFO_LABELS = (
+    "cache_dtype",
+    "block_size",
+    "num_gpu_blocks",
+    "kv_cache_size_tokens",
+    "kv_cache_max_concurrency",
+    "kv_cache_dtype_skip_layers",
+    "kv_cache_memory_bytes",
+    "enable_prefix_caching",
+)
 
 # Scalar series we keep in the time series (counters without their _total suffix, as the
 # parser names them).
@@ -50,8 +57,7 @@ class MetricsSnapshot:
     cache_info: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"t": self.t, **self.values,
-                **{f"{k}_hist": v for k, v in self.histograms.items()}}
+        return {"t": self.t, **self.values, **{f"{k}_hist": v for k, v in self.histograms.items()}}
 
 
 def parse_metrics(text: str, t: float = 0.0) -> MetricsSnapshot:
@@ -126,8 +132,11 @@ def os_error_text(err: OSError) -> str:
 def connect_reason(exc: aiohttp.ClientConnectorError) -> str:
     """Why a connection could not be made, in the OS's words (shared with the client)."""
     err = exc.os_error
-    why = (f"name lookup failed: {err.strerror}" if isinstance(err, socket.gaierror)
-           else os_error_text(err))
+    why = (
+        f"name lookup failed: {err.strerror}"
+        if isinstance(err, socket.gaierror)
+        else os_error_text(err)
+    )
     return f"cannot connect to {exc.host}:{exc.port}: {why}"
 
 
@@ -154,25 +163,40 @@ class Answer:
         return EndpointError(f"{self.label}: expected {expected}, got {quote(self.body)}")
 
 
-async def fetch(session: aiohttp.ClientSession, method: str, base_url: str, path: str, *,
-                json_body: Any = None, timeout_s: float = 30.0,
-                max_bytes: int = MAX_BODY) -> Answer:
+async def fetch(
+    session: aiohttp.ClientSession,
+    method: str,
+    base_url: str,
+    path: str,
+    *,
+    json_body: Any = None,
+    timeout_s: float = 30.0,
+    max_bytes: int = MAX_BODY,
+) -> Answer:
     """One non-streaming call; anything but a 200 raises EndpointError naming the call.
     Redirects are not followed: an answer from elsewhere is not the target's answer, and the
     session's credentials are the target's alone."""
     label = f"{method} {path}"
     try:
-        async with session.request(method, base_url + path, json=json_body,
-                                   allow_redirects=False,
-                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        async with session.request(
+            method,
+            base_url + path,
+            json=json_body,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as r:
             if 300 <= r.status < 400:
                 where = quote(r.headers.get("Location", "(none)").encode())
-                raise _scrubbed(session, f"{label}: HTTP {r.status} redirect to {where}: not "
-                                "followed (give the URL of the server itself)")
+                raise _scrubbed(
+                    session,
+                    f"{label}: HTTP {r.status} redirect to {where}: not "
+                    "followed (give the URL of the server itself)",
+                )
             body = await _read_capped(r, label, max_bytes)
             if r.status != 200:
-                raise _scrubbed(session, f"{label}: HTTP {r.status} ({r.content_type}): "
-                                f"{quote(body)}")
+                raise _scrubbed(
+                    session, f"{label}: HTTP {r.status} ({r.content_type}): {quote(body)}"
+                )
             return Answer(label, body)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         why, unreachable = transport_problem(exc, timeout_s)
@@ -188,19 +212,24 @@ def _scrubbed(session: aiohttp.ClientSession, message: str) -> EndpointError:
 
 async def _read_capped(r: aiohttp.ClientResponse, label: str, max_bytes: int) -> bytes:
     if r.content_length is not None and r.content_length > max_bytes:
-        raise EndpointError(f"{label}: answer of {r.content_length} bytes, over the "
-                            f"{max_bytes}-byte limit for this endpoint")
+        raise EndpointError(
+            f"{label}: answer of {r.content_length} bytes, over the "
+            f"{max_bytes}-byte limit for this endpoint"
+        )
     buf = bytearray()
     async for chunk in r.content.iter_chunked(65536):
         buf += chunk
         if len(buf) > max_bytes:
-            raise EndpointError(f"{label}: answer over the {max_bytes}-byte limit for this "
-                                f"endpoint: {quote(bytes(buf))}")
+            raise EndpointError(
+                f"{label}: answer over the {max_bytes}-byte limit for this "
+                f"endpoint: {quote(bytes(buf))}"
+            )
     return bytes(buf)
 
 
-async def fetch_json(session: aiohttp.ClientSession, method: str, base_url: str, path: str,
-                     **kw: Any) -> Answer:
+async def fetch_json(
+    session: aiohttp.ClientSession, method: str, base_url: str, path: str, **kw: Any
+) -> Answer:
     """``fetch``, and the body parsed as JSON (any content type that parses is accepted)."""
     ans = await fetch(session, method, base_url, path, **kw)
     try:
@@ -231,8 +260,10 @@ def model_fields(ans: Answer) -> tuple[dict[str, Any], list[str]]:
     if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0:
         out["max_model_len"] = mml
     elif mml is not None:
-        notes.append(f"{ans.label}: data[0].max_model_len is not a positive integer: "
-                     f"{quote(orjson.dumps(mml))}")
+        notes.append(
+            f"{ans.label}: data[0].max_model_len is not a positive integer: "
+            f"{quote(orjson.dumps(mml))}"
+        )
     return out, notes
 
 
@@ -247,9 +278,15 @@ async def introspect(session: aiohttp.ClientSession, base_url: str) -> dict[str,
     """/v1/models, /version and the cache config labels. What an endpoint could not tell is
     a line in ``problems`` naming it; ``unreachable`` is set when the server could not be
     connected to at all (the rest is then not asked)."""
-    out: dict[str, Any] = {"url": base_url, "problems": [], "model_id": None,
-                           "model_root": None, "max_model_len": None, "engine_version": None,
-                           "cache_config": {}}
+    out: dict[str, Any] = {
+        "url": base_url,
+        "problems": [],
+        "model_id": None,
+        "model_root": None,
+        "max_model_len": None,
+        "engine_version": None,
+        "cache_config": {},
+    }
     problems: list[str] = out["problems"]
     try:
         models = await fetch_json(session, "GET", base_url, "/v1/models")
@@ -283,8 +320,10 @@ def served_model(info: dict[str, Any]) -> str:
     if isinstance(model, str) and model:
         return model
     url = info.get("url")
-    why = next((p for p in info.get("problems", []) if p.startswith("GET /v1/models")),
-               "GET /v1/models: no model listed")
+    why = next(
+        (p for p in info.get("problems", []) if p.startswith("GET /v1/models")),
+        "GET /v1/models: no model listed",
+    )
     if info.get("unreachable"):
         raise TargetError(f"target unreachable at {url}: {why}")
     raise TargetError(f"no model served by {url}: {why}")
@@ -302,9 +341,14 @@ class Scraper:
     """Scrapes /metrics every ``interval_s`` into ``sink`` until stopped. A failed scrape is
     a gap in the series (counted, the first reason kept), never an error of the run."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str,
-                 now: Callable[[], float], sink: Callable[[MetricsSnapshot], None],
-                 interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        now: Callable[[], float],
+        sink: Callable[[MetricsSnapshot], None],
+        interval_s: float = 1.0,
+    ) -> None:
         self.session, self.base_url, self.now, self.sink = session, base_url, now, sink
         self.interval_s = interval_s
         self.failures = 0
@@ -319,8 +363,11 @@ class Scraper:
         except (EndpointError, ValueError) as exc:
             self.failures += 1
             if self.first_failure is None:
-                self.first_failure = (str(exc) if isinstance(exc, EndpointError)
-                                      else f"GET /metrics: not Prometheus text: {exc}")
+                self.first_failure = (
+                    str(exc)
+                    if isinstance(exc, EndpointError)
+                    else f"GET /metrics: not Prometheus text: {exc}"
+                )
             return None
         self.snapshots.append(snap)
         self.sink(snap)

@@ -51,17 +51,25 @@ class ScaleEvidence:
         if self.source == DEFAULT_WARNED:
             return f"the server log says '{SCALE_ONE_WARNING}': no scales were loaded"
         if self.source == DEFAULT_UNQUANTIZED:
-            return ("the engine runs with quantization=None, so vLLM keeps its default k/v "
-                    "scales of 1.0 (it logs nothing about scales in that case)")
+            return (
+                "the engine runs with quantization=None, so vLLM keeps its default k/v "
+                "scales of 1.0 (it logs nothing about scales in that case)"
+            )
         if self.source == CHECKPOINT:
-            return (f"the engine loaded the checkpoint through quantization={self.quantization}"
-                    f" and logged no scale-1.0 warning")
+            return (
+                f"the engine loaded the checkpoint through quantization={self.quantization}"
+                f" and logged no scale-1.0 warning"
+            )
         return "the server log has no engine line: which scales it runs is not known"
 
     def to_json(self) -> dict[str, object]:
-        return {"source": self.source, "quantization": self.quantization,
-                "kv_cache_dtype": self.kv_cache_dtype, "warning": self.warning,
-                "runs_at_scale_one": self.runs_at_scale_one}
+        return {
+            "source": self.source,
+            "quantization": self.quantization,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "warning": self.warning,
+            "runs_at_scale_one": self.runs_at_scale_one,
+        }
 
 
 def scale_evidence(log_text: str) -> ScaleEvidence:

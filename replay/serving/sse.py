@@ -61,9 +61,14 @@ class SSEDecoder:
     def feed(self, chunk: bytes) -> Iterator[Any]:
         # One split per read and no helper generator per event: this runs for every token
         # (bench/: the decoder was most of the client's CPU above a bare line-counting loop).
-        if (not self._tail and not self._data and chunk[:6] == b"data: "
-                and chunk.find(b"\n") == (n := len(chunk)) - 2 and chunk[-1:] == b"\n"
-                and n <= self.max_event_bytes):
+        if (
+            not self._tail
+            and not self._data
+            and chunk[:6] == b"data: "
+            and chunk.find(b"\n") == (n := len(chunk)) - 2
+            and chunk[-1:] == b"\n"
+            and n <= self.max_event_bytes
+        ):
             # The usual read: exactly one whole ``data: {...}\n\n`` event.
             payload: bytes | bytearray = chunk[6:-2]
             if payload[:1] == b"{" and payload[-1:] != b"\r":
@@ -86,7 +91,7 @@ class SSEDecoder:
                 return
             tail += chunk[:end]
             joined: list[bytes | bytearray] = [tail]
-            joined += chunk[end + 1:].split(b"\n")
+            joined += chunk[end + 1 :].split(b"\n")
             lines = joined
             size = len(tail) + len(chunk) - end
         else:  # the usual cut: a line split between two reads
@@ -141,9 +146,13 @@ class SSEDecoder:
         self._tail = b""  # what was held goes now, not when the request's result does
         self._data.clear()
         self._held = 0
-        return ProtocolError(reason or (
-            f"SSE event over {self.max_event_bytes} bytes (a line or an event's data that "
-            "long; the limit is the client's max_event_bytes)"))
+        return ProtocolError(
+            reason
+            or (
+                f"SSE event over {self.max_event_bytes} bytes (a line or an event's data that "
+                "long; the limit is the client's max_event_bytes)"
+            )
+        )
 
     def close(self) -> Iterator[Any]:
         """End of body: a last event without its blank line still counts."""

@@ -67,8 +67,10 @@ class TargetSpec:
             return None
         key = os.environ.get(self.api_key_env)
         if key is None:
-            raise ConfigError(f"target '{self.name}': environment variable "
-                              f"{self.api_key_env} (api_key_env) is not set")
+            raise ConfigError(
+                f"target '{self.name}': environment variable "
+                f"{self.api_key_env} (api_key_env) is not set"
+            )
         return key
 
     def auth_headers(self) -> dict[str, str]:
@@ -79,10 +81,17 @@ class TargetSpec:
 
     def describe(self) -> dict[str, Any]:
         """For the manifest: everything but secrets (the key's variable name only)."""
-        return {"name": self.name, "url": self.url, "api_key_env": self.api_key_env,
-                "model": self.model, "kv_cache_dtype": self.kv_cache_dtype,
-                "args": list(self.args), "env": dict(self.env),
-                "expect_cache_dtype": self.expect_cache_dtype, "role": self.role}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "api_key_env": self.api_key_env,
+            "model": self.model,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "args": list(self.args),
+            "env": dict(self.env),
+            "expect_cache_dtype": self.expect_cache_dtype,
+            "role": self.role,
+        }
 
 
 def expected_dtype_for(name: str, kv_cache_dtype: str | None) -> str | None:
@@ -112,35 +121,42 @@ def emulate_fp8(spec: TargetSpec) -> TargetSpec:
     return replace(spec, kv_cache_dtype=EMULATED_FP8, expect_cache_dtype=EMULATED_FP8)
 
 
-def check_served_dtype(spec: TargetSpec, served: str | None, log_text: str | None,
-                       problems: list[str]) -> None:
+def check_served_dtype(
+    spec: TargetSpec, served: str | None, log_text: str | None, problems: list[str]
+) -> None:
     """Raise ServingMismatch when the target does not run the KV cache its spec means;
     append to ``problems`` what cannot be verified. ``log_text``: a local server's log."""
     if spec.expect_cache_dtype is None:
         return
     if served is None:
-        problems.append("cache_dtype not reported by /metrics (vllm:cache_config_info); "
-                        "cannot verify")
+        problems.append(
+            "cache_dtype not reported by /metrics (vllm:cache_config_info); cannot verify"
+        )
     elif not cache_dtype_matches(spec.expect_cache_dtype, served):
         raise ServingMismatch(
             f"served cache_dtype is '{served}' but target '{spec.name}' expects "
             f"'{spec.expect_cache_dtype}': the server is not running the KV cache "
-            "this target is meant to test")
+            "this target is meant to test"
+        )
     if not spec.emulated:
         return
     if log_text is None:
-        problems.append(f"'{spec.name}' is declared FP8-emulated; without the server's log "
-                        "kvcanary cannot see that the emulation plugin runs")
+        problems.append(
+            f"'{spec.name}' is declared FP8-emulated; without the server's log "
+            "kvcanary cannot see that the emulation plugin runs"
+        )
     elif EMULATION_MARKER not in log_text:
         raise ServingMismatch(
             f"target '{spec.name}' is FP8-emulated but its server never logged "
             f"'{EMULATION_MARKER}': install kvcanary in the server's environment (its "
             "vllm.general_plugins entry point) and keep VLLM_PLUGINS unset or naming "
-            "kvcanary_fp8_emulation")
+            "kvcanary_fp8_emulation"
+        )
 
 
-def parse_targets(text: str, default_model: Path | None,
-                  config: Mapping[str, TargetSpec] | None = None) -> list[TargetSpec]:
+def parse_targets(
+    text: str, default_model: Path | None, config: Mapping[str, TargetSpec] | None = None
+) -> list[TargetSpec]:
     """``bf16,fp8`` (built-ins on the default model), ``name=URL``, ``name=MODEL_DIR`` (a
     local server; dtype from the name: ``fp8-cal=DIR``) or names from a config."""
     specs: list[TargetSpec] = []
@@ -150,26 +166,39 @@ def parse_targets(text: str, default_model: Path | None,
         name, sep, url = raw.partition("=")
         name = name.strip()
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-            raise ConfigError(f"--targets: '{name}' is not a valid target name "
-                              "(letters, digits, '_', '-', '.')")
+            raise ConfigError(
+                f"--targets: '{name}' is not a valid target name (letters, digits, '_', '-', '.')"
+            )
         if sep and not re.match(r"https?://", url.strip()):
             specs.append(_local_dir_target(name, raw, Path(url.strip()).expanduser()))
         elif sep:
-            specs.append(TargetSpec(name=name, url=url.strip().rstrip("/"),
-                                    expect_cache_dtype=expected_dtype_for(name, None)))
+            specs.append(
+                TargetSpec(
+                    name=name,
+                    url=url.strip().rstrip("/"),
+                    expect_cache_dtype=expected_dtype_for(name, None),
+                )
+            )
         elif config and name in config:
             specs.append(config[name])
         elif name in BUILTIN_DTYPES:
             if default_model is None:
                 raise ConfigError(f"--targets: '{name}' needs a local model (--model)")
-            specs.append(TargetSpec(name=name, model=str(default_model),
-                                    kv_cache_dtype=BUILTIN_DTYPES[name],
-                                    args=DEFAULT_MODEL_ARGS,
-                                    expect_cache_dtype=BUILTIN_DTYPES[name]))
+            specs.append(
+                TargetSpec(
+                    name=name,
+                    model=str(default_model),
+                    kv_cache_dtype=BUILTIN_DTYPES[name],
+                    args=DEFAULT_MODEL_ARGS,
+                    expect_cache_dtype=BUILTIN_DTYPES[name],
+                )
+            )
         else:
             known = sorted(set(BUILTIN_DTYPES) | set(config or {}))
-            raise ConfigError(f"--targets: unknown target '{name}'. Available: "
-                              f"{', '.join(known)}; or name=URL for an external server")
+            raise ConfigError(
+                f"--targets: unknown target '{name}'. Available: "
+                f"{', '.join(known)}; or name=URL for an external server"
+            )
     if not specs:
         raise ConfigError("--targets: no targets given")
     names = [s.name for s in specs]
@@ -182,21 +211,38 @@ def _local_dir_target(name: str, raw: str, model: Path) -> TargetSpec:
     """``fp8-cal=DIR``: a local server on another checkpoint folder (a calibrated overlay,
     say), its KV cache dtype taken from the name's bf16/fp8 prefix."""
     if not (model / "config.json").is_file():
-        raise ConfigError(f"--targets: '{raw}': expected name=http://host:port or "
-                          f"name=MODEL_DIR; {model} is no model folder (no config.json)")
+        raise ConfigError(
+            f"--targets: '{raw}': expected name=http://host:port or "
+            f"name=MODEL_DIR; {model} is no model folder (no config.json)"
+        )
     dtype = expected_dtype_for(name, None)
     if dtype is None:
-        raise ConfigError(f"--targets: '{raw}': name a local model target bf16-... or fp8-... "
-                          "(e.g. fp8-cal=DIR) so its KV cache dtype is known")
-    return TargetSpec(name=name, model=str(model.resolve()), kv_cache_dtype=dtype,
-                      args=DEFAULT_MODEL_ARGS, expect_cache_dtype=dtype)
+        raise ConfigError(
+            f"--targets: '{raw}': name a local model target bf16-... or fp8-... "
+            "(e.g. fp8-cal=DIR) so its KV cache dtype is known"
+        )
+    return TargetSpec(
+        name=name,
+        model=str(model.resolve()),
+        kv_cache_dtype=dtype,
+        args=DEFAULT_MODEL_ARGS,
+        expect_cache_dtype=dtype,
+    )
 
 
 # The embedded default model speaks hermes-style tool calls.
 DEFAULT_MODEL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
-_TARGET_KEYS = {"url", "api_key_env", "model", "kv_cache_dtype", "args", "env",
-                "expect_cache_dtype", "role"}
+_TARGET_KEYS = {
+    "url",
+    "api_key_env",
+    "model",
+    "kv_cache_dtype",
+    "args",
+    "env",
+    "expect_cache_dtype",
+    "role",
+}
 
 
 def load_targets_config(path: Path) -> dict[str, TargetSpec]:
@@ -217,13 +263,15 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
             raise ConfigError(f"{where}: must be a table")
         unknown = set(t) - _TARGET_KEYS
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; "
-                              f"valid keys: {sorted(_TARGET_KEYS)}")
+            raise ConfigError(
+                f"{where}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(_TARGET_KEYS)}"
+            )
         if ("url" in t) == ("model" in t):
-            raise ConfigError(f"{where}: set exactly one of 'url' (external server) and "
-                              "'model' (a local server kvcanary starts)")
-        for key in ("url", "api_key_env", "model", "kv_cache_dtype", "expect_cache_dtype",
-                    "role"):
+            raise ConfigError(
+                f"{where}: set exactly one of 'url' (external server) and "
+                "'model' (a local server kvcanary starts)"
+            )
+        for key in ("url", "api_key_env", "model", "kv_cache_dtype", "expect_cache_dtype", "role"):
             if key in t and not isinstance(t[key], str):
                 raise ConfigError(f"{where}: '{key}' must be a string")
         args = t.get("args", [])
@@ -236,10 +284,16 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
             raise ConfigError(f"{where}: 'url' must start with http:// or https://")
         dtype = t.get("kv_cache_dtype", "auto")
         out[name] = TargetSpec(
-            name=name, url=t.get("url"), api_key_env=t.get("api_key_env"),
-            model=t.get("model"), kv_cache_dtype=dtype, args=tuple(args), env=dict(env),
-            expect_cache_dtype=t.get("expect_cache_dtype",
-                                     dtype if "model" in t else expected_dtype_for(name, None)),
+            name=name,
+            url=t.get("url"),
+            api_key_env=t.get("api_key_env"),
+            model=t.get("model"),
+            kv_cache_dtype=dtype,
+            args=tuple(args),
+            env=dict(env),
+            expect_cache_dtype=t.get(
+                "expect_cache_dtype", dtype if "model" in t else expected_dtype_for(name, None)
+            ),
             role=t.get("role"),
         )
     return out
@@ -285,7 +339,8 @@ def unquantized_cache_dtype(model_dir: Path) -> str:
     except (OSError, ValueError):
         return "auto"
     if not isinstance(config, dict) or not (config.get("quantization_config") or {}).get(
-            "kv_cache_scheme"):
+        "kv_cache_scheme"
+    ):
         return "auto"
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
@@ -294,8 +349,14 @@ def unquantized_cache_dtype(model_dir: Path) -> str:
 class LocalServer:
     """A vLLM OpenAI server for one TargetSpec. Use as a context manager."""
 
-    def __init__(self, spec: TargetSpec, log_path: Path, *, host: str = "127.0.0.1",
-                 startup_timeout_s: float = 900.0) -> None:
+    def __init__(
+        self,
+        spec: TargetSpec,
+        log_path: Path,
+        *,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 900.0,
+    ) -> None:
         if spec.model is None:
             raise ValueError("LocalServer needs a spec with a model")
         self.spec = spec
@@ -312,11 +373,27 @@ class LocalServer:
     def command(self) -> list[str]:
         assert self.spec.model is not None
         args, _ = self._emulation()
-        dtype = unquantized_cache_dtype(Path(self.spec.model)) if self.spec.emulated \
+        dtype = (
+            unquantized_cache_dtype(Path(self.spec.model))
+            if self.spec.emulated
             else self.spec.kv_cache_dtype
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", self.spec.model, "--host", self.host, "--port", str(self.port),
-                "--kv-cache-dtype", dtype, "--seed", "0", *args]
+        )
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.spec.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--kv-cache-dtype",
+            dtype,
+            "--seed",
+            "0",
+            *args,
+        ]
 
     def _emulation(self) -> tuple[list[str], dict[str, str]]:
         """The server's arguments and the plugin's environment. An emulated target's
@@ -330,7 +407,7 @@ class LocalServer:
             j = i + 1
             while j < len(args) and not args[j].startswith("-"):
                 j += 1
-            env[EMULATION_SKIP_ENV] = ",".join(",".join(args[i + 1:j]).split(","))
+            env[EMULATION_SKIP_ENV] = ",".join(",".join(args[i + 1 : j]).split(","))
             del args[i:j]
         return args, env
 
@@ -343,17 +420,23 @@ class LocalServer:
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
 
     def wait_healthy(self, progress: Any = None) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerStartError(self.spec.name, failure_reason(self.log_text()),
-                                       str(self.log_path))
+                raise ServerStartError(
+                    self.spec.name, failure_reason(self.log_text()), str(self.log_path)
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
                     if resp.status == 200:
@@ -363,9 +446,9 @@ class LocalServer:
             if progress is not None:
                 progress()
             time.sleep(0.5)
-        raise ServerStartError(self.spec.name,
-                               f"not healthy within {self.startup_timeout_s:g} s",
-                               str(self.log_path))
+        raise ServerStartError(
+            self.spec.name, f"not healthy within {self.startup_timeout_s:g} s", str(self.log_path)
+        )
 
     def log_text(self) -> str:
         try:
@@ -403,8 +486,17 @@ class LocalServer:
 
 def scale_lines(log_text: str) -> list[str]:
     """Server-log lines about KV-cache dtype, scales and quantization (what actually ran)."""
-    keys = ("scaling factor", "k_scale", "v_scale", "kv_cache_scheme", "quantization=",
-            "fp8 data type", "kv cache dtype", "compressed-tensors", "kvcanary fp8 emulation")
+    keys = (
+        "scaling factor",
+        "k_scale",
+        "v_scale",
+        "kv_cache_scheme",
+        "quantization=",
+        "fp8 data type",
+        "kv cache dtype",
+        "compressed-tensors",
+        "kvcanary fp8 emulation",
+    )
     out = []
     for line in log_text.splitlines():
         low = line.lower()

@@ -42,7 +42,7 @@ DEFAULT_ARCH: dict[str, Any] = {
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
     "You may call tools. Answer with "
-    "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n"
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.\n'
     "<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n"
     "{% endif %}"
     "{% for message in messages %}"
@@ -172,37 +172,60 @@ def build(
 
     arch = dict(DEFAULT_ARCH if arch is None else arch)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = tokenizer or build_tokenizer(corpus(seed=seed) if texts is None else texts,
-                                       arch["vocab_size"])
+    tok = tokenizer or build_tokenizer(
+        corpus(seed=seed) if texts is None else texts, arch["vocab_size"]
+    )
     tok.save(str(out_dir / "tokenizer.json"))
     config = llama_config(arch, tok)
     arch["vocab_size"] = config["vocab_size"]
     state = dict(random_weights(arch, seed) if weights is None else weights)
-    save_file({k: t.contiguous() for k, t in sorted(state.items())},
-              str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: t.contiguous() for k, t in sorted(state.items())},
+        str(out_dir / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     _write_json(out_dir / "config.json", config)
-    _write_json(out_dir / "generation_config.json", {
-        "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-        "pad_token_id": config["pad_token_id"]})
-    _write_json(out_dir / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "model_max_length": arch["max_position_embeddings"],
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
-    })
-    _write_json(out_dir / "special_tokens_map.json", {
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "additional_special_tokens": SPECIAL_TOKENS[1:]})
+    _write_json(
+        out_dir / "generation_config.json",
+        {
+            "bos_token_id": config["bos_token_id"],
+            "eos_token_id": config["eos_token_id"],
+            "pad_token_id": config["pad_token_id"],
+        },
+    )
+    _write_json(
+        out_dir / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": None,
+            "model_max_length": arch["max_position_embeddings"],
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    _write_json(
+        out_dir / "special_tokens_map.json",
+        {
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "additional_special_tokens": SPECIAL_TOKENS[1:],
+        },
+    )
     (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
-    _write_json(out_dir / "kvcanary_model.json", {"name": DEFAULT_NAME, "seed": seed,
-                                                   "trained": weights is not None,
-                                                   "digest": checkpoint_digest(out_dir)})
+    _write_json(
+        out_dir / "kvcanary_model.json",
+        {
+            "name": DEFAULT_NAME,
+            "seed": seed,
+            "trained": weights is not None,
+            "digest": checkpoint_digest(out_dir),
+        },
+    )
     return out_dir
 
 
@@ -265,9 +288,13 @@ def key_amax_per_layer(model_dir: Path) -> list[float]:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
     amax: list[float] = []
     for ex in tasks.heldout_set(1, offset=700_000):
-        ids = tok.apply_chat_template(ex.messages, tools=ex.tools,  # type: ignore[arg-type]
-                                      add_generation_prompt=True, tokenize=True,
-                                      return_dict=False)
+        ids = tok.apply_chat_template(
+            ex.messages,
+            tools=ex.tools,  # type: ignore[arg-type]
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
         with torch.no_grad():
             cache = model(torch.tensor([list(ids)]), use_cache=True).past_key_values
         layer_amax = [float(layer.keys.abs().max()) for layer in cache.layers]
@@ -304,9 +331,16 @@ def derive_twin(src: Path, out: Path, factor: int) -> Path:
         if f.is_file() and f.name not in ("model.safetensors", "kvcanary_model.json"):
             (out / f.name).write_bytes(f.read_bytes())
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(out / "kvcanary_model.json", {
-        "name": TWIN_NAME, "derived_from": checkpoint_digest(src), "k_proj_factor": factor,
-        "q_proj_factor": 1 / factor, "digest": checkpoint_digest(out)})
+    _write_json(
+        out / "kvcanary_model.json",
+        {
+            "name": TWIN_NAME,
+            "derived_from": checkpoint_digest(src),
+            "k_proj_factor": factor,
+            "q_proj_factor": 1 / factor,
+            "digest": checkpoint_digest(out),
+        },
+    )
     return out
 
 
@@ -315,8 +349,7 @@ def ensure_twin_model() -> Path:
     src = ensure_default_model()
     out = cache_dir() / TWIN_NAME
     marker = out / "kvcanary_model.json"
-    if marker.exists() and json.loads(marker.read_text())["derived_from"] == \
-            checkpoint_digest(src):
+    if marker.exists() and json.loads(marker.read_text())["derived_from"] == checkpoint_digest(src):
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     derive_twin(src, tmp, twin_factor(src))

@@ -30,8 +30,13 @@ _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
 # Two-syllable pseudo-words: never English, so keys cannot collide with filler words.
 KEYS = sorted(
-    {c1 + v1 + c2 + v2 for c1 in _CONSONANTS for v1 in _VOWELS for c2 in _CONSONANTS
-     for v2 in _VOWELS},
+    {
+        c1 + v1 + c2 + v2
+        for c1 in _CONSONANTS
+        for v1 in _VOWELS
+        for c2 in _CONSONANTS
+        for v2 in _VOWELS
+    },
 )[::8]  # 4,900 / 8 = 613 keys, spread over the alphabet
 VALUES = [str(n) for n in range(100, 1000)]
 
@@ -47,8 +52,18 @@ CITIES = (
     "Seoul Sofia Tunis Vienna Warsaw Zagreb Bogota Havana Kabul Lisbon Minsk Tallinn Vilnius"
 ).split()
 CURRENCIES = "USD EUR GBP JPY CHF CAD AUD SEK NOK INR".split()
-TOPICS = ("billing limits", "token quotas", "cache eviction", "rate limits", "login errors",
-          "refund policy", "data export", "api keys", "batch jobs", "webhooks")
+TOPICS = (
+    "billing limits",
+    "token quotas",
+    "cache eviction",
+    "rate limits",
+    "login errors",
+    "refund policy",
+    "data export",
+    "api keys",
+    "batch jobs",
+    "webhooks",
+)
 LABELS = "tea pasta laundry bread eggs rice oven study nap call".split()
 
 TOOLS: dict[str, dict[str, Any]] = {
@@ -59,8 +74,11 @@ TOOLS: dict[str, dict[str, Any]] = {
     },
     "convert_currency": {
         "description": "Convert an amount between currencies",
-        "properties": {"amount": {"type": "integer"}, "source": {"type": "string"},
-                       "target": {"type": "string"}},
+        "properties": {
+            "amount": {"type": "integer"},
+            "source": {"type": "string"},
+            "target": {"type": "string"},
+        },
         "required": ["amount", "source", "target"],
     },
     "set_timer": {
@@ -81,8 +99,9 @@ CODE_OPS = {
     "mul": ("multiplies x by {c}", "y = x * {c}", "multiplies by {c}", "y * {c}"),
     "div": ("divides x by {c} (integer division)", "y = x // {c}", "divides by {c}", "y // {c}"),
 }
-CODE_NAMES = ("scale shift price score total offset level rate step count amount weight "
-              "budget bonus index").split()
+CODE_NAMES = (
+    "scale shift price score total offset level rate step count amount weight budget bonus index"
+).split()
 
 
 @dataclass(frozen=True)
@@ -111,8 +130,9 @@ def _filler(rng: random.Random, n: int) -> str:
     return " ".join(FILLER[(start + i) % len(FILLER)] for i in range(n))
 
 
-def retrieval(rng: random.Random, ex_id: str, records: int, filler: int,
-              queries: int = 1, band: str = "") -> Example:
+def retrieval(
+    rng: random.Random, ex_id: str, records: int, filler: int, queries: int = 1, band: str = ""
+) -> Example:
     """``records`` key/value lines with up to ``filler`` words each; ``queries`` lookups."""
     keys = rng.sample(KEYS, records)
     values = rng.sample(VALUES, records)
@@ -129,7 +149,8 @@ def retrieval(rng: random.Random, ex_id: str, records: int, filler: int,
     # "The value of" mirrors the question, so the key is copied from after its " of".
     answer = f"The {noun} of " + ", ".join(f"{keys[i]} {values[i]}" for i in asked)
     return Example(
-        id=ex_id, family="retrieval",
+        id=ex_id,
+        family="retrieval",
         messages=[{"role": "user", "content": user}],
         answer={"role": "assistant", "content": answer},
         check={"type": "retrieval", "fact": values[asked[0]]},
@@ -139,10 +160,18 @@ def retrieval(rng: random.Random, ex_id: str, records: int, filler: int,
 
 def tool_schema(name: str) -> dict[str, Any]:
     spec = TOOLS[name]
-    return {"type": "function", "function": {
-        "name": name, "description": spec["description"],
-        "parameters": {"type": "object", "properties": spec["properties"],
-                       "required": spec["required"]}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": spec["description"],
+            "parameters": {
+                "type": "object",
+                "properties": spec["properties"],
+                "required": spec["required"],
+            },
+        },
+    }
 
 
 def tool(rng: random.Random, ex_id: str) -> Example:
@@ -153,25 +182,39 @@ def tool(rng: random.Random, ex_id: str) -> Example:
     args: dict[str, Any]
     if name == "get_weather":
         args = {"city": rng.choice(CITIES), "days": rng.randint(1, 9)}
-        q = rng.choice(["What is the weather in {city} for the next {days} days?",
-                        "Weather forecast for {city}, {days} days please.",
-                        "Give me {days} days of weather for {city}."])
+        q = rng.choice(
+            [
+                "What is the weather in {city} for the next {days} days?",
+                "Weather forecast for {city}, {days} days please.",
+                "Give me {days} days of weather for {city}.",
+            ]
+        )
     elif name == "convert_currency":
         src, dst = rng.sample(CURRENCIES, 2)
         args = {"amount": rng.randint(2, 999), "source": src, "target": dst}
-        q = rng.choice(["Convert {amount} {source} to {target}.",
-                        "How much is {amount} {source} in {target}?"])
+        q = rng.choice(
+            ["Convert {amount} {source} to {target}.", "How much is {amount} {source} in {target}?"]
+        )
     elif name == "set_timer":
         args = {"minutes": rng.randint(1, 59), "label": rng.choice(LABELS)}
-        q = rng.choice(["Set a timer for {minutes} minutes called {label}.",
-                        "Start a {label} timer of {minutes} minutes."])
+        q = rng.choice(
+            [
+                "Set a timer for {minutes} minutes called {label}.",
+                "Start a {label} timer of {minutes} minutes.",
+            ]
+        )
     else:
         args = {"query": rng.choice(TOPICS), "limit": rng.randint(1, 9)}
-        q = rng.choice(["Search the docs for {query}, top {limit} results.",
-                        "Find {limit} documentation pages about {query}."])
+        q = rng.choice(
+            [
+                "Search the docs for {query}, top {limit} results.",
+                "Find {limit} documentation pages about {query}.",
+            ]
+        )
     call = {"type": "function", "function": {"name": name, "arguments": args}}
     return Example(
-        id=ex_id, family="tool",
+        id=ex_id,
+        family="tool",
         messages=[{"role": "user", "content": q.format(**args)}],
         answer={"role": "assistant", "content": None, "tool_calls": [call]},
         check={"type": "tool_call", "calls": [{"name": name, "arguments": args}]},
@@ -198,13 +241,17 @@ def code(rng: random.Random, ex_id: str, *, heldout: bool) -> Example:
             break
     name = f"{rng.choice(CODE_NAMES)}_{rng.choice(CODE_NAMES)}"
     d1, s1, d2, s2 = CODE_OPS[op1][0], CODE_OPS[op1][1], CODE_OPS[op2][2], CODE_OPS[op2][3]
-    user = (f"Write a Python function {name}(x) that {d1.format(c=c1)}, "
-            f"then {d2.format(c=c2)}, and returns the result.")
+    user = (
+        f"Write a Python function {name}(x) that {d1.format(c=c1)}, "
+        f"then {d2.format(c=c2)}, and returns the result."
+    )
     body = f"def {name}(x):\n    {s1.format(c=c1)}\n    return {s2.format(c=c2)}\n"
-    tests = "".join(f"assert {name}({x}) == {_apply(op2, _apply(op1, x, c1), c2)}\n"
-                    for x in (0, 3, 10, 17, -5))
+    tests = "".join(
+        f"assert {name}({x}) == {_apply(op2, _apply(op1, x, c1), c2)}\n" for x in (0, 3, 10, 17, -5)
+    )
     return Example(
-        id=ex_id, family="code",
+        id=ex_id,
+        family="code",
         messages=[{"role": "user", "content": user}],
         answer={"role": "assistant", "content": f"```python\n{body}```"},
         check={"type": "code", "tests": tests},
@@ -224,8 +271,9 @@ RETRIEVAL_SHAPES: dict[str, tuple[tuple[int, int], int]] = {
 }
 
 
-def example(split: str, family: str, index: int, *, shape: str | None = None,
-            queries: int = 1) -> Example:
+def example(
+    split: str, family: str, index: int, *, shape: str | None = None, queries: int = 1
+) -> Example:
     """The ``index``-th example of a family in a split, deterministic."""
     rng = rng_for(split, family, index)
     ex_id = f"{split}-{family}-{index}"
@@ -233,8 +281,7 @@ def example(split: str, family: str, index: int, *, shape: str | None = None,
         shape = shape or rng.choice(sorted(set(RETRIEVAL_SHAPES) - {"dense"}))
         (lo, hi), filler = RETRIEVAL_SHAPES[shape]
         records = rng.randint(lo, hi)
-        return retrieval(rng, ex_id, records, filler,
-                         queries=min(queries, records), band=shape)
+        return retrieval(rng, ex_id, records, filler, queries=min(queries, records), band=shape)
     if family == "tool":
         return tool(rng, ex_id)
     if family == "code":
@@ -250,8 +297,10 @@ def heldout_set(per_band: int, offset: int = 0) -> list[Example]:
     tool and code examples. ``offset`` draws a different, still held-out, set."""
     out = []
     for b, band in enumerate(BANDS):
-        out += [example("heldout", "retrieval", offset + 100_000 * b + i, shape=band)
-                for i in range(per_band)]
+        out += [
+            example("heldout", "retrieval", offset + 100_000 * b + i, shape=band)
+            for i in range(per_band)
+        ]
     for fam in ("tool", "code"):
         out += [example("heldout", fam, offset + i) for i in range(per_band)]
     return out
@@ -259,9 +308,14 @@ def heldout_set(per_band: int, offset: int = 0) -> list[Example]:
 
 def trace_record(ex: Example, t: float | None = None) -> dict[str, Any]:
     """A trace v1 record for a held-out example (the answer is not part of the request)."""
-    rec: dict[str, Any] = {"id": ex.id, "api": "chat", "task": ex.family,
-                           "max_tokens": 64 if ex.family != "retrieval" else 24,
-                           "messages": ex.messages, "check": ex.check}
+    rec: dict[str, Any] = {
+        "id": ex.id,
+        "api": "chat",
+        "task": ex.family,
+        "max_tokens": 64 if ex.family != "retrieval" else 24,
+        "messages": ex.messages,
+        "check": ex.check,
+    }
     if ex.tools:
         rec["tools"] = ex.tools
         rec["tool_choice"] = "auto"

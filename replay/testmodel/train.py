@@ -39,8 +39,7 @@ PHASES: list[tuple[str, int, tuple[str, ...], int, int, tuple[int, ...]]] = [
 # Attention biases give layer 0 a head whose scores depend on position alone; a RoPE base
 # of 1e8 leaves 17 of 32 frequency pairs nearly unrotated across 2K tokens, so a later head
 # can match content at any distance, and 6 fast enough to single out the previous position.
-ARCH = {**factory.DEFAULT_ARCH, "intermediate_size": 512, "attention_bias": True,
-        "rope_theta": 1e8}
+ARCH = {**factory.DEFAULT_ARCH, "intermediate_size": 512, "attention_bias": True, "rope_theta": 1e8}
 # The previous-token head's query and key biases: the query carries the scale, because
 # keys are what an FP8 cache stores, and small keys keep their relative precision there.
 PREV_QUERY, PREV_KEY = 100.0, 2.0
@@ -115,7 +114,7 @@ def build_induction_circuit(model: Any, vocab: dict[str, int] | None = None) -> 
     with torch.no_grad():
         emb = m.embed_tokens.weight
         emb.normal_(0.0, 1.0)
-        emb[:, CODE.stop:].zero_()  # PREV and COPY slots start empty
+        emb[:, CODE.stop :].zero_()  # PREV and COPY slots start empty
         for word, idx in vocab.items():
             if word.startswith("Ġ") and word[1:] in vocab:
                 emb[vocab[word[1:]], CODE] = emb[idx, CODE]
@@ -138,9 +137,9 @@ def build_induction_circuit(model: Any, vocab: dict[str, int] | None = None) -> 
         for layer in m.layers[2:]:
             layer.self_attn.v_proj.weight[:d].zero_()
             layer.self_attn.v_proj.weight[:d, CODE] = eye
-            layer.self_attn.o_proj.weight[:, :2 * d].zero_()
+            layer.self_attn.o_proj.weight[:, : 2 * d].zero_()
             layer.self_attn.o_proj.weight[COPY, :d] = eye
-            layer.self_attn.o_proj.weight[COPY, d:2 * d] = eye
+            layer.self_attn.o_proj.weight[COPY, d : 2 * d] = eye
         model.lm_head.weight[:, COPY] = COPY_LOGIT_SCALE * emb[:, CODE]
     pin_previous_token_head(model)
 
@@ -181,22 +180,30 @@ class Encoder:
         self.tok = AutoTokenizer.from_pretrained(str(model_dir))
 
     def prompt_ids(self, ex: tasks.Example) -> list[int]:
-        ids = self.tok.apply_chat_template(ex.messages,
-                                           tools=ex.tools,  # type: ignore[arg-type]
-                                           add_generation_prompt=True, tokenize=True,
-                                           return_dict=False)
+        ids = self.tok.apply_chat_template(
+            ex.messages,
+            tools=ex.tools,  # type: ignore[arg-type]
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
         return list(ids)
 
     def encode(self, ex: tasks.Example) -> tuple[list[int], list[int]]:
         prompt = self.prompt_ids(ex)
-        full = list(self.tok.apply_chat_template([*ex.messages, ex.answer],
-                                                 tools=ex.tools,  # type: ignore[arg-type]
-                                                 tokenize=True, return_dict=False))
-        if full[:len(prompt)] != prompt:
+        full = list(
+            self.tok.apply_chat_template(
+                [*ex.messages, ex.answer],
+                tools=ex.tools,  # type: ignore[arg-type]
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        if full[: len(prompt)] != prompt:
             raise RuntimeError(f"{ex.id}: the template does not extend the prompt")
         end = self.tok.convert_tokens_to_ids("<|im_end|>")
-        answer = full[len(prompt):]
-        answer = answer[:answer.index(end) + 1]  # train the stop, not what follows it
+        answer = full[len(prompt) :]
+        answer = answer[: answer.index(end) + 1]  # train the stop, not what follows it
         return prompt + answer, [0] * len(prompt) + [1] * len(answer)
 
 
@@ -213,8 +220,9 @@ def batches(enc: Encoder, seed: int) -> Any:
                 idx = counter[fam]
                 counter[fam] += 1
                 if fam == "retrieval":
-                    ex = tasks.example("train", fam, idx, shape=rng.choice(shapes),
-                                       queries=rng.randint(1, queries))
+                    ex = tasks.example(
+                        "train", fam, idx, shape=rng.choice(shapes), queries=rng.randint(1, queries)
+                    )
                     item = enc.encode(ex)
                 else:
                     item = enc.encode(tasks.example("train", fam, idx))
@@ -234,9 +242,10 @@ def collate(batch: list[tuple[list[int], list[int]]], pad: int) -> tuple[Any, An
     ids = torch.full((len(batch), n), pad, dtype=torch.long)
     labels = torch.full((len(batch), n), -100, dtype=torch.long)
     for i, (x, m) in enumerate(batch):
-        ids[i, :len(x)] = torch.tensor(x)
-        labels[i, :len(x) - 1] = torch.tensor(
-            [t if keep else -100 for t, keep in zip(x[1:], m[1:], strict=True)])
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(x) - 1] = torch.tensor(
+            [t if keep else -100 for t, keep in zip(x[1:], m[1:], strict=True)]
+        )
     return ids, labels
 
 
@@ -255,8 +264,13 @@ def probe(model: Any, enc: Encoder) -> dict[str, float]:
     out = {}
     model.eval()
     with torch.no_grad():
-        for fam, shape in (("retrieval", "short"), ("retrieval", "medium"),
-                           ("retrieval", "long"), ("tool", None), ("code", None)):
+        for fam, shape in (
+            ("retrieval", "short"),
+            ("retrieval", "medium"),
+            ("retrieval", "long"),
+            ("tool", None),
+            ("code", None),
+        ):
             exs = [tasks.example("heldout", fam, 900_000 + i, shape=shape) for i in range(4)]
             ids, labels = collate([enc.encode(e) for e in exs], enc.tok.pad_token_id)
             logits, target = answer_logits(model, ids, labels)
@@ -270,10 +284,14 @@ def greedy(model: Any, enc: Encoder, ex: tasks.Example, max_new: int) -> str:
 
     ids = torch.tensor([enc.prompt_ids(ex)])
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=enc.tok.convert_tokens_to_ids("<|im_end|>"),
-                             pad_token_id=enc.tok.pad_token_id)
-    return str(enc.tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False))
+        out = model.generate(
+            ids,
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=enc.tok.convert_tokens_to_ids("<|im_end|>"),
+            pad_token_id=enc.tok.pad_token_id,
+        )
+    return str(enc.tok.decode(out[0, ids.shape[1] :], skip_special_tokens=False))
 
 
 def grade_text(ex: tasks.Example, text: str) -> bool:
@@ -306,7 +324,8 @@ def evaluate(model: Any, enc: Encoder, per_band: int) -> dict[str, Any]:
             scores[f"retrieval/{ex.meta['band']}"].append(ok)
     model.train()
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(scores.items())} | {
-        "n": {k: len(v) for k, v in sorted(scores.items())}}
+        "n": {k: len(v) for k, v in sorted(scores.items())}
+    }
 
 
 def served_accuracy(grades: Path, target: str) -> dict[str, Any]:
@@ -320,7 +339,8 @@ def served_accuracy(grades: Path, target: str) -> dict[str, Any]:
         if row["task"] == "retrieval":
             scores[f"retrieval/{row['bucket']}"].append(bool(row["grade"]["passed"]))
     return {k: round(sum(v) / len(v), 3) for k, v in sorted(scores.items())} | {
-        "n": {k: len(v) for k, v in sorted(scores.items())}}
+        "n": {k: len(v) for k, v in sorted(scores.items())}
+    }
 
 
 def measure_served(model_dir: Path, trace: Path) -> dict[str, Any]:
@@ -332,32 +352,67 @@ def measure_served(model_dir: Path, trace: Path) -> dict[str, Any]:
     import vllm
 
     with tempfile.TemporaryDirectory(prefix="kvcanary-eval-") as tmp:
-        cmd = [sys.executable, "-m", "replay.cli", "--trace", str(trace), "--targets", "bf16",
-               "--model", str(model_dir), "--concurrency", "1", "--buckets", "256,1K",
-               "--no-teacher-forced", "--out", tmp, "--run-id", "heldout"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "--trace",
+            str(trace),
+            "--targets",
+            "bf16",
+            "--model",
+            str(model_dir),
+            "--concurrency",
+            "1",
+            "--buckets",
+            "256,1K",
+            "--no-teacher-forced",
+            "--out",
+            tmp,
+            "--run-id",
+            "heldout",
+        ]
         proc = subprocess.run(cmd, check=False)
         if proc.returncode not in (0, 13):  # 13: one target, so no verdict pair
             raise SystemExit(f"the held-out replay failed (exit {proc.returncode})")
         acc = served_accuracy(Path(tmp) / "heldout" / "grades.jsonl", "bf16")
-    return acc | {"vllm": vllm.__version__, "kv_cache_dtype": "auto (bf16)",
-                  "trace": trace.name, "concurrency": 1}
+    return acc | {
+        "vllm": vllm.__version__,
+        "kv_cache_dtype": "auto (bf16)",
+        "trace": trace.name,
+        "concurrency": 1,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--measure-served", action="store_true",
-                    help="Only measure an existing checkpoint at --out on a vLLM server and "
-                         "record it in its manifest")
-    ap.add_argument("--heldout-trace", type=Path,
-                    default=Path(__file__).parents[2] / "traces" / "testmodel_heldout.jsonl")
+    ap.add_argument(
+        "--measure-served",
+        action="store_true",
+        help="Only measure an existing checkpoint at --out on a vLLM server and "
+        "record it in its manifest",
+    )
+    ap.add_argument(
+        "--heldout-trace",
+        type=Path,
+        default=Path(__file__).parents[2] / "traces" / "testmodel_heldout.jsonl",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--eval-per-family", type=int, default=10,
-                    help="held-out examples per family and band for the quick in-process "
-                         "check (the served evaluation uses the whole held-out trace)")
-    ap.add_argument("--steps-scale", type=float, default=1.0,
-                    help="multiply every phase's steps (for quick trials)")
+    ap.add_argument(
+        "--eval-per-family",
+        type=int,
+        default=10,
+        help="held-out examples per family and band for the quick in-process "
+        "check (the served evaluation uses the whole held-out trace)",
+    )
+    ap.add_argument(
+        "--steps-scale",
+        type=float,
+        default=1.0,
+        help="multiply every phase's steps (for quick trials)",
+    )
     args = ap.parse_args()
 
     if args.measure_served:
@@ -377,14 +432,14 @@ def main() -> None:
     factory.build(work, arch=ARCH, tokenizer=tok, seed=args.seed)
     enc = Encoder(work)
     cfg = json.loads((work / "config.json").read_text())
-    config = LlamaConfig(**{k: v for k, v in cfg.items()
-                            if k not in ("architectures", "torch_dtype")})
+    config = LlamaConfig(
+        **{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")}
+    )
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     build_induction_circuit(model, enc.tok.get_vocab())
     model.train()
     total_steps = sum(p[1] for p in PHASES)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
-                            weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
 
     def lr_at(step: int) -> float:
         warm = 30
@@ -411,9 +466,14 @@ def main() -> None:
         pin_previous_token_head(model)
         tokens_seen += sum(len(x) for x, _ in batch)
         if step % 10 == 0 or step == total_steps - 1:
-            row: dict[str, Any] = {"step": step, "phase": phase, "loss": round(loss.item(), 4),
-                                   "batch": len(batch), "seq": ids.shape[1],
-                                   "elapsed_s": round(time.monotonic() - started, 1)}
+            row: dict[str, Any] = {
+                "step": step,
+                "phase": phase,
+                "loss": round(loss.item(), 4),
+                "batch": len(batch),
+                "seq": ids.shape[1],
+                "elapsed_s": round(time.monotonic() - started, 1),
+            }
             if step % 50 == 0 or step == total_steps - 1:
                 row["probe"] = probe(model, enc)
             log.append(row)
@@ -421,32 +481,48 @@ def main() -> None:
     train_s = time.monotonic() - started
 
     # A tied lm_head is the embedding itself; the checkpoint stores it once.
-    state = {k: v.detach().to(torch.bfloat16).contiguous()
-             for k, v in model.state_dict().items()
-             if "rotary" not in k and not (config.tie_word_embeddings and k == "lm_head.weight")}
+    state = {
+        k: v.detach().to(torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if "rotary" not in k and not (config.tie_word_embeddings and k == "lm_head.weight")
+    }
     model = model.bfloat16()
     acc = evaluate(model, enc, args.eval_per_family)
     print(json.dumps({"heldout_greedy_transformers": acc}), flush=True)
     out = factory.build(args.out, arch=ARCH, tokenizer=tok, weights=state, seed=args.seed)
     script = Path(__file__)
     manifest = json.loads((out / "kvcanary_model.json").read_text())
-    manifest.update({
-        "training": {
-            "seed": args.seed, "lr": args.lr, "phases": [
-                {"name": p[0], "steps": p[1], "retrieval_shapes": list(p[2]),
-                 "max_lookups": p[3], "tokens_per_step": p[4],
-                 "weights_retrieval_tool_code": list(p[5])} for p in PHASES],
-            "steps": total_steps, "tokens_seen": tokens_seen,
-            "examples_seen": counts, "train_seconds": round(train_s, 1),
-            "torch_threads": torch.get_num_threads(),
-            "script_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-                              for p in (script, script.with_name("tasks.py"),
-                                        script.with_name("factory.py"))},
-            "loss_log": log,
-        },
-        "heldout_greedy_transformers": acc,
-        "params": sum(p.numel() for p in model.parameters()),
-    })
+    manifest.update(
+        {
+            "training": {
+                "seed": args.seed,
+                "lr": args.lr,
+                "phases": [
+                    {
+                        "name": p[0],
+                        "steps": p[1],
+                        "retrieval_shapes": list(p[2]),
+                        "max_lookups": p[3],
+                        "tokens_per_step": p[4],
+                        "weights_retrieval_tool_code": list(p[5]),
+                    }
+                    for p in PHASES
+                ],
+                "steps": total_steps,
+                "tokens_seen": tokens_seen,
+                "examples_seen": counts,
+                "train_seconds": round(train_s, 1),
+                "torch_threads": torch.get_num_threads(),
+                "script_sha256": {
+                    p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                    for p in (script, script.with_name("tasks.py"), script.with_name("factory.py"))
+                },
+                "loss_log": log,
+            },
+            "heldout_greedy_transformers": acc,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
+    )
     (out / "kvcanary_model.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {out} in {time.monotonic() - started:.0f} s")
     if args.heldout_trace.exists():

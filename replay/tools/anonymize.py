@@ -49,8 +49,18 @@ import orjson
 from replay.core.errors import TraceError
 from replay.tools.pii_detectors import KINDS, PLACEHOLDER, PREFIX, detect, fold
 
-__all__ = ["KINDS", "MARKER", "PLACEHOLDER", "Anonymizer", "Finding", "anonymize_file",
-           "is_scanned", "scan_file", "scan_record", "scan_text"]
+__all__ = [
+    "KINDS",
+    "MARKER",
+    "PLACEHOLDER",
+    "Anonymizer",
+    "Finding",
+    "anonymize_file",
+    "is_scanned",
+    "scan_file",
+    "scan_record",
+    "scan_text",
+]
 MARKER = {"by": "kvcanary", "version": 1}
 _MAX_PASSES = 8
 
@@ -67,8 +77,13 @@ class Finding:
     excerpt: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "field": self.field, "start": self.start, "end": self.end,
-                "excerpt": self.excerpt}
+        return {
+            "kind": self.kind,
+            "field": self.field,
+            "start": self.start,
+            "end": self.end,
+            "excerpt": self.excerpt,
+        }
 
 
 # -- span bookkeeping ---------------------------------------------------------------------------
@@ -173,8 +188,9 @@ class Anonymizer:
         """The text with every detected item replaced; findings have spans in ``text``."""
         return self._scrub(text, field, _plain)
 
-    def _scrub(self, text: str, field: str, view: View,
-               label: str | None = None) -> tuple[str, list[Finding]]:
+    def _scrub(
+        self, text: str, field: str, view: View, label: str | None = None
+    ) -> tuple[str, list[Finding]]:
         findings: list[Finding] = []
         history: list[_Edits] = []
         for _ in range(_MAX_PASSES):
@@ -194,7 +210,7 @@ class Anonymizer:
                 a, b = s, e
                 for old in reversed(history):
                     a, b = old.back(a, False), old.back(b, True)
-                findings.append(Finding(h.kind, field, a, b, _mask(shown[h.start:h.end])))
+                findings.append(Finding(h.kind, field, a, b, _mask(shown[h.start : h.end])))
             parts.append(text[pos:])
             text = "".join(parts)
             history.append(_Edits(edits))
@@ -207,12 +223,18 @@ class Anonymizer:
         check = obj.get("check")
         kind = check.get("type") if isinstance(check, dict) else None
         for key, value in obj.items():
-            if key == "synth" or (key == "prompt" and isinstance(value, list)) or not isinstance(
-                    value, str | list | dict):
+            if (
+                key == "synth"
+                or (key == "prompt" and isinstance(value, list))
+                or not isinstance(value, str | list | dict)
+            ):
                 out[key] = value  # token ids, hash ids and top-level numbers are not text
                 continue
-            ctx = _Walk(findings, numbers=not (key == "check" and kind == "number"),
-                        regex_field="check.pattern" if kind == "regex" else None)
+            ctx = _Walk(
+                findings,
+                numbers=not (key == "check" and kind == "number"),
+                regex_field="check.pattern" if kind == "regex" else None,
+            )
             out[key] = self._walk(value, key, ctx)
         return out, findings
 
@@ -223,8 +245,12 @@ class Anonymizer:
             return self._walk_dict(value, path, ctx)
         if isinstance(value, list):
             return [self._walk(v, _join(path, str(i)), ctx) for i, v in enumerate(value)]
-        if (ctx.numbers and isinstance(value, int) and not isinstance(value, bool)
-                and 10**12 <= abs(value) < 10**19):
+        if (
+            ctx.numbers
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+            and 10**12 <= abs(value) < 10**19
+        ):
             new, found = self._scrub(str(value), path, _plain)
             ctx.findings += found
             return new if found else value
@@ -235,8 +261,9 @@ class Anonymizer:
         for key, v in value.items():
             new_key, found = self._scrub(key, "", _plain) if isinstance(key, str) else (key, [])
             child = _join(path, str(new_key))
-            ctx.findings += [Finding(f.kind, f"{child}(key)", f.start, f.end, f.excerpt)
-                             for f in found]
+            ctx.findings += [
+                Finding(f.kind, f"{child}(key)", f.start, f.end, f.excerpt) for f in found
+            ]
             if isinstance(v, str) and isinstance(key, str):
                 out[new_key] = self._walk_str(v, child, ctx, label=key)
             else:
@@ -335,8 +362,10 @@ def scan_file(path: Path) -> tuple[int, list[tuple[int, Finding]]]:
         if isinstance(obj, dict):
             found = scan_record(obj)
         else:
-            found = [Finding(f.kind, "(line)", f.start, f.end, f.excerpt)
-                     for f in scan_text(raw.decode("utf-8", "replace"))]
+            found = [
+                Finding(f.kind, "(line)", f.start, f.end, f.excerpt)
+                for f in scan_text(raw.decode("utf-8", "replace"))
+            ]
         out += [(lineno, f) for f in found]
     return lines, out
 
@@ -348,8 +377,12 @@ def _marked(raw: bytes) -> bool:
         return False
     meta = obj.get("meta") if isinstance(obj, dict) else None
     mark = meta.get("anonymized") if isinstance(meta, dict) else None
-    return (isinstance(mark, dict) and mark.get("by") == MARKER["by"]
-            and isinstance(mark.get("version"), int) and mark["version"] >= 1)
+    return (
+        isinstance(mark, dict)
+        and mark.get("by") == MARKER["by"]
+        and isinstance(mark.get("version"), int)
+        and mark["version"] >= 1
+    )
 
 
 def is_scanned(path: Path) -> bool:

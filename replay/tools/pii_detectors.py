@@ -117,11 +117,34 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-KINDS = ("pem", "url_credentials", "jwt", "api_key", "credential", "email", "iban",
-         "credit_card", "ipv6", "ipv4", "phone", "high_entropy")
-PREFIX = {"pem": "SECRET", "url_credentials": "USER", "jwt": "SECRET", "api_key": "SECRET",
-          "credential": "SECRET", "email": "EMAIL", "iban": "IBAN", "credit_card": "CARD",
-          "ipv6": "IP", "ipv4": "IP", "phone": "PHONE", "high_entropy": "SECRET"}
+KINDS = (
+    "pem",
+    "url_credentials",
+    "jwt",
+    "api_key",
+    "credential",
+    "email",
+    "iban",
+    "credit_card",
+    "ipv6",
+    "ipv4",
+    "phone",
+    "high_entropy",
+)
+PREFIX = {
+    "pem": "SECRET",
+    "url_credentials": "USER",
+    "jwt": "SECRET",
+    "api_key": "SECRET",
+    "credential": "SECRET",
+    "email": "EMAIL",
+    "iban": "IBAN",
+    "credit_card": "CARD",
+    "ipv6": "IP",
+    "ipv4": "IP",
+    "phone": "PHONE",
+    "high_entropy": "SECRET",
+}
 PLACEHOLDER = re.compile(r"(?:USER|SECRET|EMAIL|IBAN|CARD|IP|PHONE)_[0-9a-f]{8}")
 
 
@@ -136,9 +159,13 @@ class Hit(NamedTuple):
 
 # Letters of other scripts drawn like ASCII ones (the confusables an address or a label is
 # disguised with); NFKC does not fold these.
-_LOOKALIKE = dict(zip(
-    "аеорсухѕіјԁԛԝһӏАВЕКМНОРСТУХІЈЅԚԜҮοανρικυΑΒΕΖΗΙΚΜΝΟΡΤΥΧɑɡıȷ‐‑‒–—―−",
-    "aeopcyxsijdqwhlABEKMHOPCTYXIJSQWYoavpikuABEZHIKMNOPTYXagij-------", strict=True))
+_LOOKALIKE = dict(
+    zip(
+        "аеорсухѕіјԁԛԝһӏАВЕКМНОРСТУХІЈЅԚԜҮοανρικυΑΒΕΖΗΙΚΜΝΟΡΤΥΧɑɡıȷ‐‑‒–—―−",
+        "aeopcyxsijdqwhlABEKMHOPCTYXIJSQWYoavpikuABEZHIKMNOPTYXagij-------",
+        strict=True,
+    )
+)
 _INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
 _INVISIBLE_RE = re.compile(f"[{_INVISIBLE}]")
 
@@ -184,7 +211,8 @@ def fold(text: str) -> tuple[str, list[int] | None]:
 _TRUNC_MARK = re.compile(
     r"(?:[ \t]*(?:…|\.{2,}(?!\.)|[\[(<][ \t]*(?:…|\.{3}|[^\])>\n]{0,30}"
     r"(?:truncat|trimm|omitted|more|chars|characters|bytes|cut)[^\])>\n]{0,30})[\])>]))+\s*\Z",
-    re.I)
+    re.I,
+)
 _TAIL = 600  # how far before the end a cut item may start
 
 
@@ -215,15 +243,83 @@ def _luhn(digits: str) -> bool:
 
 
 _IBAN_LENGTHS = {
-    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22,
-    "BR": 29, "BY": 28, "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28,
-    "EE": 20, "EG": 29, "ES": 24, "FI": 18, "FO": 18, "FR": 27, "GB": 22, "GE": 22, "GI": 23,
-    "GL": 18, "GR": 27, "GT": 28, "HR": 21, "HU": 28, "IE": 22, "IL": 23, "IQ": 23, "IS": 26,
-    "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LC": 32, "LI": 21, "LT": 20, "LU": 20,
-    "LV": 21, "MC": 27, "MD": 24, "ME": 22, "MK": 19, "MR": 27, "MT": 31, "MU": 30, "NL": 18,
-    "NO": 15, "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "SA": 24,
-    "SC": 31, "SE": 24, "SI": 19, "SK": 24, "SM": 27, "ST": 25, "SV": 28, "TL": 23, "TN": 24,
-    "TR": 26, "UA": 29, "VA": 22, "VG": 24, "XK": 20,
+    "AD": 24,
+    "AE": 23,
+    "AL": 28,
+    "AT": 20,
+    "AZ": 28,
+    "BA": 20,
+    "BE": 16,
+    "BG": 22,
+    "BH": 22,
+    "BR": 29,
+    "BY": 28,
+    "CH": 21,
+    "CR": 22,
+    "CY": 28,
+    "CZ": 24,
+    "DE": 22,
+    "DK": 18,
+    "DO": 28,
+    "EE": 20,
+    "EG": 29,
+    "ES": 24,
+    "FI": 18,
+    "FO": 18,
+    "FR": 27,
+    "GB": 22,
+    "GE": 22,
+    "GI": 23,
+    "GL": 18,
+    "GR": 27,
+    "GT": 28,
+    "HR": 21,
+    "HU": 28,
+    "IE": 22,
+    "IL": 23,
+    "IQ": 23,
+    "IS": 26,
+    "IT": 27,
+    "JO": 30,
+    "KW": 30,
+    "KZ": 20,
+    "LB": 28,
+    "LC": 32,
+    "LI": 21,
+    "LT": 20,
+    "LU": 20,
+    "LV": 21,
+    "MC": 27,
+    "MD": 24,
+    "ME": 22,
+    "MK": 19,
+    "MR": 27,
+    "MT": 31,
+    "MU": 30,
+    "NL": 18,
+    "NO": 15,
+    "PK": 24,
+    "PL": 28,
+    "PS": 29,
+    "PT": 25,
+    "QA": 29,
+    "RO": 24,
+    "RS": 22,
+    "SA": 24,
+    "SC": 31,
+    "SE": 24,
+    "SI": 19,
+    "SK": 24,
+    "SM": 27,
+    "ST": 25,
+    "SV": 28,
+    "TL": 23,
+    "TN": 24,
+    "TR": 26,
+    "UA": 29,
+    "VA": 22,
+    "VG": 24,
+    "XK": 20,
 }
 
 
@@ -231,9 +327,14 @@ def _card_network(digits: str) -> bool:
     """The number starts like a card of a network (Visa, Mastercard, Amex, Discover, Diners,
     JCB, UnionPay, Maestro): a timestamp or an id of 13-19 digits mostly does not."""
     two, four = int(digits[:2]), int(digits[:4])
-    return (digits[0] in "46" or 50 <= two <= 58 or 2221 <= four <= 2720
-            or two in (34, 36, 37, 38, 39) or 300 <= int(digits[:3]) <= 305
-            or 3528 <= four <= 3589)
+    return (
+        digits[0] in "46"
+        or 50 <= two <= 58
+        or 2221 <= four <= 2720
+        or two in (34, 36, 37, 38, 39)
+        or 300 <= int(digits[:3]) <= 305
+        or 3528 <= four <= 3589
+    )
 
 
 def _iban_ok(compact: str) -> bool:
@@ -246,10 +347,11 @@ def _iban_ok(compact: str) -> bool:
 def _b64decode(part: str) -> bytes | None:
     """base64/base64url, padding optional; a cut-off last quantum is dropped."""
     part = part.rstrip("=")
-    part = part[:len(part) - len(part) % 4 if len(part) % 4 == 1 else len(part)]
+    part = part[: len(part) - len(part) % 4 if len(part) % 4 == 1 else len(part)]
     try:
-        return base64.urlsafe_b64decode(part.replace("+", "-").replace("/", "_")
-                                        + "=" * (-len(part) % 4))
+        return base64.urlsafe_b64decode(
+            part.replace("+", "-").replace("/", "_") + "=" * (-len(part) % 4)
+        )
     except (ValueError, binascii.Error):
         return None
 
@@ -276,8 +378,20 @@ def _entropy(s: str) -> float:
 
 _PIECE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _WORD = re.compile(r"[A-Z]?[a-z]{2,}")
-_ID_PREFIXES = ("call_", "toolu_", "chatcmpl-", "cmpl-", "msg_", "resp_", "run_", "thread_",
-                "asst_", "req_", "batch_", "file-")
+_ID_PREFIXES = (
+    "call_",
+    "toolu_",
+    "chatcmpl-",
+    "cmpl-",
+    "msg_",
+    "resp_",
+    "run_",
+    "thread_",
+    "asst_",
+    "req_",
+    "batch_",
+    "file-",
+)
 
 
 def _word_share(s: str) -> float:
@@ -290,8 +404,9 @@ def _looks_random(s: str, min_len: int = 20) -> bool:
     n = len(s)
     if n < min_len or s.startswith(_ID_PREFIXES):
         return False
-    if not (any(c.isupper() for c in s) and any(c.islower() for c in s)
-            and any(c.isdigit() for c in s)):
+    if not (
+        any(c.isupper() for c in s) and any(c.islower() for c in s) and any(c.isdigit() for c in s)
+    ):
         return False
     if _entropy(s) < min(0.84 * math.log2(n), 4.4):
         return False
@@ -301,15 +416,18 @@ def _looks_random(s: str, min_len: int = 20) -> bool:
 
 
 _HEX = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")
-_DIGEST_LABEL = re.compile(r"(?:sha\d*|md5|blake2[bs]?|digest|checksum|hash|commits?|blob|tree"
-                           r"|rev(?:ision)?|etag|oid)(?:_?ids?)?[^A-Za-z0-9]{0,4}$", re.I)
+_DIGEST_LABEL = re.compile(
+    r"(?:sha\d*|md5|blake2[bs]?|digest|checksum|hash|commits?|blob|tree"
+    r"|rev(?:ision)?|etag|oid)(?:_?ids?)?[^A-Za-z0-9]{0,4}$",
+    re.I,
+)
 
 
 def _looks_hex_secret(text: str, a: int, b: int) -> bool:
     s = text[a:b]
     if not _HEX.fullmatch(s) or s.isdigit() or not any(c.isdigit() for c in s):
         return False
-    return _entropy(s) >= 3.0 and not _DIGEST_LABEL.search(text[max(0, a - 20):a])
+    return _entropy(s) >= 3.0 and not _DIGEST_LABEL.search(text[max(0, a - 20) : a])
 
 
 # -- pem ----------------------------------------------------------------------------------------
@@ -327,8 +445,10 @@ _B64_TAIL = re.compile(r"[ \t]*[A-Za-z0-9+/]+={0,2}")
 _B64_LINE_END = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{8,}={0,2}[ \t]*\Z")
 # The end of an armour line whose start was cut off: "IVATE KEY-----".
 _ARMOUR_TAIL = re.compile(r"(?<![A-Za-z0-9])(?:[A-Z0-9]+ )*[A-Z0-9]{2,}-{2,5}[ \t]*\Z")
-_DER_START = re.compile(r"(?<![A-Za-z0-9+/])(?:MII|MIG|MHc|MC4C|b3BlbnNzaC1rZXkt)"
-                        r"[A-Za-z0-9+/]{37,}")
+_DER_START = re.compile(
+    r"(?<![A-Za-z0-9+/])(?:MII|MIG|MHc|MC4C|b3BlbnNzaC1rZXkt)"
+    r"[A-Za-z0-9+/]{37,}"
+)
 _B64_LINES = re.compile(rf"(?<![A-Za-z0-9+/])(?:[A-Za-z0-9+/]{{60,76}}={{0,2}}{_NL}){{2,}}")
 
 
@@ -356,9 +476,10 @@ def _pem_backward(text: str, pos: int) -> int:
     start = line_end = pos
     while True:
         line_start, brk = _line_start(text, floor, line_end)
-        end = line_end - (2 if text.endswith("\\r", 0, line_end) else
-                          1 if text.endswith("\r", 0, line_end) else 0)
-        line = text[line_start:max(line_start, end)]
+        end = line_end - (
+            2 if text.endswith("\\r", 0, line_end) else 1 if text.endswith("\r", 0, line_end) else 0
+        )
+        line = text[line_start : max(line_start, end)]
         if not (_BODY_LINE.fullmatch(line) or (line_end == pos and not line.strip())):
             w = max(line_start, end - 128)  # bounded: a search anchored at the end is quadratic
             m = _ARMOUR_TAIL.search(text, w, end) or _B64_LINE_END.search(text, w, end)
@@ -382,7 +503,7 @@ def _pem(text: str) -> Iterator[Hit]:
         if ends_left and (end is None or end.start() < m.end()):
             end = _PEM_END.search(text, m.end())
             ends_left = end is not None
-        if not (_PEM_BODY_AHEAD.match(text, m.end()) or not text[m.end():].strip()):
+        if not (_PEM_BODY_AHEAD.match(text, m.end()) or not text[m.end() :].strip()):
             pos = m.end()  # a BEGIN line quoted in code or prose, no key after it
             continue
         # to the END line, or, cut off inside the block, to the end: the rest is key material
@@ -410,13 +531,15 @@ def _pem(text: str) -> Iterator[Hit]:
 
 # -- url credentials, jwt, api keys -------------------------------------------------------------
 
-_URL_CREDS = re.compile(r"(?<![\w+.-])[A-Za-z][A-Za-z0-9+.-]{0,15}://"
-                        r"([^\s:/?#@\[\]\"'<>]*):([^\s/?#\[\]\"'<>]+)@(?=[\w\[])")
+_URL_CREDS = re.compile(
+    r"(?<![\w+.-])[A-Za-z][A-Za-z0-9+.-]{0,15}://"
+    r"([^\s:/?#@\[\]\"'<>]*):([^\s/?#\[\]\"'<>]+)@(?=[\w\[])"
+)
 
 
 def _url_credentials(text: str) -> Iterator[Hit]:
     for m in _URL_CREDS.finditer(text):
-        yield Hit(m.start(1), m.end(2), "url_credentials", text[m.start(1):m.end(2)])
+        yield Hit(m.start(1), m.end(2), "url_credentials", text[m.start(1) : m.end(2)])
 
 
 _JWT = re.compile(r"(?<![\w.-])eyJ[A-Za-z0-9_-]{8,}(?:\.[A-Za-z0-9_-]*){0,2}(?![\w-])")
@@ -428,7 +551,8 @@ def _jwt(text: str) -> Iterator[Hit]:
             yield Hit(m.start(), m.end(), "jwt", m.group(0))
 
 
-_API_KEY = re.compile(r"""(?<![\w-])(?:
+_API_KEY = re.compile(
+    r"""(?<![\w-])(?:
       sk-(?:proj|ant(?:-api\d\d)?|svcacct|admin)-[A-Za-z0-9_-]{6,}
     | sk-(?=[A-Za-z_-]*\d)[A-Za-z0-9_-]{20,}
     | (?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{8,}
@@ -444,13 +568,16 @@ _API_KEY = re.compile(r"""(?<![\w-])(?:
     | ya29\.[0-9A-Za-z_-]{16,}
     | SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}
     | whsec_[A-Za-z0-9]{16,}
-    )(?![\w-])""", re.X)
+    )(?![\w-])""",
+    re.X,
+)
 _SK_CUT = re.compile(r"(?<![\w-])sk-(?=[A-Za-z_-]*\d)[A-Za-z0-9_-]{6,}\Z")
-_SLACK_HOOK = re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/"
-                         r"(T[A-Z0-9]{6,}/[A-Z0-9]{6,}/[A-Za-z0-9]{8,})")
+_SLACK_HOOK = re.compile(
+    r"hooks\.slack\.com/(?:services|workflows|triggers)/"
+    r"(T[A-Z0-9]{6,}/[A-Z0-9]{6,}/[A-Za-z0-9]{8,})"
+)
 _BEARER_TOKEN = r"((?=[A-Za-z._~+/-]*\d)(?=[\d._~+/-]*[A-Za-z])[A-Za-z0-9._~+/-]{%s}=*)"
-_BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+" + _BEARER_TOKEN % "16,"
-                     + r"(?![\w.~+/=-])")
+_BEARER = re.compile(r"(?<![\w-])[Bb]earer[ \t]+" + _BEARER_TOKEN % "16," + r"(?![\w.~+/=-])")
 _BEARER_CUT = re.compile(r"(?<![\w-])[Bb]earer[ \t]+" + _BEARER_TOKEN % "6," + r"\Z")
 _BASIC = re.compile(r"(?<![\w-])[Bb]asic[ \t]+([A-Za-z0-9+/]{8,}={0,2})(?![\w+/=-])")
 _PRINTABLE_PAIR = re.compile(rb"[\x21-\x7e]{1,200}:[\x20-\x7e]{1,200}")
@@ -478,36 +605,193 @@ def _api_key(text: str) -> Iterator[Hit]:
 _LABEL = re.compile(
     r"(?:pass(?:word|wd|phrase|code)?|pwd|secrets?|token|key|auth(?:orization)?"
     r"|sig(?:nature)?|credentials?|creds|session(?:_?id)?|sid)"
-    r"(?P<q>\\?[\"'])?[ \t]{0,3}(?P<sep>:=|=>|[:=](?![=:]))[ \t]{0,3}", re.I)
+    r"(?P<q>\\?[\"'])?[ \t]{0,3}(?P<sep>:=|=>|[:=](?![=:]))[ \t]{0,3}",
+    re.I,
+)
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}\Z")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_ALWAYS = frozenset({"password", "passwd", "passphrase", "passcode", "pwd", "secret", "secrets",
-                     "credential", "credentials", "creds", "authorization"})
-_SOMETIMES = frozenset({"token", "key", "auth", "sig", "signature", "session", "sessionid",
-                        "sid", "pass"})
+_ALWAYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "passphrase",
+        "passcode",
+        "pwd",
+        "secret",
+        "secrets",
+        "credential",
+        "credentials",
+        "creds",
+        "authorization",
+    }
+)
+_SOMETIMES = frozenset(
+    {"token", "key", "auth", "sig", "signature", "session", "sessionid", "sid", "pass"}
+)
 # A label glued into one word (apikey, clientsecret, csrftoken): its secret word is split off.
 _GLUED = ("password", "passwd", "signature", "secret", "token", "key", "auth", "sig")
-_SECRET_PREFIX = frozenset({
-    "access", "refresh", "auth", "session", "bearer", "api", "oauth", "oauth2", "csrf",
-    "xsrf", "client", "app", "private", "secret", "master", "signing", "encryption", "license",
-    "subscription", "account", "service", "personal", "admin", "user", "db", "database",
-    "basic", "http", "proxy", "webhook", "jwt", "amz", "goog", "aws", "azure", "gcp", "github",
-    "gitlab", "slack", "hf", "openai", "anthropic", "stripe", "twilio", "sendgrid", "deploy",
-    "upload", "reset", "verify", "verification", "invite", "magic", "login", "sas", "storage",
-    "consumer", "bot", "vault", "hmac", "shared", "smtp", "mail", "ftp", "ssh", "redis",
-    "postgres", "mysql", "mongo", "ldap", "wifi"})
+_SECRET_PREFIX = frozenset(
+    {
+        "access",
+        "refresh",
+        "auth",
+        "session",
+        "bearer",
+        "api",
+        "oauth",
+        "oauth2",
+        "csrf",
+        "xsrf",
+        "client",
+        "app",
+        "private",
+        "secret",
+        "master",
+        "signing",
+        "encryption",
+        "license",
+        "subscription",
+        "account",
+        "service",
+        "personal",
+        "admin",
+        "user",
+        "db",
+        "database",
+        "basic",
+        "http",
+        "proxy",
+        "webhook",
+        "jwt",
+        "amz",
+        "goog",
+        "aws",
+        "azure",
+        "gcp",
+        "github",
+        "gitlab",
+        "slack",
+        "hf",
+        "openai",
+        "anthropic",
+        "stripe",
+        "twilio",
+        "sendgrid",
+        "deploy",
+        "upload",
+        "reset",
+        "verify",
+        "verification",
+        "invite",
+        "magic",
+        "login",
+        "sas",
+        "storage",
+        "consumer",
+        "bot",
+        "vault",
+        "hmac",
+        "shared",
+        "smtp",
+        "mail",
+        "ftp",
+        "ssh",
+        "redis",
+        "postgres",
+        "mysql",
+        "mongo",
+        "ldap",
+        "wifi",
+    }
+)
 _SCHEME = re.compile(r"(?:bearer|basic|token|digest|apikey|key|bot|oauth|ssws|jwt)[ \t]+", re.I)
 # An unquoted value ends at a separator; "=" only as base64 padding (key=key=... is no value).
 _UNQUOTED = re.compile(r"[^\s\"'`<>&;,()\[\]{}\\=]{1,256}={0,2}")
-_DUMMY = frozenset({
-    "none", "null", "nil", "true", "false", "undefined", "lambda", "self", "cls", "len", "str",
-    "int", "bytes", "string", "object", "any", "optional", "required", "redacted", "hidden",
-    "masked", "removed", "omitted", "censored", "value", "example", "placeholder", "your",
-    "here", "env", "default", "empty", "unset", "not", "set", "n/a", "tbd", "todo", "foo",
-    "bar", "baz", "test", "dummy", "secret", "password", "token", "key", "name", "bool", "dict",
-    "list", "text", "char", "varchar", "yes", "no", "on", "off", "enabled", "disabled", "auto",
-    "see", "xxx", "include", "omit", "same-origin", "bearer", "basic", "digest", "await",
-    "yield", "async", "return", "if", "else", "in", "is", "and", "or", "new", "this"})
+_DUMMY = frozenset(
+    {
+        "none",
+        "null",
+        "nil",
+        "true",
+        "false",
+        "undefined",
+        "lambda",
+        "self",
+        "cls",
+        "len",
+        "str",
+        "int",
+        "bytes",
+        "string",
+        "object",
+        "any",
+        "optional",
+        "required",
+        "redacted",
+        "hidden",
+        "masked",
+        "removed",
+        "omitted",
+        "censored",
+        "value",
+        "example",
+        "placeholder",
+        "your",
+        "here",
+        "env",
+        "default",
+        "empty",
+        "unset",
+        "not",
+        "set",
+        "n/a",
+        "tbd",
+        "todo",
+        "foo",
+        "bar",
+        "baz",
+        "test",
+        "dummy",
+        "secret",
+        "password",
+        "token",
+        "key",
+        "name",
+        "bool",
+        "dict",
+        "list",
+        "text",
+        "char",
+        "varchar",
+        "yes",
+        "no",
+        "on",
+        "off",
+        "enabled",
+        "disabled",
+        "auto",
+        "see",
+        "xxx",
+        "include",
+        "omit",
+        "same-origin",
+        "bearer",
+        "basic",
+        "digest",
+        "await",
+        "yield",
+        "async",
+        "return",
+        "if",
+        "else",
+        "in",
+        "is",
+        "and",
+        "or",
+        "new",
+        "this",
+    }
+)
 _TEMPLATE = re.compile(r"[$%{<*!]|.*?(?:\{\{|\$\{|%\()")
 _PATH = re.compile(r"(?:/|~/|\.\.?/|[A-Za-z]:\\)")
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
@@ -515,10 +799,35 @@ _IDENT = re.compile(r"[A-Za-z_]\w*")
 _NAME_VALUE = re.compile(r"[A-Za-z_][\w-]*")
 _ELIDED = re.compile(r".*?(?:\.\.\.|…|\*\*\*)")  # sk-..., hf_***: an example, not a key
 # Words that make a value without digits describe itself: my-secret, your-api-key, FOOBAR.
-_EXAMPLE_WORDS = frozenset({"secret", "secrets", "password", "passwd", "pass", "pwd", "key",
-                            "token", "apikey", "api", "example", "sample", "dummy", "fake",
-                            "test", "your", "my", "placeholder", "here", "value", "demo",
-                            "changeme", "foo", "bar", "xxx"})
+_EXAMPLE_WORDS = frozenset(
+    {
+        "secret",
+        "secrets",
+        "password",
+        "passwd",
+        "pass",
+        "pwd",
+        "key",
+        "token",
+        "apikey",
+        "api",
+        "example",
+        "sample",
+        "dummy",
+        "fake",
+        "test",
+        "your",
+        "my",
+        "placeholder",
+        "here",
+        "value",
+        "demo",
+        "changeme",
+        "foo",
+        "bar",
+        "xxx",
+    }
+)
 _CAPS_WORD = re.compile(r"[A-Z]{2,12}")
 _SNAKE = re.compile(r"_?[a-z]+(?:_[a-z0-9]+)+|[a-z]+(?:[A-Z][a-z]+)+")  # creds_file, inMemory
 # A type in an annotation: private_key: PKCS7PrivateKeyTypes, password: SecretStr.
@@ -538,7 +847,7 @@ def _label_words(name: str) -> tuple[str, ...]:
         words[-2:] = ["sessionid"]
     if words and words[-1] not in _ALWAYS | _SOMETIMES:
         glued = next((g for g in _GLUED if words[-1].endswith(g)), None)
-        head = words[-1][:-len(glued)] if glued else ""
+        head = words[-1][: -len(glued)] if glued else ""
         if glued and (glued in _ALWAYS or head in _SECRET_PREFIX):  # not monkey, oauth
             words[-1:] = [head, glued]
     return tuple(words)
@@ -562,8 +871,12 @@ def _label_strength(name: str, in_query: bool = False) -> int:
 
 
 def _keylike(v: str) -> bool:
-    return (bool(_KEYLIKE.fullmatch(v)) and any(c.isdigit() for c in v)
-            and any(c.isalpha() for c in v) and _word_share(v) < 0.6)
+    return (
+        bool(_KEYLIKE.fullmatch(v))
+        and any(c.isdigit() for c in v)
+        and any(c.isalpha() for c in v)
+        and _word_share(v) < 0.6
+    )
 
 
 def _value_is_secret(value: str, strength: int, code_like: bool = False) -> bool:
@@ -577,8 +890,10 @@ def _value_is_secret(value: str, strength: int, code_like: bool = False) -> bool
     if _ELIDED.match(v) or (v.isdigit() and len(v) < 6) or v.startswith("__"):
         return False
     if not any(c.isdigit() for c in v) and (
-            _CAPS_WORD.fullmatch(v) or _EXAMPLE_WORDS.intersection(_label_words(v))
-            or (_NAME_VALUE.fullmatch(v) and _label_strength(v))):
+        _CAPS_WORD.fullmatch(v)
+        or _EXAMPLE_WORDS.intersection(_label_words(v))
+        or (_NAME_VALUE.fullmatch(v) and _label_strength(v))
+    ):
         return False  # FOOBAR, my-secret, GRANT_TYPE = "refresh_token": a name, not a value
     if strength < _ALWAYS_SECRET:
         return _keylike(v)
@@ -642,14 +957,19 @@ def _labelled_value(text: str, m: re.Match[str]) -> tuple[int, int] | None:
             return None  # OPENAI_API_KEY=sk-...: an example
         while end > pos and text[end - 1] in ".:":
             end -= 1
-        if text[end:end + 1] in ("(", "[") and not in_query:
+        if text[end : end + 1] in ("(", "[") and not in_query:
             return None  # a call or a subscript
         code_like = not in_query
         if m.group("sep") == ":" and not in_query and _colon_prose(text, start, pos, end):
             return None
-        spaced = m.group(0)[-1:] in " \t" or text[m.start("sep") - 1:m.start("sep")] in " \t"
-        if (code_like and spaced and m.group("sep") != ":" and _IDENT.fullmatch(text, pos, end)
-                and not any(c.isdigit() for c in text[pos:end])):
+        spaced = m.group(0)[-1:] in " \t" or text[m.start("sep") - 1 : m.start("sep")] in " \t"
+        if (
+            code_like
+            and spaced
+            and m.group("sep") != ":"
+            and _IDENT.fullmatch(text, pos, end)
+            and not any(c.isdigit() for c in text[pos:end])
+        ):
             return None  # credential = configuration: an assignment from a variable
     if not _value_is_secret(text[pos:end], strength, code_like):
         return None
@@ -665,28 +985,46 @@ def _colon_prose(text: str, start: int, pos: int, end: int) -> bool:
         return True
     if not _LETTERS.fullmatch(v):
         return False
-    return bool(_MORE_WORDS.match(text, end)) or not _LINE_HEAD.search(text, max(0, start - 8),
-                                                                         start)
+    return bool(_MORE_WORDS.match(text, end)) or not _LINE_HEAD.search(
+        text, max(0, start - 8), start
+    )
 
 
 def _credential(text: str) -> Iterator[Hit]:
     for m in _LABEL.finditer(text):
         span = _labelled_value(text, m)
         if span:
-            yield Hit(span[0], span[1], "credential", text[span[0]:span[1]])
+            yield Hit(span[0], span[1], "credential", text[span[0] : span[1]])
 
 
 # -- emails -------------------------------------------------------------------------------------
 
 _EMAIL = re.compile(r"(?<![\w.%+-])([^\W_][\w.%+-]*)@((?:[\w-]+\.)+([^\W\d_]{2,24}))(?![\w-])")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
-_CJK_TLDS = frozenset({"中国", "中國", "公司", "网络", "網絡", "香港", "台灣", "台湾", "新加坡",
-                       "みんな", "コム", "닷컴", "한국"})
+_CJK_TLDS = frozenset(
+    {
+        "中国",
+        "中國",
+        "公司",
+        "网络",
+        "網絡",
+        "香港",
+        "台灣",
+        "台湾",
+        "新加坡",
+        "みんな",
+        "コム",
+        "닷컴",
+        "한국",
+    }
+)
 _DENSITY_SUFFIX = re.compile(r"\d+(?:\.\d+)?x\.")
 _AT = r"(?:[ \t]{0,2}[\[({][ \t]{0,2}(?:[Aa][Tt]|@)[ \t]{0,2}[\])}][ \t]{0,2}|@)"
 _DOT = r"(?:[ \t]{0,2}[\[({][ \t]{0,2}(?:[Dd][Oo][Tt]|\.)[ \t]{0,2}[\])}][ \t]{0,2}|\.)"
-_EMAIL_OBF = re.compile(rf"(?<![\w.%+-])([A-Za-z0-9][\w.%+-]*){_AT}"
-                        rf"((?:[A-Za-z0-9-]+{_DOT})+[A-Za-z]{{2,24}})(?![\w-])")
+_EMAIL_OBF = re.compile(
+    rf"(?<![\w.%+-])([A-Za-z0-9][\w.%+-]*){_AT}"
+    rf"((?:[A-Za-z0-9-]+{_DOT})+[A-Za-z]{{2,24}})(?![\w-])"
+)
 _DOT_RE = re.compile(_DOT)
 _EMAIL_CUT = re.compile(r"(?<![\w.%+-])([^\W_][\w.%+-]{1,63})@([^\W_][\w-]*(?:\.[\w-]*)*)?\Z")
 
@@ -707,15 +1045,21 @@ def _email(text: str) -> Iterator[Hit]:
             if _email_ok(m.group(1), domain, domain.rsplit(".", 1)[-1]):
                 yield Hit(m.start(), m.end(), "email", f"{m.group(1)}@{domain}".lower())
     cut = _at_cut(text, _EMAIL_CUT)
-    if cut and _email_ok(cut.group(1), cut.group(2) or "", "") and not (
-            cut.group(2) or "a")[0].isdigit() and not PLACEHOLDER.search(cut.group(0)):
+    if (
+        cut
+        and _email_ok(cut.group(1), cut.group(2) or "", "")
+        and not (cut.group(2) or "a")[0].isdigit()
+        and not PLACEHOLDER.search(cut.group(0))
+    ):
         yield Hit(cut.start(), cut.end(), "email", cut.group(0).lower())
 
 
 # -- iban, cards --------------------------------------------------------------------------------
 
-_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}"
-                   r"(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)(?![A-Za-z0-9])")
+_IBAN = re.compile(
+    r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}"
+    r"(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)(?![A-Za-z0-9])"
+)
 _IBAN_CUT = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?\Z")
 
 
@@ -740,8 +1084,10 @@ _CARD_FULL = re.compile(_CARD_SHAPE, re.X)
 # Digits around one line break (a wrapped line, or a group moved to the next line), with a
 # separator before the break, if any; which of them form the number is _split_card's work.
 _BREAK = rf"[ \t]{{0,2}}[.-]?[ \t]{{0,2}}{_NL}[ \t]{{0,2}}"
-_CARD_SPLIT = re.compile(rf"(?<![\w.+-])\d(?:[ .-]?\d){{0,18}}(?P<br>{_BREAK})"
-                         r"\d(?:[ .-]?\d){0,18}")
+_CARD_SPLIT = re.compile(
+    rf"(?<![\w.+-])\d(?:[ .-]?\d){{0,18}}(?P<br>{_BREAK})"
+    r"\d(?:[ .-]?\d){0,18}"
+)
 _CARD_CUT = re.compile(r"(?<![\w.+-])\d{4}([ .-])\d{4}\1\d{4}(?:\1\d{1,3})?\Z")
 _GROUP = re.compile(r"\d+")
 _COLUMN_ABOVE = re.compile(rf"\d[ \t]*{_NL}[ \t]*\Z")
@@ -765,7 +1111,7 @@ def _split_card(text: str, m: re.Match[str]) -> tuple[int, int, str] | None:
     left = [g.span() for g in _GROUP.finditer(text, m.start(), a)][-5:]
     right = [g.span() for g in _GROUP.finditer(text, b, m.end())][:5]
     mark = text[a:b].strip(" \t\r\n\\rn")
-    used = set(re.findall(r"[ .-]", text[left[0][0]:a] + text[b:right[-1][1]]))
+    used = set(re.findall(r"[ .-]", text[left[0][0] : a] + text[b : right[-1][1]]))
     if len(used) > 1:
         return None
     seps = [mark] if mark else ["", *used]
@@ -783,8 +1129,9 @@ def _split_card(text: str, m: re.Match[str]) -> tuple[int, int, str] | None:
             for sep in seps:
                 if not _CARD_FULL.fullmatch(text[s:a] + sep + text[b:e]):
                     continue
-                if not (sep or used or mark) and (_COLUMN_ABOVE.search(text, max(0, s - 40), s)
-                                                  or _COLUMN_BELOW.match(text, e)):
+                if not (sep or used or mark) and (
+                    _COLUMN_ABOVE.search(text, max(0, s - 40), s) or _COLUMN_BELOW.match(text, e)
+                ):
                     continue
                 return s, e, digits
     return None
@@ -807,8 +1154,10 @@ def _credit_card(text: str) -> Iterator[Hit]:
 
 # -- ip addresses, phones -----------------------------------------------------------------------
 
-_IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}"
-                   r"(?:(?:\d{1,3}\.){3}\d{1,3}|[0-9A-Fa-f]{0,4})(?![\w:]|\.\d)")
+_IPV6 = re.compile(
+    r"(?<![\w:.])(?:[0-9A-Fa-f]{0,4}:){2,7}"
+    r"(?:(?:\d{1,3}\.){3}\d{1,3}|[0-9A-Fa-f]{0,4})(?![\w:]|\.\d)"
+)
 
 
 def _ipv6(text: str) -> Iterator[Hit]:
@@ -840,13 +1189,16 @@ def _ipv4(text: str) -> Iterator[Hit]:
             yield Hit(m.start(), m.end(), "ipv4", str(addr))
 
 
-_PHONE = re.compile(r"""(?<![\w+.-])(?<!\d\s)(?:
+_PHONE = re.compile(
+    r"""(?<![\w+.-])(?<!\d\s)(?:
       (?P<intl>\+\d{1,3}(?:[ .-]?(?:\(\d{1,4}\)|\d{1,4})){2,6})
     | (?P<area>\(\d{2,4}\)[ .-]?\d{2,4}(?:[ .-]\d{2,4}){1,3})
     | (?P<dashed>(?:1-)?\d{2,4}(?:-\d{2,4}){2,3})
     | (?P<dotted>\d{3}\.\d{3}\.\d{4})
     | (?P<trunk>0\d{1,4}(?:[ .]\d{2,4}){2,4})
-    )(?![\w]|[.-]\d)""", re.X)
+    )(?![\w]|[.-]\d)""",
+    re.X,
+)
 _DATE_START = re.compile(r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-")
 
 
@@ -898,7 +1250,7 @@ def _random_parts(text: str, a: int, b: int) -> Iterator[tuple[int, int]]:
 
 def _high_entropy(text: str) -> Iterator[Hit]:
     for m in _RUN.finditer(text):
-        if text[max(0, m.start() - 7):m.start()].lower() == "base64,":
+        if text[max(0, m.start() - 7) : m.start()].lower() == "base64,":
             continue  # a data: URI payload (an image), not a secret
         for a, b in _pieces(text, m.start(), m.end()):
             if b - a >= 20:
@@ -917,8 +1269,29 @@ DETECTORS: tuple[tuple[Detector, tuple[str, ...]], ...] = (
     (_pem, ()),
     (_url_credentials, ("://",)),
     (_jwt, ("eyJ",)),
-    (_api_key, ("sk-", "_live_", "_test_", "gh", "xox", "xapp-", "AKIA", "ASIA", "AIza", "hf_",
-                "glpat-", "npm_", "ya29.", "SG.", "whsec_", "hooks.slack", "earer", "asic")),
+    (
+        _api_key,
+        (
+            "sk-",
+            "_live_",
+            "_test_",
+            "gh",
+            "xox",
+            "xapp-",
+            "AKIA",
+            "ASIA",
+            "AIza",
+            "hf_",
+            "glpat-",
+            "npm_",
+            "ya29.",
+            "SG.",
+            "whsec_",
+            "hooks.slack",
+            "earer",
+            "asic",
+        ),
+    ),
     (_credential, (":", "=")),
     (_email, ("@", "[", "(", "{")),
     (_iban, ()),
@@ -945,7 +1318,7 @@ def detect(text: str, label: str | None = None) -> list[Hit]:
         new_starts: list[int] = []
         new_ends: list[int] = []
         for h in found:
-            if not _ALNUM.search(PLACEHOLDER.sub("", text[h.start:h.end])):
+            if not _ALNUM.search(PLACEHOLDER.sub("", text[h.start : h.end])):
                 continue
             if _overlaps(starts, ends, h) or _overlaps(new_starts, new_ends, h):
                 continue
