@@ -1,13 +1,16 @@
 # One command for everything CI checks: make check
 PY := .venv/bin/python
 
-.PHONY: setup check fmt lint types imports test unit
+.PHONY: setup check fmt fmt-check lint types imports test unit
 
 setup:
 	bash scripts/setup
 
 fmt:
 	$(PY) -m ruff format .
+
+fmt-check:
+	$(PY) -m ruff format --check .
 
 lint:
 	$(PY) -m ruff check .
@@ -25,4 +28,4 @@ unit:
 test:
 	$(PY) -m pytest -q
 
-check: lint types imports test
+check: fmt-check lint types imports test
