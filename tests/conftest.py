@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -45,6 +46,16 @@ def fp8_flags() -> list[str]:
 
 
 FP8_DTYPE = EMULATED_FP8 if fp8_emulated() else "fp8"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without vLLM (a core-only install), the tests that need its servers skip, saying why."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="vLLM is not installed (scripts/setup installs it)")
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
