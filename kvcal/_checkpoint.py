@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from replay._errors import InputError
-from replay._rundir import file_digest
+from replay.core.errors import InputError
+from replay.run.rundir import file_digest
 
 from . import __version__
 from ._scales import TensorReport
@@ -32,14 +32,25 @@ MANIFEST = "kvcal_manifest.json"  # replay reads "sample_ids" from it to refuse 
 RECIPE = "recipe.yaml"
 LEGACY_SCALES = "kv_cache_scales.json"
 STRATEGIES = ("tensor", "attn_head")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                   "special_tokens_map.json", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
 OWN_FILES = {"config.json", INDEX, SCALES_SHARD, MANIFEST, RECIPE, LEGACY_SCALES}
 
 
 def kv_cache_scheme(strategy: str) -> dict[str, Any]:
-    return {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": False,
-            "symmetric": True}
+    return {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": strategy,
+        "dynamic": False,
+        "symmetric": True,
+    }
 
 
 def quantization_config(original: dict[str, Any] | None, strategy: str) -> dict[str, Any]:
@@ -47,21 +58,31 @@ def quantization_config(original: dict[str, Any] | None, strategy: str) -> dict[
     KV scheme added (its weight schemes stay)."""
     if original:
         if original.get("quant_method") != "compressed-tensors":
-            raise InputError(f"the model is quantized with '{original.get('quant_method')}'; "
-                             "kvcal adds K/V scales to BF16 or compressed-tensors checkpoints "
-                             "only")
+            raise InputError(
+                f"the model is quantized with '{original.get('quant_method')}'; "
+                "kvcal adds K/V scales to BF16 or compressed-tensors checkpoints "
+                "only"
+            )
         return {**original, "kv_cache_scheme": kv_cache_scheme(strategy)}
-    return {"quant_method": "compressed-tensors", "format": "dense",
-            "quantization_status": "compressed", "config_groups": {}, "ignore": [],
-            "kv_cache_scheme": kv_cache_scheme(strategy)}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "quantization_status": "compressed",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": kv_cache_scheme(strategy),
+    }
 
 
 def model_digests(model_dir: Path) -> dict[str, Any]:
     """What a scale file means only together with: config, weights, tokenizer, template."""
     weights = sorted(p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
     tokenizer = [model_dir / n for n in TOKENIZER_FILES if (model_dir / n).is_file()]
-    template = [p for p in (model_dir / "chat_template.jinja", model_dir / "chat_template.json")
-                if p.is_file()]
+    template = [
+        p
+        for p in (model_dir / "chat_template.jinja", model_dir / "chat_template.json")
+        if p.is_file()
+    ]
     tok_cfg = model_dir / "tokenizer_config.json"
     embedded = None
     if tok_cfg.is_file():
@@ -70,9 +91,18 @@ def model_digests(model_dir: Path) -> dict[str, Any]:
         "config": file_digest(model_dir / "config.json"),
         "weights": {p.name: file_digest(p) for p in weights},
         "tokenizer": {p.name: file_digest(p) for p in tokenizer},
-        "chat_template": {**{p.name: file_digest(p) for p in template},
-                          **({"tokenizer_config.json:chat_template": hashlib.sha256(
-                              json.dumps(embedded).encode()).hexdigest()} if embedded else {})},
+        "chat_template": {
+            **{p.name: file_digest(p) for p in template},
+            **(
+                {
+                    "tokenizer_config.json:chat_template": hashlib.sha256(
+                        json.dumps(embedded).encode()
+                    ).hexdigest()
+                }
+                if embedded
+                else {}
+            ),
+        },
     }
 
 
@@ -99,8 +129,10 @@ def _original_weight_map(model_dir: Path) -> dict[str, str]:
 
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
-        raise InputError(f"{model_dir}: no *.safetensors weights; convert the checkpoint to "
-                         "safetensors first (vLLM and kvcal read those)")
+        raise InputError(
+            f"{model_dir}: no *.safetensors weights; convert the checkpoint to "
+            "safetensors first (vLLM and kvcal read those)"
+        )
     out = {}
     for shard in shards:
         with safe_open(str(shard), framework="pt") as f:
@@ -109,8 +141,9 @@ def _original_weight_map(model_dir: Path) -> dict[str, str]:
     return out
 
 
-def write_overlay(model_dir: Path, out_dir: Path, reports: Sequence[TensorReport],
-                  strategy: str) -> dict[str, Any]:
+def write_overlay(
+    model_dir: Path, out_dir: Path, reports: Sequence[TensorReport], strategy: str
+) -> dict[str, Any]:
     """Write the overlay; returns the config it wrote."""
     import torch
     from safetensors.torch import save_file
@@ -123,11 +156,12 @@ def write_overlay(model_dir: Path, out_dir: Path, reports: Sequence[TensorReport
     weight_map = _original_weight_map(model_dir)
     carried = [k for k in weight_map if k.endswith((".k_scale", ".v_scale"))]
     if carried:
-        raise InputError(f"{model_dir} already carries k/v scales ({carried[0]}, ...): "
-                         "calibrate the original BF16 checkpoint, not a calibrated one")
+        raise InputError(
+            f"{model_dir} already carries k/v scales ({carried[0]}, ...): "
+            "calibrate the original BF16 checkpoint, not a calibrated one"
+        )
     config: dict[str, Any] = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    config["quantization_config"] = quantization_config(config.get("quantization_config"),
-                                                        strategy)
+    config["quantization_config"] = quantization_config(config.get("quantization_config"), strategy)
     dtype = getattr(torch, str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"))
     out_dir.mkdir(parents=True, exist_ok=True)
     for src in sorted(model_dir.iterdir()):
@@ -137,16 +171,22 @@ def write_overlay(model_dir: Path, out_dir: Path, reports: Sequence[TensorReport
         if link.is_symlink() or link.exists():
             if link.is_symlink() and Path(os.readlink(link)) == src:
                 continue
-            raise InputError(f"{link} exists and is not a link to {src}; write the overlay "
-                             "into a new folder")
+            raise InputError(
+                f"{link} exists and is not a link to {src}; write the overlay into a new folder"
+            )
         link.symlink_to(src)
     tensors = scale_tensors(reports, strategy, dtype)
     weight_map = _rename_single_file(out_dir, weight_map)
     save_file(tensors, str(out_dir / SCALES_SHARD), metadata={"format": "pt"})
     weight_map.update({name: SCALES_SHARD for name in tensors})
-    (out_dir / INDEX).write_text(json.dumps({"metadata": {"kvcal": __version__},
-                                             "weight_map": dict(sorted(weight_map.items()))},
-                                            indent=2) + "\n", encoding="utf-8")
+    (out_dir / INDEX).write_text(
+        json.dumps(
+            {"metadata": {"kvcal": __version__}, "weight_map": dict(sorted(weight_map.items()))},
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return config
 
@@ -169,28 +209,32 @@ def legacy_scales(reports: Sequence[TensorReport], model_type: str) -> dict[str,
     per_layer: dict[str, float] = {}
     for r in reports:
         per_layer[str(r.layer)] = max(per_layer.get(str(r.layer), 0.0), r.scale)
-    return {"model_type": model_type,
-            "kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": per_layer}}}
+    return {
+        "model_type": model_type,
+        "kv_cache": {"dtype": "float8_e4m3fn", "scaling_factor": {"0": per_layer}},
+    }
 
 
 def recipe_yaml(strategy: str) -> str:
     """The same KV scheme as an LLM Compressor recipe. ``static_minmax`` keeps the min/max
     over every calibration batch, as kvcal does; LLM Compressor's default ``minmax`` is a
     moving average and ``memoryless_minmax`` keeps the last batch only."""
-    return ("# LLM Compressor recipe for the same K/V scheme kvcal calibrated. Its samples are\n"
-            "# samples.jsonl beside it (input_ids): load them with\n"
-            "# datasets.load_dataset('json', data_files='samples.jsonl') and pass the dataset to\n"
-            "# oneshot (its dataset_path loader skips files that do not end in 'json').\n"
-            "quant_stage:\n"
-            "  quant_modifiers:\n"
-            "    QuantizationModifier:\n"
-            "      kv_cache_scheme:\n"
-            "        num_bits: 8\n"
-            "        type: float\n"
-            f"        strategy: {strategy}\n"
-            "        dynamic: false\n"
-            "        symmetric: true\n"
-            "        observer: static_minmax\n")
+    return (
+        "# LLM Compressor recipe for the same K/V scheme kvcal calibrated. Its samples are\n"
+        "# samples.jsonl beside it (input_ids): load them with\n"
+        "# datasets.load_dataset('json', data_files='samples.jsonl') and pass the dataset to\n"
+        "# oneshot (its dataset_path loader skips files that do not end in 'json').\n"
+        "quant_stage:\n"
+        "  quant_modifiers:\n"
+        "    QuantizationModifier:\n"
+        "      kv_cache_scheme:\n"
+        "        num_bits: 8\n"
+        "        type: float\n"
+        f"        strategy: {strategy}\n"
+        "        dynamic: false\n"
+        "        symmetric: true\n"
+        "        observer: static_minmax\n"
+    )
 
 
 def read_manifest(overlay: Path) -> dict[str, Any]:
@@ -198,8 +242,9 @@ def read_manifest(overlay: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError:
-        raise InputError(f"{overlay}: no {MANIFEST}; is this a folder `kvcal calibrate` "
-                         "wrote?") from None
+        raise InputError(
+            f"{overlay}: no {MANIFEST}; is this a folder `kvcal calibrate` wrote?"
+        ) from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict) or "model" not in data:

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from replay._buckets import Buckets
-from replay._errors import InputError
+from replay.core.buckets import Buckets
+from replay.core.errors import InputError
 
 from ._fp8 import e4m3_roundtrip, hf_head_scale
 
@@ -52,9 +52,12 @@ class Setting:
 
     def skipping(self, layers: Iterable[int], name: str | None = None) -> Setting:
         drop = set(layers)
-        return replace(self, name=name or self.name,
-                       k=tuple(None if i in drop else s for i, s in enumerate(self.k)),
-                       v=tuple(None if i in drop else s for i, s in enumerate(self.v)))
+        return replace(
+            self,
+            name=name or self.name,
+            k=tuple(None if i in drop else s for i, s in enumerate(self.k)),
+            v=tuple(None if i in drop else s for i, s in enumerate(self.v)),
+        )
 
     def only(self, layer: int, name: str | None = None) -> Setting:
         return self.skipping((i for i in range(len(self.k)) if i != layer), name)
@@ -62,9 +65,15 @@ class Setting:
     def to_json(self) -> dict[str, Any]:
         def show(s: Scale | None) -> float | list[float] | None:
             return None if s is None else (float(s) if s.dim() == 0 else s.flatten().tolist())
-        return {"name": self.name, "scales": self.scales, "rounding": self.rounding,
-                "skip_layers": list(self.skip), "k_scale": [show(s) for s in self.k],
-                "v_scale": [show(s) for s in self.v]}
+
+        return {
+            "name": self.name,
+            "scales": self.scales,
+            "rounding": self.rounding,
+            "skip_layers": list(self.skip),
+            "k_scale": [show(s) for s in self.k],
+            "v_scale": [show(s) for s in self.v],
+        }
 
 
 def uniform(name: str, layers: int, scale: float = 1.0, rounding: str = "cpu") -> Setting:
@@ -79,8 +88,14 @@ class EmulatingCache(DynamicCache):
         super().__init__(config=config)
         self.setting = setting
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = self.setting.k[layer_idx], self.setting.v[layer_idx]
         if k is not None:
             key_states = e4m3_roundtrip(key_states, k, rounding=self.setting.rounding)
@@ -103,21 +118,27 @@ def _ids(model: Any, tokens: Sequence[int]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def _prefill(model: Any, ids: torch.Tensor, cache: DynamicCache, chunk: int,
-             keep_last: bool) -> torch.Tensor | None:
+def _prefill(
+    model: Any, ids: torch.Tensor, cache: DynamicCache, chunk: int, keep_last: bool
+) -> torch.Tensor | None:
     """Run ``ids`` [1, n] through the model in chunks sharing ``cache``; the last position's
     logits when ``keep_last``."""
     logits = None
     for start in range(0, ids.shape[1], chunk):
-        out = model(input_ids=ids[:, start:start + chunk], past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=ids[:, start : start + chunk],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = out.logits[0, -1]
     return logits if keep_last else None
 
 
 @torch.inference_mode()
-def teacher_forced(model: Any, prompt: Sequence[int], answer: Sequence[int], cache: DynamicCache,
-                   chunk: int) -> tuple[list[float], list[int]]:
+def teacher_forced(
+    model: Any, prompt: Sequence[int], answer: Sequence[int], cache: DynamicCache, chunk: int
+) -> tuple[list[float], list[int]]:
     """NLL of each answer token after the prompt and the answer before it, and the argmax
     there. The prompt but its last token is prefilled in chunks (only the cache kept)."""
     if not prompt or not answer:
@@ -127,11 +148,11 @@ def teacher_forced(model: Any, prompt: Sequence[int], answer: Sequence[int], cac
     _prefill(model, ids[:, :head], cache, chunk, keep_last=False)
     nll: list[float] = []
     top: list[int] = []
-    tail = ids[:, head:head + len(answer)]  # positions whose next token is an answer token
+    tail = ids[:, head : head + len(answer)]  # positions whose next token is an answer token
     for start in range(0, tail.shape[1], chunk):
-        part = tail[:, start:start + chunk]
+        part = tail[:, start : start + chunk]
         logits = model(input_ids=part, past_key_values=cache, use_cache=True).logits[0].float()
-        target = ids[0, head + start + 1: head + start + 1 + part.shape[1]]
+        target = ids[0, head + start + 1 : head + start + 1 + part.shape[1]]
         logp = torch.log_softmax(logits, dim=-1)
         nll.extend((-logp.gather(1, target[:, None])[:, 0]).tolist())
         top.extend(logits.argmax(dim=-1).tolist())
@@ -139,8 +160,14 @@ def teacher_forced(model: Any, prompt: Sequence[int], answer: Sequence[int], cac
 
 
 @torch.inference_mode()
-def greedy(model: Any, prompt: Sequence[int], max_new: int, eos: frozenset[int],
-           cache: DynamicCache, chunk: int) -> list[int]:
+def greedy(
+    model: Any,
+    prompt: Sequence[int],
+    max_new: int,
+    eos: frozenset[int],
+    cache: DynamicCache,
+    chunk: int,
+) -> list[int]:
     """Greedy decoding, token by token after a chunked prefill; stops after an EOS token
     (kept, as vLLM keeps it in its output ids) or ``max_new`` tokens."""
     logits = _prefill(model, _ids(model, prompt), cache, chunk, keep_last=True)
@@ -150,8 +177,9 @@ def greedy(model: Any, prompt: Sequence[int], max_new: int, eos: frozenset[int],
         out.append(token)
         if token in eos or len(out) == max_new:
             break
-        logits = model(input_ids=_ids(model, [token]), past_key_values=cache,
-                       use_cache=True).logits[0, -1]
+        logits = model(
+            input_ids=_ids(model, [token]), past_key_values=cache, use_cache=True
+        ).logits[0, -1]
     return out
 
 
@@ -188,9 +216,14 @@ class Drawn:
 Row = tuple[str, tuple[int, ...], int, tuple[int, ...]]  # id, prompt, max new tokens, answer
 
 
-def _pick(rows: Iterable[Row],
-          buckets: Buckets, per_bucket: int, seed: int, exclude: frozenset[str],
-          max_len: int) -> Drawn:
+def _pick(
+    rows: Iterable[Row],
+    buckets: Buckets,
+    per_bucket: int,
+    seed: int,
+    exclude: frozenset[str],
+    max_len: int,
+) -> Drawn:
     """Up to ``per_bucket`` rows per bucket, the smallest hash keys of id and seed."""
     from ._sample import split_key
 
@@ -206,14 +239,20 @@ def _pick(rows: Iterable[Row],
             continue
         label = buckets.label(len(prompt))
         seen[label] += 1
-        item = (-split_key("emulate\0" + rid, seed), rid, Item(rid, label, prompt, max_new,
-                                                               answer))
+        item = (-split_key("emulate\0" + rid, seed), rid, Item(rid, label, prompt, max_new, answer))
         if len(heaps[label]) < per_bucket:
             heapq.heappush(heaps[label], item)
         elif item[0] > heaps[label][0][0]:
             heapq.heapreplace(heaps[label], item)
-    out = Drawn(info={"per_bucket": per_bucket, "seed": seed, "bucket_bounds": buckets.spec(),
-                      **skipped, "buckets": {}})
+    out = Drawn(
+        info={
+            "per_bucket": per_bucket,
+            "seed": seed,
+            "bucket_bounds": buckets.spec(),
+            **skipped,
+            "buckets": {},
+        }
+    )
     for label in buckets.labels:
         chosen = [it for _, _, it in sorted(heaps[label], key=lambda t: -t[0])]
         out.items.extend(chosen)
@@ -221,12 +260,21 @@ def _pick(rows: Iterable[Row],
     return out
 
 
-def draw_from_trace(tokenizer: Any, trace: Path, trace_format: str, buckets: Buckets,
-                    per_bucket: int, seed: int, on_bad_line: str, max_new: int,
-                    exclude: frozenset[str], max_len: int) -> Drawn:
+def draw_from_trace(
+    tokenizer: Any,
+    trace: Path,
+    trace_format: str,
+    buckets: Buckets,
+    per_bucket: int,
+    seed: int,
+    on_bad_line: str,
+    max_new: int,
+    exclude: frozenset[str],
+    max_len: int,
+) -> Drawn:
     """Requests of a trace (any format replay reads), rendered as vLLM renders them."""
-    from replay._errors import TraceError
-    from replay._importers import stream
+    from replay.core.errors import TraceError
+    from replay.core.importers import stream
 
     from ._sample import PromptRenderer
 
@@ -240,47 +288,77 @@ def draw_from_trace(tokenizer: Any, trace: Path, trace_format: str, buckets: Buc
     renderer = PromptRenderer(tokenizer)
 
     def rows() -> Iterable[Row]:
-        for req in stream(trace, trace_format, on_bad_line=on_bad_line,  # type: ignore[arg-type]
-                          bad=on_bad):
+        for req in stream(
+            trace,
+            trace_format,
+            on_bad_line=on_bad_line,  # type: ignore[arg-type]
+            bad=on_bad,
+        ):
             ids, _ = renderer.render(req)
             yield req.id, tuple(ids), min(max_new, req.max_tokens), ()
 
     drawn = _pick(rows(), buckets, per_bucket, seed, exclude, max_len)
-    drawn.info.update({"source": "trace", "trace": str(trace), "bad_lines": len(bad),
-                       "first_bad_line": str(bad[0]) if bad else None})
+    drawn.info.update(
+        {
+            "source": "trace",
+            "trace": str(trace),
+            "bad_lines": len(bad),
+            "first_bad_line": str(bad[0]) if bad else None,
+        }
+    )
     return drawn
 
 
-def draw_from_run(run_dir: Path, buckets: Buckets, per_bucket: int, seed: int,
-                  exclude: frozenset[str], max_len: int) -> Drawn:
+def draw_from_run(
+    run_dir: Path,
+    buckets: Buckets,
+    per_bucket: int,
+    seed: int,
+    exclude: frozenset[str],
+    max_len: int,
+) -> Drawn:
     """The reference target's answers of a replay run (first phase, as the replay scores
     them): its prompt and output token ids, as the server reported them."""
     import json
 
-    from replay._rundir import MANIFEST, RESULTS, read_jsonl
+    from replay.run.rundir import MANIFEST, RESULTS, read_jsonl
 
     try:
         manifest = json.loads((run_dir / MANIFEST).read_text(encoding="utf-8"))
         reference, first = manifest["reference"], manifest["schedules"][0]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        raise InputError(f"--answers {run_dir}: no readable {MANIFEST} naming the reference "
-                         "target; give a run directory replay wrote") from None
+        raise InputError(
+            f"--answers {run_dir}: no readable {MANIFEST} naming the reference "
+            "target; give a run directory replay wrote"
+        ) from None
 
     def rows() -> Iterable[Row]:
         for row in read_jsonl(run_dir / RESULTS):
-            if (isinstance(row, dict) and row.get("target") == reference
-                    and row.get("phase") == first and row.get("status") == "ok"
-                    and row.get("prompt_ids") and row.get("output_ids")):
+            if (
+                isinstance(row, dict)
+                and row.get("target") == reference
+                and row.get("phase") == first
+                and row.get("status") == "ok"
+                and row.get("prompt_ids")
+                and row.get("output_ids")
+            ):
                 answer = tuple(int(t) for t in row["output_ids"])
-                yield (str(row["request_id"]), tuple(int(t) for t in row["prompt_ids"]),
-                       len(answer), answer)
+                yield (
+                    str(row["request_id"]),
+                    tuple(int(t) for t in row["prompt_ids"]),
+                    len(answer),
+                    answer,
+                )
 
     drawn = _pick(rows(), buckets, per_bucket, seed, exclude, max_len)
     if not drawn.items:
-        raise InputError(f"--answers {run_dir}: no answers of the reference target "
-                         f"'{reference}' with token ids in {RESULTS}")
-    drawn.info.update({"source": "run", "run_dir": str(run_dir), "reference": reference,
-                       "phase": first})
+        raise InputError(
+            f"--answers {run_dir}: no answers of the reference target "
+            f"'{reference}' with token ids in {RESULTS}"
+        )
+    drawn.info.update(
+        {"source": "run", "run_dir": str(run_dir), "reference": reference, "phase": first}
+    )
     return drawn
 
 
@@ -325,8 +403,10 @@ def read_overlay(overlay: Path, layers: int, kv_heads: int) -> OverlayScales:
         raise InputError(f"--overlay {overlay}: no such folder")
     found = _read_scale_tensors(overlay)
     if not found:
-        raise InputError(f"--overlay {overlay}: no *.k_scale / *.v_scale tensors in its "
-                         "*.safetensors; write one with `kvcal calibrate`")
+        raise InputError(
+            f"--overlay {overlay}: no *.k_scale / *.v_scale tensors in its "
+            "*.safetensors; write one with `kvcal calibrate`"
+        )
     scales: dict[str, list[Scale]] = {"k": [], "v": []}
     notes: list[str] = []
     per_head = False
@@ -336,17 +416,24 @@ def read_overlay(overlay: Path, layers: int, kv_heads: int) -> OverlayScales:
             if t is None:
                 notes.append(f"layer {layer} has no {which}_scale: emulated at 1.0, as vLLM")
                 t = torch.tensor(1.0)
-            if t.numel() not in (1, kv_heads) or not bool((t > 0).all()) \
-                    or not bool(torch.isfinite(t).all()):
-                raise InputError(f"--overlay {overlay}: layer {layer} {which}_scale has shape "
-                                 f"{tuple(t.shape)} / values {t.flatten().tolist()[:4]}; expected "
-                                 f"one positive scale or one per KV head ({kv_heads})")
+            if (
+                t.numel() not in (1, kv_heads)
+                or not bool((t > 0).all())
+                or not bool(torch.isfinite(t).all())
+            ):
+                raise InputError(
+                    f"--overlay {overlay}: layer {layer} {which}_scale has shape "
+                    f"{tuple(t.shape)} / values {t.flatten().tolist()[:4]}; expected "
+                    f"one positive scale or one per KV head ({kv_heads})"
+                )
             per_head = per_head or t.numel() > 1
             scales[which].append(hf_head_scale(t, kv_heads))
     extra = sorted({la for la, _ in found if la >= layers})
     if extra:
-        raise InputError(f"--overlay {overlay}: scales for layer(s) {extra}, but the model has "
-                         f"{layers} layers; is it the overlay of this model?")
+        raise InputError(
+            f"--overlay {overlay}: scales for layer(s) {extra}, but the model has "
+            f"{layers} layers; is it the overlay of this model?"
+        )
     ids: frozenset[str] = frozenset()
     model = None
     manifest = overlay / "kvcal_manifest.json"
@@ -357,8 +444,7 @@ def read_overlay(overlay: Path, layers: int, kv_heads: int) -> OverlayScales:
             ids = frozenset(map(str, data["sample_ids"]))
         except (ValueError, KeyError, TypeError, AttributeError):
             notes.append(f"{manifest}: no readable sample_ids; calibration requests not excluded")
-    return OverlayScales(tuple(scales["k"]), tuple(scales["v"]), per_head, tuple(notes), ids,
-                         model)
+    return OverlayScales(tuple(scales["k"]), tuple(scales["v"]), per_head, tuple(notes), ids, model)
 
 
 def overlay_setting(name: str, scales: OverlayScales, source: Path, rounding: str) -> Setting:
@@ -379,18 +465,26 @@ class Reference:
     argmax: dict[str, list[int]] = field(default_factory=dict)
 
 
-def reference_scores(model: Any, items: Sequence[Item], chunk: int,
-                     advance: Callable[[int], None]) -> Reference:
+def reference_scores(
+    model: Any, items: Sequence[Item], chunk: int, advance: Callable[[int], None]
+) -> Reference:
     ref = Reference()
     for it in items:
         ref.nll[it.id], ref.argmax[it.id] = teacher_forced(
-            model, it.prompt, it.answer, new_cache(model, None), chunk)
+            model, it.prompt, it.answer, new_cache(model, None), chunk
+        )
         advance(1)
     return ref
 
 
-def score_setting(model: Any, items: Sequence[Item], setting: Setting, ref: Reference,
-                  chunk: int, advance: Callable[[int], None]) -> dict[str, Score]:
+def score_setting(
+    model: Any,
+    items: Sequence[Item],
+    setting: Setting,
+    ref: Reference,
+    chunk: int,
+    advance: Callable[[int], None],
+) -> dict[str, Score]:
     """Teacher-forced scores under ``setting``; top-1 = the argmax agrees with BF16's."""
     out: dict[str, Score] = {}
     for it in items:
@@ -401,31 +495,46 @@ def score_setting(model: Any, items: Sequence[Item], setting: Setting, ref: Refe
     return out
 
 
-def bf16_answers(model: Any, items: Sequence[Item], chunk: int,
-                 advance: Callable[[int], None]) -> None:
+def bf16_answers(
+    model: Any, items: Sequence[Item], chunk: int, advance: Callable[[int], None]
+) -> None:
     """Each item's BF16 greedy answer (its reference answer unless a run gave one)."""
     eos = eos_ids(model)
     for it in items:
-        it.bf16_greedy = tuple(greedy(model, it.prompt, it.max_new, eos,
-                                      new_cache(model, None), chunk))
+        it.bf16_greedy = tuple(
+            greedy(model, it.prompt, it.max_new, eos, new_cache(model, None), chunk)
+        )
         if not it.answer:
             it.answer = it.bf16_greedy
         advance(1)
 
 
-def greedy_agreement(model: Any, items: Sequence[Item], setting: Setting, chunk: int,
-                     advance: Callable[[int], None]) -> dict[str, dict[str, Any]]:
+def greedy_agreement(
+    model: Any, items: Sequence[Item], setting: Setting, chunk: int, advance: Callable[[int], None]
+) -> dict[str, dict[str, Any]]:
     """Greedy answers under ``setting`` against the BF16 greedy answers: exact match and the
     common prefix, in tokens."""
     eos = eos_ids(model)
     out: dict[str, dict[str, Any]] = {}
     for it in items:
         assert it.bf16_greedy is not None
-        got = greedy(model, it.prompt, len(it.bf16_greedy) or it.max_new, eos,
-                     new_cache(model, setting), chunk)
-        prefix = next((i for i, (a, b) in enumerate(zip(got, it.bf16_greedy, strict=False))
-                       if a != b), min(len(got), len(it.bf16_greedy)))
-        out[it.id] = {"bucket": it.bucket, "exact": tuple(got) == it.bf16_greedy,
-                      "common_prefix": prefix, "tokens": len(it.bf16_greedy)}
+        got = greedy(
+            model,
+            it.prompt,
+            len(it.bf16_greedy) or it.max_new,
+            eos,
+            new_cache(model, setting),
+            chunk,
+        )
+        prefix = next(
+            (i for i, (a, b) in enumerate(zip(got, it.bf16_greedy, strict=False)) if a != b),
+            min(len(got), len(it.bf16_greedy)),
+        )
+        out[it.id] = {
+            "bucket": it.bucket,
+            "exact": tuple(got) == it.bf16_greedy,
+            "common_prefix": prefix,
+            "tokens": len(it.bf16_greedy),
+        }
         advance(1)
     return out

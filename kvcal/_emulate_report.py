@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay._buckets import DEFAULT_BOUNDS, Buckets
-from replay._errors import InputError
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import InputError
 
 from ._emulate import (
     Drawn,
@@ -48,11 +48,15 @@ from ._emulate import (
 )
 
 Track = Callable[[str, int], Callable[[int], None]]  # (description, total) -> advance(n)
-INTERVAL = ("95% percentile bootstrap over requests (2000 resamples, seed 0), each resampled "
-            "with all its answer tokens, of the per-token mean")
-CAVEAT = ("emulated: an E4M3 round trip of K/V at the cache write in transformers; it says "
-          "nothing of capacity or kernel speed, and attention numerics differ from vLLM's "
-          "kernels by about a bf16 step")
+INTERVAL = (
+    "95% percentile bootstrap over requests (2000 resamples, seed 0), each resampled "
+    "with all its answer tokens, of the per-token mean"
+)
+CAVEAT = (
+    "emulated: an E4M3 round trip of K/V at the cache write in transformers; it says "
+    "nothing of capacity or kernel speed, and attention numerics differ from vLLM's "
+    "kernels by about a bf16 step"
+)
 # vLLM 0.32 (engine/arg_utils.py, CacheConfig.kv_cache_dtype_skip_layers: list[str]) takes the
 # layer indices as separate words, "--kv-cache-dtype-skip-layers 0 3"; "0,3" parses as the one
 # pattern '0,3', which matches no layer (attention.py compares str(layer_idx) with each).
@@ -97,8 +101,9 @@ class EmulateArgs:
 N_BOOT = 2000
 
 
-def cluster_ci(sums: Sequence[float], counts: Sequence[int], seed: int = 0,
-               n_boot: int = N_BOOT) -> tuple[float, float] | None:
+def cluster_ci(
+    sums: Sequence[float], counts: Sequence[int], seed: int = 0, n_boot: int = N_BOOT
+) -> tuple[float, float] | None:
     """95% percentile-bootstrap interval of ``sum(sums) / sum(counts)``, resampling requests
     (each with all its tokens): a per-token mean whose tokens are clustered by request."""
     import numpy as np
@@ -113,8 +118,9 @@ def cluster_ci(sums: Sequence[float], counts: Sequence[int], seed: int = 0,
     return min(float(lo), point), max(float(hi), point)
 
 
-def tf_summary(scores: dict[str, Score], ref: Reference, ids: Sequence[str],
-               seed: int = 0) -> dict[str, Any]:
+def tf_summary(
+    scores: dict[str, Score], ref: Reference, ids: Sequence[str], seed: int = 0
+) -> dict[str, Any]:
     """ΔNLL per token and top-1 agreement over the answer tokens of ``ids``, each with a
     request-level (cluster) bootstrap interval; the keys of replay's teacher-forced summary."""
     sums, agree, counts = [], [], []
@@ -128,27 +134,35 @@ def tf_summary(scores: dict[str, Score], ref: Reference, ids: Sequence[str],
         counts.append(len(d))
     tokens = sum(counts)
     nll_ci, top1_ci = cluster_ci(sums, counts, seed), cluster_ci(agree, counts, seed)
-    return {"tokens": tokens, "requests": len(counts),
-            "nll_delta_mean": sum(sums) / tokens if tokens else None,
-            "nll_delta_lo": None if nll_ci is None else nll_ci[0],
-            "nll_delta_hi": None if nll_ci is None else nll_ci[1],
-            "top1_agreement": sum(agree) / tokens if tokens else None,
-            "top1_lo": None if top1_ci is None else top1_ci[0],
-            "top1_hi": None if top1_ci is None else top1_ci[1],
-            "identical_to_bf16": bool(tokens) and identical}
+    return {
+        "tokens": tokens,
+        "requests": len(counts),
+        "nll_delta_mean": sum(sums) / tokens if tokens else None,
+        "nll_delta_lo": None if nll_ci is None else nll_ci[0],
+        "nll_delta_hi": None if nll_ci is None else nll_ci[1],
+        "top1_agreement": sum(agree) / tokens if tokens else None,
+        "top1_lo": None if top1_ci is None else top1_ci[0],
+        "top1_hi": None if top1_ci is None else top1_ci[1],
+        "identical_to_bf16": bool(tokens) and identical,
+    }
 
 
 def greedy_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    from replay._stats import wilson
+    from replay.analysis.stats import wilson
 
     if not rows:
         return None
     exact = sum(bool(r["exact"]) for r in rows)
     ci = wilson(exact, len(rows))
-    return {"requests": len(rows), "exact": exact, "exact_rate": exact / len(rows),
-            "exact_lo": ci[0] if ci else None, "exact_hi": ci[1] if ci else None,
-            "mean_common_prefix": sum(r["common_prefix"] for r in rows) / len(rows),
-            "mean_tokens": sum(r["tokens"] for r in rows) / len(rows)}
+    return {
+        "requests": len(rows),
+        "exact": exact,
+        "exact_rate": exact / len(rows),
+        "exact_lo": ci[0] if ci else None,
+        "exact_hi": ci[1] if ci else None,
+        "mean_common_prefix": sum(r["common_prefix"] for r in rows) / len(rows),
+        "mean_tokens": sum(r["tokens"] for r in rows) / len(rows),
+    }
 
 
 def by_bucket(items: Sequence[Item], labels: Sequence[str]) -> dict[str, list[str]]:
@@ -176,8 +190,9 @@ class Scorer:
     chunk: int
     track: Track
 
-    def overall(self, setting: Setting, what: str | None = None) -> tuple[dict[str, Score],
-                                                                          dict[str, Any]]:
+    def overall(
+        self, setting: Setting, what: str | None = None
+    ) -> tuple[dict[str, Score], dict[str, Any]]:
         advance = self.track(what or f"scoring {setting.name}", len(self.items))
         scores = score_setting(self.model, self.items, setting, self.ref, self.chunk, advance)
         return scores, tf_summary(scores, self.ref, [it.id for it in self.items])
@@ -206,16 +221,23 @@ def layer_rows(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, Any
     layers = len(base.k)
     for layer in range(layers):
         _, only = scorer.overall(base.only(layer), f"sensitivity: layer {layer} alone FP8")
-        _, kept = scorer.overall(base.skipping([layer]),
-                                 f"sensitivity: layer {layer} kept BF16")
+        _, kept = scorer.overall(base.skipping([layer]), f"sensitivity: layer {layer} kept BF16")
         recovered = loss - _mean(kept)
-        rows.append({"layer": layer, "only_fp8": only, "kept_bf16": kept,
-                     "recovered": recovered, "recovered_share": recovered / loss if loss else None})
+        rows.append(
+            {
+                "layer": layer,
+                "only_fp8": only,
+                "kept_bf16": kept,
+                "recovered": recovered,
+                "recovered_share": recovered / loss if loss else None,
+            }
+        )
     return rows
 
 
-def choose_skip(scorer: Scorer, base: Setting, rows: Sequence[dict[str, Any]], loss: float,
-                target: float) -> dict[str, Any]:
+def choose_skip(
+    scorer: Scorer, base: Setting, rows: Sequence[dict[str, Any]], loss: float, target: float
+) -> dict[str, Any]:
     """The smallest prefix of the ranking whose estimated recovery reaches ``target`` of the
     loss, scored to confirm; grown one layer at a time until the confirmation reaches it."""
     ranked = [r["layer"] for r in sorted(rows, key=lambda r: -r["recovered"])]
@@ -226,32 +248,51 @@ def choose_skip(scorer: Scorer, base: Setting, rows: Sequence[dict[str, Any]], l
     tries: list[dict[str, Any]] = []
     while True:
         chosen = sorted(ranked[:k])
-        _, summary = scorer.overall(base.skipping(chosen, f"{base.name} skip {_layers(chosen)}"),
-                                    f"confirming skip layers {_layers(chosen)}")
+        _, summary = scorer.overall(
+            base.skipping(chosen, f"{base.name} skip {_layers(chosen)}"),
+            f"confirming skip layers {_layers(chosen)}",
+        )
         recovered = loss - _mean(summary)
-        tries.append({"skip_layers": chosen, "summary": summary, "recovered": recovered,
-                      "recovered_share": recovered / loss})
+        tries.append(
+            {
+                "skip_layers": chosen,
+                "summary": summary,
+                "recovered": recovered,
+                "recovered_share": recovered / loss,
+            }
+        )
         if recovered >= target * loss or k >= len(ranked):
             break
         k += 1
     last = tries[-1]
-    return {"ranking": ranked, "estimated_share": total / loss, "confirmations": tries,
-            "skip_layers": last["skip_layers"], "confirmed_share": last["recovered_share"],
-            "reached": bool(last["recovered"] >= target * loss)}
+    return {
+        "ranking": ranked,
+        "estimated_share": total / loss,
+        "confirmations": tries,
+        "skip_layers": last["skip_layers"],
+        "confirmed_share": last["recovered_share"],
+        "reached": bool(last["recovered"] >= target * loss),
+    }
 
 
-def sensitivity(scorer: Scorer, base: Setting, base_summary: dict[str, Any], target: float,
-                min_loss: float) -> dict[str, Any]:
+def sensitivity(
+    scorer: Scorer, base: Setting, base_summary: dict[str, Any], target: float, min_loss: float
+) -> dict[str, Any]:
     real, why = loss_is_real(base_summary, min_loss)
     loss = _mean(base_summary)
-    out: dict[str, Any] = {"base": base.name, "loss": loss, "loss_summary": base_summary,
-                           "target_share": target, "loss_is_real": real, "why": why}
+    out: dict[str, Any] = {
+        "base": base.name,
+        "loss": loss,
+        "loss_summary": base_summary,
+        "target_share": target,
+        "loss_is_real": real,
+        "why": why,
+    }
     out["layers"] = layer_rows(scorer, base, loss)
     if not real:
         for row in out["layers"]:
             row["recovered_share"] = None  # a share of no loss means nothing
-        out.update(skip_layers=[], flag=None,
-                   advice=f"no layer needs to stay BF16: {why}")
+        out.update(skip_layers=[], flag=None, advice=f"no layer needs to stay BF16: {why}")
         return out
     choice = choose_skip(scorer, base, out["layers"], loss, target)
     out.update(choice)
@@ -260,13 +301,17 @@ def sensitivity(scorer: Scorer, base: Setting, base_summary: dict[str, Any], tar
     out["flag"] = flag
     layers = len(base.k)
     if len(chosen) == layers:
-        out["advice"] = (f"only every layer in BF16 recovers {target:.0%} of the loss: FP8 at "
-                         "scale 1.0 is not worth keeping here; calibrate (kvcal calibrate) "
-                         "instead")
+        out["advice"] = (
+            f"only every layer in BF16 recovers {target:.0%} of the loss: FP8 at "
+            "scale 1.0 is not worth keeping here; calibrate (kvcal calibrate) "
+            "instead"
+        )
     else:
         share = choice["confirmed_share"]
-        out["advice"] = (f"keep layer(s) {', '.join(map(str, chosen))} in BF16: {flag} "
-                         f"(confirmed: recovers {share:.0%} of the FP8 loss; {why} before)")
+        out["advice"] = (
+            f"keep layer(s) {', '.join(map(str, chosen))} in BF16: {flag} "
+            f"(confirmed: recovers {share:.0%} of the FP8 loss; {why} before)"
+        )
     return out
 
 
@@ -283,24 +328,39 @@ def _draw(args: EmulateArgs, config: Any, exclude: frozenset[str]) -> Drawn:
         return draw_from_run(args.answers, buckets, args.per_bucket, args.seed, exclude, max_len)
     assert args.trace is not None
     tok = AutoTokenizer.from_pretrained(str(args.model_dir))
-    drawn = draw_from_trace(tok, args.trace, args.trace_format, buckets, args.per_bucket,
-                            args.seed, args.on_bad_line, args.max_new_tokens, exclude, max_len)
+    drawn = draw_from_trace(
+        tok,
+        args.trace,
+        args.trace_format,
+        buckets,
+        args.per_bucket,
+        args.seed,
+        args.on_bad_line,
+        args.max_new_tokens,
+        exclude,
+        max_len,
+    )
     if drawn.info["bad_lines"]:
-        args.notes.append(f"skipped {drawn.info['bad_lines']} bad line(s) (first: "
-                          f"{drawn.info['first_bad_line']}); `replay trace validate` lists them")
+        args.notes.append(
+            f"skipped {drawn.info['bad_lines']} bad line(s) (first: "
+            f"{drawn.info['first_bad_line']}); `replay trace validate` lists them"
+        )
     return drawn
 
 
-def settings_for(args: EmulateArgs, layers: int, kv_heads: int) -> tuple[list[Setting], Setting,
-                                                                         list[str], frozenset[str]]:
+def settings_for(
+    args: EmulateArgs, layers: int, kv_heads: int
+) -> tuple[list[Setting], Setting, list[str], frozenset[str]]:
     """The settings to score (FP8 at 1.0 first), the sensitivity base, notes, and the
     calibration ids to leave out."""
     base = uniform("fp8@1.0", layers, 1.0, args.rounding)
     out, notes, exclude = [base], [], frozenset[str]()
     bad = [i for i in args.skip_layers if not 0 <= i < layers]
     if bad:
-        raise InputError(f"--skip-layers: layer(s) {bad} out of range; the model has {layers} "
-                         f"layers (0-{layers - 1})")
+        raise InputError(
+            f"--skip-layers: layer(s) {bad} out of range; the model has {layers} "
+            f"layers (0-{layers - 1})"
+        )
     if args.overlay is not None:
         scales = read_overlay(args.overlay, layers, kv_heads)
         notes += list(scales.notes)
@@ -308,15 +368,22 @@ def settings_for(args: EmulateArgs, layers: int, kv_heads: int) -> tuple[list[Se
         if exclude:
             notes.append(f"{len(exclude)} calibration request(s) of the overlay left out")
         if scales.per_head:
-            notes.append("per-head scales: vLLM serves them only with FlashAttention 3 (not on "
-                         "CPU); emulated as written")
-        if scales.model and args.overlay.resolve() != args.model_dir.resolve() \
-                and Path(scales.model).resolve() != args.model_dir.resolve():
+            notes.append(
+                "per-head scales: vLLM serves them only with FlashAttention 3 (not on "
+                "CPU); emulated as written"
+            )
+        if (
+            scales.model
+            and args.overlay.resolve() != args.model_dir.resolve()
+            and Path(scales.model).resolve() != args.model_dir.resolve()
+        ):
             notes.append(f"the overlay was calibrated on {scales.model}, not {args.model_dir}")
         out.append(overlay_setting("fp8@cal", scales, args.overlay, args.rounding))
     if args.skip_layers:
-        out += [s.skipping(args.skip_layers, f"{s.name} skip {_layers(args.skip_layers)}")
-                for s in list(out)]
+        out += [
+            s.skipping(args.skip_layers, f"{s.name} skip {_layers(args.skip_layers)}")
+            for s in list(out)
+        ]
     return out, base, notes, exclude
 
 
@@ -325,8 +392,9 @@ def _greedy_sample(items: Sequence[Item], labels: Sequence[str], n: int) -> list
     return [it for it in items if it.id in picked]
 
 
-def _score_all(scorer: Scorer, settings: Sequence[Setting], labels: Sequence[str],
-               sample: Sequence[Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _score_all(
+    scorer: Scorer, settings: Sequence[Setting], labels: Sequence[str], sample: Sequence[Item]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per setting and bucket: teacher-forced summary and greedy agreement; per request."""
     rows, per_request = [], []
     buckets = by_bucket(scorer.items, labels)
@@ -340,10 +408,17 @@ def _score_all(scorer: Scorer, settings: Sequence[Setting], labels: Sequence[str
             rows.append({"setting": s.name, "bucket": label, **tf, "greedy": greedy_summary(g)})
         for it in scorer.items:
             sc, base = scores[it.id], scorer.ref.nll[it.id]
-            per_request.append({
-                "setting": s.name, "id": it.id, "bucket": it.bucket, "tokens": sc["n"],
-                "nll_delta": sum(a - b for a, b in zip(sc["nll"], base, strict=True)) / sc["n"],
-                "top1_agreement": sum(sc["top1"]) / sc["n"], "greedy": greedy.get(it.id)})
+            per_request.append(
+                {
+                    "setting": s.name,
+                    "id": it.id,
+                    "bucket": it.bucket,
+                    "tokens": sc["n"],
+                    "nll_delta": sum(a - b for a, b in zip(sc["nll"], base, strict=True)) / sc["n"],
+                    "top1_agreement": sum(sc["top1"]) / sc["n"],
+                    "greedy": greedy.get(it.id),
+                }
+            )
     return rows, per_request
 
 
@@ -354,8 +429,9 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
 
     started = time.perf_counter()
     if not (args.model_dir / "config.json").is_file():
-        raise InputError(f"{args.model_dir}: no config.json; give the model folder the server "
-                         "loads")
+        raise InputError(
+            f"{args.model_dir}: no config.json; give the model folder the server loads"
+        )
     if args.overlay is None and carries_scales(args.model_dir):
         args.overlay = args.model_dir
         args.notes.append(f"{args.model_dir} carries k/v scales: emulated as fp8@cal")
@@ -366,8 +442,10 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
     drawn = _draw(args, config, exclude)
     items = drawn.items
     if not items:
-        raise InputError("no requests to score: the trace has none that fit the model "
-                         f"({drawn.info.get('too_long', 0)} too long)")
+        raise InputError(
+            "no requests to score: the trace has none that fit the model "
+            f"({drawn.info.get('too_long', 0)} too long)"
+        )
     model = load_model(str(args.model_dir), args.dtype, args.device)
     labels = Buckets.parse(args.buckets).labels
     sample = _greedy_sample(items, labels, args.greedy_sample)
@@ -382,16 +460,27 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
         sens = sensitivity(scorer, base, base_all, args.recover, args.min_loss)
     device = next(model.parameters()).device
     return {
-        "emulated": True, "caveat": CAVEAT, "interval": INTERVAL,
-        "model": str(args.model_dir.resolve()), "device": str(device),
+        "emulated": True,
+        "caveat": CAVEAT,
+        "interval": INTERVAL,
+        "model": str(args.model_dir.resolve()),
+        "device": str(device),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "rounding": args.rounding, "layers": layers, "kv_heads": kv_heads,
-        "sampling": drawn.info, "notes": [*args.notes, *notes],
-        "reference": {"answers": "replay run" if args.answers else "BF16 greedy, transformers",
-                      "max_new_tokens": args.max_new_tokens, "requests": len(items),
-                      "tokens": sum(len(it.answer) for it in items),
-                      "greedy_sample_per_bucket": args.greedy_sample},
-        "settings": [s.to_json() for s in settings], "results": rows,
-        "per_request": per_request, "sensitivity": sens,
+        "rounding": args.rounding,
+        "layers": layers,
+        "kv_heads": kv_heads,
+        "sampling": drawn.info,
+        "notes": [*args.notes, *notes],
+        "reference": {
+            "answers": "replay run" if args.answers else "BF16 greedy, transformers",
+            "max_new_tokens": args.max_new_tokens,
+            "requests": len(items),
+            "tokens": sum(len(it.answer) for it in items),
+            "greedy_sample_per_bucket": args.greedy_sample,
+        },
+        "settings": [s.to_json() for s in settings],
+        "results": rows,
+        "per_request": per_request,
+        "sensitivity": sens,
         "seconds": time.perf_counter() - started,
     }

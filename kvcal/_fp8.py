@@ -54,7 +54,7 @@ E4M3_MAX = 448.0
 ROUNDINGS = ("cpu", "cuda")
 # fp32 bits kept by the CPU kernel's packing: sign, 8 exponent bits, top 3 mantissa bits
 _KEEP_E4M3_BITS = -(1 << 20)  # 0xFFF00000 as int32
-_SMALLEST_NORMAL = 2.0 ** -6
+_SMALLEST_NORMAL = 2.0**-6
 
 
 def _scale_f32(scale: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ def _codes_cpu(v: torch.Tensor) -> torch.Tensor:
     normal = (a.view(torch.int32) & _KEEP_E4M3_BITS).view(torch.float32)
     # subnormal E4M3 (|v| < 2**-6): v to a multiple of 2**-29 (ties to even), then truncated
     # to a multiple of 2**-9; every step is exact in fp32
-    sub = torch.floor(torch.round(a * 2.0 ** 29) * 2.0 ** -20) * 2.0 ** -9
+    sub = torch.floor(torch.round(a * 2.0**29) * 2.0**-20) * 2.0**-9
     codes = torch.copysign(torch.where(a >= _SMALLEST_NORMAL, normal, sub), v)
     return torch.where(v == 0, torch.zeros_like(v), codes)
 
@@ -85,8 +85,9 @@ def _codes_cuda(v: torch.Tensor) -> torch.Tensor:
     return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
 
 
-def e4m3_values(x: torch.Tensor, scale: torch.Tensor | float = 1.0,
-                rounding: str = "cpu") -> torch.Tensor:
+def e4m3_values(
+    x: torch.Tensor, scale: torch.Tensor | float = 1.0, rounding: str = "cpu"
+) -> torch.Tensor:
     """The E4M3 values (float32, before multiplying by the scale) that vLLM stores for ``x``."""
     s = _scale_f32(scale, x)
     xf = x.to(torch.float32)
@@ -97,15 +98,21 @@ def e4m3_values(x: torch.Tensor, scale: torch.Tensor | float = 1.0,
     raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, not {rounding!r}")
 
 
-def e4m3_bytes(x: torch.Tensor, scale: torch.Tensor | float = 1.0,
-               rounding: str = "cpu") -> torch.Tensor:
+def e4m3_bytes(
+    x: torch.Tensor, scale: torch.Tensor | float = 1.0, rounding: str = "cpu"
+) -> torch.Tensor:
     """The uint8 codes an fp8 (e4m3) cache holds for ``x`` (to compare with a kernel's bytes)."""
     # the values are on the E4M3 grid, so this cast is exact whatever torch's own rounding
     return e4m3_values(x, scale, rounding).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
-def e4m3_roundtrip(x: torch.Tensor, scale: torch.Tensor | float = 1.0, *,
-                   rounding: str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
+def e4m3_roundtrip(
+    x: torch.Tensor,
+    scale: torch.Tensor | float = 1.0,
+    *,
+    rounding: str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """``x`` written to an FP8 E4M3 cache at ``scale`` and read back, in ``x``'s dtype (or
     ``dtype``). ``scale``: a float, a 0-d tensor, or per KV head in a shape that broadcasts
     against ``x`` (see :func:`vllm_head_scale`, :func:`hf_head_scale`)."""
@@ -115,13 +122,17 @@ def e4m3_roundtrip(x: torch.Tensor, scale: torch.Tensor | float = 1.0, *,
 
 
 def _per_head(scale: torch.Tensor | float, kv_heads: int | None) -> torch.Tensor:
-    s = scale.detach().to(torch.float32) if isinstance(scale, torch.Tensor) \
+    s = (
+        scale.detach().to(torch.float32)
+        if isinstance(scale, torch.Tensor)
         else torch.tensor(float(scale), dtype=torch.float32)
+    )
     if s.numel() == 1:
         return s.reshape(())
     if kv_heads is not None and s.numel() != kv_heads:
-        raise ValueError(f"{s.numel()} scales for {kv_heads} KV heads: give one scale, or one "
-                         "per KV head")
+        raise ValueError(
+            f"{s.numel()} scales for {kv_heads} KV heads: give one scale, or one per KV head"
+        )
     return s.reshape(-1)
 
 

@@ -34,7 +34,7 @@ def bin_edges() -> torch.Tensor:
     i = torch.arange(NUM_BINS + 1, dtype=torch.float64)
     exp, mant = torch.div(i, MANTISSA_BINS, rounding_mode="floor"), i % MANTISSA_BINS
     normal = torch.exp2(exp - 127) * (1 + mant / MANTISSA_BINS)
-    return torch.where(exp == 0, mant / MANTISSA_BINS * 2.0 ** -126, normal)
+    return torch.where(exp == 0, mant / MANTISSA_BINS * 2.0**-126, normal)
 
 
 @dataclass
@@ -50,13 +50,16 @@ class KVStats:
     @classmethod
     def empty(cls, layers: int, kv_heads: int, device: Any = "cpu") -> KVStats:
         # on the model's device: no transfer or sync per cache write on a GPU
-        return cls(torch.zeros(2, layers, kv_heads, device=device),
-                   torch.zeros(2, layers, NUM_BINS, dtype=torch.int64, device=device),
-                   torch.zeros(2, layers, dtype=torch.int64, device=device))
+        return cls(
+            torch.zeros(2, layers, kv_heads, device=device),
+            torch.zeros(2, layers, NUM_BINS, dtype=torch.int64, device=device),
+            torch.zeros(2, layers, dtype=torch.int64, device=device),
+        )
 
     def cpu(self) -> KVStats:
-        return KVStats(self.amax.cpu(), self.hist.cpu(), self.count.cpu(), self.tokens,
-                       self.samples)
+        return KVStats(
+            self.amax.cpu(), self.hist.cpu(), self.count.cpu(), self.tokens, self.samples
+        )
 
     def observe(self, which: int, layer: int, states: torch.Tensor) -> None:
         """``states``: [batch, kv_heads, tokens, head_dim], as the cache receives them."""
@@ -79,8 +82,14 @@ class ObservingCache(DynamicCache):
         super().__init__(config=config)
         self.stats = stats
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.stats.observe(0, layer_idx, key_states)
         self.stats.observe(1, layer_idx, value_states)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -114,12 +123,20 @@ def prefill(model: Any, input_ids: Sequence[int], cache: DynamicCache, chunk_tok
     device = next(model.parameters()).device
     ids = torch.tensor([list(input_ids)], dtype=torch.long, device=device)
     for start in range(0, ids.shape[1], chunk_tokens):
-        model(input_ids=ids[:, start:start + chunk_tokens], past_key_values=cache,
-              use_cache=True, logits_to_keep=1)
+        model(
+            input_ids=ids[:, start : start + chunk_tokens],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
 
 
-def observe(model: Any, samples: Sequence[Sequence[int]], chunk_tokens: int = 2048,
-            on_sample: Callable[[int], None] | None = None) -> KVStats:
+def observe(
+    model: Any,
+    samples: Sequence[Sequence[int]],
+    chunk_tokens: int = 2048,
+    on_sample: Callable[[int], None] | None = None,
+) -> KVStats:
     """Running K/V statistics over every sample (each with a fresh cache)."""
     layers, kv_heads, _ = kv_shape(model.config)
     stats = KVStats.empty(layers, kv_heads, next(model.parameters()).device)
@@ -131,6 +148,8 @@ def observe(model: Any, samples: Sequence[Sequence[int]], chunk_tokens: int = 20
             on_sample(len(ids))
     seen = stats.count.amin().item()
     if stats.samples and seen == 0:
-        raise RuntimeError("the model never wrote its KV cache through past_key_values.update(); "
-                           "this architecture is not supported by kvcal's observer")
+        raise RuntimeError(
+            "the model never wrote its KV cache through past_key_values.update(); "
+            "this architecture is not supported by kvcal's observer"
+        )
     return stats.cpu()

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay._buckets import Buckets
-from replay._errors import InputError
-from replay._synth import POOL_TEXT, TokenPool, synthesize
-from replay._trace import Request
+from replay.core.buckets import Buckets
+from replay.core.errors import InputError
+from replay.core.synth import POOL_TEXT, TokenPool, synthesize
+from replay.core.trace import Request
 
 CALIBRATION_IDS = "calibration_ids.txt"
 EVALUATION_IDS = "evaluation_ids.txt"
@@ -43,8 +43,13 @@ class Sample:
     text: str | None = None  # the rendered prompt, where the request had text
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "bucket": self.bucket, "num_tokens": len(self.input_ids),
-                "input_ids": list(self.input_ids), "text": self.text}
+        return {
+            "id": self.id,
+            "bucket": self.bucket,
+            "num_tokens": len(self.input_ids),
+            "input_ids": list(self.input_ids),
+            "text": self.text,
+        }
 
 
 @dataclass
@@ -81,18 +86,28 @@ class PromptRenderer:
         if isinstance(req.prompt, str):
             return list(self.tok.encode(req.prompt)), req.prompt
         if getattr(self.tok, "chat_template", None) is None:
-            raise InputError(f"request {req.id}: a chat request, but the model's tokenizer has "
-                             "no chat template; give the model folder the server uses")
+            raise InputError(
+                f"request {req.id}: a chat request, but the model's tokenizer has "
+                "no chat template; give the model folder the server uses"
+            )
         text = self.tok.apply_chat_template(
             [dict(m) for m in req.messages or ()],
             tools=[dict(t) for t in req.tools] if req.tools else None,
-            add_generation_prompt=True, tokenize=False)
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         # vLLM tokenizes a rendered chat prompt without adding special tokens again.
         return list(self.tok.encode(text, add_special_tokens=False)), str(text)
 
 
-def draw(requests: Iterable[Request], renderer: PromptRenderer, buckets: Buckets,
-         per_bucket: int, seed: int, max_share: float = 0.5) -> Split:
+def draw(
+    requests: Iterable[Request],
+    renderer: PromptRenderer,
+    buckets: Buckets,
+    per_bucket: int,
+    seed: int,
+    max_share: float = 0.5,
+) -> Split:
     """Up to ``per_bucket`` calibration requests per bucket, never more than ``max_share`` of
     a bucket (the rest of it must stay for evaluation); every other request evaluates.
 
@@ -122,8 +137,7 @@ def draw(requests: Iterable[Request], renderer: PromptRenderer, buckets: Buckets
         take = min(per_bucket, int(sizes[label] * max_share))
         smallest = sorted(heaps[label], key=lambda it: -it[0])[:take]
         out.calibration.extend(sample for _, _, sample in smallest)
-        out.buckets[label] = {"available": sizes[label], "calibration": take,
-                              "asked": per_bucket}
+        out.buckets[label] = {"available": sizes[label], "calibration": take, "asked": per_bucket}
     chosen = {s.id for s in out.calibration}
     out.evaluation_ids = [i for i in order if i not in chosen]
     return out
@@ -132,16 +146,21 @@ def draw(requests: Iterable[Request], renderer: PromptRenderer, buckets: Buckets
 def write_split(out_dir: Path, split: Split, info: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CALIBRATION_IDS).write_text(
-        "".join(s.id + "\n" for s in split.calibration), encoding="utf-8")
+        "".join(s.id + "\n" for s in split.calibration), encoding="utf-8"
+    )
     (out_dir / EVALUATION_IDS).write_text(
-        "".join(i + "\n" for i in split.evaluation_ids), encoding="utf-8")
+        "".join(i + "\n" for i in split.evaluation_ids), encoding="utf-8"
+    )
     with (out_dir / SAMPLES).open("w", encoding="utf-8") as fh:
         for s in split.calibration:
             fh.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
-    manifest = {**info, "buckets": split.buckets, "calibration": len(split.calibration),
-                "evaluation": len(split.evaluation_ids)}
-    (out_dir / SAMPLE_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n",
-                                           encoding="utf-8")
+    manifest = {
+        **info,
+        "buckets": split.buckets,
+        "calibration": len(split.calibration),
+        "evaluation": len(split.evaluation_ids),
+    }
+    (out_dir / SAMPLE_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
 def read_samples(path: Path) -> list[Sample]:
@@ -161,9 +180,12 @@ def _iter_samples(path: Path) -> Iterator[Sample]:
                 ids = row["input_ids"]
                 if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
                     raise ValueError("input_ids must be a non-empty list of token ids")
-                yield Sample(str(row["id"]), str(row.get("bucket", "")), tuple(ids),
-                             row.get("text"))
+                yield Sample(
+                    str(row["id"]), str(row.get("bucket", "")), tuple(ids), row.get("text")
+                )
             except (ValueError, KeyError, TypeError) as exc:
                 field_name = exc.args[0] if isinstance(exc, KeyError) else "input_ids"
-                raise InputError(f"{path}:{lineno}: field '{field_name}': {exc}; each line "
-                                 "needs 'id' and 'input_ids' (as `kvcal sample` writes)") from None
+                raise InputError(
+                    f"{path}:{lineno}: field '{field_name}': {exc}; each line "
+                    "needs 'id' and 'input_ids' (as `kvcal sample` writes)"
+                ) from None

@@ -21,8 +21,8 @@ from ._observe import NUM_BINS, TINY_BINS, KVStats, bin_edges
 E4M3_MAX = 448.0
 # |x|/s below 2**-10 rounds to zero (half the smallest subnormal, 2**-9, ties to even);
 # below 2**-6 (the smallest normal) it keeps fewer than E4M3's 3 mantissa bits.
-ZERO_BELOW = 2.0 ** -10
-SUBNORMAL_BELOW = 2.0 ** -6
+ZERO_BELOW = 2.0**-10
+SUBNORMAL_BELOW = 2.0**-6
 KV = ("k", "v")
 
 
@@ -33,14 +33,16 @@ def fraction_above(hist: torch.Tensor, count: int, threshold: float) -> float:
     """Share of all values with |x| > threshold (linear inside the straddled bin)."""
     if count == 0:
         return 0.0
-    i = int(torch.searchsorted(_EDGES, torch.tensor([threshold], dtype=torch.float64),
-                               right=True)) - 1
+    i = (
+        int(torch.searchsorted(_EDGES, torch.tensor([threshold], dtype=torch.float64), right=True))
+        - 1
+    )
     if i < 0:
         return float(hist.sum()) / count
     if i >= NUM_BINS:
         return 0.0
     lo, hi = float(_EDGES[i]), float(_EDGES[i + 1])
-    above = float(hist[i + 1:].sum()) + float(hist[i]) * (hi - threshold) / (hi - lo)
+    above = float(hist[i + 1 :].sum()) + float(hist[i]) * (hi - threshold) / (hi - lo)
     return above / count
 
 
@@ -58,8 +60,9 @@ def fraction_below(hist: torch.Tensor, count: int, threshold: float) -> float:
 
 
 @torch.inference_mode()
-def estimated_mse(hist: torch.Tensor, amax: float, scales: torch.Tensor,
-                  points_per_bin: int = 4) -> torch.Tensor:
+def estimated_mse(
+    hist: torch.Tensor, amax: float, scales: torch.Tensor, points_per_bin: int = 4
+) -> torch.Tensor:
     """Mean squared FP8 (E4M3) round-trip error at each scale, over the histogram: each
     bin's values taken as spread evenly through it (and none above ``amax``)."""
     used = torch.nonzero(hist[TINY_BINS:]).flatten() + TINY_BINS
@@ -125,15 +128,24 @@ def tensor_reports(stats: KVStats, search: bool = False) -> list[TensorReport]:
                 best, best_mse, amax_mse = mse_search(hist, amax)
                 mse_scale = best
                 mse_gain = amax_mse / best_mse if best_mse > 0 else 1.0
-            out.append(TensorReport(
-                layer, which, amax, heads, scale, head_scales,
-                clip_at_1=fraction_above(hist, count, E4M3_MAX),
-                zero_at_1=fraction_below(hist, count, ZERO_BELOW),
-                subnormal_at_1=fraction_below(hist, count, SUBNORMAL_BELOW),
-                clip_at_scale=0.0,  # amax maps to 448: nothing observed clips, by construction
-                zero_at_scale=fraction_below(hist, count, ZERO_BELOW * scale),
-                subnormal_at_scale=fraction_below(hist, count, SUBNORMAL_BELOW * scale),
-                mse_scale=mse_scale, mse_gain=mse_gain))
+            out.append(
+                TensorReport(
+                    layer,
+                    which,
+                    amax,
+                    heads,
+                    scale,
+                    head_scales,
+                    clip_at_1=fraction_above(hist, count, E4M3_MAX),
+                    zero_at_1=fraction_below(hist, count, ZERO_BELOW),
+                    subnormal_at_1=fraction_below(hist, count, SUBNORMAL_BELOW),
+                    clip_at_scale=0.0,  # amax maps to 448: nothing observed clips, by construction
+                    zero_at_scale=fraction_below(hist, count, ZERO_BELOW * scale),
+                    subnormal_at_scale=fraction_below(hist, count, SUBNORMAL_BELOW * scale),
+                    mse_scale=mse_scale,
+                    mse_gain=mse_gain,
+                )
+            )
     return out
 
 
@@ -145,14 +157,20 @@ class Advice:
     reasons: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"outlier_layers": list(self.outlier_layers),
-                "outlier_heads": [{"layer": la, "tensor": w, "head": h, "ratio_to_median": r}
-                                  for la, w, h, r in self.outlier_heads],
-                "skip_layers_flag": self.skip_layers_flag, "reasons": list(self.reasons)}
+        return {
+            "outlier_layers": list(self.outlier_layers),
+            "outlier_heads": [
+                {"layer": la, "tensor": w, "head": h, "ratio_to_median": r}
+                for la, w, h, r in self.outlier_heads
+            ],
+            "skip_layers_flag": self.skip_layers_flag,
+            "reasons": list(self.reasons),
+        }
 
 
-def advise(reports: list[TensorReport], ratio: float = 4.0,
-           subnormal_share: float = 0.01) -> Advice:
+def advise(
+    reports: list[TensorReport], ratio: float = 4.0, subnormal_share: float = 0.01
+) -> Advice:
     """Layers whose range stands ``ratio`` x above the median layer's, or whose calibrated
     scale leaves more than ``subnormal_share`` of values subnormal (a heavy tail the one
     scale cannot serve); heads ``ratio`` x away from their layer's median head."""
@@ -165,24 +183,34 @@ def advise(reports: list[TensorReport], ratio: float = 4.0,
         for r in rows:
             if median > 0 and r.amax > ratio * median:
                 layers.add(r.layer)
-                reasons.append(f"layer {r.layer} {which.upper()}: amax {r.amax:.4g} is "
-                               f"{r.amax / median:.1f}x the median layer's {median:.4g}")
+                reasons.append(
+                    f"layer {r.layer} {which.upper()}: amax {r.amax:.4g} is "
+                    f"{r.amax / median:.1f}x the median layer's {median:.4g}"
+                )
             if r.subnormal_at_scale > subnormal_share:
                 layers.add(r.layer)
-                reasons.append(f"layer {r.layer} {which.upper()}: "
-                               f"{100 * r.subnormal_at_scale:.2f}% of values are subnormal at "
-                               "the calibrated scale (heavy tail)")
+                reasons.append(
+                    f"layer {r.layer} {which.upper()}: "
+                    f"{100 * r.subnormal_at_scale:.2f}% of values are subnormal at "
+                    "the calibrated scale (heavy tail)"
+                )
             head_median = statistics.median(r.head_amax)
             for h, a in enumerate(r.head_amax):
                 if head_median > 0 and (a > ratio * head_median or a * ratio < head_median):
                     heads.append((r.layer, which, h, a / head_median))
     if heads:
-        reasons.append(f"{len(heads)} head(s) sit {ratio:g}x or more away from their layer's "
-                       "median head: per-head scales would fit them")
+        reasons.append(
+            f"{len(heads)} head(s) sit {ratio:g}x or more away from their layer's "
+            "median head: per-head scales would fit them"
+        )
     # one index per word: vLLM 0.32 reads "0,3" as one pattern that matches no layer
     flag = " ".join(str(x) for x in sorted(layers)) or None
-    return Advice(tuple(sorted(layers)), tuple(heads),
-                  f"--kv-cache-dtype-skip-layers {flag}" if flag else None, tuple(reasons))
+    return Advice(
+        tuple(sorted(layers)),
+        tuple(heads),
+        f"--kv-cache-dtype-skip-layers {flag}" if flag else None,
+        tuple(reasons),
+    )
 
 
 def per_head_backend_support() -> tuple[bool, str]:
@@ -193,12 +221,18 @@ def per_head_backend_support() -> tuple[bool, str]:
             from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 
             ok = bool(FlashAttentionBackend.supports_per_head_quant_scales())
-            return ok, ("FlashAttention " + ("3 supports" if ok else "< 3 does not support")
-                        + " per-head scales")
+            return ok, (
+                "FlashAttention "
+                + ("3 supports" if ok else "< 3 does not support")
+                + " per-head scales"
+            )
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         ok = bool(CPUAttentionBackend.supports_per_head_quant_scales())
-        return ok, ("the CPU attention backend " + ("supports" if ok else "does not support")
-                    + " per-head scales (only FlashAttention 3 does)")
+        return ok, (
+            "the CPU attention backend "
+            + ("supports" if ok else "does not support")
+            + " per-head scales (only FlashAttention 3 does)"
+        )
     except ImportError as exc:
         return False, f"unknown: vLLM is not importable here ({exc})"

@@ -4,7 +4,7 @@ Three kinds of evidence, each recorded: the served ``cache_dtype`` (``/metrics``
 server log (the engine line's ``quantization=compressed-tensors`` means the checkpoint's
 scales went through a quantization method; ``quantization=None``, or vLLM's "Using KV cache
 scaling factor 1.0" warning, means the server runs at scale 1.0: see
-``replay._scale_log``), and teacher-forced scores of the same token sequences
+``replay.serving.scale_log``), and teacher-forced scores of the same token sequences
 under the calibrated FP8 server and a scale-1.0 FP8 server of the original model: scales
 that were applied change the dequantized K/V and so the scores. A server that refuses to
 start (no FP8 KV kernels on this CPU, per-head scales on a backend without them) is a result,
@@ -22,10 +22,11 @@ from typing import Any
 
 import aiohttp
 
-from replay._errors import ServerStartError
-from replay._introspect import introspect
-from replay._scale_log import EMULATED_FP8, UNKNOWN, scale_evidence
-from replay._targets import (
+from replay.core.errors import ServerStartError
+from replay.run.teacher import TFScore, score
+from replay.serving.introspect import introspect
+from replay.serving.scale_log import EMULATED_FP8, UNKNOWN, scale_evidence
+from replay.serving.targets import (
     DEFAULT_MODEL_ARGS,
     EMULATION_MARKER,
     LocalServer,
@@ -33,7 +34,6 @@ from replay._targets import (
     cache_dtype_matches,
     scale_lines,
 )
-from replay._teacher import TFScore, score
 
 from ._sample import Sample
 
@@ -55,7 +55,7 @@ class ServerCheck:
     cache_dtype: str | None = None
     quantization: str | None = None
     scale_one_warning: bool = False
-    # What the log says the server runs with (replay._scale_log): "checkpoint", one of the
+    # What the log says the server runs with (replay.serving.scale_log): "checkpoint", one of the
     # two "default-1.0-..." sources, or "unknown" (a server reached by URL has no log here).
     scales: str = UNKNOWN
     runs_at_scale_one: bool | None = None
@@ -79,9 +79,13 @@ class Verification:
         return EXIT_CODES[self.status]
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "exit_code": self.exit_code, "reasons": self.reasons,
-                "servers": [s.to_json() for s in self.servers],
-                "teacher_forced": self.teacher_forced}
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "reasons": self.reasons,
+            "servers": [s.to_json() for s in self.servers],
+            "teacher_forced": self.teacher_forced,
+        }
 
 
 def _from_log(check: ServerCheck, log_text: str) -> None:
@@ -128,11 +132,16 @@ def compare_scores(cal: Sequence[TFScore], base: Sequence[TFScore]) -> dict[str,
         for x, y in zip(a.nll, b.nll, strict=True):
             deltas.append(abs(x - y))
             differing += abs(x - y) > 1e-6
-    return {"sequences": len(cal), "errors": errors, "positions": len(deltas),
-            "differing_positions": differing,
-            "mean_abs_nll_delta": statistics.fmean(deltas) if deltas else None,
-            "max_abs_nll_delta": max(deltas) if deltas else None,
-            "mean_nll_calibrated": _mean_nll(cal), "mean_nll_scale_1": _mean_nll(base)}
+    return {
+        "sequences": len(cal),
+        "errors": errors,
+        "positions": len(deltas),
+        "differing_positions": differing,
+        "mean_abs_nll_delta": statistics.fmean(deltas) if deltas else None,
+        "max_abs_nll_delta": max(deltas) if deltas else None,
+        "mean_nll_calibrated": _mean_nll(cal),
+        "mean_nll_scale_1": _mean_nll(base),
+    }
 
 
 def _mean_nll(scores: Sequence[TFScore]) -> float | None:
@@ -147,8 +156,13 @@ class _Server:
         self.check, self.local = check, None
         if url is None:
             dtype = EMULATED_FP8 if check.emulated else "fp8"
-            spec = TargetSpec(name=check.role, model=check.model, kv_cache_dtype=dtype,
-                              args=DEFAULT_MODEL_ARGS, expect_cache_dtype=dtype)
+            spec = TargetSpec(
+                name=check.role,
+                model=check.model,
+                kv_cache_dtype=dtype,
+                args=DEFAULT_MODEL_ARGS,
+                expect_cache_dtype=dtype,
+            )
             self.local = LocalServer(spec, log_dir / f"{check.role}.log")
             check.log = str(self.local.log_path)
         else:
@@ -176,10 +190,19 @@ class _Server:
             _from_log(self.check, self.local.log_text())
 
 
-def verify(overlay: Path, original: str, samples: Sequence[Sample], log_dir: Path, *,
-           strategy: str, per_head: tuple[bool, str], url: str | None = None,
-           baseline_url: str | None = None, emulate: bool = False,
-           status: Callable[[str], None] = lambda _: None) -> Verification:
+def verify(
+    overlay: Path,
+    original: str,
+    samples: Sequence[Sample],
+    log_dir: Path,
+    *,
+    strategy: str,
+    per_head: tuple[bool, str],
+    url: str | None = None,
+    baseline_url: str | None = None,
+    emulate: bool = False,
+    status: Callable[[str], None] = lambda _: None,
+) -> Verification:
     """Start (or reach) FP8 servers on the overlay and on the original, one at a time (fair
     on small machines), and decide whether the calibrated scales were applied. ``emulate``:
     FP8 emulated in BF16 servers by kvcal's plugin, where the CPU cannot serve FP8."""
@@ -191,16 +214,24 @@ def verify(overlay: Path, original: str, samples: Sequence[Sample], log_dir: Pat
     status("starting the FP8 server on the calibrated checkpoint")
     with _Server(cal, url, log_dir) as c:
         if c.refused:
-            return Verification(UNSUPPORTED, [*reasons, f"the FP8 server on the calibrated "
-                                f"checkpoint did not start: {c.refused}"], [cal, base])
+            return Verification(
+                UNSUPPORTED,
+                [
+                    *reasons,
+                    f"the FP8 server on the calibrated checkpoint did not start: {c.refused}",
+                ],
+                [cal, base],
+            )
         status("teacher-forced scoring on the calibrated server")
         assert c.url is not None
         cal_scores = asyncio.run(_scores(c.url, samples, "kvcal-verify-cal"))
     status("starting the scale-1.0 FP8 server on the original model")
     with _Server(base, baseline_url, log_dir) as b:
         if b.refused:
-            reasons.append(f"the scale-1.0 FP8 server did not start ({b.refused}): no "
-                           "teacher-forced comparison")
+            reasons.append(
+                f"the scale-1.0 FP8 server did not start ({b.refused}): no "
+                "teacher-forced comparison"
+            )
             base_scores: list[TFScore] = []
         else:
             status("teacher-forced scoring on the scale-1.0 server")
@@ -219,19 +250,32 @@ def _decide(cal: ServerCheck, tf: dict[str, Any], reasons: list[str]) -> tuple[s
     if cal.cache_dtype is not None and not cache_dtype_matches(meant, cal.cache_dtype):
         return NOT_APPLIED, [*reasons, f"served cache_dtype is '{cal.cache_dtype}', not FP8"]
     if cal.emulated and not cal.emulation_active:
-        return NOT_APPLIED, [*reasons, f"the server never logged '{EMULATION_MARKER}': the "
-                             "emulation plugin did not run (is kvcanary installed there?)"]
+        return NOT_APPLIED, [
+            *reasons,
+            f"the server never logged '{EMULATION_MARKER}': the "
+            "emulation plugin did not run (is kvcanary installed there?)",
+        ]
     if cal.scale_one_warning or cal.runs_at_scale_one:
-        why = "the server log says 'Using KV cache scaling factor 1.0'" if cal.scale_one_warning \
+        why = (
+            "the server log says 'Using KV cache scaling factor 1.0'"
+            if cal.scale_one_warning
             else "the engine runs with quantization=None (vLLM's default k/v scales of 1.0)"
+        )
         return NOT_APPLIED, [*reasons, f"{why}: the checkpoint's scales were not loaded"]
     if tf and tf["positions"] and tf["differing_positions"] == 0:
-        return NOT_APPLIED, [*reasons, "teacher-forced scores are identical to scale 1.0 at "
-                             f"all {tf['positions']} positions"]
+        return NOT_APPLIED, [
+            *reasons,
+            f"teacher-forced scores are identical to scale 1.0 at all {tf['positions']} positions",
+        ]
     if not tf or not tf["positions"]:
         return APPLIED if cal.quantization == "compressed-tensors" else NOT_APPLIED, [
-            *reasons, "no scale-1.0 comparison; judged by the log alone (quantization="
-            f"{cal.quantization}, scales from {cal.scales})"]
-    return APPLIED, [*reasons, f"teacher-forced scores differ from scale 1.0 at "
-                     f"{tf['differing_positions']} of {tf['positions']} positions (mean |dNLL| "
-                     f"{tf['mean_abs_nll_delta']:.4g}); log: quantization={cal.quantization}"]
+            *reasons,
+            "no scale-1.0 comparison; judged by the log alone (quantization="
+            f"{cal.quantization}, scales from {cal.scales})",
+        ]
+    return APPLIED, [
+        *reasons,
+        f"teacher-forced scores differ from scale 1.0 at "
+        f"{tf['differing_positions']} of {tf['positions']} positions (mean |dNLL| "
+        f"{tf['mean_abs_nll_delta']:.4g}); log: quantization={cal.quantization}",
+    ]

@@ -31,8 +31,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from replay._buckets import DEFAULT_BOUNDS, Buckets
-from replay._errors import InputError
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import InputError
 
 console = Console(stderr=True)
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_INPUT = 0, 1, 2
@@ -103,7 +103,6 @@ def inspect_cmd(model_dir: Path, as_json: bool) -> None:
         click.echo(f"    {key}: [{shown}{', ...' if len(values) > 8 else ''}]")
 
 
-
 # -- sample / calibrate -------------------------------------------------------------------
 
 
@@ -115,12 +114,20 @@ def _tokenizer(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def _draw(model_dir: Path, trace: Path, trace_format: str, bucket_spec: str, per_bucket: int,
-          max_share: float, seed: int, on_bad_line: str) -> tuple[Any, dict[str, Any]]:
+def _draw(
+    model_dir: Path,
+    trace: Path,
+    trace_format: str,
+    bucket_spec: str,
+    per_bucket: int,
+    max_share: float,
+    seed: int,
+    on_bad_line: str,
+) -> tuple[Any, dict[str, Any]]:
     """Load the trace (replay's importers) and draw the stratified split."""
-    from replay._errors import TraceError
-    from replay._importers import stream
-    from replay._rundir import file_digest
+    from replay.core.errors import TraceError
+    from replay.core.importers import stream
+    from replay.run.rundir import file_digest
 
     from ._checkpoint import model_digests
     from ._sample import PromptRenderer, draw
@@ -135,40 +142,71 @@ def _draw(model_dir: Path, trace: Path, trace_format: str, bucket_spec: str, per
         bad[:] = bad or [err]
 
     buckets = Buckets.parse(bucket_spec)
-    requests = stream(trace, trace_format, on_bad_line=on_bad_line,  # type: ignore[arg-type]
-                      bad=on_bad)
-    split = draw(requests, PromptRenderer(_tokenizer(model_dir)), buckets, per_bucket, seed,
-                 max_share)
+    requests = stream(
+        trace,
+        trace_format,
+        on_bad_line=on_bad_line,  # type: ignore[arg-type]
+        bad=on_bad,
+    )
+    split = draw(
+        requests, PromptRenderer(_tokenizer(model_dir)), buckets, per_bucket, seed, max_share
+    )
     if n_bad[0]:
-        console.print(f"[yellow]skipped {n_bad[0]} bad line(s)[/yellow] (first: {bad[0]}); "
-                      "`replay trace validate` lists them all")
+        console.print(
+            f"[yellow]skipped {n_bad[0]} bad line(s)[/yellow] (first: {bad[0]}); "
+            "`replay trace validate` lists them all"
+        )
     digests = model_digests(model_dir.resolve())
-    info = {"trace": str(trace), "trace_sha256": file_digest(trace), "model": str(
-        model_dir.resolve()), "tokenizer": digests["tokenizer"],
-        "chat_template": digests["chat_template"], "bucket_bounds": buckets.spec(),
-        "per_bucket": per_bucket, "max_share": max_share, "seed": seed,
-        "bad_lines": n_bad[0]}
+    info = {
+        "trace": str(trace),
+        "trace_sha256": file_digest(trace),
+        "model": str(model_dir.resolve()),
+        "tokenizer": digests["tokenizer"],
+        "chat_template": digests["chat_template"],
+        "bucket_bounds": buckets.spec(),
+        "per_bucket": per_bucket,
+        "max_share": max_share,
+        "seed": seed,
+        "bad_lines": n_bad[0],
+    }
     for label, row in split.buckets.items():
         if row["calibration"] < per_bucket and row["available"]:
-            console.print(f"[yellow]note:[/yellow] bucket {label}: {row['calibration']} of "
-                          f"{per_bucket} asked ({row['available']} requests; at most "
-                          f"{max_share:.0%} of a bucket calibrates, the rest evaluates)")
+            console.print(
+                f"[yellow]note:[/yellow] bucket {label}: {row['calibration']} of "
+                f"{per_bucket} asked ({row['available']} requests; at most "
+                f"{max_share:.0%} of a bucket calibrates, the rest evaluates)"
+            )
     return split, info
 
 
 SAMPLING_OPTIONS = [
-    click.option("--trace", "trace_path", type=click.Path(path_type=Path, dir_okay=False),
-                 help="Trace to draw from (any format replay reads)."),
+    click.option(
+        "--trace",
+        "trace_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Trace to draw from (any format replay reads).",
+    ),
     click.option("--trace-format", default="auto", show_default=True),
-    click.option("--buckets", "bucket_spec", default=DEFAULT_BOUNDS, show_default=True,
-                 help="Context-length bucket bounds, as in replay --buckets."),
-    click.option("--per-bucket", default=64, show_default=True,
-                 help="Calibration requests per bucket."),
-    click.option("--max-share", default=0.5, show_default=True,
-                 help="At most this share of a bucket calibrates; the rest evaluates."),
+    click.option(
+        "--buckets",
+        "bucket_spec",
+        default=DEFAULT_BOUNDS,
+        show_default=True,
+        help="Context-length bucket bounds, as in replay --buckets.",
+    ),
+    click.option(
+        "--per-bucket", default=64, show_default=True, help="Calibration requests per bucket."
+    ),
+    click.option(
+        "--max-share",
+        default=0.5,
+        show_default=True,
+        help="At most this share of a bucket calibrates; the rest evaluates.",
+    ),
     click.option("--seed", default=0, show_default=True, help="Split seed (hash of id + seed)."),
-    click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail",
-                 show_default=True),
+    click.option(
+        "--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail", show_default=True
+    ),
 ]
 
 
@@ -183,32 +221,60 @@ def _bucket_table(split: Any) -> Table:
     for col in ("bucket", "requests", "calibration", "evaluation"):
         table.add_column(col, justify="right")
     for label, row in split.buckets.items():
-        table.add_row(label, str(row["available"]), str(row["calibration"]),
-                      str(row["available"] - row["calibration"]))
+        table.add_row(
+            label,
+            str(row["available"]),
+            str(row["calibration"]),
+            str(row["available"] - row["calibration"]),
+        )
     return table
 
 
 @main.command("sample")
 @click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @sampling_options
-@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True,
-              help="Folder for calibration_ids.txt, evaluation_ids.txt, samples.jsonl.")
-def sample_cmd(model_dir: Path, trace_path: Path | None, trace_format: str, bucket_spec: str,
-               per_bucket: int, max_share: float, seed: int, on_bad_line: str,
-               out_dir: Path) -> None:
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder for calibration_ids.txt, evaluation_ids.txt, samples.jsonl.",
+)
+def sample_cmd(
+    model_dir: Path,
+    trace_path: Path | None,
+    trace_format: str,
+    bucket_spec: str,
+    per_bucket: int,
+    max_share: float,
+    seed: int,
+    on_bad_line: str,
+    out_dir: Path,
+) -> None:
     """Draw calibration requests from a trace, stratified by context-length bucket."""
     from ._sample import write_split
 
     def run() -> int:
         if trace_path is None:
             raise InputError("--trace is required")
-        split, info = _draw(model_dir, trace_path, trace_format, bucket_spec, per_bucket,
-                            max_share, seed, on_bad_line)
+        split, info = _draw(
+            model_dir,
+            trace_path,
+            trace_format,
+            bucket_spec,
+            per_bucket,
+            max_share,
+            seed,
+            on_bad_line,
+        )
         write_split(out_dir, split, info)
         Console().print(_bucket_table(split))
-        click.echo(f"wrote {out_dir}: {len(split.calibration)} calibration, "
-                   f"{len(split.evaluation_ids)} evaluation request(s); replay with "
-                   f"--exclude-ids {out_dir / 'calibration_ids.txt'}")
+        click.echo(
+            f"wrote {out_dir}: {len(split.calibration)} calibration, "
+            f"{len(split.evaluation_ids)} evaluation request(s); replay with "
+            f"--exclude-ids {out_dir / 'calibration_ids.txt'}"
+        )
         return EXIT_OK
 
     _guard(run)
@@ -221,14 +287,31 @@ def _pct(x: float) -> str:
 def _scale_table(report: dict[str, Any]) -> Table:
     search = any(t["mse_scale"] is not None for t in report["tensors"])
     table = Table(title=f"K/V scales ({report['samples']} samples, {report['tokens']} tokens)")
-    cols = ["layer", "tensor", "amax", "scale", "heads amax", "clip@1", "zero@1", "zero@s",
-            "subnormal@s"] + (["mse scale", "mse gain"] if search else [])
+    cols = [
+        "layer",
+        "tensor",
+        "amax",
+        "scale",
+        "heads amax",
+        "clip@1",
+        "zero@1",
+        "zero@s",
+        "subnormal@s",
+    ] + (["mse scale", "mse gain"] if search else [])
     for col in cols:
         table.add_column(col, justify="right")
     for t in report["tensors"]:
-        row = [str(t["layer"]), t["which"].upper(), f"{t['amax']:.4g}", f"{t['scale']:.4g}",
-               " ".join(f"{h:.3g}" for h in t["head_amax"][:8]), _pct(t["clip_at_1"]),
-               _pct(t["zero_at_1"]), _pct(t["zero_at_scale"]), _pct(t["subnormal_at_scale"])]
+        row = [
+            str(t["layer"]),
+            t["which"].upper(),
+            f"{t['amax']:.4g}",
+            f"{t['scale']:.4g}",
+            " ".join(f"{h:.3g}" for h in t["head_amax"][:8]),
+            _pct(t["clip_at_1"]),
+            _pct(t["zero_at_1"]),
+            _pct(t["zero_at_scale"]),
+            _pct(t["subnormal_at_scale"]),
+        ]
         if search:
             row += [f"{t['mse_scale']:.4g}", f"{t['mse_gain']:.3g}x"]
         table.add_row(*row)
@@ -246,27 +329,69 @@ def _advice_lines(report: dict[str, Any]) -> list[str]:
 
 @main.command("calibrate")
 @click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("--samples", "samples_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="samples.jsonl from `kvcal sample` (else give --trace to draw them now).")
+@click.option(
+    "--samples",
+    "samples_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="samples.jsonl from `kvcal sample` (else give --trace to draw them now).",
+)
 @sampling_options
-@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True,
-              help="New folder for the overlay checkpoint.")
-@click.option("--strategy", type=click.Choice(["tensor", "attn_head"]), default="tensor",
-              show_default=True, help="One scale per layer, or one per KV head.")
-@click.option("--chunk-tokens", default=2048, show_default=True,
-              help="Prefill chunk: bounds activation memory on long samples.")
-@click.option("--dtype", default="auto", show_default=True,
-              help="Compute dtype for observation (auto: the checkpoint's).")
-@click.option("--mse-search", is_flag=True,
-              help="Also report the scale minimizing estimated FP8 reconstruction error.")
-@click.option("--legacy-json", is_flag=True,
-              help="Also write vLLM's deprecated --quantization-param-path scale file.")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="New folder for the overlay checkpoint.",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["tensor", "attn_head"]),
+    default="tensor",
+    show_default=True,
+    help="One scale per layer, or one per KV head.",
+)
+@click.option(
+    "--chunk-tokens",
+    default=2048,
+    show_default=True,
+    help="Prefill chunk: bounds activation memory on long samples.",
+)
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    help="Compute dtype for observation (auto: the checkpoint's).",
+)
+@click.option(
+    "--mse-search",
+    is_flag=True,
+    help="Also report the scale minimizing estimated FP8 reconstruction error.",
+)
+@click.option(
+    "--legacy-json",
+    is_flag=True,
+    help="Also write vLLM's deprecated --quantization-param-path scale file.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def calibrate_cmd(model_dir: Path, samples_path: Path | None, trace_path: Path | None,
-                  trace_format: str, bucket_spec: str, per_bucket: int, max_share: float,
-                  seed: int, on_bad_line: str, out_dir: Path, strategy: str,
-                  chunk_tokens: int, dtype: str, mse_search: bool, legacy_json: bool,
-                  as_json: bool) -> None:
+def calibrate_cmd(
+    model_dir: Path,
+    samples_path: Path | None,
+    trace_path: Path | None,
+    trace_format: str,
+    bucket_spec: str,
+    per_bucket: int,
+    max_share: float,
+    seed: int,
+    on_bad_line: str,
+    out_dir: Path,
+    strategy: str,
+    chunk_tokens: int,
+    dtype: str,
+    mse_search: bool,
+    legacy_json: bool,
+    as_json: bool,
+) -> None:
     """Observe K/V on the samples, write scales as an overlay checkpoint vLLM loads."""
     from ._calibrate import Recipe, calibrate
     from ._sample import read_samples, write_split
@@ -279,27 +404,53 @@ def calibrate_cmd(model_dir: Path, samples_path: Path | None, trace_path: Path |
         if samples_path is not None:
             samples = read_samples(samples_path)
             manifest_path = samples_path.parent / "sample_manifest.json"
-            sampling: dict[str, Any] = (json.loads(manifest_path.read_text(encoding="utf-8"))
-                                        if manifest_path.is_file() else {})
+            sampling: dict[str, Any] = (
+                json.loads(manifest_path.read_text(encoding="utf-8"))
+                if manifest_path.is_file()
+                else {}
+            )
             sampling["samples_file"] = str(samples_path)
         else:
             assert trace_path is not None
-            split, sampling = _draw(model_dir, trace_path, trace_format, bucket_spec,
-                                    per_bucket, max_share, seed, on_bad_line)
+            split, sampling = _draw(
+                model_dir,
+                trace_path,
+                trace_format,
+                bucket_spec,
+                per_bucket,
+                max_share,
+                seed,
+                on_bad_line,
+            )
             write_split(out_dir, split, sampling)
             samples = split.calibration
         if not samples:
-            raise InputError("no calibration samples: the trace has too few requests per "
-                             "bucket (raise --max-share or give a larger trace)")
+            raise InputError(
+                "no calibration samples: the trace has too few requests per "
+                "bucket (raise --max-share or give a larger trace)"
+            )
         total = sum(len(s.input_ids) for s in samples)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("tokens"), TimeElapsedColumn(), TimeRemainingColumn(),
-                      console=console, disable=as_json) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("tokens"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=as_json,
+        ) as bar:
             task = bar.add_task(f"observing K/V ({len(samples)} samples)", total=total)
-            report = calibrate(model_dir, samples, out_dir,
-                               Recipe(strategy, chunk_tokens, dtype, mse_search),
-                               int(sampling.get("seed", seed)), sampling, legacy_json,
-                               on_sample=lambda n: bar.advance(task, n))
+            report = calibrate(
+                model_dir,
+                samples,
+                out_dir,
+                Recipe(strategy, chunk_tokens, dtype, mse_search),
+                int(sampling.get("seed", seed)),
+                sampling,
+                legacy_json,
+                on_sample=lambda n: bar.advance(task, n),
+            )
         if as_json:
             click.echo(json.dumps(report, indent=2))
             return EXIT_OK
@@ -307,9 +458,11 @@ def calibrate_cmd(model_dir: Path, samples_path: Path | None, trace_path: Path |
         out.print(_scale_table(report))
         for line in _advice_lines(report):
             console.print(f"[yellow]advice:[/yellow] {line}")
-        console.print(f"{report['tokens']} tokens at {report['tokens_per_second']:.0f} "
-                      f"tokens/s; overlay checkpoint: [bold]{out_dir}[/bold] (serve it with "
-                      "--kv-cache-dtype fp8; check with `kvcal verify`)")
+        console.print(
+            f"{report['tokens']} tokens at {report['tokens_per_second']:.0f} "
+            f"tokens/s; overlay checkpoint: [bold]{out_dir}[/bold] (serve it with "
+            "--kv-cache-dtype fp8; check with `kvcal verify`)"
+        )
         return EXIT_OK
 
     _guard(run)
@@ -322,16 +475,33 @@ def calibrate_cmd(model_dir: Path, samples_path: Path | None, trace_path: Path |
 @click.argument("overlay", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option("--url", help="An FP8 server already serving the calibrated checkpoint.")
 @click.option("--baseline-url", help="An FP8 server of the original model (scale 1.0).")
-@click.option("--sequences", default=4, show_default=True,
-              help="Calibration samples scored teacher-forced on both servers.")
-@click.option("--log-dir", type=click.Path(path_type=Path, file_okay=False),
-              help="Server logs [default: OVERLAY/verify].")
-@click.option("--emulate-fp8", is_flag=True,
-              help="Start BF16 servers that emulate the FP8 cache (kvcal's vLLM plugin), where "
-                   "this CPU cannot serve FP8: checks the scales reach the cache write.")
+@click.option(
+    "--sequences",
+    default=4,
+    show_default=True,
+    help="Calibration samples scored teacher-forced on both servers.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Server logs [default: OVERLAY/verify].",
+)
+@click.option(
+    "--emulate-fp8",
+    is_flag=True,
+    help="Start BF16 servers that emulate the FP8 cache (kvcal's vLLM plugin), where "
+    "this CPU cannot serve FP8: checks the scales reach the cache write.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def verify_cmd(overlay: Path, url: str | None, baseline_url: str | None, sequences: int,
-               log_dir: Path | None, emulate_fp8: bool, as_json: bool) -> None:
+def verify_cmd(
+    overlay: Path,
+    url: str | None,
+    baseline_url: str | None,
+    sequences: int,
+    log_dir: Path | None,
+    emulate_fp8: bool,
+    as_json: bool,
+) -> None:
     """Start (or reach) FP8 servers on the calibrated checkpoint and on the original, and
     check that the engine applied the scales: served cache dtype, log, teacher-forced scores.
     A server that refuses FP8 (or per-head scales) is reported as unsupported, exit 3."""
@@ -344,11 +514,18 @@ def verify_cmd(overlay: Path, url: str | None, baseline_url: str | None, sequenc
         manifest = read_manifest(overlay)
         samples = read_samples(overlay / SAMPLES)[: max(1, sequences)]
         logs = log_dir or overlay / "verify"
-        result = verify(overlay, str(manifest["model"]), samples, logs,
-                        strategy=str(manifest["kv_cache_scheme"]["strategy"]),
-                        per_head=per_head_backend_support(), url=url,
-                        baseline_url=baseline_url, emulate=emulate_fp8,
-                        status=lambda m: console.print(f"[dim]{m}[/dim]"))
+        result = verify(
+            overlay,
+            str(manifest["model"]),
+            samples,
+            logs,
+            strategy=str(manifest["kv_cache_scheme"]["strategy"]),
+            per_head=per_head_backend_support(),
+            url=url,
+            baseline_url=baseline_url,
+            emulate=emulate_fp8,
+            status=lambda m: console.print(f"[dim]{m}[/dim]"),
+        )
         data = result.to_json()
         logs.mkdir(parents=True, exist_ok=True)
         (logs / "verify.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -388,8 +565,9 @@ def _pct1(x: float) -> str:
     return f"{x:.1%}"
 
 
-def _ci(mean: float | None, lo: float | None, hi: float | None,
-        fmt: Callable[[float], str] = _nll) -> str:
+def _ci(
+    mean: float | None, lo: float | None, hi: float | None, fmt: Callable[[float], str] = _nll
+) -> str:
     if mean is None:
         return "-"
     if lo is None or hi is None:
@@ -399,83 +577,183 @@ def _ci(mean: float | None, lo: float | None, hi: float | None,
 
 def _emulation_table(report: dict[str, Any]) -> Table:
     ref = report["reference"]
-    table = Table(title=f"EMULATED FP8 E4M3 ({report['rounding']} rounding) vs BF16: "
-                        f"{ref['requests']} requests, {ref['tokens']} answer tokens "
-                        "teacher-forced (95% intervals)", box=box.SIMPLE_HEAD)
-    for col in ("setting", "bucket", "req", "ΔNLL/token", "top-1", "greedy\nexact",
-                "common\nprefix"):
+    table = Table(
+        title=f"EMULATED FP8 E4M3 ({report['rounding']} rounding) vs BF16: "
+        f"{ref['requests']} requests, {ref['tokens']} answer tokens "
+        "teacher-forced (95% intervals)",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in (
+        "setting",
+        "bucket",
+        "req",
+        "ΔNLL/token",
+        "top-1",
+        "greedy\nexact",
+        "common\nprefix",
+    ):
         table.add_column(col, justify="left" if col == "setting" else "right")
     for row in report["results"]:
         g = row["greedy"]
         table.add_row(
-            row["setting"], row["bucket"], str(row["requests"]),
+            row["setting"],
+            row["bucket"],
+            str(row["requests"]),
             _ci(row["nll_delta_mean"], row["nll_delta_lo"], row["nll_delta_hi"]),
             _ci(row["top1_agreement"], row["top1_lo"], row["top1_hi"], _pct1),
             f"{g['exact']}/{g['requests']}" if g else "-",
             f"{g['mean_common_prefix']:.1f}/{g['mean_tokens']:.1f}" if g else "-",
-            end_section=row["bucket"] == "all")
+            end_section=row["bucket"] == "all",
+        )
     return table
 
 
 def _sensitivity_table(sens: dict[str, Any]) -> Table:
-    table = Table(title=f"per-layer sensitivity on {sens['base']} (every layer FP8: ΔNLL "
-                        f"{_nll(sens['loss'])}/token)", box=box.SIMPLE_HEAD)
-    for col in ("layer", "ΔNLL/token,\nonly this layer FP8", "ΔNLL/token,\nthis layer BF16",
-                "recovered", "share"):
+    table = Table(
+        title=f"per-layer sensitivity on {sens['base']} (every layer FP8: ΔNLL "
+        f"{_nll(sens['loss'])}/token)",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in (
+        "layer",
+        "ΔNLL/token,\nonly this layer FP8",
+        "ΔNLL/token,\nthis layer BF16",
+        "recovered",
+        "share",
+    ):
         table.add_column(col, justify="right")
     for r in sens["layers"]:
         only, kept = r["only_fp8"], r["kept_bf16"]
         share = r["recovered_share"]
-        table.add_row(str(r["layer"]),
-                      _ci(only["nll_delta_mean"], only["nll_delta_lo"], only["nll_delta_hi"]),
-                      _ci(kept["nll_delta_mean"], kept["nll_delta_lo"], kept["nll_delta_hi"]),
-                      _nll(r["recovered"]), "-" if share is None else f"{share:.0%}")
+        table.add_row(
+            str(r["layer"]),
+            _ci(only["nll_delta_mean"], only["nll_delta_lo"], only["nll_delta_hi"]),
+            _ci(kept["nll_delta_mean"], kept["nll_delta_lo"], kept["nll_delta_hi"]),
+            _nll(r["recovered"]),
+            "-" if share is None else f"{share:.0%}",
+        )
     return table
 
 
 @main.command("emulate")
 @click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
-@click.option("--trace", "trace_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Trace to draw requests from (any format replay reads).")
-@click.option("--answers", "answers_dir", type=click.Path(path_type=Path, file_okay=False),
-              help="A replay run directory: score its reference target's answers instead.")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Trace to draw requests from (any format replay reads).",
+)
+@click.option(
+    "--answers",
+    "answers_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="A replay run directory: score its reference target's answers instead.",
+)
 @click.option("--trace-format", default="auto", show_default=True)
-@click.option("--buckets", "bucket_spec", default=DEFAULT_BOUNDS, show_default=True,
-              help="Context-length bucket bounds, as in replay --buckets.")
+@click.option(
+    "--buckets",
+    "bucket_spec",
+    default=DEFAULT_BOUNDS,
+    show_default=True,
+    help="Context-length bucket bounds, as in replay --buckets.",
+)
 @click.option("--per-bucket", default=16, show_default=True, help="Requests per bucket.")
 @click.option("--seed", default=0, show_default=True, help="Draw seed (hash of id + seed).")
-@click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail",
-              show_default=True)
-@click.option("--overlay", "overlay_dir", type=click.Path(path_type=Path, file_okay=False),
-              help="A calibrated overlay (kvcal calibrate): also emulate its k/v scales.")
-@click.option("--skip-layers", "skip_text", help="Also emulate with these layers kept BF16, "
-              "e.g. 0,3 (vLLM: --kv-cache-dtype-skip-layers 0 3).")
-@click.option("--rounding", type=click.Choice(["cpu", "cuda"]), default="cpu",
-              show_default=True, help="vLLM's CPU kernel (truncates) or CUDA's (nearest).")
-@click.option("--max-new-tokens", default=32, show_default=True,
-              help="Longest BF16 answer generated (capped by each request's max_tokens).")
-@click.option("--greedy-sample", default=4, show_default=True,
-              help="Requests per bucket also decoded greedily under each setting (0: none).")
-@click.option("--sensitivity", is_flag=True,
-              help="Per-layer sensitivity and the skip-layers value that recovers the loss.")
-@click.option("--recover", default=0.8, show_default=True,
-              help="--sensitivity: share of the FP8 loss the skip layers must recover.")
-@click.option("--min-loss", default=0.01, show_default=True,
-              help="--sensitivity: ΔNLL/token below which no layer needs BF16.")
-@click.option("--chunk-tokens", default=2048, show_default=True,
-              help="Prefill chunk: bounds activation memory on long prompts.")
-@click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
-              default="auto", show_default=True, help="Compute dtype (auto: the checkpoint's).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
-              show_default=True)
-@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write everything (settings, per bucket, per request, sensitivity) here.")
-def emulate_cmd(model_dir: Path, trace_path: Path | None, answers_dir: Path | None,
-                trace_format: str, bucket_spec: str, per_bucket: int, seed: int,
-                on_bad_line: str, overlay_dir: Path | None, skip_text: str | None,
-                rounding: str, max_new_tokens: int, greedy_sample: int, sensitivity: bool,
-                recover: float, min_loss: float, chunk_tokens: int, dtype: str, device: str,
-                json_path: Path | None) -> None:
+@click.option(
+    "--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail", show_default=True
+)
+@click.option(
+    "--overlay",
+    "overlay_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="A calibrated overlay (kvcal calibrate): also emulate its k/v scales.",
+)
+@click.option(
+    "--skip-layers",
+    "skip_text",
+    help="Also emulate with these layers kept BF16, "
+    "e.g. 0,3 (vLLM: --kv-cache-dtype-skip-layers 0 3).",
+)
+@click.option(
+    "--rounding",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="vLLM's CPU kernel (truncates) or CUDA's (nearest).",
+)
+@click.option(
+    "--max-new-tokens",
+    default=32,
+    show_default=True,
+    help="Longest BF16 answer generated (capped by each request's max_tokens).",
+)
+@click.option(
+    "--greedy-sample",
+    default=4,
+    show_default=True,
+    help="Requests per bucket also decoded greedily under each setting (0: none).",
+)
+@click.option(
+    "--sensitivity",
+    is_flag=True,
+    help="Per-layer sensitivity and the skip-layers value that recovers the loss.",
+)
+@click.option(
+    "--recover",
+    default=0.8,
+    show_default=True,
+    help="--sensitivity: share of the FP8 loss the skip layers must recover.",
+)
+@click.option(
+    "--min-loss",
+    default=0.01,
+    show_default=True,
+    help="--sensitivity: ΔNLL/token below which no layer needs BF16.",
+)
+@click.option(
+    "--chunk-tokens",
+    default=2048,
+    show_default=True,
+    help="Prefill chunk: bounds activation memory on long prompts.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="Compute dtype (auto: the checkpoint's).",
+)
+@click.option(
+    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write everything (settings, per bucket, per request, sensitivity) here.",
+)
+def emulate_cmd(
+    model_dir: Path,
+    trace_path: Path | None,
+    answers_dir: Path | None,
+    trace_format: str,
+    bucket_spec: str,
+    per_bucket: int,
+    seed: int,
+    on_bad_line: str,
+    overlay_dir: Path | None,
+    skip_text: str | None,
+    rounding: str,
+    max_new_tokens: int,
+    greedy_sample: int,
+    sensitivity: bool,
+    recover: float,
+    min_loss: float,
+    chunk_tokens: int,
+    dtype: str,
+    device: str,
+    json_path: Path | None,
+) -> None:
     """Predict FP8 KV-cache quality offline: K/V round-tripped through E4M3 where they enter
     the cache (transformers, CPU or GPU), scored against BF16 on the trace's requests. An
     emulation: it says nothing of capacity or kernel speed."""
@@ -484,9 +762,12 @@ def emulate_cmd(model_dir: Path, trace_path: Path | None, answers_dir: Path | No
     def run() -> int:
         if (trace_path is None) == (answers_dir is None):
             raise InputError("give exactly one of --trace TRACE and --answers RUN_DIR")
-        for name, value, low in (("--per-bucket", per_bucket, 1), ("--greedy-sample",
-                                 greedy_sample, 0), ("--max-new-tokens", max_new_tokens, 1),
-                                 ("--chunk-tokens", chunk_tokens, 16)):
+        for name, value, low in (
+            ("--per-bucket", per_bucket, 1),
+            ("--greedy-sample", greedy_sample, 0),
+            ("--max-new-tokens", max_new_tokens, 1),
+            ("--chunk-tokens", chunk_tokens, 16),
+        ):
             if value < low:
                 raise InputError(f"{name} must be at least {low}")
         if not 0 < recover <= 1:
@@ -497,12 +778,35 @@ def emulate_cmd(model_dir: Path, trace_path: Path | None, answers_dir: Path | No
             if not torch.cuda.is_available():
                 raise InputError("--device cuda: torch sees no CUDA device here")
         Buckets.parse(bucket_spec)
-        args = EmulateArgs(model_dir, trace_path, answers_dir, trace_format, bucket_spec,
-                           per_bucket, seed, on_bad_line, overlay_dir, _parse_layers(skip_text),
-                           rounding, max_new_tokens, greedy_sample, sensitivity, recover,
-                           min_loss, chunk_tokens, dtype, device)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
+        args = EmulateArgs(
+            model_dir,
+            trace_path,
+            answers_dir,
+            trace_format,
+            bucket_spec,
+            per_bucket,
+            seed,
+            on_bad_line,
+            overlay_dir,
+            _parse_layers(skip_text),
+            rounding,
+            max_new_tokens,
+            greedy_sample,
+            sensitivity,
+            recover,
+            min_loss,
+            chunk_tokens,
+            dtype,
+            device,
+        )
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
 
             def track(what: str, total: int) -> Callable[[int], None]:
                 task = bar.add_task(what, total=total)

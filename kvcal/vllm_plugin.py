@@ -47,8 +47,11 @@ def register() -> None:
         raise ValueError(f"{ENV}={mode!r}: the only emulated format is {MODE!r}")
     skip = parse_skip_layers(os.environ.get(ENV_SKIP, ""))
     _patch_cache_write(skip)
-    _log().info("%s active (E4M3 round trip at the cache write, BF16 storage, skip layers %s)",
-                MARKER, ",".join(map(str, sorted(skip))) or "none")
+    _log().info(
+        "%s active (E4M3 round trip at the cache write, BF16 storage, skip layers %s)",
+        MARKER,
+        ",".join(map(str, sorted(skip))) or "none",
+    )
 
 
 def parse_skip_layers(text: str) -> frozenset[int]:
@@ -84,8 +87,14 @@ def _patch_cache_write(skip: frozenset[int]) -> None:
         # per KV head: [1, heads, 1] over vLLM's [tokens, kv_heads, head_size]
         return vllm_head_scale(scale, heads)
 
-    def emulated_write(self: Any, layer: Any, key: torch.Tensor, value: torch.Tensor,
-                       kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def emulated_write(
+        self: Any,
+        layer: Any,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         name = getattr(layer, "layer_name", "")
         # a served FP8 cache quantizes itself: never round twice
         if not is_quantized_kv_cache(self.kv_cache_dtype) and _index(name) not in skip:
@@ -94,8 +103,14 @@ def _patch_cache_write(skip: frozenset[int]) -> None:
             if name not in announced:
                 announced.add(name)
                 source = "checkpoint" if _loads_scales(layer) else "default"
-                _log().info("%s %s k_scale %s v_scale %s (%s)", MARKER, name,
-                            _describe(k_scale), _describe(v_scale), source)
+                _log().info(
+                    "%s %s k_scale %s v_scale %s (%s)",
+                    MARKER,
+                    name,
+                    _describe(k_scale),
+                    _describe(v_scale),
+                    source,
+                )
             key = e4m3_roundtrip(key, k_scale)
             value = e4m3_roundtrip(value, v_scale)
         original(self, layer, key, value, kv_cache, slot_mapping)

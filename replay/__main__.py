@@ -1,3 +1,3 @@
-from .cli import main
+from replay.cli import main
 
 main()

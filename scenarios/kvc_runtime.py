@@ -8,9 +8,9 @@ How kvcanary's concepts map onto Locust's
   the user count caps the requests in flight (``--trace-times --max-in-flight``).
 * A phase is a load level: the shapes (``kvc_shapes.py``) name each level ``c<N>`` (or
   ``trace-x<scale>``), exactly as ``replay`` names its schedules, and results carry it.
-* A result (``replay._records.Result``) is reported as Locust request events per context
+* A result (``replay.core.records.Result``) is reported as Locust request events per context
   bucket: ``ttft <b>``, ``itl <b>``, ``e2e <b>``, ``output_tokens <b>`` and, with checkers
-  on, ``check <b>`` (see ``replay._locust_support.locust_events``). Locust's own statistics,
+  on, ``check <b>`` (see ``replay.locust.support.locust_events``). Locust's own statistics,
   charts, CSV and distributed stats merging work on those unchanged.
 * The run directory is ``replay``'s: results go to the master (Locust messages), which writes
   ``results.jsonl`` as they arrive and ``manifest.json``/``summary.json``/``grades.jsonl``
@@ -62,11 +62,14 @@ from locust import __version__ as locust_version
 from locust.env import Environment
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
-from replay._buckets import DEFAULT_BOUNDS, Buckets
-from replay._client import Client
-from replay._errors import KvcanaryError
-from replay._importers import load, sniff_format
-from replay._locust_support import (
+from replay.checkers import Answer, Grader
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import KvcanaryError
+from replay.core.importers import load, sniff_format
+from replay.core.records import Result
+from replay.core.schedule import trace_offsets
+from replay.core.trace import Request, TraceLoad
+from replay.locust.support import (
     DEFAULT_ITL_EVENTS,
     DEFAULT_MAX_RESULTS,
     Constant,
@@ -88,12 +91,9 @@ from replay._locust_support import (
     target_message,
     trace_requests,
 )
-from replay._records import Result
-from replay._rundir import file_digest, read_results
-from replay._schedule import trace_offsets
-from replay._targets import TargetSpec
-from replay._trace import Request, TraceLoad
-from replay.checkers import Answer, Grader
+from replay.run.rundir import file_digest, read_results
+from replay.serving.client import Client
+from replay.serving.targets import TargetSpec
 
 log = logging.getLogger("kvcanary")
 T = TypeVar("T")
@@ -127,46 +127,103 @@ def add_arguments(parser: Any) -> None:
     web UI's start form, where they can be changed before each test. (Not an argument group:
     only the parser's own ``add_argument`` marks options for the web UI.)"""
     add = parser.add_argument
-    add("--kvc-trace", default="traces/sample.jsonl",
-        help="Trace file: kvcanary v1 JSONL, Mooncake JSONL or Azure CSV")
-    add("--kvc-target", default="",
+    add(
+        "--kvc-trace",
+        default="traces/sample.jsonl",
+        help="Trace file: kvcanary v1 JSONL, Mooncake JSONL or Azure CSV",
+    )
+    add(
+        "--kvc-target",
+        default="",
         help="Server: URL, NAME=URL (bf16/fp8 names check the served KV cache dtype) or a "
-             "name from --kvc-targets-file; wins over Host; empty: the Host field")
-    add("--kvc-targets-file", default="", include_in_web_ui=False,
-        help="TOML with [targets.NAME] tables (scenarios/targets.example.toml)")
-    add("--kvc-buckets", default=DEFAULT_BOUNDS,
-        help="Context-length bucket bounds in target tokens, e.g. 8K,32K,64K")
-    add("--kvc-checkers", default="on", choices=["on", "off"],
-        help="Grade answers with the trace's checkers (check <bucket> entries, grades.jsonl)")
-    add("--kvc-shape", default="users", choices=list(SHAPES),
+        "name from --kvc-targets-file; wins over Host; empty: the Host field",
+    )
+    add(
+        "--kvc-targets-file",
+        default="",
+        include_in_web_ui=False,
+        help="TOML with [targets.NAME] tables (scenarios/targets.example.toml)",
+    )
+    add(
+        "--kvc-buckets",
+        default=DEFAULT_BOUNDS,
+        help="Context-length bucket bounds in target tokens, e.g. 8K,32K,64K",
+    )
+    add(
+        "--kvc-checkers",
+        default="on",
+        choices=["on", "off"],
+        help="Grade answers with the trace's checkers (check <bucket> entries, grades.jsonl)",
+    )
+    add(
+        "--kvc-shape",
+        default="users",
+        choices=list(SHAPES),
         help="Load shape: users (Locust's -u/-r), step (--kvc-levels sweep), trace (the "
-             "trace's own timestamps)")
+        "trace's own timestamps)",
+    )
     add("--kvc-levels", default="1,4,16", help="Step sweep: concurrency levels, in order")
-    add("--kvc-hold", type=float, default=30.0,
-        help="Step sweep: seconds each level holds after its ramp")
-    add("--kvc-ramp", type=float, default=4.0,
-        help="Step sweep: users started (or stopped) per second between levels")
-    add("--kvc-time-scale", type=float, default=1.0,
-        help="Trace shape: multiply the trace's gaps (0.5 = twice as fast)")
-    add("--kvc-max-in-flight", type=int, default=32,
-        help="Trace shape: users kept, so at most this many requests in flight")
-    add("--kvc-loop", default="off", choices=["on", "off"],
+    add(
+        "--kvc-hold",
+        type=float,
+        default=30.0,
+        help="Step sweep: seconds each level holds after its ramp",
+    )
+    add(
+        "--kvc-ramp",
+        type=float,
+        default=4.0,
+        help="Step sweep: users started (or stopped) per second between levels",
+    )
+    add(
+        "--kvc-time-scale",
+        type=float,
+        default=1.0,
+        help="Trace shape: multiply the trace's gaps (0.5 = twice as fast)",
+    )
+    add(
+        "--kvc-max-in-flight",
+        type=int,
+        default=32,
+        help="Trace shape: users kept, so at most this many requests in flight",
+    )
+    add(
+        "--kvc-loop",
+        default="off",
+        choices=["on", "off"],
         help="Start the trace over when it is exhausted (off: each request once, and the "
-             "test ends with the trace)")
+        "test ends with the trace)",
+    )
     add("--kvc-limit", type=int, default=0, help="Replay only the first N trace requests (0: all)")
     add("--kvc-run-dir", default="", help="Run directory [default: reports/locust-<timestamp>]")
     add("--kvc-timeout", type=float, default=600.0, help="Per-request timeout, seconds")
     add("--kvc-seed", type=int, default=0, help="Sampling seed")
-    add("--kvc-itl-events", type=int, default=DEFAULT_ITL_EVENTS,
-        help="At most this many itl events per request (sampled evenly)")
-    add("--kvc-max-errors", type=int, default=0,
-        help="Error budget per worker: stop the test after this many failed requests (0: none)")
-    add("--kvc-max-error-rate", type=float, default=0.05,
+    add(
+        "--kvc-itl-events",
+        type=int,
+        default=DEFAULT_ITL_EVENTS,
+        help="At most this many itl events per request (sampled evenly)",
+    )
+    add(
+        "--kvc-max-errors",
+        type=int,
+        default=0,
+        help="Error budget per worker: stop the test after this many failed requests (0: none)",
+    )
+    add(
+        "--kvc-max-error-rate",
+        type=float,
+        default=0.05,
         help="Error budget per worker: stop the test once more than this share of its "
-             "requests failed (after 20); 1 turns it off")
-    add("--kvc-max-results", type=int, default=DEFAULT_MAX_RESULTS,
+        "requests failed (after 20); 1 turns it off",
+    )
+    add(
+        "--kvc-max-results",
+        type=int,
+        default=DEFAULT_MAX_RESULTS,
         help="Store at most this many results in the run directory (a looping test); later "
-             "ones are counted, not stored (0: no cap)")
+        "ones are counted, not stored (0: no cap)",
+    )
 
 
 @dataclass
@@ -199,12 +256,14 @@ def load_plan(opts: Any, mode: str, common: bool) -> LoadPlan:
     """The shape's plan from the options. ``common``: the shape honours -u/-r/--run-time."""
     run_time = float(opts.run_time) if common and getattr(opts, "run_time", None) else None
     if mode == "step":
-        return StepSweep(parse_levels(str(opts.kvc_levels)), float(opts.kvc_hold),
-                         float(opts.kvc_ramp), run_time)
+        return StepSweep(
+            parse_levels(str(opts.kvc_levels)), float(opts.kvc_hold), float(opts.kvc_ramp), run_time
+        )
     if mode == "trace":
         n = int(opts.kvc_max_in_flight)
-        return TraceTimes(n, float(opts.kvc_time_scale), max(float(opts.kvc_ramp), float(n)),
-                          run_time)
+        return TraceTimes(
+            n, float(opts.kvc_time_scale), max(float(opts.kvc_ramp), float(n)), run_time
+        )
     return Constant(int(opts.num_users or 1), float(opts.spawn_rate or 1), run_time)
 
 
@@ -218,15 +277,28 @@ def read_config(env: Environment, mode: str, common: bool) -> Config:
     spec = resolve_target(str(opts.kvc_target), env.host, str(opts.kvc_targets_file) or None)
     spec.api_key()  # a missing key variable is found before anything is sent
     plan = load_plan(opts, mode, common)
-    return Config(trace_path=path, trace_format=fmt, requests=reqs, trace=trace,
-                  sha256=file_digest(path), limit=limit, buckets=Buckets.parse(opts.kvc_buckets),
-                  spec=spec, mode=mode, plan=plan, loop=opts.kvc_loop == "on",
-                  checkers=opts.kvc_checkers == "on", time_scale=float(opts.kvc_time_scale),
-                  seed=int(opts.kvc_seed), timeout_s=float(opts.kvc_timeout),
-                  itl_events=int(opts.kvc_itl_events), run_dir=str(opts.kvc_run_dir),
-                  max_errors=_at_least(int(opts.kvc_max_errors), 0, "--kvc-max-errors"),
-                  max_error_rate=_rate(float(opts.kvc_max_error_rate)),
-                  max_results=_at_least(int(opts.kvc_max_results), 0, "--kvc-max-results"))
+    return Config(
+        trace_path=path,
+        trace_format=fmt,
+        requests=reqs,
+        trace=trace,
+        sha256=file_digest(path),
+        limit=limit,
+        buckets=Buckets.parse(opts.kvc_buckets),
+        spec=spec,
+        mode=mode,
+        plan=plan,
+        loop=opts.kvc_loop == "on",
+        checkers=opts.kvc_checkers == "on",
+        time_scale=float(opts.kvc_time_scale),
+        seed=int(opts.kvc_seed),
+        timeout_s=float(opts.kvc_timeout),
+        itl_events=int(opts.kvc_itl_events),
+        run_dir=str(opts.kvc_run_dir),
+        max_errors=_at_least(int(opts.kvc_max_errors), 0, "--kvc-max-errors"),
+        max_error_rate=_rate(float(opts.kvc_max_error_rate)),
+        max_results=_at_least(int(opts.kvc_max_results), 0, "--kvc-max-results"),
+    )
 
 
 def _at_least(value: int, low: int, option: str) -> int:
@@ -332,32 +404,46 @@ class Shard:
             if not path.is_file():
                 raise KvcanaryError(f"{path}: no such trace file on this worker")
             if file_digest(path) != p.trace_sha256:
-                raise KvcanaryError(f"{path} on this worker differs from the master's "
-                                    "(sha256): give every worker the same trace")
+                raise KvcanaryError(
+                    f"{path} on this worker differs from the master's "
+                    "(sha256): give every worker the same trace"
+                )
             reqs = trace_requests(load(path), p.limit)
             self.offsets = trace_offsets([r.t for r in reqs], p.time_scale)
             self.items = [(i, reqs[i]) for i in shard_indices(len(reqs), p.shard, p.shards)]
             self.prepared = self.bridge.call(
-                prepare(self.spec, [r for _, r in self.items], Buckets.parse(p.buckets)))
+                prepare(self.spec, [r for _, r in self.items], Buckets.parse(p.buckets))
+            )
             self.client = self.bridge.call(self._make_client(self.prepared.model))
             if p.checkers:
                 self._warm_checkers()
-            log.info("kvcanary: shard %d/%d ready: %d requests", p.shard + 1, p.shards,
-                     len(self.items))
+            log.info(
+                "kvcanary: shard %d/%d ready: %d requests", p.shard + 1, p.shards, len(self.items)
+            )
         except Exception as exc:  # any reason this shard cannot run fails the target
             self.failure = str(exc) if isinstance(exc, KvcanaryError) else repr(exc)
-            log.error("kvcanary: shard %d/%d cannot run: %s", p.shard + 1, p.shards,
-                      self.failure)
+            log.error("kvcanary: shard %d/%d cannot run: %s", p.shard + 1, p.shards, self.failure)
             if not self.stopping:  # in the web UI's Failures tab too
-                self.env.events.request.fire(request_type="LLM", name="prepare target",
-                                             response_time=0, response_length=0, context={},
-                                             exception=LLMFailure(self.failure))
+                self.env.events.request.fire(
+                    request_type="LLM",
+                    name="prepare target",
+                    response_time=0,
+                    response_length=0,
+                    context={},
+                    exception=LLMFailure(self.failure),
+                )
         finally:
             self.ready.set()
             if not self.stopping:
-                self.env.runner.send_message(MSG_READY, {"run": p.run_id, "shard": p.shard,
-                                                         "requests": len(self.items),
-                                                         "failure": self.failure})
+                self.env.runner.send_message(
+                    MSG_READY,
+                    {
+                        "run": p.run_id,
+                        "shard": p.shard,
+                        "requests": len(self.items),
+                        "failure": self.failure,
+                    },
+                )
 
     def _warm_checkers(self) -> None:
         """Grade a blank answer once per checker kind before the go: first use imports
@@ -375,8 +461,14 @@ class Shard:
 
     async def _make_client(self, model: str) -> Client:
         # aiohttp sessions belong to a loop: the client is made inside ours.
-        return Client(self.spec.url or "", model, api_key=self.spec.api_key(),
-                      timeout_s=self.plan.timeout_s, seed=self.plan.seed, epoch=self.epoch)
+        return Client(
+            self.spec.url or "",
+            model,
+            api_key=self.spec.api_key(),
+            timeout_s=self.plan.timeout_s,
+            seed=self.plan.seed,
+            epoch=self.epoch,
+        )
 
     def start(self, label: str) -> None:
         """The master's phase message; the first one is the go signal."""
@@ -431,8 +523,13 @@ class Shard:
         res = self.prepared.new_result(item.req, self.spec.name, label, scheduled)
         self.running += 1
         try:
-            return await send_one(self.client, item.req, res, self.prepared,
-                                  self.plan.salt(self.spec.name, label, item.pass_no))
+            return await send_one(
+                self.client,
+                item.req,
+                res,
+                self.prepared,
+                self.plan.salt(self.spec.name, label, item.pass_no),
+            )
         finally:
             self.running -= 1
             self._record(item.seq, res)
@@ -460,15 +557,25 @@ class Shard:
         fire = self.env.events.request.fire
         ctx = {"request_id": res.request_id, "phase": res.phase, "target": res.target}
         for ev in locust_events(res, self.plan.itl_events):
-            fire(request_type=ev.request_type, name=ev.name, response_time=ev.response_time,
-                 response_length=ev.response_length, context=ctx,
-                 exception=LLMFailure(ev.error) if ev.error else None)
+            fire(
+                request_type=ev.request_type,
+                name=ev.name,
+                response_time=ev.response_time,
+                response_length=ev.response_length,
+                context=ctx,
+                exception=LLMFailure(ev.error) if ev.error else None,
+            )
         if self.plan.checkers:
             ev = check_event(res, item.req, self.grader)
             if ev is not None:
-                fire(request_type=ev.request_type, name=ev.name, response_time=0,
-                     response_length=0, context=ctx,
-                     exception=LLMFailure(ev.error) if ev.error else None)
+                fire(
+                    request_type=ev.request_type,
+                    name=ev.name,
+                    response_time=0,
+                    response_length=0,
+                    context=ctx,
+                    exception=LLMFailure(ev.error) if ev.error else None,
+                )
 
     # results to the master ---------------------------------------------------------------
     def _sink_loop(self) -> None:
@@ -489,8 +596,9 @@ class Shard:
     def _flush(self) -> None:
         while self.pending:
             batch, self.pending = self.pending[:RESULTS_BATCH], self.pending[RESULTS_BATCH:]
-            self.env.runner.send_message(MSG_RESULTS, {"run": self.plan.run_id,
-                                                       "shard": self.plan.shard, "rows": batch})
+            self.env.runner.send_message(
+                MSG_RESULTS, {"run": self.plan.run_id, "shard": self.plan.shard, "rows": batch}
+            )
 
     def _finish(self, stopped: bool) -> None:
         if self.done:
@@ -499,8 +607,15 @@ class Shard:
             self._record_unsent("unavailable", f"target unavailable: {self.failure}")
         self._flush()
         self.done = True
-        self.env.runner.send_message(MSG_DONE, {"run": self.plan.run_id, "shard": self.plan.shard,
-                                                "stopped": stopped, "failure": self.failure})
+        self.env.runner.send_message(
+            MSG_DONE,
+            {
+                "run": self.plan.run_id,
+                "shard": self.plan.shard,
+                "stopped": stopped,
+                "failure": self.failure,
+            },
+        )
         self.wake.set()
 
     def _record_unsent(self, kind: str, reason: str) -> None:
@@ -508,14 +623,31 @@ class Shard:
         buckets = self.prepared.buckets if self.prepared else {}
         left = list(self.outstanding.values())
         self.outstanding.clear()
-        rows = [cancelled_result(it.req, self.spec.name, self.label,
-                                 buckets.get(it.req.id, "unknown"),
-                                 it.due if it.due is not None else at, kind, reason)
-                for it in left]
+        rows = [
+            cancelled_result(
+                it.req,
+                self.spec.name,
+                self.label,
+                buckets.get(it.req.id, "unknown"),
+                it.due if it.due is not None else at,
+                kind,
+                reason,
+            )
+            for it in left
+        ]
         if not self.plan.loop:
-            rows += [cancelled_result(req, self.spec.name, self.label,
-                                      buckets.get(req.id, "unknown"), at, kind, reason)
-                     for _, req in self.items[self.cursor:]]
+            rows += [
+                cancelled_result(
+                    req,
+                    self.spec.name,
+                    self.label,
+                    buckets.get(req.id, "unknown"),
+                    at,
+                    kind,
+                    reason,
+                )
+                for _, req in self.items[self.cursor :]
+            ]
             self.cursor = len(self.items)
         self.pending += [r.to_json() for r in rows]
 
@@ -534,10 +666,15 @@ class Shard:
         deadline = time.monotonic() + STOP_WAIT_S
         while self.running and time.monotonic() < deadline:
             gevent.sleep(0.05)
-        unsent = len(self.outstanding) + (0 if self.plan.loop else
-                                          len(self.items) - self.cursor)
-        log.info("kvcanary: shard %d/%d stopping: %d in flight cancelled, %d not sent (%s)",
-                 self.plan.shard + 1, self.plan.shards, len(in_flight), unsent, kind)
+        unsent = len(self.outstanding) + (0 if self.plan.loop else len(self.items) - self.cursor)
+        log.info(
+            "kvcanary: shard %d/%d stopping: %d in flight cancelled, %d not sent (%s)",
+            self.plan.shard + 1,
+            self.plan.shards,
+            len(in_flight),
+            unsent,
+            kind,
+        )
         self._record_unsent(kind, reason)
         self._finish(stopped=True)
 
@@ -616,16 +753,18 @@ class Kvc:
                 self.validate()
             if opts is not None and not env.host:
                 try:  # the start form's Host field shows the target
-                    env.host = resolve_target(str(opts.kvc_target), None,
-                                              str(opts.kvc_targets_file) or None).url
+                    env.host = resolve_target(
+                        str(opts.kvc_target), None, str(opts.kvc_targets_file) or None
+                    ).url
                 except KvcanaryError:
                     pass
         if not isinstance(runner, MasterRunner):  # worker role
             runner.register_message(MSG_PLAN, self._on_plan)
             runner.register_message(MSG_PHASE, self._on_phase)
             runner.register_message(MSG_STOP, self._on_stop)
-            ev.test_stop.add_listener(lambda **_: self._stop_shard("cancelled",
-                                                                   "not sent: the test stopped"))
+            ev.test_stop.add_listener(
+                lambda **_: self._stop_shard("cancelled", "not sent: the test stopped")
+            )
             ev.quitting.add_listener(lambda **_: self._close_shard())
 
     @property
@@ -653,8 +792,10 @@ class Kvc:
             sys.exit(2)
         opts = self.env.parsed_options
         if cfg.loop and cfg.mode == "users" and not getattr(opts, "run_time", None):
-            log.warning("kvcanary: --kvc-loop on with the users shape and no --run-time: the "
-                        "test runs until it is stopped")
+            log.warning(
+                "kvcanary: --kvc-loop on with the users shape and no --run-time: the "
+                "test runs until it is stopped"
+            )
 
     # master: test lifecycle ----------------------------------------------------------------
     def begin(self) -> None:
@@ -677,36 +818,78 @@ class Kvc:
         self.env.host = cfg.spec.url  # the web UI's header shows what is measured
         clients = self._workers()
         epoch_wall, epoch = time.time(), time.perf_counter()
-        base = RunPlan(run_id=run_dir.name, trace_path=str(cfg.trace_path),
-                       trace_sha256=cfg.sha256, limit=cfg.limit, buckets=cfg.buckets.spec(),
-                       target=target_message(cfg.spec), mode=cfg.mode,
-                       first_label=cfg.plan.labels[0], time_scale=cfg.time_scale,
-                       loop=cfg.loop, checkers=cfg.checkers, seed=cfg.seed,
-                       timeout_s=cfg.timeout_s, itl_events=cfg.itl_events,
-                       epoch_wall=epoch_wall, shards=max(1, len(clients)),
-                       max_errors=cfg.max_errors, max_error_rate=cfg.max_error_rate)
+        base = RunPlan(
+            run_id=run_dir.name,
+            trace_path=str(cfg.trace_path),
+            trace_sha256=cfg.sha256,
+            limit=cfg.limit,
+            buckets=cfg.buckets.spec(),
+            target=target_message(cfg.spec),
+            mode=cfg.mode,
+            first_label=cfg.plan.labels[0],
+            time_scale=cfg.time_scale,
+            loop=cfg.loop,
+            checkers=cfg.checkers,
+            seed=cfg.seed,
+            timeout_s=cfg.timeout_s,
+            itl_events=cfg.itl_events,
+            epoch_wall=epoch_wall,
+            shards=max(1, len(clients)),
+            max_errors=cfg.max_errors,
+            max_error_rate=cfg.max_error_rate,
+        )
         opts = self.env.parsed_options
         recorder = RunRecorder(
-            run_dir=run_dir, trace=cfg.trace, trace_path=cfg.trace_path,
-            trace_format=cfg.trace_format, trace_sha256=cfg.sha256, requests=cfg.requests,
-            buckets=cfg.buckets, spec=cfg.spec, schedules=cfg.plan.labels,
-            options={"driver": "locust", "shape": cfg.mode, "timeout_s": cfg.timeout_s,
-                     "seed": cfg.seed, "salt_phases": True, "loop": cfg.loop,
-                     "limit": cfg.limit, "checkers": cfg.checkers,
-                     "time_scale": cfg.time_scale, "levels": str(opts.kvc_levels),
-                     "hold_s": float(opts.kvc_hold), "ramp": float(opts.kvc_ramp),
-                     "max_in_flight": int(opts.kvc_max_in_flight),
-                     "itl_events": cfg.itl_events, "max_errors": cfg.max_errors,
-                     "max_error_rate": cfg.max_error_rate, "max_results": cfg.max_results},
-            driver={"name": "locust", "version": locust_version,
-                    "role": type(runner).__name__, "workers": len(clients),
-                    "shards": base.shards, "shape": cfg.mode},
-            command=list(sys.argv), checkers=cfg.checkers, seed=cfg.seed,
-            max_results=cfg.max_results)
+            run_dir=run_dir,
+            trace=cfg.trace,
+            trace_path=cfg.trace_path,
+            trace_format=cfg.trace_format,
+            trace_sha256=cfg.sha256,
+            requests=cfg.requests,
+            buckets=cfg.buckets,
+            spec=cfg.spec,
+            schedules=cfg.plan.labels,
+            options={
+                "driver": "locust",
+                "shape": cfg.mode,
+                "timeout_s": cfg.timeout_s,
+                "seed": cfg.seed,
+                "salt_phases": True,
+                "loop": cfg.loop,
+                "limit": cfg.limit,
+                "checkers": cfg.checkers,
+                "time_scale": cfg.time_scale,
+                "levels": str(opts.kvc_levels),
+                "hold_s": float(opts.kvc_hold),
+                "ramp": float(opts.kvc_ramp),
+                "max_in_flight": int(opts.kvc_max_in_flight),
+                "itl_events": cfg.itl_events,
+                "max_errors": cfg.max_errors,
+                "max_error_rate": cfg.max_error_rate,
+                "max_results": cfg.max_results,
+            },
+            driver={
+                "name": "locust",
+                "version": locust_version,
+                "role": type(runner).__name__,
+                "workers": len(clients),
+                "shards": base.shards,
+                "shape": cfg.mode,
+            },
+            command=list(sys.argv),
+            checkers=cfg.checkers,
+            seed=cfg.seed,
+            max_results=cfg.max_results,
+        )
         test = self.test = Test(cfg, base, recorder, base.shards, epoch)
         recorder.save_manifest()
-        log.info("kvcanary: run directory %s: %d requests in %d shard(s), shape %s",
-                 run_dir, len(cfg.requests), base.shards, cfg.mode)
+        log.info(
+            "kvcanary: run directory %s: %d requests in %d shard(s), shape %s",
+            run_dir,
+            len(cfg.requests),
+            base.shards,
+            cfg.mode,
+        )
         gevent.spawn(self._start_tap, test)
         if isinstance(runner, MasterRunner):
             for k, client_id in enumerate(clients):
@@ -819,9 +1002,13 @@ class Kvc:
         test.go_at = test.now()
         first = test.cfg.plan.tick(0.0)
         if first is not None and test.shards > 1 and first.users < test.shards:
-            log.warning("kvcanary: %d user(s) for %d workers: a worker without users leaves "
-                        "its shard waiting; use at least one user per worker (a multiple of "
-                        "the worker count keeps the shards even)", first.users, test.shards)
+            log.warning(
+                "kvcanary: %d user(s) for %d workers: a worker without users leaves "
+                "its shard waiting; use at least one user per worker (a multiple of "
+                "the worker count keeps the shards even)",
+                first.users,
+                test.shards,
+            )
         self._set_phase(test, test.cfg.plan.labels[0])
 
     def _fail(self, test: Test, reason: str, code: int = EXIT_TARGET_UNUSABLE) -> None:
@@ -830,8 +1017,9 @@ class Kvc:
         test.recorder.fail(reason)
         self.env.process_exit_code = code
         log.error("kvcanary: target %s failed: %s", test.cfg.spec.name, reason)
-        self.runner.send_message(MSG_STOP, {"kind": "unavailable",
-                                            "reason": f"target unavailable: {reason}"})
+        self.runner.send_message(
+            MSG_STOP, {"kind": "unavailable", "reason": f"target unavailable: {reason}"}
+        )
 
     def _on_results(self, environment: Environment, msg: Any, **_: Any) -> None:
         test = self._current(msg)
@@ -840,8 +1028,10 @@ class Kvc:
         test.recorder.add_results(msg.data["rows"])
         if test.closed:
             test.late = True
-            log.warning("kvcanary: %d result(s) arrived after the summary; it is rewritten at "
-                        "exit", len(msg.data["rows"]))
+            log.warning(
+                "kvcanary: %d result(s) arrived after the summary; it is rewritten at exit",
+                len(msg.data["rows"]),
+            )
 
     def _on_done(self, environment: Environment, msg: Any, **_: Any) -> None:
         test = self._current(msg)
@@ -872,8 +1062,9 @@ class Kvc:
             return
         test.stopping = True
         if not test.finished.is_set():
-            self.runner.send_message(MSG_STOP, {"kind": "cancelled",
-                                                "reason": "not sent: the test stopped"})
+            self.runner.send_message(
+                MSG_STOP, {"kind": "cancelled", "reason": "not sent: the test stopped"}
+            )
 
     def end(self) -> None:
         """The test stopped: wait for the workers' last results, then write the run dir."""
@@ -885,8 +1076,11 @@ class Kvc:
         self.stopping()
         if not test.finished.wait(timeout=STOP_WAIT_S):
             missing = sorted(set(range(test.shards)) - test.done)
-            log.warning("kvcanary: no final report from shard(s) %s; their missing results "
-                        "are recorded as unavailable", missing)
+            log.warning(
+                "kvcanary: no final report from shard(s) %s; their missing results "
+                "are recorded as unavailable",
+                missing,
+            )
         test.closed = True
         try:
             self._write_run_dir(test)
@@ -920,22 +1114,40 @@ class Kvc:
         for i, req in enumerate(test.cfg.requests):
             if req.id not in seen:
                 shard = i % test.shards
-                rows.append(cancelled_result(
-                    req, test.cfg.spec.name, label, "unknown", at, "unavailable",
-                    f"no result came back from worker shard {shard}").to_json())
+                rows.append(
+                    cancelled_result(
+                        req,
+                        test.cfg.spec.name,
+                        label,
+                        "unknown",
+                        at,
+                        "unavailable",
+                        f"no result came back from worker shard {shard}",
+                    ).to_json()
+                )
         if rows:
-            log.warning("kvcanary: %d request(s) have no result; recorded as unavailable",
-                        len(rows))
+            log.warning(
+                "kvcanary: %d request(s) have no result; recorded as unavailable", len(rows)
+            )
             test.recorder.add_results(rows)
 
     def _log_summary(self, test: Test, summary: dict[str, Any]) -> None:
         t = (summary.get("targets") or {}).get(test.cfg.spec.name) or {}
         for label, phase in (t.get("phases") or {}).items():
             a = phase["all"]
-            log.info("kvcanary: %s: %d requests, %d ok, %d errors %s", label, a["requests"],
-                     a["ok"], a["errors"], a["errors_by_kind"] or "")
-        log.info("kvcanary: run directory %s (render it: replay report %s)",
-                 test.recorder.run_dir, test.recorder.run_dir)
+            log.info(
+                "kvcanary: %s: %d requests, %d ok, %d errors %s",
+                label,
+                a["requests"],
+                a["ok"],
+                a["errors"],
+                a["errors_by_kind"] or "",
+            )
+        log.info(
+            "kvcanary: run directory %s (render it: replay report %s)",
+            test.recorder.run_dir,
+            test.recorder.run_dir,
+        )
 
     def quitting(self) -> None:
         assert self.env is not None
@@ -976,8 +1188,9 @@ class Kvc:
         plan = RunPlan.from_msg(msg.data)
         self.shard = Shard(environment, self.bridge, plan)
         self.shard_event.set()
-        log.info("kvcanary: plan for shard %d/%d (run %s)", plan.shard + 1, plan.shards,
-                 plan.run_id)
+        log.info(
+            "kvcanary: plan for shard %d/%d (run %s)", plan.shard + 1, plan.shards, plan.run_id
+        )
 
     def _on_phase(self, environment: Environment, msg: Any, **_: Any) -> None:
         if self.shard is not None:
@@ -998,8 +1211,10 @@ class Kvc:
         """One task iteration of a user: take a request, send it, report it. False: this
         user has nothing more to do (shard exhausted, test stopping, or no plan came)."""
         if self.shard is None and not self.shard_event.wait(timeout=NO_PLAN_WAIT_S):
-            log.warning("kvcanary: no plan from the master (did this worker join after the "
-                        "test started?); this user stops")
+            log.warning(
+                "kvcanary: no plan from the master (did this worker join after the "
+                "test started?); this user stops"
+            )
             return False
         shard = self.shard
         assert shard is not None

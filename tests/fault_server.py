@@ -19,9 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-METRICS = ('vllm:cache_config_info{cache_dtype="fp8",block_size="16",'
-           'kv_cache_size_tokens="2048",num_gpu_blocks="128"} 1.0\n'
-           "vllm:kv_cache_usage_perc 0.0\nvllm:num_requests_running 0.0\n")
+METRICS = (
+    'vllm:cache_config_info{cache_dtype="fp8",block_size="16",'
+    'kv_cache_size_tokens="2048",num_gpu_blocks="128"} 1.0\n'
+    "vllm:kv_cache_usage_perc 0.0\nvllm:num_requests_running 0.0\n"
+)
 
 
 def _event(ev: dict[str, Any]) -> bytes:
@@ -29,8 +31,12 @@ def _event(ev: dict[str, Any]) -> bytes:
 
 
 def _chunk(text: str, n: int) -> bytes:
-    return _event({"choices": [{"index": 0, "delta": {"content": text}, "token_ids": [5]}],
-                   "usage": {"prompt_tokens": 3, "completion_tokens": n}})
+    return _event(
+        {
+            "choices": [{"index": 0, "delta": {"content": text}, "token_ids": [5]}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": n},
+        }
+    )
 
 
 PIECE = 1 << 16  # what the endless modes write at a time (nothing bigger is ever held)
@@ -51,8 +57,9 @@ class LoopbackServer:
         ready = threading.Event()
 
         async def boot() -> None:
-            self._runner = web.AppRunner(self._app(), handler_cancellation=True,
-                                         shutdown_timeout=1.0)
+            self._runner = web.AppRunner(
+                self._app(), handler_cancellation=True, shutdown_timeout=1.0
+            )
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", 0).start()
             self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
@@ -109,11 +116,13 @@ class FaultServer(LoopbackServer):
         if mode == "http500":
             return web.json_response({"error": {"message": "engine exploded"}}, status=500)
         if mode == "http429":
-            return web.json_response({"error": {"message": "slow down"}}, status=429,
-                                     headers={"Retry-After": "7"})
+            return web.json_response(
+                {"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "7"}
+            )
         if mode == "http400":
-            return web.json_response({"error": {"message": "maximum context length is 16"}},
-                                     status=400)
+            return web.json_response(
+                {"error": {"message": "maximum context length is 16"}}, status=400
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if mode == "reset":
@@ -128,7 +137,7 @@ class FaultServer(LoopbackServer):
         elif mode == "split":
             body = _chunk("a", 1) + _chunk("bc", 3) + b"data: [DONE]\n\n"
             for i in range(0, len(body), 7):  # chunks split mid-line, still valid SSE
-                await resp.write(body[i:i + 7])
+                await resp.write(body[i : i + 7])
                 await asyncio.sleep(0.001)
         elif mode == "stall":
             await resp.write(_chunk("a", 1))
@@ -151,8 +160,9 @@ class FaultServer(LoopbackServer):
         resp = await self._sse(request)
 
         def ev(delta: dict[str, Any], done: int, finish: str | None = None) -> bytes:
-            out: dict[str, Any] = {"choices": [{"index": 0, "delta": delta,
-                                                "finish_reason": finish}]}
+            out: dict[str, Any] = {
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+            }
             if usage == "every":
                 out["usage"] = {"prompt_tokens": 3, "completion_tokens": done}
             return _event(out)
@@ -166,8 +176,9 @@ class FaultServer(LoopbackServer):
         total = self.chunks * k + 1  # and the EOS token, which has no text
         await resp.write(ev({"content": ""}, total, "stop"))
         if usage != "none":
-            await resp.write(_event({"choices": [],
-                                     "usage": {"prompt_tokens": 3, "completion_tokens": total}}))
+            await resp.write(
+                _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": total}})
+            )
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -191,25 +202,34 @@ class FaultServer(LoopbackServer):
 
     async def _mode_eos_first(self, request: web.Request) -> web.StreamResponse:
         """A real empty answer: the model's first token was EOS (vLLM streams it so)."""
-        role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 0}}
-        stop = {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+        role = {
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 0},
+        }
+        stop = {
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        }
         last = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
-        return await self._written(await self._sse(request), _event(role) + _event(stop)
-                                   + _event(last) + b"data: [DONE]\n\n")
+        return await self._written(
+            await self._sse(request),
+            _event(role) + _event(stop) + _event(last) + b"data: [DONE]\n\n",
+        )
 
     async def _mode_negative_usage(self, request: web.Request) -> web.StreamResponse:
-        return await self._written(await self._sse(request),
-                                   _chunk("a", -25) + b"data: [DONE]\n\n")
+        return await self._written(await self._sse(request), _chunk("a", -25) + b"data: [DONE]\n\n")
 
     async def _mode_decreasing_usage(self, request: web.Request) -> web.StreamResponse:
-        return await self._written(await self._sse(request), _chunk("a", 1) + _chunk("b", 3)
-                                   + _chunk("c", 2) + b"data: [DONE]\n\n")
+        return await self._written(
+            await self._sse(request),
+            _chunk("a", 1) + _chunk("b", 3) + _chunk("c", 2) + b"data: [DONE]\n\n",
+        )
 
     async def _mode_negative_prompt(self, request: web.Request) -> web.StreamResponse:
-        ev = {"choices": [{"index": 0, "delta": {"content": "a"}}],
-              "usage": {"prompt_tokens": -3, "completion_tokens": 1}}
+        ev = {
+            "choices": [{"index": 0, "delta": {"content": "a"}}],
+            "usage": {"prompt_tokens": -3, "completion_tokens": 1},
+        }
         return await self._written(await self._sse(request), _event(ev) + b"data: [DONE]\n\n")
 
     async def _mode_huge_event(self, request: web.Request) -> web.StreamResponse:
@@ -254,39 +274,54 @@ class FaultServer(LoopbackServer):
     async def _elsewhere(self, request: web.Request) -> web.StreamResponse:
         self.elsewhere += 1
         await request.read()
-        return await self._written(await self._sse(request),
-                                   _chunk("a", 1) + b"data: [DONE]\n\n")
+        return await self._written(await self._sse(request), _chunk("a", 1) + b"data: [DONE]\n\n")
 
     async def _mode_html500(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(status=502, content_type="text/html",
-                            text="<html><body><h1>502 Bad Gateway</h1>nginx</body></html>")
+        return web.Response(
+            status=502,
+            content_type="text/html",
+            text="<html><body><h1>502 Bad Gateway</h1>nginx</body></html>",
+        )
 
     async def _mode_detail404(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"detail": "Not Found"}, status=404)
 
     async def _mode_html200(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(content_type="text/html",
-                            text="<html><body>Please log in to the proxy</body></html>")
+        return web.Response(
+            content_type="text/html", text="<html><body>Please log in to the proxy</body></html>"
+        )
 
     async def _mode_error200(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"error": {"message": "The model is overloaded",
-                                            "type": "server_error"}})
+        return web.json_response(
+            {"error": {"message": "The model is overloaded", "type": "server_error"}}
+        )
 
     async def _mode_vllm_error200(self, request: web.Request) -> web.StreamResponse:
         """The error object older vLLM versions send."""
-        return web.json_response({"object": "error", "message": "KV cache is full",
-                                  "type": "InternalServerError", "code": 500})
+        return web.json_response(
+            {
+                "object": "error",
+                "message": "KV cache is full",
+                "type": "InternalServerError",
+                "code": 500,
+            }
+        )
 
     async def _mode_whole_json(self, request: web.Request) -> web.StreamResponse:
         """A server that ignored ``stream`` and sent the whole completion."""
-        return web.json_response({"choices": [{"index": 0, "text": "hello"}],
-                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+        return web.json_response(
+            {
+                "choices": [{"index": 0, "text": "hello"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            }
+        )
 
     async def _get(self, request: web.Request) -> web.Response:
         path = request.path
         if path == "/v1/models":
-            return web.json_response({"data": [{"id": "fault", "root": "fault",
-                                                "max_model_len": 4096}]})
+            return web.json_response(
+                {"data": [{"id": "fault", "root": "fault", "max_model_len": 4096}]}
+            )
         if path == "/version":
             return web.json_response({"version": "fault-0"})
         return web.Response(text=METRICS)
@@ -304,6 +339,7 @@ class FaultServer(LoopbackServer):
         for path in ("/v1/models", "/version", "/metrics", "/health"):
             app.router.add_get(path, self._get)
         return app
+
 
 @contextmanager
 def fault_server(mode: str, **options: Any) -> Iterator[FaultServer]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replay._client import _Accumulator
-from replay._records import Result
+from replay.core.records import Result
+from replay.serving.client import _Accumulator
 
 
 class Ticks:
@@ -32,10 +32,19 @@ def chunk(text: str, completion_tokens: int | None) -> dict:  # type: ignore[typ
 
 
 def test_multi_token_chunks_count_tokens_not_chunks() -> None:
-    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 0}}
-    r = fold([role, chunk("a", 1), chunk("bcd", 4), chunk("ef", 6),
-              {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 6}}])
+    role = {
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 0},
+    }
+    r = fold(
+        [
+            role,
+            chunk("a", 1),
+            chunk("bcd", 4),
+            chunk("ef", 6),
+            {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 6}},
+        ]
+    )
     assert r.output_tokens == 6
     assert r.chunk_tokens == [1, 3, 2]
     assert r.output_text == "abcdef"
@@ -63,14 +72,16 @@ def tool_delta(index: int, **fn: str) -> dict:  # type: ignore[type-arg]
 
 
 def test_tool_calls_are_joined_by_index() -> None:
-    r = fold([
-        tool_delta(0, name="get_weather"),
-        tool_delta(1, name="search"),
-        tool_delta(0, arguments='{"city": '),
-        tool_delta(1, arguments='{"q": "x"}'),
-        tool_delta(0, arguments='"Oslo"}'),
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-    ])
+    r = fold(
+        [
+            tool_delta(0, name="get_weather"),
+            tool_delta(1, name="search"),
+            tool_delta(0, arguments='{"city": '),
+            tool_delta(1, arguments='{"q": "x"}'),
+            tool_delta(0, arguments='"Oslo"}'),
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ]
+    )
     assert [(c.index, c.id, c.name, c.arguments) for c in r.tool_calls] == [
         (0, "call_0", "get_weather", '{"city": "Oslo"}'),
         (1, "call_1", "search", '{"q": "x"}'),

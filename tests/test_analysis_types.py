@@ -16,8 +16,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from replay import _report as report
-from replay._analysis_types import (
+from replay.analysis.schemas import (
     OMITTED,
     BucketQuality,
     Combined,
@@ -26,9 +25,10 @@ from replay._analysis_types import (
     SummaryError,
     TargetSummary,
 )
-from replay._rundir import write_json
-from replay._runner import analyse
 from replay.cli import main
+from replay.present import report
+from replay.run.rundir import write_json
+from replay.run.runner import analyse
 
 from . import analysis_run
 from .analysis_run import GOLDEN, SORTED
@@ -65,10 +65,13 @@ def test_the_pipeline_writes_what_it_wrote_before(tmp_path: Path) -> None:
     written = orjson.loads((tmp_path / "run" / "summary.json").read_bytes())
     assert written.pop("run_dir") == str(tmp_path / "run")
     assert _bytes(written) == (GOLDEN / "run_summary.json").read_bytes()
-    assert (tmp_path / "run" / "grades.jsonl").read_bytes() == \
-        (GOLDEN / "run_grades.jsonl").read_bytes()
-    assert _bytes({k: v for k, v in summary.to_json().items() if k != "run_dir"}) == \
-        (GOLDEN / "run_summary.json").read_bytes()
+    assert (tmp_path / "run" / "grades.jsonl").read_bytes() == (
+        GOLDEN / "run_grades.jsonl"
+    ).read_bytes()
+    assert (
+        _bytes({k: v for k, v in summary.to_json().items() if k != "run_dir"})
+        == (GOLDEN / "run_summary.json").read_bytes()
+    )
     # In memory the run's order, not the file's sorted keys.
     fp8 = summary.targets["fp8"].phases["c1"]
     assert list(fp8.buckets) == ["<256", "256-1K", ">=1K", "unlisted"]
@@ -106,32 +109,53 @@ def test_an_older_summary_reads_its_missing_keys_as_missing() -> None:
     assert s.quality is not None and s.quality.alpha is None
     bucket = s.quality.phases["c1"]["fp8"].buckets["<256"]
     assert (bucket.derived, bucket.combined, bucket.noise_floor, bucket.evidence) == (
-        None, OMITTED, OMITTED, None)
-    assert s.targets["fp8"].phases["c1"].all.ttft_ms == Percentiles(mean=None, p50=None,
-                                                                     p90=None, p99=None)
+        None,
+        OMITTED,
+        OMITTED,
+        None,
+    )
+    assert s.targets["fp8"].phases["c1"].all.ttft_ms == Percentiles(
+        mean=None, p50=None, p90=None, p99=None
+    )
     back = bucket.to_json()
     assert not {"derived", "combined", "noise_floor", "evidence"} & set(back)
 
 
-@pytest.mark.parametrize(("path", "junk", "message"), [
-    (("targets", "fp8", "phases", "c1", "buckets", "<256", "requests"), "12",
-     "targets.fp8.phases.c1.buckets.<256.requests: expected an integer, got '12'"),
-    (("quality", "phases", "c4", "fp8", "buckets", "256-1K", "wilson"), [0.1],
-     "quality.phases.c4.fp8.buckets.256-1K.wilson: expected a list of 2, got [0.1]"),
-    (("systems", "latency_better"), 1, "systems.latency_better: expected true or false"),
-    (("verdict", "reasons"), "one", "verdict.reasons: expected a list, got 'one'"),
-    (("targets", "bf16", "phases", "c1"), None,
-     "targets.bf16.phases.c1: expected an object, got None"),
-])
-def test_a_wrong_type_is_an_error_naming_the_field(path: tuple[str, ...], junk: Any,
-                                                   message: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "junk", "message"),
+    [
+        (
+            ("targets", "fp8", "phases", "c1", "buckets", "<256", "requests"),
+            "12",
+            "targets.fp8.phases.c1.buckets.<256.requests: expected an integer, got '12'",
+        ),
+        (
+            ("quality", "phases", "c4", "fp8", "buckets", "256-1K", "wilson"),
+            [0.1],
+            "quality.phases.c4.fp8.buckets.256-1K.wilson: expected a list of 2, got [0.1]",
+        ),
+        (("systems", "latency_better"), 1, "systems.latency_better: expected true or false"),
+        (("verdict", "reasons"), "one", "verdict.reasons: expected a list, got 'one'"),
+        (
+            ("targets", "bf16", "phases", "c1"),
+            None,
+            "targets.bf16.phases.c1: expected an object, got None",
+        ),
+    ],
+)
+def test_a_wrong_type_is_an_error_naming_the_field(
+    path: tuple[str, ...], junk: Any, message: str
+) -> None:
     doc = _golden("run_summary.json")
     node = doc
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = junk
-    with pytest.raises(SummaryError, match="^summary.json: " + message.replace("[", r"\[")
-                       .replace("]", r"\]").replace(".", r"\.")):
+    with pytest.raises(
+        SummaryError,
+        match="^summary.json: "
+        + message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\."),
+    ):
         Summary.from_json(doc, where="summary.json")
     # Leniently (the report), the problem is noted and the value reads as missing.
     problems: list[str] = []
@@ -155,13 +179,14 @@ def test_lenient_reading_keeps_everything_else() -> None:
 
 
 def test_the_verdict_and_report_read_records_and_json_alike(tmp_path: Path) -> None:
-    from replay._verdict import facts_from_run
+    from replay.analysis.verdict import facts_from_run
 
     doc = _golden("run_summary.json")
     typed = Summary.from_json(doc)
     manifest = analysis_run.manifest()
-    assert facts_from_run(doc, manifest, candidate="fp8") == \
-        facts_from_run(typed, manifest, candidate="fp8")
+    assert facts_from_run(doc, manifest, candidate="fp8") == facts_from_run(
+        typed, manifest, candidate="fp8"
+    )
     target = TargetSummary.from_json(doc["targets"]["fp8"])
     assert target.phases["c1"].all.errors_by_kind == {"timeout": 1}
     row = typed.quality.phases["c1"]["fp8"].buckets["256-1K"]  # type: ignore[union-attr]
@@ -199,5 +224,6 @@ def test_replay_compare_names_the_bad_field(tmp_path: Path) -> None:
     write_json(b / "summary.json", doc)
     out = CliRunner().invoke(main, ["compare", str(a), str(b)])
     assert out.exit_code == 2
-    assert "quality.phases.c1.fp8.buckets.<256.pass_rate: expected a number" in \
-        " ".join(out.output.split())
+    assert "quality.phases.c1.fp8.buckets.<256.pass_rate: expected a number" in " ".join(
+        out.output.split()
+    )

@@ -17,7 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay._anonymize import (
+from replay.checkers import Answer, parse_check
+from replay.core.errors import TraceError
+from replay.core.records import ToolCall
+from replay.core.trace import parse_line
+from replay.tools.anonymize import (
     KINDS,
     PLACEHOLDER,
     Anonymizer,
@@ -28,10 +32,6 @@ from replay._anonymize import (
     scan_record,
     scan_text,
 )
-from replay._errors import TraceError
-from replay._records import ToolCall
-from replay._trace import parse_line
-from replay.checkers import Answer, parse_check
 
 from . import pii_corpus
 from .pii_corpus import CERT, EC, RSA, Planted, pem_block
@@ -51,43 +51,83 @@ def _jwt(header: dict[str, Any], payload: dict[str, Any], sig: str) -> str:
 
 # Every planted item: (kind, the text planted, the sensitive part that must be gone).
 EMAILS = ["alice.smith@corp-mail.com", "bob+billing@example.org", "carol_92@sub.domain.co.uk"]
-PHONES = ["+1 (415) 555-0132", "+44 20 7946 0958", "020 7946 0018", "(212) 555-0147",
-          "415-555-0199"]
+PHONES = [
+    "+1 (415) 555-0132",
+    "+44 20 7946 0958",
+    "020 7946 0018",
+    "(212) 555-0147",
+    "415-555-0199",
+]
 IPV4 = ["10.12.34.56", "192.168.1.20", "203.0.113.7"]
-IPV6 = ["2001:db8:85a3::8a2e:370:7334", "fe80::1ff:fe23:4567:890a",
-        "2001:0db8:0000:0000:0000:ff00:0042:8329"]
+IPV6 = [
+    "2001:db8:85a3::8a2e:370:7334",
+    "fe80::1ff:fe23:4567:890a",
+    "2001:0db8:0000:0000:0000:ff00:0042:8329",
+]
 CARDS = ["4111 1111 1111 1111", "5500-0000-0000-0004", "378282246310005", "6011111111111117"]
 IBANS = ["DE89 3704 0044 0532 0130 00", "GB82WEST12345698765432", "FR1420041010050500013M02606"]
-KEYS = ["sk-proj-Ab3dE5gH7jK9mN1pQ3rS5tU7vW9xY1zA", "ghp_R7tY2uI9oP4aS6dF1gH3jK8lZ5xC0vB2nM7q",
-        "AKIAIOSFODNN7EXAMPLE", "xoxb-2048-4096-Zx81Lq0pWm3",
-        "AIza" + "SyD4f8Gh2Jk6Lm0Np3Qr7St1Uv5Wx9Yz2Ab", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
-        "glpat-Ab1Cd2Ef3Gh4Ij5Kl6Mn", "sk_live_51HxYzAbCdEfGhIjKlMn",
-        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuv"]
+KEYS = [
+    "sk-proj-Ab3dE5gH7jK9mN1pQ3rS5tU7vW9xY1zA",
+    "ghp_R7tY2uI9oP4aS6dF1gH3jK8lZ5xC0vB2nM7q",
+    "AKIAIOSFODNN7EXAMPLE",
+    "xoxb-2048-4096-Zx81Lq0pWm3",
+    "AIza" + "SyD4f8Gh2Jk6Lm0Np3Qr7St1Uv5Wx9Yz2Ab",
+    "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+    "glpat-Ab1Cd2Ef3Gh4Ij5Kl6Mn",
+    "sk_live_51HxYzAbCdEfGhIjKlMn",
+    "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuv",
+]
 BEARER = "7fQx2LmZp9RtW4sKy8Vn"
-JWTS = [_jwt({"alg": "HS256", "typ": "JWT"}, {"sub": "1234567890", "name": "Alice"},
-             "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"),
-        _jwt({"alg": "RS256", "kid": "k1"}, {"sub": "u-42", "exp": 1700000000},
-             "Xq9vLm2Tz8Rk4Wp7Ns1Hd5Jb3Gf6Yc0A"),
-        _jwt({"alg": "none"}, {"admin": True}, "")]
-ENTROPY = ["wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "Zq8Xv3Lm9Tp2Rw7Ks4Nd6Hb1Gf5Jc0Ya",
-           "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b", "Kxep+hNu9n51529fGidYu7a3wO0="]
-PEMS = [pem_block("RSA PRIVATE KEY", RSA[:6]), pem_block("EC PRIVATE KEY", EC),
-        pem_block("CERTIFICATE", CERT[:5])]
-CREDS = [("password=Winter2024!", "Winter2024!"),
-         ("https://x.example.com/cb?token=blue-Falcon-77", "blue-Falcon-77"),
-         ('"client_secret": "Zt7-uQ2-pLm"', "Zt7-uQ2-pLm")]
-URLS = [("postgres://admin:s3cr3tP4ss@db.internal:5432/app", "admin:s3cr3tP4ss"),
-        ("https://deploy:hunter2x@git.example.com/repo.git", "deploy:hunter2x"),
-        ("redis://:pa55word@cache.internal:6379/0", ":pa55word")]
+JWTS = [
+    _jwt(
+        {"alg": "HS256", "typ": "JWT"},
+        {"sub": "1234567890", "name": "Alice"},
+        "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    ),
+    _jwt(
+        {"alg": "RS256", "kid": "k1"},
+        {"sub": "u-42", "exp": 1700000000},
+        "Xq9vLm2Tz8Rk4Wp7Ns1Hd5Jb3Gf6Yc0A",
+    ),
+    _jwt({"alg": "none"}, {"admin": True}, ""),
+]
+ENTROPY = [
+    "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "Zq8Xv3Lm9Tp2Rw7Ks4Nd6Hb1Gf5Jc0Ya",
+    "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b",
+    "Kxep+hNu9n51529fGidYu7a3wO0=",
+]
+PEMS = [
+    pem_block("RSA PRIVATE KEY", RSA[:6]),
+    pem_block("EC PRIVATE KEY", EC),
+    pem_block("CERTIFICATE", CERT[:5]),
+]
+CREDS = [
+    ("password=Winter2024!", "Winter2024!"),
+    ("https://x.example.com/cb?token=blue-Falcon-77", "blue-Falcon-77"),
+    ('"client_secret": "Zt7-uQ2-pLm"', "Zt7-uQ2-pLm"),
+]
+URLS = [
+    ("postgres://admin:s3cr3tP4ss@db.internal:5432/app", "admin:s3cr3tP4ss"),
+    ("https://deploy:hunter2x@git.example.com/repo.git", "deploy:hunter2x"),
+    ("redis://:pa55word@cache.internal:6379/0", ":pa55word"),
+]
 
 PLANTED: list[tuple[str, str, str]] = (
-    [("email", v, v) for v in EMAILS] + [("phone", v, v) for v in PHONES]
-    + [("ipv4", v, v) for v in IPV4] + [("ipv6", v, v) for v in IPV6]
-    + [("credit_card", v, v) for v in CARDS] + [("iban", v, v) for v in IBANS]
-    + [("api_key", v, v) for v in KEYS] + [("api_key", f"Bearer {BEARER}", BEARER)]
-    + [("jwt", v, v) for v in JWTS] + [("high_entropy", v, v) for v in ENTROPY]
+    [("email", v, v) for v in EMAILS]
+    + [("phone", v, v) for v in PHONES]
+    + [("ipv4", v, v) for v in IPV4]
+    + [("ipv6", v, v) for v in IPV6]
+    + [("credit_card", v, v) for v in CARDS]
+    + [("iban", v, v) for v in IBANS]
+    + [("api_key", v, v) for v in KEYS]
+    + [("api_key", f"Bearer {BEARER}", BEARER)]
+    + [("jwt", v, v) for v in JWTS]
+    + [("high_entropy", v, v) for v in ENTROPY]
     + [("url_credentials", url, creds) for url, creds in URLS]
-    + [("pem", v, v) for v in PEMS] + [("credential", text, v) for text, v in CREDS])
+    + [("pem", v, v) for v in PEMS]
+    + [("credential", text, v) for text, v in CREDS]
+)
 CARD_INT = 4012888888881881  # a Visa test number stored as a JSON number
 
 
@@ -96,57 +136,147 @@ def corpus() -> list[dict[str, Any]]:
     checks, prompts and meta."""
     args = json.dumps({"to": EMAILS[0], "card": CARDS[0], "note": f"token {JWTS[0]}"})
     return [
-        {"id": "support-1", "task": "tool", "messages": [
-            {"role": "system", "content": f"Agent for {EMAILS[0]}. Escalate to {PHONES[1]} or "
-                                          f"{IPV4[0]}. Internal key {KEYS[0]}."},
-            {"role": "user", "content": f"Please email {EMAILS[0]} the invoice, charge card "
-                                        f"{CARDS[0]} and wire to {IBANS[0]}. I am on {PHONES[0]}."},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_Zx81Lq0pWm3Ab3dE5gH7", "type": "function",
-                 "function": {"name": "send_email", "arguments": args}}]},
-            {"role": "tool", "tool_call_id": "call_Zx81Lq0pWm3Ab3dE5gH7",
-             "content": json.dumps({"status": "sent", "server": IPV6[0]})}],
-         "tools": [{"type": "function", "function": {
-             "name": "send_email", "description": f"Send mail via {URLS[0][0]}; auth {KEYS[1]}",
-             "parameters": {"type": "object", "properties": {
-                 "to": {"type": "string", "description": f"e.g. {EMAILS[1]}"},
-                 "card": {"type": "string"}}}}}],
-         "check": {"type": "tool_call", "calls": [
-             {"name": "send_email", "arguments": {"to": EMAILS[0], "card": CARDS[0]}}]},
-         "meta": {"user": EMAILS[2], "client_ip": IPV4[1], "session_token": ENTROPY[0]}},
-        {"id": "contains-1", "messages": [
-            {"role": "user", "content": f"Reply with address {EMAILS[1]} and IBAN {IBANS[1]}."}],
-         "check": {"type": "contains", "values": [EMAILS[1], IBANS[1]]}},
-        {"id": "retrieval-1", "task": "retrieval", "messages": [
-            {"role": "user", "content": f"[P0] The billing phone is {PHONES[2]}.\n[P1] The server "
-                                        f"is {IPV6[1]}.\nWhich passage names the billing phone?"}],
-         "check": {"type": "retrieval", "passage_ids": ["P0"], "fact": PHONES[2]}},
-        {"id": "exact-1", "messages": [{"role": "user", "content": f"Repeat: {CARDS[1]}"}],
-         "check": {"type": "exact", "value": CARDS[1]}},
-        {"id": "regex-1", "messages": [{"role": "user", "content": f"Who is {EMAILS[2]}?"}],
-         "check": {"type": "regex", "pattern": re.escape(EMAILS[2])}},
-        {"id": "json-1", "task": "json", "messages": [
-            {"role": "user", "content": f"Return JSON with token {KEYS[2]} and key {KEYS[3]}."}],
-         "check": {"type": "json_schema", "schema": {
-             "type": "object", "required": ["token"],
-             "properties": {"token": {"const": KEYS[2]}}}}},
-        {"id": "code-1", "task": "code", "messages": [
-            {"role": "user", "content": f"Write mask(s) hiding {CARDS[2]} and {KEYS[4]}."}],
-         "check": {"type": "code", "tests": f'assert mask("{CARDS[2]}") == "****"\n'
-                                            f'assert "{KEYS[5]}" not in mask("x")\n'}},
-        {"id": "completion-1", "api": "completions", "prompt":
-            f"Log: user {EMAILS[1]} from {IPV4[2]} ({IPV6[2]}) token {JWTS[1]} secret "
+        {
+            "id": "support-1",
+            "task": "tool",
+            "messages": [
+                {
+                    "role": "system",
+                    "content": f"Agent for {EMAILS[0]}. Escalate to {PHONES[1]} or "
+                    f"{IPV4[0]}. Internal key {KEYS[0]}.",
+                },
+                {
+                    "role": "user",
+                    "content": f"Please email {EMAILS[0]} the invoice, charge card "
+                    f"{CARDS[0]} and wire to {IBANS[0]}. I am on {PHONES[0]}.",
+                },
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_Zx81Lq0pWm3Ab3dE5gH7",
+                            "type": "function",
+                            "function": {"name": "send_email", "arguments": args},
+                        }
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "tool_call_id": "call_Zx81Lq0pWm3Ab3dE5gH7",
+                    "content": json.dumps({"status": "sent", "server": IPV6[0]}),
+                },
+            ],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "send_email",
+                        "description": f"Send mail via {URLS[0][0]}; auth {KEYS[1]}",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {
+                                "to": {"type": "string", "description": f"e.g. {EMAILS[1]}"},
+                                "card": {"type": "string"},
+                            },
+                        },
+                    },
+                }
+            ],
+            "check": {
+                "type": "tool_call",
+                "calls": [{"name": "send_email", "arguments": {"to": EMAILS[0], "card": CARDS[0]}}],
+            },
+            "meta": {"user": EMAILS[2], "client_ip": IPV4[1], "session_token": ENTROPY[0]},
+        },
+        {
+            "id": "contains-1",
+            "messages": [
+                {"role": "user", "content": f"Reply with address {EMAILS[1]} and IBAN {IBANS[1]}."}
+            ],
+            "check": {"type": "contains", "values": [EMAILS[1], IBANS[1]]},
+        },
+        {
+            "id": "retrieval-1",
+            "task": "retrieval",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": f"[P0] The billing phone is {PHONES[2]}.\n[P1] The server "
+                    f"is {IPV6[1]}.\nWhich passage names the billing phone?",
+                }
+            ],
+            "check": {"type": "retrieval", "passage_ids": ["P0"], "fact": PHONES[2]},
+        },
+        {
+            "id": "exact-1",
+            "messages": [{"role": "user", "content": f"Repeat: {CARDS[1]}"}],
+            "check": {"type": "exact", "value": CARDS[1]},
+        },
+        {
+            "id": "regex-1",
+            "messages": [{"role": "user", "content": f"Who is {EMAILS[2]}?"}],
+            "check": {"type": "regex", "pattern": re.escape(EMAILS[2])},
+        },
+        {
+            "id": "json-1",
+            "task": "json",
+            "messages": [
+                {"role": "user", "content": f"Return JSON with token {KEYS[2]} and key {KEYS[3]}."}
+            ],
+            "check": {
+                "type": "json_schema",
+                "schema": {
+                    "type": "object",
+                    "required": ["token"],
+                    "properties": {"token": {"const": KEYS[2]}},
+                },
+            },
+        },
+        {
+            "id": "code-1",
+            "task": "code",
+            "messages": [
+                {"role": "user", "content": f"Write mask(s) hiding {CARDS[2]} and {KEYS[4]}."}
+            ],
+            "check": {
+                "type": "code",
+                "tests": f'assert mask("{CARDS[2]}") == "****"\n'
+                f'assert "{KEYS[5]}" not in mask("x")\n',
+            },
+        },
+        {
+            "id": "completion-1",
+            "api": "completions",
+            "prompt": f"Log: user {EMAILS[1]} from {IPV4[2]} ({IPV6[2]}) token {JWTS[1]} secret "
             f"{ENTROPY[1]} db {URLS[1][0]} phone {PHONES[3]} iban {IBANS[2]} card {CARDS[3]} "
-            f"keys {KEYS[6]} {KEYS[7]} {KEYS[8]} client secret {ENTROPY[2]} {ENTROPY[3]}"},
+            f"keys {KEYS[6]} {KEYS[7]} {KEYS[8]} client secret {ENTROPY[2]} {ENTROPY[3]}",
+        },
         {"id": "tokens-1", "api": "completions", "prompt": [5, CARD_INT, 7]},
-        {"id": "meta-1", "messages": [{"role": "user", "content": f"Call me on {PHONES[4]}"}],
-         "meta": {"source": {"url": URLS[2][0], "headers": {"Authorization": f"Bearer {BEARER}"},
-                             "jwt": JWTS[2]},
-                  "card_number": CARD_INT, "phones": [PHONES[4]]}},
-        {"id": "secrets-1", "messages": [
-            {"role": "user", "content": f"Deploy with {CREDS[0][0]} and this key:\n{PEMS[0]}"}],
-         "meta": {"config": f"{CREDS[1][0]} and {{{CREDS[2][0]}}}", "cert": PEMS[2],
-                  "key_file": PEMS[1]}},
+        {
+            "id": "meta-1",
+            "messages": [{"role": "user", "content": f"Call me on {PHONES[4]}"}],
+            "meta": {
+                "source": {
+                    "url": URLS[2][0],
+                    "headers": {"Authorization": f"Bearer {BEARER}"},
+                    "jwt": JWTS[2],
+                },
+                "card_number": CARD_INT,
+                "phones": [PHONES[4]],
+            },
+        },
+        {
+            "id": "secrets-1",
+            "messages": [
+                {"role": "user", "content": f"Deploy with {CREDS[0][0]} and this key:\n{PEMS[0]}"}
+            ],
+            "meta": {
+                "config": f"{CREDS[1][0]} and {{{CREDS[2][0]}}}",
+                "cert": PEMS[2],
+                "key_file": PEMS[1],
+            },
+        },
     ]
 
 
@@ -187,7 +317,7 @@ def test_each_planted_item_is_detected_with_its_span(kind: str, text: str, secre
     sentence = f"note: {text} (end)"
     found = scan_text(sentence)
     assert [f.kind for f in found] == [kind]
-    assert sentence[found[0].start:found[0].end] == secret
+    assert sentence[found[0].start : found[0].end] == secret
     assert secret not in found[0].excerpt
 
 
@@ -216,7 +346,8 @@ def test_scrubbed_trace_is_valid_and_marked(scrubbed: tuple[Path, Path, dict[str
 
 
 def test_same_value_same_placeholder_everywhere(
-        scrubbed: tuple[Path, Path, dict[str, int]]) -> None:
+    scrubbed: tuple[Path, Path, dict[str, int]],
+) -> None:
     out = records(scrubbed[1])
     rec = out["support-1"]
     p_email, p_card = ph(EMAILS[0]), ph(CARDS[0])
@@ -228,7 +359,8 @@ def test_same_value_same_placeholder_everywhere(
     assert out["contains-1"]["check"]["values"] == [ph(EMAILS[1]), ph(IBANS[1])]
     assert ph(EMAILS[1]) in out["completion-1"]["prompt"]  # across records too
     assert rec["tools"][0]["function"]["description"].startswith(
-        f"Send mail via {Anonymizer(SECRET).scrub_text(URLS[0][0])[0]};")
+        f"Send mail via {Anonymizer(SECRET).scrub_text(URLS[0][0])[0]};"
+    )
     assert ph(URLS[0][0]) == Anonymizer(SECRET).placeholder("url_credentials", URLS[0][1])
     assert rec["meta"]["user"] == ph(EMAILS[2]) and rec["meta"]["client_ip"] == ph(IPV4[1])
     assert rec["messages"][3]["tool_call_id"] == rec["messages"][2]["tool_calls"][0]["id"]
@@ -237,7 +369,8 @@ def test_same_value_same_placeholder_everywhere(
     assert len(distinct) == len(PLANTED)
     assert ph("+1 415 555 0132") == ph("+14155550132") == ph(PHONES[0])
     assert ph("4111-1111-1111-1111") == ph(CARDS[0]) and ph("Alice.Smith@Corp-Mail.com") == ph(
-        EMAILS[0])
+        EMAILS[0]
+    )
 
 
 def _grade(check: dict[str, Any], text: str, calls: tuple[ToolCall, ...] = ()) -> bool:
@@ -252,13 +385,17 @@ def _copy(message: str, value: str) -> str:
     return found[0]
 
 
-def test_checks_still_pass_on_scrubbed_records(
-        scrubbed: tuple[Path, Path, dict[str, int]]) -> None:
+def test_checks_still_pass_on_scrubbed_records(scrubbed: tuple[Path, Path, dict[str, int]]) -> None:
     out = records(scrubbed[1])
     user = {rid: r["messages"][-1]["content"] for rid, r in out.items() if r.get("messages")}
     user["support-1"] = out["support-1"]["messages"][1]["content"]
-    call = ToolCall(index=0, name="send_email", arguments=json.dumps(
-        {"to": _copy(user["support-1"], EMAILS[0]), "card": _copy(user["support-1"], CARDS[0])}))
+    call = ToolCall(
+        index=0,
+        name="send_email",
+        arguments=json.dumps(
+            {"to": _copy(user["support-1"], EMAILS[0]), "card": _copy(user["support-1"], CARDS[0])}
+        ),
+    )
     assert _grade(out["support-1"]["check"], "", (call,))
     email, iban = _copy(user["contains-1"], EMAILS[1]), _copy(user["contains-1"], IBANS[1])
     assert _grade(out["contains-1"]["check"], f"Address {email}, IBAN {iban}.")
@@ -291,7 +428,7 @@ def test_finding_fields_name_the_json_path() -> None:
     text = corpus()[0]["messages"][1]["content"]
     for f in found:
         if f.field == "messages.1.content":
-            assert scan_text(text[f.start:f.end])[0].kind == f.kind
+            assert scan_text(text[f.start : f.end])[0].kind == f.kind
 
 
 def test_secret_keys_pseudonyms() -> None:
@@ -307,8 +444,22 @@ def test_secret_keys_pseudonyms() -> None:
 
 
 def test_json_arguments_with_escapes_are_parsed() -> None:
-    rec = {"id": "x", "messages": [{"role": "assistant", "tool_calls": [{"function": {
-        "name": "f", "arguments": '{"to": "alice\\u0040corp.com", "n": 3}'}}]}]}
+    rec = {
+        "id": "x",
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "function": {
+                            "name": "f",
+                            "arguments": '{"to": "alice\\u0040corp.com", "n": 3}',
+                        }
+                    }
+                ],
+            }
+        ],
+    }
     out, found = Anonymizer(SECRET).scrub_record(rec)
     args = out["messages"][0]["tool_calls"][0]["function"]["arguments"]
     assert json.loads(args) == {"to": ph("alice@corp.com"), "n": 3}
@@ -335,13 +486,12 @@ def test_regex_pattern_escapes_are_seen_through() -> None:
     scrubbed = out["check"]["pattern"]
     assert scrubbed == rf"^Mail ({ph('alice.smith@corp.com')})\.$"
     assert re.search(scrubbed, f"Mail {ph('alice.smith@corp.com')}.")
-    assert rec["check"]["pattern"][found[0].start:found[0].end] == r"alice\.smith@corp\.com"
+    assert rec["check"]["pattern"][found[0].start : found[0].end] == r"alice\.smith@corp\.com"
     assert found[0].field == "check.pattern"
 
 
 def test_number_checks_and_top_level_numbers_are_untouched() -> None:
-    rec = {"id": "x", "t": 1.5, "max_tokens": 16,
-           "check": {"type": "number", "value": CARD_INT}}
+    rec = {"id": "x", "t": 1.5, "max_tokens": 16, "check": {"type": "number", "value": CARD_INT}}
     assert Anonymizer(SECRET).scrub_record(rec) == (rec, [])
 
 
@@ -349,8 +499,10 @@ def test_spans_are_in_the_input_when_a_second_pass_is_needed() -> None:
     # The e-mail wins the overlap with the high-entropy run; the run's tail is found next.
     text = f"see {EMAILS[0]}/Zq8Xv3Lm9Tp2Rw7Ks4Nd6Hb1Gf5Jc0Ya ok"
     out, found = Anonymizer(SECRET).scrub_text(text)
-    assert [(f.kind, text[f.start:f.end]) for f in found] == [
-        ("email", EMAILS[0]), ("high_entropy", "Zq8Xv3Lm9Tp2Rw7Ks4Nd6Hb1Gf5Jc0Ya")]
+    assert [(f.kind, text[f.start : f.end]) for f in found] == [
+        ("email", EMAILS[0]),
+        ("high_entropy", "Zq8Xv3Lm9Tp2Rw7Ks4Nd6Hb1Gf5Jc0Ya"),
+    ]
     assert scan_text(out) == []
 
 
@@ -367,8 +519,11 @@ def test_anonymize_file_rejects_a_bad_line_and_writes_nothing(tmp_path: Path) ->
 
 
 def test_is_scanned(tmp_path: Path) -> None:
-    marked = {"id": "a", "messages": [{"role": "user", "content": "hi"}],
-              "meta": {"anonymized": {"by": "kvcanary", "version": 1}}}
+    marked = {
+        "id": "a",
+        "messages": [{"role": "user", "content": "hi"}],
+        "meta": {"anonymized": {"by": "kvcanary", "version": 1}},
+    }
     good = write_jsonl(tmp_path / "good.jsonl", [marked, marked | {"id": "b"}])
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [marked, {"id": "b", "messages": []}])
     empty = tmp_path / "empty.jsonl"
@@ -383,8 +538,10 @@ def test_scan_file_reports_line_numbers_and_scans_non_json_lines(tmp_path: Path)
     path.write_text(f'{{"id": "a", "meta": {{"ip": "{IPV4[0]}"}}}}\n\nnot json {EMAILS[0]}\n')
     lines, found = scan_file(path)
     assert lines == 2
-    assert [(n, f.kind, f.field) for n, f in found] == [(1, "ipv4", "meta.ip"),
-                                                        (3, "email", "(line)")]
+    assert [(n, f.kind, f.field) for n, f in found] == [
+        (1, "ipv4", "meta.ip"),
+        (3, "email", "(line)"),
+    ]
 
 
 # -- false positives ----------------------------------------------------------------------------
@@ -470,8 +627,13 @@ def test_hostile_corpus_covers_every_kind() -> None:
 def _covered(item: Planted, found: list[Any]) -> bool:
     """A finding of the item's kind, in its field, spans the planted secret."""
     at = item.text.index(item.secret)
-    return any(f.kind == item.kind and f.field == pii_corpus.field(item)
-               and f.start <= at and f.end >= at + len(item.secret) for f in found)
+    return any(
+        f.kind == item.kind
+        and f.field == pii_corpus.field(item)
+        and f.start <= at
+        and f.end >= at + len(item.secret)
+        for f in found
+    )
 
 
 @pytest.mark.parametrize("item", HOSTILE, ids=[p.name for p in HOSTILE])
@@ -505,8 +667,11 @@ def _fragments(secret: str, n: int = 8) -> set[str]:
     """Every n-character piece of a secret that holds a letter or digit (all of a short one)."""
     if len(secret) <= n:
         return {secret}
-    return {secret[i:i + n] for i in range(len(secret) - n + 1)
-            if any(c.isalnum() for c in secret[i:i + n])}
+    return {
+        secret[i : i + n]
+        for i in range(len(secret) - n + 1)
+        if any(c.isalnum() for c in secret[i : i + n])
+    }
 
 
 def _survivors(item: Planted, scrubbed: dict[str, Any]) -> list[str]:
@@ -558,47 +723,58 @@ def test_disguised_values_share_the_plain_placeholder() -> None:
 def test_disguised_spans_are_in_the_original_text() -> None:
     text = "cc ali\u200bce@corp.com and ｍａｒｙ＠ｅｘａｍｐｌｅ．ｏｒｇ end"
     out, found = ANON.scrub_text(text)
-    assert [text[f.start:f.end] for f in found] == ["ali\u200bce@corp.com",
-                                                    "ｍａｒｙ＠ｅｘａｍｐｌｅ．ｏｒｇ"]
+    assert [text[f.start : f.end] for f in found] == [
+        "ali\u200bce@corp.com",
+        "ｍａｒｙ＠ｅｘａｍｐｌｅ．ｏｒｇ",
+    ]
     assert out == f"cc {ph('alice@corp.com')} and {ph('mary@example.org')} end"
 
 
 def test_labels_stay_and_values_go() -> None:
-    text = "GET /a?user=bob&token=blue-Falcon-77 with password: hunter2 and \"pwd\": \"s3c\""
+    text = 'GET /a?user=bob&token=blue-Falcon-77 with password: hunter2 and "pwd": "s3c"'
     out, found = ANON.scrub_text(text)
     assert [f.kind for f in found] == ["credential"] * 3
-    assert out == (f"GET /a?user=bob&token={ph('?token=blue-Falcon-77')} with password: "
-                   f"{ph('password=hunter2')} and \"pwd\": \"{ph('pwd=s3c')}\"")
+    assert out == (
+        f"GET /a?user=bob&token={ph('?token=blue-Falcon-77')} with password: "
+        f'{ph("password=hunter2")} and "pwd": "{ph("pwd=s3c")}"'
+    )
     rec = {"id": "x", "meta": {"headers": {"Authorization": "Token abc123", "Accept": "abc123"}}}
     scrubbed, found = ANON.scrub_record(rec)
     assert scrubbed["meta"]["headers"] == {
-        "Authorization": f"Token {ph('pwd=abc123')}", "Accept": "abc123"}
+        "Authorization": f"Token {ph('pwd=abc123')}",
+        "Accept": "abc123",
+    }
     assert [f.field for f in found] == ["meta.headers.Authorization"]
 
 
-CUT = [("key sk-ab3dE5gH7j", "sk-ab3dE5gH7j"),
-       ("mail alice.smith@corp-ma…", "alice.smith@corp-ma"),
-       ("card 4111 1111 1111 11 [...]", "4111 1111 1111 11"),
-       ("Authorization: Bearer 7fQx2Lm9 (truncated)", "7fQx2Lm9"),
-       ("blob Zq8Xv3Lm9Tp2Rw...", "Zq8Xv3Lm9Tp2Rw"),
-       ("iban DE89 3704 0044 05 [+9 chars]", "DE89 3704 0044 05")]
+CUT = [
+    ("key sk-ab3dE5gH7j", "sk-ab3dE5gH7j"),
+    ("mail alice.smith@corp-ma…", "alice.smith@corp-ma"),
+    ("card 4111 1111 1111 11 [...]", "4111 1111 1111 11"),
+    ("Authorization: Bearer 7fQx2Lm9 (truncated)", "7fQx2Lm9"),
+    ("blob Zq8Xv3Lm9Tp2Rw...", "Zq8Xv3Lm9Tp2Rw"),
+    ("iban DE89 3704 0044 05 [+9 chars]", "DE89 3704 0044 05"),
+]
 
 
 @pytest.mark.parametrize(("text", "fragment"), CUT, ids=[c[1] for c in CUT])
 def test_a_cut_fragment_counts_only_at_the_cut(text: str, fragment: str) -> None:
     """Shorter shapes are secrets where a field was cut, not in the middle of a text."""
     found = scan_text(text)
-    assert [text[f.start:f.end] for f in found] == [fragment]
+    assert [text[f.start : f.end] for f in found] == [fragment]
     middle = text.replace(fragment, f"{fragment} and more words", 1)
     assert [f for f in scan_text(middle) if f.kind != "credential"] == []
 
 
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6), st.integers(1, 12)),
-                max_size=12),
-       st.integers(0, 400), st.booleans())
-def test_edit_positions_map_back_like_a_walk(spec: list[tuple[int, int, int]], pos: int,
-                                             is_end: bool) -> None:
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6), st.integers(1, 12)), max_size=12),
+    st.integers(0, 400),
+    st.booleans(),
+)
+def test_edit_positions_map_back_like_a_walk(
+    spec: list[tuple[int, int, int]], pos: int, is_end: bool
+) -> None:
     """The indexed mapping agrees with walking the edits one by one."""
     edits, at = [], 0
     for gap, width, n in spec:
@@ -621,9 +797,27 @@ def test_edit_positions_map_back_like_a_walk(spec: list[tuple[int, int, int]], p
 
 MB = 1_000_000
 # Near misses: what each detector starts on, repeated, with nothing to find (or a little).
-NEAR_MISS = ["-", "-----BEGIN-----\n", "A" * 64 + "\n", "MII\n", "eyJ", "sk-", "Bearer ", "key=",
-             "password: ", '"token": "', "?token=a&", "a@", "a [at] b [dot] ", "ｊｏｈｎ＠", "1:",
-             "1 1 1 1 1\n", "4111 1111\n", " ", "…"]
+NEAR_MISS = [
+    "-",
+    "-----BEGIN-----\n",
+    "A" * 64 + "\n",
+    "MII\n",
+    "eyJ",
+    "sk-",
+    "Bearer ",
+    "key=",
+    "password: ",
+    '"token": "',
+    "?token=a&",
+    "a@",
+    "a [at] b [dot] ",
+    "ｊｏｈｎ＠",
+    "1:",
+    "1 1 1 1 1\n",
+    "4111 1111\n",
+    " ",
+    "…",
+]
 
 
 def _seconds(text: str) -> float:
@@ -635,8 +829,9 @@ def _seconds(text: str) -> float:
 def test_near_miss_megabyte_lines_take_linear_time() -> None:
     """A 1 MB line of near-miss characters costs a bounded multiple of a plain 1 MB line: no
     pattern backtracks catastrophically, nothing is quadratic (a regression reads as minutes)."""
-    plain = min(_seconds(("the quick brown fox jumps over the lazy dog. " * 22300)[:MB])
-                for _ in range(2))
+    plain = min(
+        _seconds(("the quick brown fox jumps over the lazy dog. " * 22300)[:MB]) for _ in range(2)
+    )
     slow = {}
     for unit in NEAR_MISS:
         took = _seconds((unit * (MB // len(unit) + 1))[:MB])
@@ -657,10 +852,12 @@ def test_a_megabyte_of_findings_is_linear_too(tmp_path: Path) -> None:
 # -- properties ---------------------------------------------------------------------------------
 
 ANON = Anonymizer(SECRET)
-GLUE = st.text(alphabet=st.sampled_from(list(" .,:;/@-_+=()[]{}\"'\n0123456789abcXYZ")),
-               max_size=4)
-FRAGMENT = st.one_of(st.sampled_from([text for _, text, _ in PLANTED] + [p.text for p in HOSTILE]),
-                     GLUE, st.text(max_size=8))
+GLUE = st.text(alphabet=st.sampled_from(list(" .,:;/@-_+=()[]{}\"'\n0123456789abcXYZ")), max_size=4)
+FRAGMENT = st.one_of(
+    st.sampled_from([text for _, text, _ in PLANTED] + [p.text for p in HOSTILE]),
+    GLUE,
+    st.text(max_size=8),
+)
 
 
 def _idempotent(text: str) -> None:
@@ -684,8 +881,11 @@ def test_scrub_is_idempotent_on_glued_secrets(text: str) -> None:
 @settings(max_examples=50)
 @given(st.lists(FRAGMENT, max_size=6).map("".join))
 def test_scrub_record_is_idempotent(text: str) -> None:
-    rec = {"id": "x", "messages": [{"role": "user", "content": text}],
-           "meta": {"args": json.dumps({"v": text})}}
+    rec = {
+        "id": "x",
+        "messages": [{"role": "user", "content": text}],
+        "meta": {"args": json.dumps({"v": text})},
+    }
     out, _ = ANON.scrub_record(rec)
     assert ANON.scrub_record(out) == (out, [])
 
@@ -698,10 +898,12 @@ def _luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
-@given(st.integers(10**15, 10**16 - 1).filter(lambda n: not _luhn_ok(str(n))),
-       st.sampled_from(["", " ", "-"]))
+@given(
+    st.integers(10**15, 10**16 - 1).filter(lambda n: not _luhn_ok(str(n))),
+    st.sampled_from(["", " ", "-"]),
+)
 def test_luhn_invalid_card_numbers_are_left_alone(n: int, sep: str) -> None:
     digits = str(n)
-    number = sep.join(digits[i:i + 4] for i in range(0, 16, 4))
+    number = sep.join(digits[i : i + 4] for i in range(0, 16, 4))
     text = f"card {number} end"
     assert ANON.scrub_text(text) == (text, [])

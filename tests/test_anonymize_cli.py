@@ -12,13 +12,22 @@ from . import pii_corpus
 from .conftest import ROOT
 
 TEXT = "write to bob@corp.com from 10.1.2.3, key sk-abcdefghijklmnopqrstuvwx123456"
-PII = {"id": "a", "messages": [{"role": "user", "content": TEXT}],
-       "check": {"type": "contains", "values": ["bob@corp.com"]}}
+PII = {
+    "id": "a",
+    "messages": [{"role": "user", "content": TEXT}],
+    "check": {"type": "contains", "values": ["bob@corp.com"]},
+}
 
 
 def replay(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replay.cli", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "replay.cli", *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def test_anonymize_then_scan(tmp_path: Path) -> None:
@@ -30,8 +39,9 @@ def test_anonymize_then_scan(tmp_path: Path) -> None:
     assert scan.returncode == 1 and "email in messages.0.content" in scan.stdout
     assert "bob@corp.com" not in scan.stdout  # findings are masked
     env = {**os.environ, "KVC_TEST_SECRET": "k1"}
-    out = replay("trace", "anonymize", str(src), "-o", str(dst), "--secret-env",
-                 "KVC_TEST_SECRET", env=env)
+    out = replay(
+        "trace", "anonymize", str(src), "-o", str(dst), "--secret-env", "KVC_TEST_SECRET", env=env
+    )
     assert out.returncode == 0, out.stderr
     text = dst.read_text()
     for secret in ("bob@corp.com", "10.1.2.3", "sk-abcdefghijklmnopqrstuvwx123456"):
@@ -45,7 +55,7 @@ def test_anonymize_then_scan(tmp_path: Path) -> None:
 
 
 def test_shipped_sample_is_scanned_and_clean() -> None:
-    from replay._anonymize import is_scanned, scan_file
+    from replay.tools.anonymize import is_scanned, scan_file
 
     sample = ROOT / "traces" / "sample.jsonl"
     assert is_scanned(sample)
@@ -67,8 +77,9 @@ def test_hostile_corpus_through_scan_and_anonymize(tmp_path: Path) -> None:
         assert any(line.startswith(want) for line in reported), (item.name, want)
         assert item.secret not in scan.stdout  # findings are masked
     env = {**os.environ, "KVC_TEST_SECRET": "k2"}
-    out = replay("trace", "anonymize", str(src), "-o", str(dst), "--secret-env",
-                 "KVC_TEST_SECRET", env=env)
+    out = replay(
+        "trace", "anonymize", str(src), "-o", str(dst), "--secret-env", "KVC_TEST_SECRET", env=env
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "nothing left" in out.stdout
     rescan = replay("trace", "scan", str(dst))

@@ -4,16 +4,28 @@ from pathlib import Path
 
 import pytest
 
-from replay._buckets import Buckets
-from replay._errors import ConfigError, InputError
-from replay._targets import cache_dtype_matches, failure_reason, load_targets_config, parse_targets
+from replay.core.buckets import Buckets
+from replay.core.errors import ConfigError, InputError
+from replay.serving.targets import (
+    cache_dtype_matches,
+    failure_reason,
+    load_targets_config,
+    parse_targets,
+)
 
 
 def test_default_buckets() -> None:
     b = Buckets.parse()
     assert b.labels == ["<8K", "8K-32K", "32K-64K", ">=64K"]
     assert [b.label(n) for n in (1, 8191, 8192, 32767, 32768, 65536, 10**6)] == [
-        "<8K", "<8K", "8K-32K", "8K-32K", "32K-64K", ">=64K", ">=64K"]
+        "<8K",
+        "<8K",
+        "8K-32K",
+        "8K-32K",
+        "32K-64K",
+        ">=64K",
+        ">=64K",
+    ]
 
 
 def test_small_buckets_and_bad_specs() -> None:
@@ -40,12 +52,16 @@ def test_parse_targets() -> None:
 
 def test_targets_config_errors_name_the_table(tmp_path: Path) -> None:
     p = tmp_path / "t.toml"
-    p.write_text('[targets.cal]\nmodel = "/m"\nkv_cache_dtype = "fp8"\nargs = ["--x"]\n'
-                 '[targets.remote]\nurl = "http://127.0.0.1:9"\napi_key_env = "KEY"\n')
+    p.write_text(
+        '[targets.cal]\nmodel = "/m"\nkv_cache_dtype = "fp8"\nargs = ["--x"]\n'
+        '[targets.remote]\nurl = "http://127.0.0.1:9"\napi_key_env = "KEY"\n'
+    )
     cfg = load_targets_config(p)
     assert cfg["cal"].expect_cache_dtype == "fp8" and cfg["cal"].args == ("--x",)
-    assert "KEY" not in str(cfg["remote"].describe().values()) or \
-        cfg["remote"].describe()["api_key_env"] == "KEY"
+    assert (
+        "KEY" not in str(cfg["remote"].describe().values())
+        or cfg["remote"].describe()["api_key_env"] == "KEY"
+    )
     p.write_text('[targets.bad]\nmodel = "/m"\nurl = "http://x"\n')
     with pytest.raises(ConfigError, match=r"\[targets\.bad\]: set exactly one"):
         load_targets_config(p)
@@ -57,8 +73,9 @@ def test_targets_config_errors_name_the_table(tmp_path: Path) -> None:
         load_targets_config(p)
 
 
-def test_api_key_is_read_from_the_environment_only(monkeypatch: pytest.MonkeyPatch,
-                                                   tmp_path: Path) -> None:
+def test_api_key_is_read_from_the_environment_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     p = tmp_path / "t.toml"
     p.write_text('[targets.remote]\nurl = "http://127.0.0.1:9"\napi_key_env = "KVC_TEST_KEY"\n')
     spec = load_targets_config(p)["remote"]
@@ -76,16 +93,19 @@ def test_cache_dtype_matching() -> None:
 
 
 def test_failure_reason_finds_the_root_cause() -> None:
-    log = ("INFO starting\n"
-           "(APIServer pid=1) WARNING 11-30 12:12:29 [system_utils.py:255] Found ulimit of 20000"
-           " and failed. This can cause fd limit errors like `OSError: [Errno 24] Too many`\n"
-           "(Worker pid=1) ERROR 11-30 12:14:12 [multiproc_executor.py:1063]     raise "
-           "NotImplementedError(\n"
-           "(Worker pid=1) ERROR 11-30 12:14:12 [multiproc_executor.py:1063] "
-           "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.\n"
-           "RuntimeError: Engine core initialization failed. See root cause above.\n")
-    assert failure_reason(log) == ("NotImplementedError: FP8 KV cache on CPU requires x86 "
-                                   "with AVX-512 or AMX.")
+    log = (
+        "INFO starting\n"
+        "(APIServer pid=1) WARNING 11-30 12:12:29 [system_utils.py:255] Found ulimit of 20000"
+        " and failed. This can cause fd limit errors like `OSError: [Errno 24] Too many`\n"
+        "(Worker pid=1) ERROR 11-30 12:14:12 [multiproc_executor.py:1063]     raise "
+        "NotImplementedError(\n"
+        "(Worker pid=1) ERROR 11-30 12:14:12 [multiproc_executor.py:1063] "
+        "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    assert failure_reason(log) == (
+        "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
+    )
     assert failure_reason("") == "the server exited without output"
 
 

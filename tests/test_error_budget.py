@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from replay._budget import ErrorBudget
-from replay._rundir import read_results
 from replay.cli import EXIT_OK, EXIT_TARGET_ERRORS, main, target_errors
+from replay.run.budget import ErrorBudget
+from replay.run.rundir import read_results
 
 from .conftest import ROOT
 from .fault_server import fault_server
@@ -65,10 +65,27 @@ def test_error_count_and_rate_caps() -> None:
 
 
 def _replay(url: str, out: Path, *extra: str) -> tuple[int, Path]:
-    res = CliRunner().invoke(main, ["--trace", str(TRACE), "--targets", f"fp8={url}",
-                                    "--buckets", "256,1K", "--concurrency", "1",
-                                    "--no-teacher-forced", "--timeout", "5", "--out", str(out),
-                                    "--run-id", "run", *extra])
+    res = CliRunner().invoke(
+        main,
+        [
+            "--trace",
+            str(TRACE),
+            "--targets",
+            f"fp8={url}",
+            "--buckets",
+            "256,1K",
+            "--concurrency",
+            "1",
+            "--no-teacher-forced",
+            "--timeout",
+            "5",
+            "--out",
+            str(out),
+            "--run-id",
+            "run",
+            *extra,
+        ],
+    )
     return res.exit_code, out / "run"
 
 
@@ -82,8 +99,9 @@ def test_a_target_that_stops_answering_is_backed_off_then_stopped(tmp_path: Path
     # Ten resets in a row stop the target; the rest are accounted as not sent.
     assert reached == kinds["disconnect"] == 10, kinds
     assert kinds["unavailable"] == len(SAMPLE_IDS) - 10
-    assert all("stopped answering" in (r.error or "") for r in results
-               if r.error_kind == "unavailable")
+    assert all(
+        "stopped answering" in (r.error or "") for r in results if r.error_kind == "unavailable"
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     target = summary["targets"]["fp8"]
     assert target["status"] == "failed" and "error budget spent" in target["reason"]

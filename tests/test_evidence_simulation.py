@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from replay import _stats as stats
-from replay._verdict import ArmFacts, BucketFacts, Facts, decide
+from replay.analysis import stats
+from replay.analysis.verdict import ArmFacts, BucketFacts, Facts, decide
 
 CANARIES = 10_000
 SEED = 20240516
@@ -36,9 +36,9 @@ TOL, ALPHA, MIN_PAIRS = stats.TOLERANCE, stats.ALPHA, stats.MIN_PAIRS
 @dataclass(frozen=True)
 class Case:
     name: str
-    p10: float               # regression rate: BF16 passes, FP8 fails
-    p01: float               # improvement rate
-    n: int | None = None     # bucket size; None: what "need N" names for the pilot
+    p10: float  # regression rate: BF16 passes, FP8 fails
+    p01: float  # improvement rate
+    n: int | None = None  # bucket size; None: what "need N" names for the pilot
     pilot: tuple[int, int, int] | None = None  # (pairs, lost, gained) seen so far
 
 
@@ -91,9 +91,9 @@ def run(case: Case, seed: int) -> tuple[int, float, float]:
     keep = shown(n, lost, gained)
     # The vectorized region is the scalar rule, on a sample of the simulated outcomes.
     for i in range(0, CANARIES, CANARIES // 25):
-        assert bool(keep[i]) == stats.equivalent(n, int(lost[i]), int(gained[i]),
-                                                 tolerance=TOL, alpha=ALPHA,
-                                                 min_pairs=MIN_PAIRS)
+        assert bool(keep[i]) == stats.equivalent(
+            n, int(lost[i]), int(gained[i]), tolerance=TOL, alpha=ALPHA, min_pairs=MIN_PAIRS
+        )
     exact = stats.equivalence_power(n, case.p10, case.p01, tolerance=TOL, alpha=ALPHA)
     return n, float(keep.mean()), exact
 
@@ -124,8 +124,9 @@ def test_the_stop_rule_keeps_exactly_where_the_bound_holds() -> None:
     n = 100
     lost, gained = simulate(n, 0.03, 0.02, SEED + 200)
     keep = shown(n, lost, gained)
-    outcomes = sorted({(int(x), int(y), bool(k)) for x, y, k in zip(lost, gained, keep,
-                                                                    strict=True)})
+    outcomes = sorted(
+        {(int(x), int(y), bool(k)) for x, y, k in zip(lost, gained, keep, strict=True)}
+    )
     assert {k for *_, k in outcomes} == {True, False}
     for x, y, k in outcomes[:: max(1, len(outcomes) // 40)]:
         d = (y - x) / n
@@ -142,14 +143,22 @@ def table() -> str:
         rows.append(f"| {case.name} | {n} | {share:.4f} | {exact:.4f} | <= {ALPHA:g} |")
     for i, case in enumerate(POWER):
         n, share, exact = run(case, SEED + 100 + i)
-        pilot = "" if case.pilot is None else (
-            f" (need N for {case.pilot[0]} pairs, {case.pilot[1]} lost, {case.pilot[2]} gained)")
-        rows.append(f"| {case.name}{pilot} | {n} | {share:.4f} | {exact:.4f} | "
-                    f">= {stats.POWER:g} |")
+        pilot = (
+            ""
+            if case.pilot is None
+            else (
+                f" (need N for {case.pilot[0]} pairs, {case.pilot[1]} lost, {case.pilot[2]} gained)"
+            )
+        )
+        rows.append(
+            f"| {case.name}{pilot} | {n} | {share:.4f} | {exact:.4f} | >= {stats.POWER:g} |"
+        )
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
-    print(f"{CANARIES} canaries per case, seed {SEED} (+ case index), BF16 pass rate {P_REF}, "
-          f"tolerance {TOL}, alpha {ALPHA}, min pairs {MIN_PAIRS}")
+    print(
+        f"{CANARIES} canaries per case, seed {SEED} (+ case index), BF16 pass rate {P_REF}, "
+        f"tolerance {TOL}, alpha {ALPHA}, min pairs {MIN_PAIRS}"
+    )
     print(table())

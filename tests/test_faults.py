@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from replay._buckets import Buckets
-from replay._importers import load
-from replay._rundir import new_run_dir, read_results
-from replay._runner import RunConfig, Runner
-from replay._schedule import ClosedLoop
-from replay._targets import LocalServer, TargetSpec
+from replay.core.buckets import Buckets
+from replay.core.importers import load
+from replay.core.schedule import ClosedLoop
+from replay.run.rundir import new_run_dir, read_results
+from replay.run.runner import RunConfig, Runner
+from replay.serving.targets import LocalServer, TargetSpec
 
 from .conftest import ROOT
 from .fault_server import describe, fault_server
@@ -46,12 +46,21 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
     trace = load(TRACE)
     trace.requests = trace.requests[:LIMIT]
     with fault_server(mode) as bad:
-        cfg = RunConfig(trace=trace, trace_path=TRACE, trace_format="v1",
-                        targets=[TargetSpec(name="bf16", url=bf16_server.url),
-                                 TargetSpec(name="fp8", url=bad.url, expect_cache_dtype="fp8")],
-                        schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
-                        run_dir=new_run_dir(tmp_path), timeout_s=3.0,
-                        teacher_forced=False, parallel_targets=True)
+        cfg = RunConfig(
+            trace=trace,
+            trace_path=TRACE,
+            trace_format="v1",
+            targets=[
+                TargetSpec(name="bf16", url=bf16_server.url),
+                TargetSpec(name="fp8", url=bad.url, expect_cache_dtype="fp8"),
+            ],
+            schedules=[ClosedLoop(2)],
+            buckets=Buckets.parse("256,1K"),
+            run_dir=new_run_dir(tmp_path),
+            timeout_s=3.0,
+            teacher_forced=False,
+            parallel_targets=True,
+        )
         summary = asyncio.run(Runner(cfg).run())
         reached = bad.requests
     results = list(read_results(Path(summary["run_dir"])))
@@ -68,8 +77,9 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
         assert all(r.chunk_tokens == [1, 2] for r in fp8)
         return
     kind, words = expected
-    assert all(r.status == "error" and r.error_kind == kind for r in fp8), \
-        {(r.error_kind, r.error) for r in fp8}
+    assert all(r.status == "error" and r.error_kind == kind for r in fp8), {
+        (r.error_kind, r.error) for r in fp8
+    }
     assert all(words in (r.error or "") for r in fp8)
     assert describe(summary, "fp8") == {kind: LIMIT}
     verdict = summary["verdict"]
@@ -87,10 +97,11 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
     import signal
     import threading
 
-    from replay._targets import DEFAULT_MODEL_ARGS
+    from replay.serving.targets import DEFAULT_MODEL_ARGS
 
-    spec = TargetSpec(name="fp8", model=str(model_dir), kv_cache_dtype="auto",
-                      args=DEFAULT_MODEL_ARGS)
+    spec = TargetSpec(
+        name="fp8", model=str(model_dir), kv_cache_dtype="auto", args=DEFAULT_MODEL_ARGS
+    )
     server = LocalServer(spec, tmp_path / "victim.log")
     server.start()
     try:
@@ -98,10 +109,17 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
         assert server.proc is not None
         pgid = server.proc.pid
         trace = load(TRACE)
-        cfg = RunConfig(trace=trace, trace_path=TRACE, trace_format="v1",
-                        targets=[TargetSpec(name="fp8", url=server.url)],
-                        schedules=[ClosedLoop(1)], buckets=Buckets.parse("256,1K"),
-                        run_dir=new_run_dir(tmp_path), timeout_s=30.0, teacher_forced=False)
+        cfg = RunConfig(
+            trace=trace,
+            trace_path=TRACE,
+            trace_format="v1",
+            targets=[TargetSpec(name="fp8", url=server.url)],
+            schedules=[ClosedLoop(1)],
+            buckets=Buckets.parse("256,1K"),
+            run_dir=new_run_dir(tmp_path),
+            timeout_s=30.0,
+            teacher_forced=False,
+        )
         results_file = cfg.run_dir / "results.jsonl"
 
         def killer() -> None:
@@ -127,6 +145,7 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
     # it did not send is accounted for as unavailable, with the reason.
     assert set(kinds) <= {"connect", "disconnect", "unavailable"}, kinds
     assert kinds["connect"] + kinds["disconnect"] == 10 and kinds["unavailable"] >= 1
-    assert all("stopped answering" in (r.error or "") for r in failed
-               if r.error_kind == "unavailable")
+    assert all(
+        "stopped answering" in (r.error or "") for r in failed if r.error_kind == "unavailable"
+    )
     assert describe(summary, "fp8") == dict(kinds)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from replay._errors import ServingMismatch
-from replay._targets import (
+from replay.core.errors import ServingMismatch
+from replay.serving.targets import (
     EMULATED_FP8,
     EMULATION_ENV,
     EMULATION_MARKER,
@@ -23,13 +23,19 @@ from replay._targets import (
 
 
 def _emulated(*args: str) -> TargetSpec:
-    return TargetSpec(name="fp8", model="/models/m", kv_cache_dtype=EMULATED_FP8, args=args,
-                      expect_cache_dtype=EMULATED_FP8)
+    return TargetSpec(
+        name="fp8",
+        model="/models/m",
+        kv_cache_dtype=EMULATED_FP8,
+        args=args,
+        expect_cache_dtype=EMULATED_FP8,
+    )
 
 
 def test_emulated_server_stores_bf16_and_hands_skip_layers_to_the_plugin(tmp_path: Path) -> None:
-    server = LocalServer(_emulated("--kv-cache-dtype-skip-layers", "0", "3", "--seed", "1"),
-                         tmp_path / "log")
+    server = LocalServer(
+        _emulated("--kv-cache-dtype-skip-layers", "0", "3", "--seed", "1"), tmp_path / "log"
+    )
     cmd = server.command()
     assert cmd[cmd.index("--kv-cache-dtype") + 1] == "auto"
     assert "--kv-cache-dtype-skip-layers" not in cmd and cmd[-2:] == ["--seed", "1"]
@@ -130,13 +136,22 @@ def test_an_overlay_is_emulated_on_its_own_dtype_not_auto(tmp_path: Path) -> Non
     its emulated server names the model's dtype so that it really stores BF16."""
     import json
 
-    from replay._targets import unquantized_cache_dtype
+    from replay.serving.targets import unquantized_cache_dtype
 
     plain, overlay = tmp_path / "plain", tmp_path / "overlay"
-    for folder, config in ((plain, {"torch_dtype": "bfloat16"}),
-                           (overlay, {"torch_dtype": "float16", "quantization_config": {
-                               "quant_method": "compressed-tensors",
-                               "kv_cache_scheme": {"num_bits": 8, "type": "float"}}})):
+    for folder, config in (
+        (plain, {"torch_dtype": "bfloat16"}),
+        (
+            overlay,
+            {
+                "torch_dtype": "float16",
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "kv_cache_scheme": {"num_bits": 8, "type": "float"},
+                },
+            },
+        ),
+    ):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))
     assert unquantized_cache_dtype(plain) == "auto"

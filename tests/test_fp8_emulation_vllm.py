@@ -19,14 +19,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from replay._targets import DEFAULT_MODEL_ARGS, EMULATED_FP8
+from replay.serving.targets import DEFAULT_MODEL_ARGS, EMULATED_FP8
 
 from .conftest import ROOT, cpu_can_serve_fp8_kv
 
 pytestmark = [
-    pytest.mark.vllm, pytest.mark.fp8,
-    pytest.mark.skipif(not cpu_can_serve_fp8_kv(), reason="needs served FP8 to compare with: "
-                       "this CPU has neither AVX-512 nor AMX"),
+    pytest.mark.vllm,
+    pytest.mark.fp8,
+    pytest.mark.skipif(
+        not cpu_can_serve_fp8_kv(),
+        reason="needs served FP8 to compare with: this CPU has neither AVX-512 nor AMX",
+    ),
 ]
 
 HELDOUT = ROOT / "traces" / "testmodel_heldout.jsonl"
@@ -39,14 +42,24 @@ DNLL_TOLERANCE = 0.03
 
 def _targets_file(path: Path, model: Path, twin: Path, overlay: Path) -> Path:
     lines = []
-    arms = [("bf16", model, "auto"), ("fp8", model, "fp8"), ("fp8-emu", model, EMULATED_FP8),
-            ("twin-fp8", twin, "fp8"), ("twin-fp8-emu", twin, EMULATED_FP8),
-            ("cal-fp8", overlay, "fp8"), ("cal-fp8-emu", overlay, EMULATED_FP8)]
+    arms = [
+        ("bf16", model, "auto"),
+        ("fp8", model, "fp8"),
+        ("fp8-emu", model, EMULATED_FP8),
+        ("twin-fp8", twin, "fp8"),
+        ("twin-fp8-emu", twin, EMULATED_FP8),
+        ("cal-fp8", overlay, "fp8"),
+        ("cal-fp8-emu", overlay, EMULATED_FP8),
+    ]
     for name, folder, dtype in arms:
-        lines += [f"[targets.{name}]", f"model = {json.dumps(str(folder))}",
-                  f"kv_cache_dtype = {json.dumps(dtype)}",
-                  f"args = {json.dumps(list(DEFAULT_MODEL_ARGS))}",
-                  *(['role = "reference"'] if name == "bf16" else []), ""]
+        lines += [
+            f"[targets.{name}]",
+            f"model = {json.dumps(str(folder))}",
+            f"kv_cache_dtype = {json.dumps(dtype)}",
+            f"args = {json.dumps(list(DEFAULT_MODEL_ARGS))}",
+            *(['role = "reference"'] if name == "bf16" else []),
+            "",
+        ]
     path.write_text("\n".join(lines))
     return path
 
@@ -55,14 +68,48 @@ def _targets_file(path: Path, model: Path, twin: Path, overlay: Path) -> Path:
 def run_dir(model_dir: Path, twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("emulation")
     overlay = tmp / "twin-cal"
-    subprocess.run([sys.executable, "-m", "kvcal.cli", "calibrate", str(twin_dir),
-                    "--trace", str(ROOT / "traces" / "sample.jsonl"), "--buckets", "256,1K",
-                    "--per-bucket", "8", "-o", str(overlay)], cwd=ROOT, check=True, timeout=900)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvcal.cli",
+            "calibrate",
+            str(twin_dir),
+            "--trace",
+            str(ROOT / "traces" / "sample.jsonl"),
+            "--buckets",
+            "256,1K",
+            "--per-bucket",
+            "8",
+            "-o",
+            str(overlay),
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=900,
+    )
     targets = _targets_file(tmp / "targets.toml", model_dir, twin_dir, overlay)
-    cmd = [sys.executable, "-m", "replay.cli", "--trace", str(HELDOUT), "--targets-file",
-           str(targets), "--targets", ",".join(["bf16", *PAIRS, *PAIRS.values()]),
-           "--buckets", "256,1K", "--concurrency", "4", "--limit", "60", "--out", str(tmp),
-           "--run-id", "run"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replay.cli",
+        "--trace",
+        str(HELDOUT),
+        "--targets-file",
+        str(targets),
+        "--targets",
+        ",".join(["bf16", *PAIRS, *PAIRS.values()]),
+        "--buckets",
+        "256,1K",
+        "--concurrency",
+        "4",
+        "--limit",
+        "60",
+        "--out",
+        str(tmp),
+        "--run-id",
+        "run",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     out = tmp / "run"
     assert (out / "teacher_forced.jsonl").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -80,8 +127,9 @@ def _scores(run_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
 def _bucket_dnll(run_dir: Path, target: str) -> dict[str, float]:
     summary = json.loads((run_dir / "summary.json").read_text())
     (phase,) = summary["quality"]["phases"].values()
-    return {b: row["teacher_forced"]["nll_delta_mean"]
-            for b, row in phase[target]["buckets"].items()}
+    return {
+        b: row["teacher_forced"]["nll_delta_mean"] for b, row in phase[target]["buckets"].items()
+    }
 
 
 @pytest.mark.parametrize("served", list(PAIRS))
@@ -114,7 +162,8 @@ def test_emulated_targets_say_so(run_dir: Path) -> None:
         info = manifest["targets"][name]
         assert info["cache_config"]["cache_dtype"] in ("auto", "bfloat16")
         assert int(info["cache_config"]["kv_cache_size_tokens"]) == int(
-            manifest["targets"]["bf16"]["cache_config"]["kv_cache_size_tokens"])
+            manifest["targets"]["bf16"]["cache_config"]["kv_cache_size_tokens"]
+        )
         assert any("kvcanary fp8 emulation" in ln for ln in info["scale_log_lines"])
     cal_lines = manifest["targets"]["cal-fp8-emu"]["scale_log_lines"]
     assert any("(checkpoint)" in ln for ln in cal_lines)

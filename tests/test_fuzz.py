@@ -10,23 +10,38 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay._errors import InputError, TraceError
-from replay._importers import load
-from replay._targets import load_targets_config
 from replay.checkers import SpecError, parse_check
+from replay.core.errors import InputError, TraceError
+from replay.core.importers import load
+from replay.serving.targets import load_targets_config
 
-FAST = settings(max_examples=150, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids,
-                                                            max_size=4),
-    max_leaves=20)
-FIELDS = st.fixed_dictionaries({}, optional={
-    "id": JSONISH, "t": JSONISH, "api": st.sampled_from(["chat", "completions", "x"]) | JSONISH,
-    "messages": JSONISH, "prompt": JSONISH, "synth": JSONISH, "max_tokens": JSONISH,
-    "check": JSONISH, "tools": JSONISH, "params": JSONISH, "task": JSONISH})
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4)
+    ),
+    max_leaves=20,
+)
+FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": JSONISH,
+        "t": JSONISH,
+        "api": st.sampled_from(["chat", "completions", "x"]) | JSONISH,
+        "messages": JSONISH,
+        "prompt": JSONISH,
+        "synth": JSONISH,
+        "max_tokens": JSONISH,
+        "check": JSONISH,
+        "tools": JSONISH,
+        "params": JSONISH,
+        "task": JSONISH,
+    },
+)
 
 
 def _names_place(err: TraceError, path: Path) -> None:
@@ -34,8 +49,13 @@ def _names_place(err: TraceError, path: Path) -> None:
 
 
 @FAST
-@given(st.lists(st.binary(max_size=200) | FIELDS.map(lambda d: json.dumps(d).encode()),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.binary(max_size=200) | FIELDS.map(lambda d: json.dumps(d).encode()),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_trace_lines(tmp_path_factory, lines: list[bytes]) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path_factory.mktemp("f") / "t.jsonl"
     path.write_bytes(b"\n".join(x.replace(b"\n", b" ") for x in lines) + b"\n")
@@ -72,17 +92,52 @@ def test_checker_specs(spec: object) -> None:
         assert err.field and err.reason
 
 
-SPEC_KEYS = ("all", "calls", "case_sensitive", "coerce_types", "fact", "flags", "fullmatch",
-             "language", "match", "memory_mb", "normalize", "passage_ids", "pattern",
-             "rel_tolerance", "schema", "tests", "timeout_s", "tolerance", "value", "values",
-             "which")
+SPEC_KEYS = (
+    "all",
+    "calls",
+    "case_sensitive",
+    "coerce_types",
+    "fact",
+    "flags",
+    "fullmatch",
+    "language",
+    "match",
+    "memory_mb",
+    "normalize",
+    "passage_ids",
+    "pattern",
+    "rel_tolerance",
+    "schema",
+    "tests",
+    "timeout_s",
+    "tolerance",
+    "value",
+    "values",
+    "which",
+)
 
 
 @FAST
-@given(st.fixed_dictionaries(
-    {"type": st.sampled_from(["code", "contains", "exact", "json_schema", "number", "regex",
-                              "retrieval", "tool_call"]) | JSONISH},
-    optional=dict.fromkeys(SPEC_KEYS, JSONISH)))
+@given(
+    st.fixed_dictionaries(
+        {
+            "type": st.sampled_from(
+                [
+                    "code",
+                    "contains",
+                    "exact",
+                    "json_schema",
+                    "number",
+                    "regex",
+                    "retrieval",
+                    "tool_call",
+                ]
+            )
+            | JSONISH
+        },
+        optional=dict.fromkeys(SPEC_KEYS, JSONISH),
+    )
+)
 def test_checker_specs_with_real_keys(spec: dict[str, object]) -> None:
     """Every checker's own keys with values of any type (and a 'type' of any type: atheris
     found that a list there was a TypeError, which pydantic does not turn into a bad line)."""
@@ -95,8 +150,12 @@ def test_checker_specs_with_real_keys(spec: dict[str, object]) -> None:
 @pytest.mark.parametrize("kind", [["retrieval"], {"a": 1}, None, 3])
 def test_unhashable_or_odd_checker_type_is_a_bad_line(tmp_path: Path, kind: object) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "x"}],
-                                "check": {"type": kind}}) + "\n")
+    path.write_text(
+        json.dumps(
+            {"id": "a", "messages": [{"role": "user", "content": "x"}], "check": {"type": kind}}
+        )
+        + "\n"
+    )
     with pytest.raises(TraceError) as info:
         load(path, "v1")
     assert (info.value.line, info.value.field) == (1, "check.type")
@@ -126,22 +185,51 @@ def test_huge_line_and_invalid_utf8(tmp_path: Path) -> None:
 # -- the gaps: SSE event shapes, structured TOML, timestamps, empty files, repeated ids ------
 
 LEAF = st.none() | st.booleans() | st.integers(-3, 50) | st.floats() | st.text(max_size=8)
-ANY = st.recursive(LEAF, lambda kids: st.lists(kids, max_size=3)
-                   | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=6)
+ANY = st.recursive(
+    LEAF,
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3)
+    ),
+    max_leaves=6,
+)
 # Events shaped like an OpenAI/vLLM stream chunk, with any field of any type: deep enough that
 # the accumulator's every branch meets a wrong type, not just a wrong top level.
-FRAGMENT = st.fixed_dictionaries({}, optional={
-    "index": ANY, "id": ANY, "function": st.fixed_dictionaries(
-        {}, optional={"name": ANY, "arguments": ANY}) | ANY})
-CHOICE = st.fixed_dictionaries({}, optional={
-    "delta": st.fixed_dictionaries({}, optional={
-        "content": ANY, "tool_calls": st.lists(FRAGMENT | ANY, max_size=2) | ANY}) | ANY,
-    "text": ANY, "token_ids": ANY, "prompt_token_ids": ANY, "finish_reason": ANY})
-EVENT = st.fixed_dictionaries({}, optional={
-    "choices": st.lists(CHOICE | ANY, max_size=2) | ANY,
-    "usage": st.fixed_dictionaries({}, optional={"prompt_tokens": ANY,
-                                                 "completion_tokens": ANY}) | ANY,
-    "prompt_token_ids": ANY, "error": ANY}) | ANY
+FRAGMENT = st.fixed_dictionaries(
+    {},
+    optional={
+        "index": ANY,
+        "id": ANY,
+        "function": st.fixed_dictionaries({}, optional={"name": ANY, "arguments": ANY}) | ANY,
+    },
+)
+CHOICE = st.fixed_dictionaries(
+    {},
+    optional={
+        "delta": st.fixed_dictionaries(
+            {}, optional={"content": ANY, "tool_calls": st.lists(FRAGMENT | ANY, max_size=2) | ANY}
+        )
+        | ANY,
+        "text": ANY,
+        "token_ids": ANY,
+        "prompt_token_ids": ANY,
+        "finish_reason": ANY,
+    },
+)
+EVENT = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "choices": st.lists(CHOICE | ANY, max_size=2) | ANY,
+            "usage": st.fixed_dictionaries(
+                {}, optional={"prompt_tokens": ANY, "completion_tokens": ANY}
+            )
+            | ANY,
+            "prompt_token_ids": ANY,
+            "error": ANY,
+        },
+    )
+    | ANY
+)
 
 
 @FAST
@@ -151,10 +239,10 @@ def test_sse_events_of_any_shape_are_results(events: list[object], done: bool) -
     it never escapes, and whatever the result holds can be written and summarized."""
     import orjson
 
-    from replay._client import _Accumulator
-    from replay._records import Result
-    from replay._sse import DONE, ProtocolError, SSEDecoder
-    from replay._summary import summarize_results
+    from replay.analysis.summary import summarize_results
+    from replay.core.records import Result
+    from replay.serving.client import _Accumulator
+    from replay.serving.sse import DONE, ProtocolError, SSEDecoder
 
     body = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in events)
     body += b"data: [DONE]\n\n" if done else b""
@@ -174,14 +262,44 @@ def test_sse_events_of_any_shape_are_results(events: list[object], done: bool) -
 
 
 TOML_VALUE = st.one_of(
-    st.sampled_from(['"http://127.0.0.1:8000"', '"ftp://x"', '"fp8"', '"auto"', "1", "true",
-                     "[]", '["--x", "1"]', "[1, 2]", "{}", '{ A = "b" }', "{ A = 1 }", '""']),
-    st.text(max_size=10).map(json.dumps))
+    st.sampled_from(
+        [
+            '"http://127.0.0.1:8000"',
+            '"ftp://x"',
+            '"fp8"',
+            '"auto"',
+            "1",
+            "true",
+            "[]",
+            '["--x", "1"]',
+            "[1, 2]",
+            "{}",
+            '{ A = "b" }',
+            "{ A = 1 }",
+            '""',
+        ]
+    ),
+    st.text(max_size=10).map(json.dumps),
+)
 TOML_TABLE = st.tuples(
     st.sampled_from(["bf16", "fp8", "x.y", '"quoted name"', "a-b"]),
-    st.dictionaries(st.sampled_from(["url", "model", "api_key_env", "kv_cache_dtype", "args",
-                                     "env", "expect_cache_dtype", "colour"]),
-                    TOML_VALUE, max_size=4))
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "url",
+                "model",
+                "api_key_env",
+                "kv_cache_dtype",
+                "args",
+                "env",
+                "expect_cache_dtype",
+                "colour",
+            ]
+        ),
+        TOML_VALUE,
+        max_size=4,
+    ),
+)
 
 
 @FAST
@@ -189,7 +307,7 @@ TOML_TABLE = st.tuples(
 def test_targets_config_structured(tmp_path_factory, tables: list, top: bool) -> None:  # type: ignore[no-untyped-def]
     """Valid TOML with wrong keys, types and shapes: a ConfigError naming the file (and the
     table, when one is at fault), or a usable spec."""
-    from replay._errors import ConfigError
+    from replay.core.errors import ConfigError
 
     text = 'targets = "flat"\n' if top else ""
     for name, keys in tables:
@@ -206,8 +324,10 @@ def test_targets_config_structured(tmp_path_factory, tables: list, top: bool) ->
 
 
 @FAST
-@given(st.sampled_from(["mooncake", "azure"]),
-       st.one_of(st.floats(), st.integers(-10**20, 10**20), st.text(max_size=12)))
+@given(
+    st.sampled_from(["mooncake", "azure"]),
+    st.one_of(st.floats(), st.integers(-(10**20), 10**20), st.text(max_size=12)),
+)
 def test_importer_timestamps(tmp_path_factory, fmt: str, ts: object) -> None:  # type: ignore[no-untyped-def]
     """NaN, infinite, negative, huge and non-numeric timestamps: a bad line with its field,
     or a record whose time is a finite number >= 0."""
@@ -216,11 +336,15 @@ def test_importer_timestamps(tmp_path_factory, fmt: str, ts: object) -> None:  #
     path = tmp_path_factory.mktemp("f") / ("t.csv" if fmt == "azure" else "t.jsonl")
     if fmt == "azure":  # one CSV field on one row: no separators, line breaks or quotes
         field = str(ts).translate({ord(c): " " for c in ',"\r\n'})
-        path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{field},10,5\n",
-                        encoding="utf-8", errors="surrogateescape")
+        path.write_text(
+            f"TIMESTAMP,ContextTokens,GeneratedTokens\n{field},10,5\n",
+            encoding="utf-8",
+            errors="surrogateescape",
+        )
     else:
-        path.write_text(json.dumps({"timestamp": ts, "input_length": 10, "output_length": 5})
-                        + "\n")
+        path.write_text(
+            json.dumps({"timestamp": ts, "input_length": 10, "output_length": 5}) + "\n"
+        )
     loaded = load(path, fmt, on_bad_line="skip")
     for err in loaded.bad:
         _names_place(err, path)
@@ -229,11 +353,18 @@ def test_importer_timestamps(tmp_path_factory, fmt: str, ts: object) -> None:  #
         assert req.t is not None and math.isfinite(req.t) and req.t >= 0
 
 
-@pytest.mark.parametrize(("fmt", "data"), [
-    ("v1", b""), ("v1", b"\n  \n\t\n"), ("mooncake", b""), ("mooncake", b"\n\n"),
-    ("azure", b""), ("azure", b"TIMESTAMP,ContextTokens,GeneratedTokens\n"),
-    ("azure", b"\xff\xfe,\x00\n1,2,3\n"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "data"),
+    [
+        ("v1", b""),
+        ("v1", b"\n  \n\t\n"),
+        ("mooncake", b""),
+        ("mooncake", b"\n\n"),
+        ("azure", b""),
+        ("azure", b"TIMESTAMP,ContextTokens,GeneratedTokens\n"),
+        ("azure", b"\xff\xfe,\x00\n1,2,3\n"),
+    ],
+)
 def test_empty_or_headless_files_name_the_file(tmp_path: Path, fmt: str, data: bytes) -> None:
     path = tmp_path / "t"
     path.write_bytes(data)
@@ -246,17 +377,24 @@ def test_empty_or_headless_files_name_the_file(tmp_path: Path, fmt: str, data: b
 def test_huge_and_undecodable_rows_in_importers(tmp_path: Path) -> None:
     mc = tmp_path / "m.jsonl"
     row = {"timestamp": 0, "input_length": 10, "output_length": 5}
-    mc.write_bytes(json.dumps(row).encode() + b"\n"
-                   + json.dumps({**row, "hash_ids": list(range(400_000))}).encode() + b"\n"
-                   + b'{"timestamp": 1, "input_length": 10, "output_length": 5, "x": "\xff"}\n'
-                   + b'{"timestamp": ' + b"9" * 100_000 + b"}\n")
+    mc.write_bytes(
+        json.dumps(row).encode()
+        + b"\n"
+        + json.dumps({**row, "hash_ids": list(range(400_000))}).encode()
+        + b"\n"
+        + b'{"timestamp": 1, "input_length": 10, "output_length": 5, "x": "\xff"}\n'
+        + b'{"timestamp": '
+        + b"9" * 100_000
+        + b"}\n"
+    )
     loaded = load(mc, "mooncake", on_bad_line="skip")
     assert len(loaded.requests) == 2
     assert [e.line for e in loaded.bad] == [3, 4]
     az = tmp_path / "a.csv"
-    az.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n"
-                   b"2023-11-16 18:15:4\xff,10,5\n2023-11-16 18:15:47," + b"7" * 100_000
-                   + b",5\n")
+    az.write_bytes(
+        b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n"
+        b"2023-11-16 18:15:4\xff,10,5\n2023-11-16 18:15:47," + b"7" * 100_000 + b",5\n"
+    )
     loaded = load(az, "azure", on_bad_line="skip")
     # A 100,000-digit count is past Python's int-parsing limit: a bad field, not a crash.
     assert [(e.line, e.field) for e in loaded.bad] == [(3, "TIMESTAMP"), (4, "ContextTokens")]
@@ -267,8 +405,12 @@ def test_huge_and_undecodable_rows_in_importers(tmp_path: Path) -> None:
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=20))
 def test_repeated_ids_name_the_first_line(tmp_path_factory, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path_factory.mktemp("f") / "t.jsonl"
-    path.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": "x"}]})
-                            + "\n" for i in ids))
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "messages": [{"role": "user", "content": "x"}]}) + "\n"
+            for i in ids
+        )
+    )
     loaded = load(path, "v1", on_bad_line="skip")
     first: dict[int, int] = {}
     want = []

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay._grading import GradingSpec, agreement, first_divergence, grade_rows, quality
-from replay._records import Result
-from replay._teacher import parse_scores
-from replay._trace import Request
+from replay.analysis.grading import GradingSpec, agreement, first_divergence, grade_rows, quality
+from replay.core.records import Result
+from replay.core.trace import Request
+from replay.run.teacher import parse_scores
 
 
-def res(target: str, rid: str, text: str, ids: list[int], status: str = "ok",
-        bucket: str = "<256") -> Result:
-    return Result(request_id=rid, target=target, phase="c1", bucket=bucket, scheduled=0.0,
-                  status=status, output_text=text, output_ids=ids)  # type: ignore[arg-type]
+def res(
+    target: str, rid: str, text: str, ids: list[int], status: str = "ok", bucket: str = "<256"
+) -> Result:
+    return Result(
+        request_id=rid,
+        target=target,
+        phase="c1",
+        bucket=bucket,
+        scheduled=0.0,
+        status=status,
+        output_text=text,
+        output_ids=ids,
+    )  # type: ignore[arg-type]
 
 
 def test_first_divergence() -> None:
@@ -24,34 +33,57 @@ def test_first_divergence() -> None:
 
 
 def test_agreement_exact_normalized_and_position() -> None:
-    a = agreement(res("fp8", "x", "The answer is 4,821.", [1, 2, 3]),
-                  res("bf16", "x", "the answer is 4821", [1, 2, 4]))
+    a = agreement(
+        res("fp8", "x", "The answer is 4,821.", [1, 2, 3]),
+        res("bf16", "x", "the answer is 4821", [1, 2, 4]),
+    )
     assert a == {"exact": False, "normalized": True, "first_divergence": 2}
 
 
 def test_parse_scores_reads_the_reference_tokens() -> None:
-    body: dict[str, Any] = {"choices": [{"prompt_logprobs": [
-        None,
-        {"7": {"logprob": -0.5, "rank": 1}},
-        {"8": {"logprob": -2.0, "rank": 3}, "9": {"logprob": -0.1, "rank": 1}},
-        {"4": {"logprob": -0.25, "rank": 1}},
-    ]}]}
+    body: dict[str, Any] = {
+        "choices": [
+            {
+                "prompt_logprobs": [
+                    None,
+                    {"7": {"logprob": -0.5, "rank": 1}},
+                    {"8": {"logprob": -2.0, "rank": 3}, "9": {"logprob": -0.1, "rank": 1}},
+                    {"4": {"logprob": -0.25, "rank": 1}},
+                ]
+            }
+        ]
+    }
     s = parse_scores(body, prompt_len=2, output_ids=[8, 4])
     assert (s.n, s.nll, s.top1, s.error) == (2, (2.0, 0.25), (False, True), None)
     assert parse_scores({"choices": [{}]}, 2, [8]).error is not None
-    assert parse_scores(body, prompt_len=1, output_ids=[8]).error == \
-        "prompt_logprobs has the wrong length"
+    assert (
+        parse_scores(body, prompt_len=1, output_ids=[8]).error
+        == "prompt_logprobs has the wrong length"
+    )
 
 
 def test_quality_pairs_only_answered_requests_and_flags_identical_tf() -> None:
-    reqs = {f"r{i}": Request(id=f"r{i}", messages=({"role": "user", "content": "q"},),
-                             check={"type": "exact", "value": "yes"}) for i in range(4)}
+    reqs = {
+        f"r{i}": Request(
+            id=f"r{i}",
+            messages=({"role": "user", "content": "q"},),
+            check={"type": "exact", "value": "yes"},
+        )
+        for i in range(4)
+    }
     results = [res("bf16", f"r{i}", "yes", [1]) for i in range(4)]
-    results += [res("fp8", "r0", "yes", [1]), res("fp8", "r1", "no", [2]),
-                res("fp8", "r2", "yes", [1]), res("fp8", "r3", "", [], status="error")]
+    results += [
+        res("fp8", "r0", "yes", [1]),
+        res("fp8", "r1", "no", [2]),
+        res("fp8", "r2", "yes", [1]),
+        res("fp8", "r3", "", [], status="error"),
+    ]
     rows = grade_rows(results, reqs, "bf16")
-    tf = [{"target": t, "request_id": f"r{i}", "n": 1, "nll": [0.5], "top1": [True],
-           "error": None} for t in ("bf16", "fp8") for i in range(3)]
+    tf = [
+        {"target": t, "request_id": f"r{i}", "n": 1, "nll": [0.5], "top1": [True], "error": None}
+        for t in ("bf16", "fp8")
+        for i in range(3)
+    ]
     q = quality(rows, tf, "bf16", ["<256"])
     fp8 = q["phases"]["c1"]["fp8"]["buckets"]["<256"]
     assert (fp8["requests"], fp8["answered"], fp8["graded"], fp8["passed"]) == (4, 3, 3, 2)
@@ -66,11 +98,14 @@ def test_grade_rows_turns_a_bad_spec_into_a_failed_grade() -> None:
     """A check that cannot be built (as when a run directory is re-graded by a newer version
     with stricter specs) fails its answers with the reason; the other answers are graded."""
     reqs: dict[str, Any] = {
-        "bad": GradingSpec("bad", "json", {"type": "json_schema",
-                                           "schema": {"$ref": "http://127.0.0.1:9/s"}}),
-        "good": GradingSpec("good", "chat", {"type": "exact", "value": "yes"})}
-    rows = grade_rows([res("bf16", "bad", "{}", [1]), res("bf16", "good", "yes", [1])], reqs,
-                      "bf16")
+        "bad": GradingSpec(
+            "bad", "json", {"type": "json_schema", "schema": {"$ref": "http://127.0.0.1:9/s"}}
+        ),
+        "good": GradingSpec("good", "chat", {"type": "exact", "value": "yes"}),
+    }
+    rows = grade_rows(
+        [res("bf16", "bad", "{}", [1]), res("bf16", "good", "yes", [1])], reqs, "bf16"
+    )
     bad, good = (r["grade"] for r in rows)
     assert bad["passed"] is False and bad["reason"].startswith("checker error: SpecError")
     assert bad["detail"] == {"checker_error": "exception"}

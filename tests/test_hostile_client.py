@@ -17,12 +17,12 @@ from typing import Any
 import orjson
 import pytest
 
-from replay import _client
-from replay._client import MAX_ANSWER_CHARS, Client, _Accumulator
-from replay._records import Result
-from replay._sse import MAX_EVENT_BYTES, SSEDecoder
-from replay._summary import summarize_results
-from replay._trace import Request
+from replay.analysis.summary import summarize_results
+from replay.core.records import Result
+from replay.core.trace import Request
+from replay.serving import client as _client
+from replay.serving.client import MAX_ANSWER_CHARS, Client, _Accumulator
+from replay.serving.sse import MAX_EVENT_BYTES, SSEDecoder
 
 from .fault_server import PIECE, fault_server
 from .test_accounting import Ticks
@@ -57,10 +57,19 @@ def send_traced(url: str, **options: Any) -> tuple[Result, float, int]:
 
 # --- bounded memory, linear time ------------------------------------------------------------
 
-@pytest.mark.parametrize(("mode", "cap"), [("huge_event", None), ("endless_line", None),
-                                           ("huge_event", 1 << 20), ("endless_line", 1 << 20)])
-def test_an_event_without_end_is_a_protocol_error_in_bounded_memory(mode: str,
-                                                                   cap: int | None) -> None:
+
+@pytest.mark.parametrize(
+    ("mode", "cap"),
+    [
+        ("huge_event", None),
+        ("endless_line", None),
+        ("huge_event", 1 << 20),
+        ("endless_line", 1 << 20),
+    ],
+)
+def test_an_event_without_end_is_a_protocol_error_in_bounded_memory(
+    mode: str, cap: int | None
+) -> None:
     """A 50 MB event took 529 MB and a line that never ends grew until the timeout."""
     options = {} if cap is None else {"max_event_bytes": cap}
     limit = cap or MAX_EVENT_BYTES
@@ -84,7 +93,7 @@ def best_of(runs: int, work: Any) -> float:
 
 
 def pieces(stream: bytes) -> list[bytes]:
-    return [stream[i:i + PIECE] for i in range(0, len(stream), PIECE)]
+    return [stream[i : i + PIECE] for i in range(0, len(stream), PIECE)]
 
 
 def decode_seconds(reads: list[bytes]) -> float:
@@ -120,8 +129,7 @@ def test_a_long_line_is_handled_in_linear_time(kind: str, bound: float) -> None:
     for mb in (5, 10, 20):
         body = b"a" * (mb << 20)
         payload = None if kind == "comment" else b'{"x": "' + body + b'"}'
-        reads = pieces(b": " + body + b"\n\n" if payload is None
-                       else b"data: " + payload + b"\n\n")
+        reads = pieces(b": " + body + b"\n\n" if payload is None else b"data: " + payload + b"\n\n")
         ratios[mb] = decode_seconds(reads) / floor_seconds(reads, payload)
     assert max(ratios.values()) < bound, ratios
     if kind == "data":
@@ -145,14 +153,15 @@ def test_a_long_answer_is_stored_capped_and_says_so() -> None:
 
 # --- token counts and ITL under each way of reporting usage ---------------------------------
 
-@pytest.mark.parametrize(("usage", "per_chunk"), [("every", 1), ("every", 3), ("end", 1),
-                                                  ("none", 1)])
+
+@pytest.mark.parametrize(
+    ("usage", "per_chunk"), [("every", 1), ("every", 3), ("end", 1), ("none", 1)]
+)
 def test_tokens_and_itl_match_the_server(usage: str, per_chunk: int) -> None:
     """Usage on every chunk, only at the end, or never: the right token count, one arrival per
     content chunk (never the usage-only or EOS chunk), and the server's own ITL."""
     chunks = 40
-    with fault_server(f"usage_{usage}", chunks=chunks, per_chunk=per_chunk,
-                      gap_s=0.005) as server:
+    with fault_server(f"usage_{usage}", chunks=chunks, per_chunk=per_chunk, gap_s=0.005) as server:
         result = send(server.url)
         stamps = list(server.stamps)
     assert result.status == "ok", result.error
@@ -161,8 +170,7 @@ def test_tokens_and_itl_match_the_server(usage: str, per_chunk: int) -> None:
     client_itl_ms = summarize_results([result])["itl_ms"]["mean"]
     # The means telescope to (last - first) / gaps on both sides: only the first and last
     # deliveries' delays differ, so they agree closely (the old client halved it for "end").
-    assert client_itl_ms == pytest.approx(server_itl_ms, rel=0.2), (client_itl_ms,
-                                                                    server_itl_ms)
+    assert client_itl_ms == pytest.approx(server_itl_ms, rel=0.2), (client_itl_ms, server_itl_ms)
     assert len(result.chunk_times) == chunks  # content chunks only
     assert result.chunk_tokens == [per_chunk if usage == "every" else 1] * chunks
     assert result.first_token == result.chunk_times[0]
@@ -189,8 +197,10 @@ FAULTS = {
     "http429": ("http", ["HTTP 429", "Retry-After: 7", "slow down"]),
     "html500": ("http", ["HTTP 502", "text/html", "502 Bad Gateway"]),
     "detail404": ("http", ["HTTP 404", "Not Found"]),
-    "html200": ("protocol", ["HTTP 200", "text/html", "not text/event-stream",
-                             "Please log in to the proxy"]),
+    "html200": (
+        "protocol",
+        ["HTTP 200", "text/html", "not text/event-stream", "Please log in to the proxy"],
+    ),
     "error200": ("server_error", ["HTTP 200", "The model is overloaded"]),
     "vllm_error200": ("server_error", ["HTTP 200", "KV cache is full"]),
     "whole_json": ("protocol", ["application/json", "ignore stream", '"hello"']),
@@ -231,7 +241,6 @@ def test_a_refused_connection_says_so() -> None:
 # --- what one result may hold ---------------------------------------------------------------
 
 
-
 def fold(events: list[dict[str, Any]], max_chars: int = MAX_ANSWER_CHARS) -> Result:
     r = Result(request_id="r", target="t", phase="p", bucket="b", scheduled=0.0, sent=0.0)
     acc = _Accumulator(r, Ticks(), max_chars)
@@ -251,13 +260,13 @@ def content(text: str, n: int | None = None, ids: list[int] | None = None) -> di
 
 
 def tool(index: int, **fn: str) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": index,
-                                                               "function": fn}]}}]}
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, "function": fn}]}}]}
 
 
 def test_tool_call_text_shares_the_answer_cap() -> None:
-    r = fold([content("abcd"), tool(0, name="f"), tool(0, arguments='{"q": "' + "x" * 50)],
-             max_chars=20)
+    r = fold(
+        [content("abcd"), tool(0, name="f"), tool(0, arguments='{"q": "' + "x" * 50)], max_chars=20
+    )
     assert r.output_text == "abcd"
     assert r.tool_calls[0].name == "f" and len(r.tool_calls[0].arguments) == 15
     assert r.output_truncated
@@ -277,9 +286,17 @@ def test_arrivals_and_ids_are_capped_but_still_counted(monkeypatch: pytest.Monke
 
 
 def test_tokens_on_a_chunk_without_content_go_to_the_next_arrival() -> None:
-    r = fold([content("a", 1), {"choices": [{"index": 0, "delta": {}}],
-                                "usage": {"prompt_tokens": 2, "completion_tokens": 3}},
-              content("b", 4), content("c", 4)])
+    r = fold(
+        [
+            content("a", 1),
+            {
+                "choices": [{"index": 0, "delta": {}}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 3},
+            },
+            content("b", 4),
+            content("c", 4),
+        ]
+    )
     # "c" brought no new token: it is part of the arrival of "b", not an arrival of its own.
     assert r.chunk_tokens == [1, 3] and r.output_tokens == 4 and r.output_text == "abc"
 

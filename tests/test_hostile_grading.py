@@ -20,17 +20,17 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from replay._buckets import Buckets
-from replay._errors import TraceError
-from replay._grading import grade_rows
-from replay._importers import load
-from replay._records import Result, ToolCall
-from replay._rundir import new_run_dir, read_json
-from replay._runner import RunConfig, Runner, reanalyse
-from replay._schedule import ClosedLoop
-from replay._targets import TargetSpec
+from replay.analysis.grading import grade_rows
 from replay.checkers import Answer, Grade, Grader, JsonSchema, grade_safely, parse_check
 from replay.cli import main
+from replay.core.buckets import Buckets
+from replay.core.errors import TraceError
+from replay.core.importers import load
+from replay.core.records import Result, ToolCall
+from replay.core.schedule import ClosedLoop
+from replay.run.rundir import new_run_dir, read_json
+from replay.run.runner import RunConfig, Runner, reanalyse
+from replay.serving.targets import TargetSpec
 
 from .conftest import within
 from .fault_server import fault_server
@@ -38,11 +38,17 @@ from .fault_server import fault_server
 DEEP = "[" * 5000
 
 
-
-
 def result(rid: str, text: str, calls: tuple[ToolCall, ...] = (), target: str = "a") -> Result:
-    return Result(request_id=rid, target=target, phase="c1", bucket="<256", scheduled=0.0,
-                  status="ok", output_text=text, tool_calls=list(calls))
+    return Result(
+        request_id=rid,
+        target=target,
+        phase="c1",
+        bucket="<256",
+        scheduled=0.0,
+        status="ok",
+        output_text=text,
+        tool_calls=list(calls),
+    )
 
 
 class Spec:
@@ -53,10 +59,13 @@ class Spec:
 # -- deep nesting ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", [
-    {"type": "json_schema", "schema": {"type": "array"}},
-    {"type": "tool_call", "calls": [{"name": "f", "arguments": {}}]},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"type": "json_schema", "schema": {"type": "array"}},
+        {"type": "tool_call", "calls": [{"name": "f", "arguments": {}}]},
+    ],
+)
 def test_five_thousand_brackets_fail_the_answer_not_the_run(spec: dict[str, Any]) -> None:
     direct = within(10, lambda: parse_check(spec).grade(Answer(DEEP)))
     assert not direct.passed and direct.reason
@@ -73,9 +82,13 @@ def test_deep_tool_call_arguments_fail_with_a_reason() -> None:
 
 def test_deeply_nested_value_against_a_recursive_schema_fails_with_a_reason() -> None:
     # Parses (within the JSON parser's depth) but is too deep for the validator's recursion.
-    spec = {"type": "json_schema", "schema": {"$defs": {"n": {"type": "array",
-                                                              "items": {"$ref": "#/$defs/n"}}},
-                                              "$ref": "#/$defs/n"}}
+    spec = {
+        "type": "json_schema",
+        "schema": {
+            "$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+            "$ref": "#/$defs/n",
+        },
+    }
     text = "[" * 900 + "]" * 900
     with Grader() as grader:
         g = within(30, lambda: grader.grade(spec, Answer(text)))
@@ -85,14 +98,26 @@ def test_deeply_nested_value_against_a_recursive_schema_fails_with_a_reason() ->
 # -- remote references ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ref", ["http://127.0.0.1:9/s.json", "https://example.com/s.json",
-                                 "file:///etc/passwd", "other.json#/x", "//host/s"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "http://127.0.0.1:9/s.json",
+        "https://example.com/s.json",
+        "file:///etc/passwd",
+        "other.json#/x",
+        "//host/s",
+    ],
+)
 def test_remote_ref_is_refused_at_trace_load(tmp_path: Path, ref: str) -> None:
-    check = {"type": "json_schema", "schema": {"type": "object", "properties": {
-        "a": {"$ref": ref}}}}
+    check = {
+        "type": "json_schema",
+        "schema": {"type": "object", "properties": {"a": {"$ref": ref}}},
+    }
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "q"}],
-                                "check": check}) + "\n")
+    path.write_text(
+        json.dumps({"id": "x", "messages": [{"role": "user", "content": "q"}], "check": check})
+        + "\n"
+    )
     with pytest.raises(TraceError) as info:
         load(path)
     assert info.value.field == "check.schema.properties.a.$ref"
@@ -100,9 +125,15 @@ def test_remote_ref_is_refused_at_trace_load(tmp_path: Path, ref: str) -> None:
 
 
 def test_local_refs_still_work() -> None:
-    spec = {"type": "json_schema", "schema": {
-        "$defs": {"pos": {"type": "integer", "minimum": 1}},
-        "type": "object", "properties": {"n": {"$ref": "#/$defs/pos"}}, "required": ["n"]}}
+    spec = {
+        "type": "json_schema",
+        "schema": {
+            "$defs": {"pos": {"type": "integer", "minimum": 1}},
+            "type": "object",
+            "properties": {"n": {"$ref": "#/$defs/pos"}},
+            "required": ["n"],
+        },
+    }
     assert parse_check(spec).grade(Answer('{"n": 3}')).passed
     assert not parse_check(spec).grade(Answer('{"n": 0}')).passed
 
@@ -135,7 +166,8 @@ def schema_server() -> Iterator[tuple[str, list[str]]]:
 
 
 def test_a_remote_ref_that_reaches_grading_touches_no_network(
-        schema_server: tuple[str, list[str]]) -> None:
+    schema_server: tuple[str, list[str]],
+) -> None:
     url, asked = schema_server
     schema = {"type": "object", "properties": {"a": {"$ref": url}}}
     g = JsonSchema(schema).grade(Answer('{"a": {}}'))  # past spec validation, as an old run
@@ -155,16 +187,19 @@ def test_backtracking_regex_is_bounded() -> None:
     g = within(10, lambda: parse_check(spec).grade(Answer("a" * 40 + "!")))
     assert not g.passed and g.reason
     # A pattern that backtracks even in the regex module runs into its timeout.
-    g = within(10, lambda: parse_check({"type": "regex", "pattern": "(x+x+)+y"})
-               .grade(Answer("x" * 5000)))
+    g = within(
+        10, lambda: parse_check({"type": "regex", "pattern": "(x+x+)+y"}).grade(Answer("x" * 5000))
+    )
     assert not g.passed and g.reason.startswith("checker error") and "backtracking" in g.reason
     assert time.monotonic() - started < 10
 
 
 def test_a_checker_past_its_time_is_killed_and_the_next_answer_graded() -> None:
     # ``pattern`` inside a schema is matched by jsonschema with the re module: no timeout there.
-    spec = {"type": "json_schema", "schema": {"type": "array", "items": {
-        "type": "string", "pattern": "^(a+)+$"}}}
+    spec = {
+        "type": "json_schema",
+        "schema": {"type": "array", "items": {"type": "string", "pattern": "^(a+)+$"}},
+    }
     with Grader(time_s=1.0) as grader:
         started = time.monotonic()
         g = within(20, lambda: grader.grade(spec, Answer('["' + "a" * 40 + '!"]')))
@@ -212,28 +247,45 @@ def test_whatever_a_checker_raises_is_the_answers_grade() -> None:
             raise RecursionError("maximum recursion depth exceeded")
 
     g = grade_safely(Broken(), Answer("x"))
-    assert (g.passed, g.reason) == (False, "checker error: RecursionError: maximum recursion "
-                                           "depth exceeded")
+    assert (g.passed, g.reason) == (
+        False,
+        "checker error: RecursionError: maximum recursion depth exceeded",
+    )
 
 
 def test_grading_a_run_never_raises_and_notes_checker_errors() -> None:
-    specs = {"deep": {"type": "json_schema", "schema": {"type": "object"}},
-             "bad": {"type": "no-such-checker"},
-             "slow": {"type": "json_schema", "schema": {"type": "array", "items": {
-                 "type": "string", "pattern": "^(a+)+$"}}},
-             "big": {"type": "exact", "value": "x"}, "ok": {"type": "exact", "value": "x"}}
-    texts = {"deep": DEEP, "bad": "x", "slow": '["' + "a" * 40 + '!"]', "big": "x" * 2_000_000,
-             "ok": "x"}
+    specs = {
+        "deep": {"type": "json_schema", "schema": {"type": "object"}},
+        "bad": {"type": "no-such-checker"},
+        "slow": {
+            "type": "json_schema",
+            "schema": {"type": "array", "items": {"type": "string", "pattern": "^(a+)+$"}},
+        },
+        "big": {"type": "exact", "value": "x"},
+        "ok": {"type": "exact", "value": "x"},
+    }
+    texts = {
+        "deep": DEEP,
+        "bad": "x",
+        "slow": '["' + "a" * 40 + '!"]',
+        "big": "x" * 2_000_000,
+        "ok": "x",
+    }
     results = [result(k, texts[k], target=t) for k in specs for t in ("a", "b")]
     with Grader(time_s=1.0) as grader:
-        rows = within(60, lambda: grade_rows(results, {k: Spec(k, v) for k, v in specs.items()},
-                                             "a", grader))
+        rows = within(
+            60, lambda: grade_rows(results, {k: Spec(k, v) for k, v in specs.items()}, "a", grader)
+        )
     grades = {(r["target"], r["request_id"]): r["grade"] for r in rows}
     assert grades[("a", "ok")]["passed"] and grades[("b", "ok")]["passed"]
     assert not any(g["passed"] for (_, k), g in grades.items() if k != "ok")
     assert {g["detail"].get("checker_error") for (_, k), g in grades.items() if k != "ok"} == {
-        None, "exception", "timeout", "size"}
-    from replay._grading import quality
+        None,
+        "exception",
+        "timeout",
+        "size",
+    }
+    from replay.analysis.grading import quality
 
     notes = quality(rows, [], "a", ["<256"])["notes"]
     assert any(n.startswith("b: 3 answer(s) failed with a checker error") for n in notes), notes
@@ -242,26 +294,50 @@ def test_grading_a_run_never_raises_and_notes_checker_errors() -> None:
 # -- re-analysis from the run directory -------------------------------------------------------
 
 
-CHECKS = [{"type": "contains", "values": ["abc"]}, {"type": "exact", "value": "nope"},
-          {"type": "regex", "pattern": "(a+)+$"}, {"type": "json_schema",
-                                                    "schema": {"type": "object"}}]
+CHECKS = [
+    {"type": "contains", "values": ["abc"]},
+    {"type": "exact", "value": "nope"},
+    {"type": "regex", "pattern": "(a+)+$"},
+    {"type": "json_schema", "schema": {"type": "object"}},
+]
 
 
 def _replay(tmp_path: Path) -> Path:
     """A finished two-target replay against the fake server (which answers "abc")."""
     trace_path = tmp_path / "trace.jsonl"
-    trace_path.write_text("".join(json.dumps({
-        "id": f"r{i}", "task": "chat", "max_tokens": 8, "check": CHECKS[i % len(CHECKS)],
-        "messages": [{"role": "user", "content": f"question {i}"}]}) + "\n" for i in range(8)))
+    trace_path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"r{i}",
+                    "task": "chat",
+                    "max_tokens": 8,
+                    "check": CHECKS[i % len(CHECKS)],
+                    "messages": [{"role": "user", "content": f"question {i}"}],
+                }
+            )
+            + "\n"
+            for i in range(8)
+        )
+    )
     trace = load(trace_path)
     with fault_server("split") as server:
-        cfg = RunConfig(trace=trace, trace_path=trace_path, trace_format="v1",
-                        targets=[TargetSpec(name="ref", url=server.url),
-                                 TargetSpec(name="cand", url=server.url)],
-                        schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
-                        run_dir=new_run_dir(tmp_path / "reports"), timeout_s=5.0,
-                        teacher_forced=False, reference="ref",
-                        cli_options={"targets": "ref=x,cand=y", "tolerance": 0.05})
+        cfg = RunConfig(
+            trace=trace,
+            trace_path=trace_path,
+            trace_format="v1",
+            targets=[
+                TargetSpec(name="ref", url=server.url),
+                TargetSpec(name="cand", url=server.url),
+            ],
+            schedules=[ClosedLoop(2)],
+            buckets=Buckets.parse("256,1K"),
+            run_dir=new_run_dir(tmp_path / "reports"),
+            timeout_s=5.0,
+            teacher_forced=False,
+            reference="ref",
+            cli_options={"targets": "ref=x,cand=y", "tolerance": 0.05},
+        )
         asyncio.run(Runner(cfg).run())
     return cfg.run_dir
 

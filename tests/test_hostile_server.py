@@ -26,20 +26,26 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from replay._errors import TargetError
-from replay._importers import load
-from replay._introspect import EndpointError, fetch, introspect, served_model
-from replay._rundir import read_results
-from replay._runner import token_pool
 from replay.cli import EXIT_INPUT, EXIT_OK, EXIT_TARGET_FAILED
+from replay.core.errors import TargetError
+from replay.core.importers import load
+from replay.run.rundir import read_results
+from replay.run.runner import token_pool
+from replay.serving.introspect import EndpointError, fetch, introspect, served_model
 
 from .conftest import ROOT
 from .fault_server import METRICS, LoopbackServer
 
 KEY = "kvc-test-key-123"
 KEY_ENV = "KVC_HOSTILE_TEST_KEY"
-ENDPOINTS = ("/v1/models", "/version", "/metrics", "/tokenize", "/v1/completions",
-             "/v1/chat/completions")
+ENDPOINTS = (
+    "/v1/models",
+    "/version",
+    "/metrics",
+    "/tokenize",
+    "/v1/completions",
+    "/v1/chat/completions",
+)
 
 
 @dataclass
@@ -76,14 +82,19 @@ class FakeServer(LoopbackServer):
         canned = self.canned.get(request.path)
         if canned is not None:
             await request.read()
-            return web.Response(body=canned.body, status=canned.status,
-                                content_type=canned.content_type, headers=canned.headers)
+            return web.Response(
+                body=canned.body,
+                status=canned.status,
+                content_type=canned.content_type,
+                headers=canned.headers,
+            )
         resp: web.StreamResponse = await handler(request)
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": "fake", "root": "fake", "max_model_len": 4096}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "fake", "root": "fake", "max_model_len": 4096}]}
+        )
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": "fake-0"})
@@ -101,17 +112,22 @@ class FakeServer(LoopbackServer):
         if not body.get("stream"):  # teacher-forced scoring: every prompt token top-1
             prompt = body["prompt"]
             lps = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in prompt[1:]]
-            return web.json_response({"choices": [{"index": 0, "text": "x",
-                                                   "prompt_logprobs": lps}]})
+            return web.json_response(
+                {"choices": [{"index": 0, "text": "x", "prompt_logprobs": lps}]}
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         events: list[dict[str, Any]] = []
         for n, (text, tok) in enumerate((("ye", 5), ("s", 6)), start=1):
-            choice: dict[str, Any] = {"index": 0, "token_ids": [tok],
-                                      "finish_reason": "stop" if n == 2 else None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "token_ids": [tok],
+                "finish_reason": "stop" if n == 2 else None,
+            }
             choice.update({"delta": {"content": text}} if chat else {"text": text})
-            events.append({"choices": [choice],
-                           "usage": {"prompt_tokens": 3, "completion_tokens": n}})
+            events.append(
+                {"choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": n}}
+            )
         events[0]["prompt_token_ids"] = [1, 2, 3]
         for ev in events:
             await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
@@ -131,8 +147,9 @@ class FakeServer(LoopbackServer):
 
 
 @contextmanager
-def fake_server(canned: dict[str, Canned] | None = None,
-                key: str | None = None) -> Iterator[FakeServer]:
+def fake_server(
+    canned: dict[str, Canned] | None = None, key: str | None = None
+) -> Iterator[FakeServer]:
     server = FakeServer(canned, key)
     server.start()
     try:
@@ -143,8 +160,10 @@ def fake_server(canned: dict[str, Canned] | None = None,
 
 def chat_trace(tmp_path: Path) -> Path:
     """Three chat requests and one completions request (text prompts: /tokenize counts)."""
-    lines = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"say yes {i}"}],
-              "max_tokens": 4} for i in range(3)]
+    lines = [
+        {"id": f"c{i}", "messages": [{"role": "user", "content": f"say yes {i}"}], "max_tokens": 4}
+        for i in range(3)
+    ]
     lines.append({"id": "p0", "api": "completions", "prompt": "say yes", "max_tokens": 4})
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
@@ -154,9 +173,14 @@ def chat_trace(tmp_path: Path) -> Path:
 def synth_trace(tmp_path: Path) -> Path:
     """Length-only (Mooncake): its prompts are made of ids from the target's /tokenize."""
     path = tmp_path / "mooncake.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 16, "output_length": 2,
-                                        "hash_ids": [i]}) + "\n" for i in range(3)),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": i, "input_length": 16, "output_length": 2, "hash_ids": [i]})
+            + "\n"
+            for i in range(3)
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -178,14 +202,38 @@ class Replay:
 def replay(tmp_path: Path, trace: Path, url: str, *, key_env: bool = False) -> Replay:
     """The CLI against one target named ``fake`` (with ``api_key_env`` when asked)."""
     toml = tmp_path / "targets.toml"
-    toml.write_text(f'[targets.fake]\nurl = "{url}"\n'
-                    + (f'api_key_env = "{KEY_ENV}"\n' if key_env else ""), encoding="utf-8")
+    toml.write_text(
+        f'[targets.fake]\nurl = "{url}"\n' + (f'api_key_env = "{KEY_ENV}"\n' if key_env else ""),
+        encoding="utf-8",
+    )
     env = {**os.environ, KEY_ENV: KEY, "NO_COLOR": "1", "COLUMNS": "1000"}  # no wrapping
     proc = subprocess.run(
-        [sys.executable, "-m", "replay.cli", "--trace", str(trace), "--targets", "fake",
-         "--targets-file", str(toml), "--out", str(tmp_path / "runs"), "--run-id", "r",
-         "--concurrency", "2", "--timeout", "20"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+        [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "--trace",
+            str(trace),
+            "--targets",
+            "fake",
+            "--targets-file",
+            str(toml),
+            "--out",
+            str(tmp_path / "runs"),
+            "--run-id",
+            "r",
+            "--concurrency",
+            "2",
+            "--timeout",
+            "20",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     return Replay(proc.returncode, proc.stdout + proc.stderr, tmp_path / "runs" / "r")
 
 
@@ -242,21 +290,36 @@ def test_without_the_key_the_failure_names_the_endpoint_and_status(tmp_path: Pat
 
 # path -> canned answer, words the reason must hold (the endpoint and what came back)
 TARGET_FAILURES = {
-    "models-list": ("/v1/models", canned_json([{"id": "fake"}]),
-                    "GET /v1/models: expected an object with a \"data\" list, got '[{\"id\""),
-    "models-data-of-strings": ("/v1/models", canned_json({"data": ["fake"]}),
-                               "GET /v1/models: expected data[0] to be an object"),
-    "models-id-a-number": ("/v1/models", canned_json({"data": [{"id": 5}]}),
-                           "non-empty string \"id\", got '{\"data\": [{\"id\": 5}]}'"),
-    "models-empty": ("/v1/models", canned_json({"data": []}),
-                     "at least one model listed, got '{\"data\": []}'"),
-    "models-html": ("/v1/models", Canned(b"<html><body>login</body></html>",
-                                         content_type="text/html"),
-                    "GET /v1/models: expected JSON, got '<html><body>login"),
-    "models-redirect": ("/v1/models", Canned(b"", status=302,
-                                             headers={"Location": "http://elsewhere.test/v1"}),
-                        "GET /v1/models: HTTP 302 redirect to 'http://elsewhere.test/v1': "
-                        "not followed"),
+    "models-list": (
+        "/v1/models",
+        canned_json([{"id": "fake"}]),
+        'GET /v1/models: expected an object with a "data" list, got \'[{"id"',
+    ),
+    "models-data-of-strings": (
+        "/v1/models",
+        canned_json({"data": ["fake"]}),
+        "GET /v1/models: expected data[0] to be an object",
+    ),
+    "models-id-a-number": (
+        "/v1/models",
+        canned_json({"data": [{"id": 5}]}),
+        'non-empty string "id", got \'{"data": [{"id": 5}]}\'',
+    ),
+    "models-empty": (
+        "/v1/models",
+        canned_json({"data": []}),
+        "at least one model listed, got '{\"data\": []}'",
+    ),
+    "models-html": (
+        "/v1/models",
+        Canned(b"<html><body>login</body></html>", content_type="text/html"),
+        "GET /v1/models: expected JSON, got '<html><body>login",
+    ),
+    "models-redirect": (
+        "/v1/models",
+        Canned(b"", status=302, headers={"Location": "http://elsewhere.test/v1"}),
+        "GET /v1/models: HTTP 302 redirect to 'http://elsewhere.test/v1': not followed",
+    ),
 }
 
 
@@ -277,13 +340,15 @@ def test_unusable_models_answer_fails_the_target(case: str, tmp_path: Path) -> N
     assert "/v1/chat/completions" not in seen  # nothing sent to a target without a model
 
 
-@pytest.mark.parametrize(("shape", "words"), [
-    ([1, 2, 3], "got '[1, 2, 3]'"),
-    ({"tokens": 5}, "got '{\"tokens\": 5}'"),
-    ({"tokens": [1, 2]}, "too small"),
-])
-def test_unusable_tokenize_fails_a_synthetic_trace(shape: Any, words: str,
-                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        ([1, 2, 3], "got '[1, 2, 3]'"),
+        ({"tokens": 5}, "got '{\"tokens\": 5}'"),
+        ({"tokens": [1, 2]}, "too small"),
+    ],
+)
+def test_unusable_tokenize_fails_a_synthetic_trace(shape: Any, words: str, tmp_path: Path) -> None:
     trace = synth_trace(tmp_path)
     with fake_server({"/tokenize": canned_json(shape)}) as srv:
         run = replay(tmp_path, trace, srv.url)
@@ -306,23 +371,41 @@ def test_unusable_tokenize_leaves_text_prompts_uncounted(shape: Any, tmp_path: P
     assert {r.bucket for r in results} == {"unknown"}
     target = run.target()
     assert target["tokens_counted"] == 0
-    assert any(p.startswith("4 of 4 prompt(s) not counted") and "POST /tokenize: expected"
-               in p for p in target["problems"]), target["problems"]
+    assert any(
+        p.startswith("4 of 4 prompt(s) not counted") and "POST /tokenize: expected" in p
+        for p in target["problems"]
+    ), target["problems"]
 
 
-@pytest.mark.parametrize(("path", "canned", "words"), [
-    ("/version", canned_json(["0.1"]), "GET /version: expected an object with a string "
-                                       "\"version\", got '[\"0.1\"]'"),
-    ("/version", canned_json({"version": {"major": 0}}), "GET /version: expected"),
-    ("/metrics", Canned(b"\xff\xfe\x00garbage", content_type="text/plain"),
-     "GET /metrics: expected UTF-8 Prometheus text"),
-    ("/metrics", Canned(b"{{{ not prometheus", content_type="text/plain"),
-     "GET /metrics: not Prometheus text"),
-    ("/metrics", Canned(b"", status=307, headers={"Location": "http://elsewhere.test/m"}),
-     "GET /metrics: HTTP 307 redirect to 'http://elsewhere.test/m'"),
-])
-def test_unusable_version_or_metrics_is_a_recorded_problem(path: str, canned: Canned,
-                                                           words: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("path", "canned", "words"),
+    [
+        (
+            "/version",
+            canned_json(["0.1"]),
+            'GET /version: expected an object with a string "version", got \'["0.1"]\'',
+        ),
+        ("/version", canned_json({"version": {"major": 0}}), "GET /version: expected"),
+        (
+            "/metrics",
+            Canned(b"\xff\xfe\x00garbage", content_type="text/plain"),
+            "GET /metrics: expected UTF-8 Prometheus text",
+        ),
+        (
+            "/metrics",
+            Canned(b"{{{ not prometheus", content_type="text/plain"),
+            "GET /metrics: not Prometheus text",
+        ),
+        (
+            "/metrics",
+            Canned(b"", status=307, headers={"Location": "http://elsewhere.test/m"}),
+            "GET /metrics: HTTP 307 redirect to 'http://elsewhere.test/m'",
+        ),
+    ],
+)
+def test_unusable_version_or_metrics_is_a_recorded_problem(
+    path: str, canned: Canned, words: str, tmp_path: Path
+) -> None:
     """What the engine version and the server-side series need, not what the requests need:
     the replay runs, and the manifest says what the endpoint answered."""
     trace = chat_trace(tmp_path)
@@ -393,8 +476,10 @@ def test_an_oversized_answer_is_cut_off() -> None:
         async with aiohttp.ClientSession() as session:
             await fetch(session, "GET", url, "/v1/models", max_bytes=1024)
 
-    with fake_server({"/v1/models": big}) as srv, \
-            pytest.raises(EndpointError, match="over the 1024-byte limit"):
+    with (
+        fake_server({"/v1/models": big}) as srv,
+        pytest.raises(EndpointError, match="over the 1024-byte limit"),
+    ):
         asyncio.run(go(srv.url))
 
 
@@ -404,16 +489,18 @@ def test_token_pool_names_what_tokenize_answered() -> None:
             await token_pool(session, url, "fake")
 
     html = Canned(b"<html>nope</html>", content_type="text/html")
-    with fake_server({"/tokenize": html}) as srv, \
-            pytest.raises(TargetError, match="POST /tokenize: expected JSON, got '<html>nope"):
+    with (
+        fake_server({"/tokenize": html}) as srv,
+        pytest.raises(TargetError, match="POST /tokenize: expected JSON, got '<html>nope"),
+    ):
         asyncio.run(go(srv.url))
 
 
 def test_locust_preparation_and_metrics_tap_carry_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Locust adapter's sessions toward the target (preparation, the metrics tap)."""
-    from replay._buckets import Buckets
-    from replay._locust_support import MetricsTap, prepare
-    from replay._targets import TargetSpec
+    from replay.core.buckets import Buckets
+    from replay.locust.support import MetricsTap, prepare
+    from replay.serving.targets import TargetSpec
 
     monkeypatch.setenv(KEY_ENV, KEY)
     reqs = load(ROOT / "traces" / "sample.jsonl").requests[:4]
@@ -435,30 +522,42 @@ def test_locust_preparation_and_metrics_tap_carry_the_key(monkeypatch: pytest.Mo
 
 
 def test_locust_preparation_fails_with_the_endpoint_named() -> None:
-    from replay._buckets import Buckets
-    from replay._locust_support import prepare
-    from replay._targets import TargetSpec
+    from replay.core.buckets import Buckets
+    from replay.locust.support import prepare
+    from replay.serving.targets import TargetSpec
 
     reqs = load(ROOT / "traces" / "sample.jsonl").requests[:2]
 
     async def go(url: str) -> None:
         await prepare(TargetSpec(name="fake", url=url), reqs, Buckets.parse("256,1K"))
 
-    with fake_server({"/v1/models": canned_json([1])}) as srv, pytest.raises(
-            TargetError, match=r"no model served by .*GET /v1/models: expected an object"):
+    with (
+        fake_server({"/v1/models": canned_json([1])}) as srv,
+        pytest.raises(
+            TargetError, match=r"no model served by .*GET /v1/models: expected an object"
+        ),
+    ):
         asyncio.run(go(srv.url))
     with pytest.raises(TargetError, match="Connection refused"):
         asyncio.run(go(f"http://127.0.0.1:{closed_port()}"))
 
 
-@pytest.mark.parametrize(("canned", "words"), [
-    (canned_json([1, 2]), "POST /v1/completions: no prompt_logprobs in the response; got '[1, 2]'"),
-    (canned_json({"choices": [{"prompt_logprobs": "x"}]}), "has the wrong length; got"),
-    (Canned(b"", status=302, headers={"Location": "http://elsewhere.test/"}),
-     "POST /v1/completions: HTTP 302 redirect to 'http://elsewhere.test/'"),
-])
+@pytest.mark.parametrize(
+    ("canned", "words"),
+    [
+        (
+            canned_json([1, 2]),
+            "POST /v1/completions: no prompt_logprobs in the response; got '[1, 2]'",
+        ),
+        (canned_json({"choices": [{"prompt_logprobs": "x"}]}), "has the wrong length; got"),
+        (
+            Canned(b"", status=302, headers={"Location": "http://elsewhere.test/"}),
+            "POST /v1/completions: HTTP 302 redirect to 'http://elsewhere.test/'",
+        ),
+    ],
+)
 def test_teacher_forced_scoring_names_what_came_back(canned: Canned, words: str) -> None:
-    from replay._teacher import score
+    from replay.run.teacher import score
 
     async def go(url: str) -> str | None:
         async with aiohttp.ClientSession() as session:

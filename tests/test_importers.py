@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from replay._errors import TraceError
-from replay._importers import LengthPolicy, load, sniff_format
-from replay._synth import TokenPool, synthesize
+from replay.core.errors import TraceError
+from replay.core.importers import LengthPolicy, load, sniff_format
+from replay.core.synth import TokenPool, synthesize
 
 from .conftest import SHARED_DATA
 
@@ -59,17 +59,24 @@ def test_length_policy_scales_blocks_and_caps() -> None:
 
 def test_bad_rows_name_line_and_field(tmp_path: Path) -> None:
     mc = tmp_path / "m.jsonl"
-    mc.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
-                  '{"timestamp": -5, "input_length": 10, "output_length": 5}\n'
-                  '{"timestamp": 1, "input_length": "ten", "output_length": 5}\n'
-                  '{"timestamp": 1, "input_length": 10, "output_length": 5, "hash_ids": "x"}\n')
+    mc.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+        '{"timestamp": -5, "input_length": 10, "output_length": 5}\n'
+        '{"timestamp": 1, "input_length": "ten", "output_length": 5}\n'
+        '{"timestamp": 1, "input_length": 10, "output_length": 5, "hash_ids": "x"}\n'
+    )
     loaded = load(mc, "mooncake", on_bad_line="skip")
     assert len(loaded.requests) == 1
     assert [(e.line, e.field) for e in loaded.bad] == [
-        (2, "timestamp"), (3, "input_length"), (4, "hash_ids")]
+        (2, "timestamp"),
+        (3, "input_length"),
+        (4, "hash_ids"),
+    ]
     az = tmp_path / "a.csv"
-    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,5\n"
-                  "yesterday,10,5\n2023-11-16 18:15:47,0,5\n")
+    az.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,5\n"
+        "yesterday,10,5\n2023-11-16 18:15:47,0,5\n"
+    )
     loaded = load(az, "azure", on_bad_line="skip")
     assert [(e.line, e.field) for e in loaded.bad] == [(3, "TIMESTAMP"), (4, "ContextTokens")]
     wrong = tmp_path / "w.csv"
@@ -81,11 +88,11 @@ def test_bad_rows_name_line_and_field(tmp_path: Path) -> None:
 BOM = b"\xef\xbb\xbf"
 BOM_CASES = {
     "mooncake": b'{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
-                b'{"timestamp": 5, "input_length": 20, "output_length": 5}\n',
+    b'{"timestamp": 5, "input_length": 20, "output_length": 5}\n',
     "azure": b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,5\n"
-             b"2023-11-16 18:15:47,20,5\n",
+    b"2023-11-16 18:15:47,20,5\n",
     "v1": b'{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n'
-          b'{"id": "b", "api": "completions", "prompt": "hi"}\n',
+    b'{"id": "b", "api": "completions", "prompt": "hi"}\n',
 }
 
 
@@ -107,10 +114,13 @@ POOL = TokenPool(range(100, 400))
 
 
 def synth_req(rid: str, n: int, hash_ids: list[int], block: int = 16):  # type: ignore[no-untyped-def]
-    from replay._trace import Request, Synth
+    from replay.core.trace import Request, Synth
 
-    return Request(id=rid, api="completions", synth=Synth(input_tokens=n, hash_ids=tuple(hash_ids),
-                                                          block_tokens=block))
+    return Request(
+        id=rid,
+        api="completions",
+        synth=Synth(input_tokens=n, hash_ids=tuple(hash_ids), block_tokens=block),
+    )
 
 
 def test_synth_exact_length_and_shared_prefixes() -> None:

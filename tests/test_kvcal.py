@@ -34,12 +34,12 @@ from kvcal._scales import (  # noqa: E402
     tiny,
 )
 from kvcal._verify import NOT_APPLIED, ServerCheck, _decide, compare_scores  # noqa: E402
-from replay._buckets import Buckets  # noqa: E402
-from replay._errors import ConfigError, InputError  # noqa: E402
-from replay._exclude import Exclusion, read_ids, refuse_overlap  # noqa: E402
-from replay._targets import TargetSpec, parse_targets  # noqa: E402
-from replay._teacher import TFScore  # noqa: E402
-from replay._trace import Request  # noqa: E402
+from replay.core.buckets import Buckets  # noqa: E402
+from replay.core.errors import ConfigError, InputError  # noqa: E402
+from replay.core.trace import Request  # noqa: E402
+from replay.run.exclude import Exclusion, read_ids, refuse_overlap  # noqa: E402
+from replay.run.teacher import TFScore  # noqa: E402
+from replay.serving.targets import TargetSpec, parse_targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRACE = ROOT / "traces" / "sample.jsonl"
@@ -49,7 +49,7 @@ def build_test_model(factory: pytest.TempPathFactory) -> Path:
     """A Llama checkpoint of our own (the test model's builder, random weights): kvcal must
     work on any Llama-family folder, and these tests must not move when the default model
     is replaced."""
-    from replay.testmodel import build
+    from replay.testmodel.factory import build
 
     return build(factory.mktemp("model") / "tiny-llama")
 
@@ -60,8 +60,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _requests() -> list[Request]:
-    return [Request.model_validate(json.loads(line))
-            for line in SAMPLE_TRACE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        Request.model_validate(json.loads(line))
+        for line in SAMPLE_TRACE.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
 
 
 def _samples(model_dir: Path, n: int = 6) -> list[Sample]:
@@ -85,12 +88,18 @@ def _independent_amax(model: Any, samples: list[Sample]) -> Any:
     heads, dim = cfg.num_key_value_heads, cfg.head_dim
     out = torch.zeros(2, cfg.num_hidden_layers, heads)
     captured: dict[str, Any] = {}
-    hooks = [model.model.rotary_emb.register_forward_hook(
-        lambda m, i, o: captured.__setitem__("rope", o))]
+    hooks = [
+        model.model.rotary_emb.register_forward_hook(
+            lambda m, i, o: captured.__setitem__("rope", o)
+        )
+    ]
     for li, layer in enumerate(model.model.layers):
         for name, proj in (("k", layer.self_attn.k_proj), ("v", layer.self_attn.v_proj)):
-            hooks.append(proj.register_forward_hook(
-                lambda m, i, o, key=f"{name}{li}": captured.__setitem__(key, o)))
+            hooks.append(
+                proj.register_forward_hook(
+                    lambda m, i, o, key=f"{name}{li}": captured.__setitem__(key, o)
+                )
+            )
     try:
         for s in samples:
             model(input_ids=torch.tensor([list(s.input_ids)]), use_cache=False)
@@ -195,9 +204,12 @@ def test_sampling_is_stratified_deterministic_and_disjoint(model_dir: Path) -> N
         assert len(chosen) == row["calibration"] <= min(3, row["available"] // 2)
         assert all(buckets.label(len(s.input_ids)) == label for s in chosen)
         # the smallest hash keys of the bucket were chosen
-        keys = sorted(split_key(r.id, 7) for r in reqs
-                      if buckets.label(len(PromptRenderer(tok).render(r)[0])) == label)
-        assert sorted(split_key(s.id, 7) for s in chosen) == keys[:len(chosen)]
+        keys = sorted(
+            split_key(r.id, 7)
+            for r in reqs
+            if buckets.label(len(PromptRenderer(tok).render(r)[0])) == label
+        )
+        assert sorted(split_key(s.id, 7) for s in chosen) == keys[: len(chosen)]
 
 
 def test_prompts_render_tools_and_synthetic_lengths(model_dir: Path) -> None:
@@ -209,8 +221,11 @@ def test_prompts_render_tools_and_synthetic_lengths(model_dir: Path) -> None:
     ids, text = renderer.render(tool)
     assert text is not None and "get_weather" in text and "<tools>" in text
     assert ids == renderer.tok.encode(text, add_special_tokens=False)
-    synth = Request(id="s", api="completions", synth={"input_tokens": 300, "hash_ids": [1, 2],
-                                                       "block_tokens": 128})
+    synth = Request(
+        id="s",
+        api="completions",
+        synth={"input_tokens": 300, "hash_ids": [1, 2], "block_tokens": 128},
+    )
     assert len(renderer.render(synth)[0]) == 300
 
 
@@ -224,8 +239,15 @@ def test_samples_file_errors_name_the_line(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def overlay(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("kvcal") / "calibrated"
-    calibrate(model_dir, _samples(model_dir, 1), out, Recipe(chunk_tokens=256), seed=3,
-              sampling={"per_bucket": 1}, legacy=True)
+    calibrate(
+        model_dir,
+        _samples(model_dir, 1),
+        out,
+        Recipe(chunk_tokens=256),
+        seed=3,
+        sampling={"per_bucket": 1},
+        legacy=True,
+    )
     return out
 
 
@@ -234,10 +256,19 @@ def test_overlay_checkpoint_layout(overlay: Path, model_dir: Path) -> None:
 
     config = json.loads((overlay / "config.json").read_text())
     assert config["quantization_config"] == {
-        "quant_method": "compressed-tensors", "format": "dense",
-        "quantization_status": "compressed", "config_groups": {}, "ignore": [],
-        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor",
-                            "dynamic": False, "symmetric": True}}
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "quantization_status": "compressed",
+        "config_groups": {},
+        "ignore": [],
+        "kv_cache_scheme": {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": "tensor",
+            "dynamic": False,
+            "symmetric": True,
+        },
+    }
     # no model.safetensors: transformers would load it and skip the index's scales shard
     assert not (overlay / "model.safetensors").exists()
     weights = overlay / SINGLE_FILE_LINK
@@ -270,8 +301,9 @@ def test_per_head_overlay_and_recipe(model_dir: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
 
     out = tmp_path / "per-head"
-    calibrate(model_dir, _samples(model_dir, 1), out, Recipe(strategy="attn_head"), seed=0,
-              sampling={})
+    calibrate(
+        model_dir, _samples(model_dir, 1), out, Recipe(strategy="attn_head"), seed=0, sampling={}
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["kv_cache_scheme"]["strategy"] == "attn_head"
     with safe_open(str(out / SCALES_SHARD), "pt") as f:
@@ -310,8 +342,17 @@ def test_overlap_between_calibration_and_evaluation_is_refused(overlay: Path) ->
 def test_replay_cli_refuses_overlap_before_starting_servers(overlay: Path) -> None:
     from replay.cli import main
 
-    res = CliRunner().invoke(main, ["--trace", str(SAMPLE_TRACE), "--targets",
-                                    f"fp8-cal={overlay}", "--out", str(overlay / "runs")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "--trace",
+            str(SAMPLE_TRACE),
+            "--targets",
+            f"fp8-cal={overlay}",
+            "--out",
+            str(overlay / "runs"),
+        ],
+    )
     assert res.exit_code == 2
     text = " ".join(res.output.split())  # rich wraps lines
     assert "were used to calibrate" in text and "--exclude-ids" in text

@@ -30,8 +30,8 @@ from kvcal._fp8 import (  # noqa: E402
     hf_head_scale,
     vllm_head_scale,
 )
-from replay._buckets import Buckets  # noqa: E402
-from replay._errors import InputError  # noqa: E402
+from replay.core.buckets import Buckets  # noqa: E402
+from replay.core.errors import InputError  # noqa: E402
 
 from .conftest import ROOT, cpu_can_serve_fp8_kv  # noqa: E402
 
@@ -77,17 +77,31 @@ def test_representable_values_round_trip_exactly(rounding: str, dtype: Any) -> N
 
 def test_cpu_truncates_and_cuda_rounds_to_nearest_even() -> None:
     # 1.0625 lies halfway between 1.0 and 1.125, 1.1875 between 1.125 and 1.25 (the even one)
-    x = _f32(1.0625, 1.1875, -1.1875, 1.24, 300.0, 3 * 2.0 ** -10, 2.0 ** -10)
+    x = _f32(1.0625, 1.1875, -1.1875, 1.24, 300.0, 3 * 2.0**-10, 2.0**-10)
     assert e4m3_roundtrip(x, rounding="cuda").tolist() == [
-        1.0, 1.25, -1.25, 1.25, 288.0, 2 * 2.0 ** -9, 0.0]
+        1.0,
+        1.25,
+        -1.25,
+        1.25,
+        288.0,
+        2 * 2.0**-9,
+        0.0,
+    ]
     # vLLM CPU keeps the top 3 mantissa bits: toward zero
     assert e4m3_roundtrip(x, rounding="cpu").tolist() == [
-        1.0, 1.125, -1.125, 1.125, 288.0, 2.0 ** -9, 0.0]
+        1.0,
+        1.125,
+        -1.125,
+        1.125,
+        288.0,
+        2.0**-9,
+        0.0,
+    ]
     # the CPU kernel's v * 2**-120 is an fp32 subnormal there: one ulp below a subnormal grid
     # point rounds up to it before the truncation
-    below = torch.nextafter(_f32(6 * 2.0 ** -9), _f32(0.0))
-    assert e4m3_roundtrip(below, rounding="cpu").item() == 6 * 2.0 ** -9
-    assert e4m3_roundtrip(below, rounding="cuda").item() == 6 * 2.0 ** -9
+    below = torch.nextafter(_f32(6 * 2.0**-9), _f32(0.0))
+    assert e4m3_roundtrip(below, rounding="cpu").item() == 6 * 2.0**-9
+    assert e4m3_roundtrip(below, rounding="cuda").item() == 6 * 2.0**-9
 
 
 def test_saturation_and_nan_as_vllm_kernels_do() -> None:
@@ -104,19 +118,19 @@ def test_saturation_and_nan_as_vllm_kernels_do() -> None:
 
 @pytest.mark.parametrize("rounding", BOTH)
 def test_zeros_and_subnormals(rounding: str) -> None:
-    sub = torch.arange(8, dtype=torch.float32) * 2.0 ** -9  # 0 and E4M3's 7 subnormals
+    sub = torch.arange(8, dtype=torch.float32) * 2.0**-9  # 0 and E4M3's 7 subnormals
     assert torch.equal(e4m3_roundtrip(sub, rounding=rounding), sub)
     assert torch.equal(e4m3_roundtrip(-sub, rounding=rounding).abs(), sub)
-    tiny = _f32(2.0 ** -11, -2.0 ** -11, 1e-30)
+    tiny = _f32(2.0**-11, -(2.0**-11), 1e-30)
     assert e4m3_roundtrip(tiny, rounding=rounding).abs().tolist() == [0.0, 0.0, 0.0]
     # at a scale, the subnormal grid is k * 2**-9 * scale
     s = 0.01
-    x = torch.arange(1, 8, dtype=torch.float32) * 2.0 ** -9 * s
-    want = (torch.arange(1, 8, dtype=torch.float32) * 2.0 ** -9) * torch.tensor(s)
+    x = torch.arange(1, 8, dtype=torch.float32) * 2.0**-9 * s
+    want = (torch.arange(1, 8, dtype=torch.float32) * 2.0**-9) * torch.tensor(s)
     assert torch.allclose(e4m3_roundtrip(x, s, rounding=rounding), want, rtol=1e-6)
     # vLLM CPU stores +0 for a zero and -0 for a negative value that truncates to zero
     if rounding == "cpu":
-        assert e4m3_bytes(_f32(0.0, -0.0, -2.0 ** -11)).tolist() == [0x00, 0x00, 0x80]
+        assert e4m3_bytes(_f32(0.0, -0.0, -(2.0**-11))).tolist() == [0x00, 0x00, 0x80]
 
 
 def test_per_head_scales_broadcast_over_both_layouts() -> None:
@@ -158,8 +172,9 @@ def _vllm_cpu_cache_bytes(ops: Any, x: Any, scale: float) -> Any:
     blocks = -(-tokens // block)
     kc = torch.zeros(blocks, heads, block, dim, dtype=torch.uint8)
     vc = torch.zeros_like(kc)
-    ops.cpu_attn_reshape_and_cache(x, x.clone(), kc, vc, torch.arange(tokens), "vec", scale,
-                                   scale, "fp8")
+    ops.cpu_attn_reshape_and_cache(
+        x, x.clone(), kc, vc, torch.arange(tokens), "vec", scale, scale, "fp8"
+    )
     slot = torch.arange(tokens)
     return vc[slot // block, :, slot % block, :]  # V: row-major within the block
 
@@ -174,8 +189,10 @@ def test_bytes_match_vllm_cpu_cache_write_kernel() -> None:
             x = torch.randn(64, 2, 64, generator=gen) * torch.logspace(-6, 4, 64)[:, None, None]
             x = (x * scale).to(dtype)
             x.view(-1)[:4] = torch.tensor([float("inf"), float("nan"), -0.0, 5e-5]).to(dtype)
-            assert torch.equal(_vllm_cpu_cache_bytes(ops, x, scale), e4m3_bytes(x, scale)), \
-                (dtype, scale)
+            assert torch.equal(_vllm_cpu_cache_bytes(ops, x, scale), e4m3_bytes(x, scale)), (
+                dtype,
+                scale,
+            )
 
 
 # -- the emulating cache --------------------------------------------------------------------
@@ -188,8 +205,10 @@ def test_emulating_cache_stores_round_tripped_keys_and_values(model_dir: Path) -
 
     model = load_model(str(model_dir), "auto", "cpu")
     ids = torch.tensor([list(range(40, 90))])
-    plain, emu = DynamicCache(config=model.config), EmulatingCache(uniform("x", 4, 0.05),
-                                                                   model.config)
+    plain, emu = (
+        DynamicCache(config=model.config),
+        EmulatingCache(uniform("x", 4, 0.05), model.config),
+    )
     skipped = EmulatingCache(uniform("x", 4, 0.05).skipping([0]), model.config)
     with torch.inference_mode():
         for cache in (plain, emu, skipped):
@@ -200,8 +219,9 @@ def test_emulating_cache_stores_round_tripped_keys_and_values(model_dir: Path) -
     assert torch.equal(skipped.layers[0].keys, plain.layers[0].keys)
     assert not torch.equal(skipped.layers[1].keys, plain.layers[1].keys)
     # teacher forcing under no emulation scores the same tokens as a plain forward
-    nll, top = teacher_forced(model, list(range(40, 80)), list(range(80, 90)),
-                              DynamicCache(config=model.config), chunk=16)
+    nll, top = teacher_forced(
+        model, list(range(40, 80)), list(range(80, 90)), DynamicCache(config=model.config), chunk=16
+    )
     with torch.inference_mode():
         logits = model(input_ids=ids[:, :-1]).logits[0, 39:].float()
     want = -torch.log_softmax(logits, -1).gather(1, ids[0, 40:, None])[:, 0]
@@ -218,10 +238,15 @@ def _calibrate(model_dir: Path, out: Path) -> Path:
 
     from kvcal._calibrate import Recipe, calibrate
     from kvcal._sample import PromptRenderer, draw
-    from replay._importers import stream
+    from replay.core.importers import stream
 
-    split = draw(stream(TRACE), PromptRenderer(AutoTokenizer.from_pretrained(str(model_dir))),
-                 Buckets.parse(BUCKETS), per_bucket=2, seed=5)
+    split = draw(
+        stream(TRACE),
+        PromptRenderer(AutoTokenizer.from_pretrained(str(model_dir))),
+        Buckets.parse(BUCKETS),
+        per_bucket=2,
+        seed=5,
+    )
     calibrate(model_dir, split.calibration, out, Recipe(), seed=5, sampling={})
     return out
 
@@ -234,10 +259,28 @@ def twin_report(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     tmp = tmp_path_factory.mktemp("emulate")
     overlay = _calibrate(twin_dir, tmp / "calibrated")
     out = tmp / "twin.json"
-    res = CliRunner().invoke(main, [
-        "emulate", str(twin_dir), "--trace", str(TRACE), "--buckets", BUCKETS,
-        "--per-bucket", "4", "--greedy-sample", "1", "--max-new-tokens", "16",
-        "--overlay", str(overlay), "--sensitivity", "--json", str(out)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "emulate",
+            str(twin_dir),
+            "--trace",
+            str(TRACE),
+            "--buckets",
+            BUCKETS,
+            "--per-bucket",
+            "4",
+            "--greedy-sample",
+            "1",
+            "--max-new-tokens",
+            "16",
+            "--overlay",
+            str(overlay),
+            "--sensitivity",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     report: dict[str, Any] = json.loads(out.read_text())
     report["_output"] = " ".join(res.output.split())
@@ -250,8 +293,9 @@ def _row(report: dict[str, Any], setting: str, bucket: str = "all") -> dict[str,
 
 
 def test_twin_loses_at_scale_one_and_calibrated_scales_fix_it(twin_report: dict[str, Any]) -> None:
-    buckets = [r for r in twin_report["results"] if r["setting"] == "fp8@1.0"
-               and r["bucket"] != "all"]
+    buckets = [
+        r for r in twin_report["results"] if r["setting"] == "fp8@1.0" and r["bucket"] != "all"
+    ]
     assert any(r["nll_delta_lo"] > 0 for r in buckets)  # a loss beyond resampling noise
     one, cal = _row(twin_report, "fp8@1.0"), _row(twin_report, "fp8@cal")
     assert one["nll_delta_mean"] > 0.1 and one["top1_agreement"] < 0.97
@@ -274,18 +318,32 @@ def test_sensitivity_picks_skip_layers_that_recover_the_loss(twin_report: dict[s
     assert sens["flag"] == "--kv-cache-dtype-skip-layers " + " ".join(map(str, chosen))
     assert sens["flag"] in twin_report["_output"]
     for row in sens["layers"]:
-        assert row["recovered"] == pytest.approx(
-            sens["loss"] - row["kept_bf16"]["nll_delta_mean"])
+        assert row["recovered"] == pytest.approx(sens["loss"] - row["kept_bf16"]["nll_delta_mean"])
 
 
 def test_an_overlay_given_as_the_model_is_emulated_at_its_scales(
-        twin_report: dict[str, Any], tmp_path: Path) -> None:
+    twin_report: dict[str, Any], tmp_path: Path
+) -> None:
     from kvcal.cli import main
 
     out = tmp_path / "overlay.json"
-    res = CliRunner().invoke(main, ["emulate", twin_report["_overlay"], "--trace", str(TRACE),
-                                    "--buckets", BUCKETS, "--per-bucket", "1",
-                                    "--greedy-sample", "0", "--json", str(out)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "emulate",
+            twin_report["_overlay"],
+            "--trace",
+            str(TRACE),
+            "--buckets",
+            BUCKETS,
+            "--per-bucket",
+            "1",
+            "--greedy-sample",
+            "0",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert [s["name"] for s in report["settings"]] == ["fp8@1.0", "fp8@cal"]
@@ -297,8 +355,17 @@ def test_an_overlay_given_as_the_model_is_emulated_at_its_scales(
 
 
 def test_original_model_shows_no_meaningful_loss_at_scale_one(model_dir: Path) -> None:
-    report = emulate(EmulateArgs(model_dir, TRACE, buckets=BUCKETS, per_bucket=4,
-                                 greedy_sample=1, max_new_tokens=16, skip_layers=(0,)))
+    report = emulate(
+        EmulateArgs(
+            model_dir,
+            TRACE,
+            buckets=BUCKETS,
+            per_bucket=4,
+            greedy_sample=1,
+            max_new_tokens=16,
+            skip_layers=(0,),
+        )
+    )
     one = _row(report, "fp8@1.0")
     assert abs(one["nll_delta_mean"]) < 0.01 and one["top1_agreement"] >= 0.97
     assert not loss_is_real(one, 0.01)[0]
@@ -313,10 +380,14 @@ def test_original_model_shows_no_meaningful_loss_at_scale_one(model_dir: Path) -
 def test_overlay_scales_per_tensor_per_head_and_missing(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({"model.layers.0.self_attn.k_scale": torch.tensor([0.5, 2.0]).reshape(2, 1, 1),
-               "model.layers.0.self_attn.v_scale": torch.tensor(0.25),
-               "model.layers.1.self_attn.k_scale": torch.tensor([0.125])},
-              str(tmp_path / "kv_scales.safetensors"))
+    save_file(
+        {
+            "model.layers.0.self_attn.k_scale": torch.tensor([0.5, 2.0]).reshape(2, 1, 1),
+            "model.layers.0.self_attn.v_scale": torch.tensor(0.25),
+            "model.layers.1.self_attn.k_scale": torch.tensor([0.125]),
+        },
+        str(tmp_path / "kv_scales.safetensors"),
+    )
     scales = read_overlay(tmp_path, layers=2, kv_heads=2)
     assert scales.per_head and scales.k[0].shape == (1, 2, 1, 1)
     assert float(scales.v[0]) == 0.25 and float(scales.k[1]) == 0.125
@@ -331,22 +402,57 @@ def test_overlay_scales_per_tensor_per_head_and_missing(tmp_path: Path) -> None:
 
 
 def test_answers_come_from_the_reference_of_a_run(tmp_path: Path) -> None:
-    (tmp_path / "manifest.json").write_text(json.dumps({"reference": "bf16",
-                                                        "schedules": ["main", "load"]}))
-    rows = [{"target": "bf16", "phase": "main", "status": "ok", "request_id": "a",
-             "prompt_ids": [1, 2, 3], "output_ids": [4, 5]},
-            {"target": "fp8", "phase": "main", "status": "ok", "request_id": "a",
-             "prompt_ids": [1, 2, 3], "output_ids": [9]},
-            {"target": "bf16", "phase": "load", "status": "ok", "request_id": "b",
-             "prompt_ids": [1], "output_ids": [2]},
-            {"target": "bf16", "phase": "main", "status": "error", "request_id": "c",
-             "prompt_ids": [1], "output_ids": []},
-            {"target": "bf16", "phase": "main", "status": "ok", "request_id": "d",
-             "prompt_ids": list(range(200)), "output_ids": [7]}]
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"reference": "bf16", "schedules": ["main", "load"]})
+    )
+    rows = [
+        {
+            "target": "bf16",
+            "phase": "main",
+            "status": "ok",
+            "request_id": "a",
+            "prompt_ids": [1, 2, 3],
+            "output_ids": [4, 5],
+        },
+        {
+            "target": "fp8",
+            "phase": "main",
+            "status": "ok",
+            "request_id": "a",
+            "prompt_ids": [1, 2, 3],
+            "output_ids": [9],
+        },
+        {
+            "target": "bf16",
+            "phase": "load",
+            "status": "ok",
+            "request_id": "b",
+            "prompt_ids": [1],
+            "output_ids": [2],
+        },
+        {
+            "target": "bf16",
+            "phase": "main",
+            "status": "error",
+            "request_id": "c",
+            "prompt_ids": [1],
+            "output_ids": [],
+        },
+        {
+            "target": "bf16",
+            "phase": "main",
+            "status": "ok",
+            "request_id": "d",
+            "prompt_ids": list(range(200)),
+            "output_ids": [7],
+        },
+    ]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     drawn = draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset(), 10_000)
     assert [(it.id, it.bucket, it.answer) for it in drawn.items] == [
-        ("a", "<128", (4, 5)), ("d", "128-512", (7,))]
+        ("a", "<128", (4, 5)),
+        ("d", "128-512", (7,)),
+    ]
     short = draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset(), 100)
     assert [it.id for it in short.items] == ["a"] and short.info["too_long"] == 1
     with pytest.raises(InputError, match="no answers of the reference target 'bf16'"):
@@ -355,17 +461,20 @@ def test_answers_come_from_the_reference_of_a_run(tmp_path: Path) -> None:
         draw_from_run(tmp_path / "nothing", Buckets.parse(BUCKETS), 8, 0, frozenset(), 100)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "exactly one of --trace TRACE and --answers RUN_DIR"),
-    (["--trace", str(TRACE), "--answers", "."], "exactly one of"),
-    (["--trace", str(TRACE), "--skip-layers", "a,b"], "expected layer indices"),
-    (["--trace", str(TRACE), "--skip-layers", "7"], "out of range"),
-    (["--trace", str(TRACE), "--per-bucket", "0"], "--per-bucket must be at least 1"),
-    (["--trace", str(TRACE), "--recover", "1.5"], "--recover"),
-    (["--trace", str(TRACE), "--buckets", "9,3"], "increasing"),
-    (["--trace", "missing.jsonl"], "no such file"),
-    (["--trace", str(TRACE), "--overlay", "missing-overlay"], "no such folder"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "exactly one of --trace TRACE and --answers RUN_DIR"),
+        (["--trace", str(TRACE), "--answers", "."], "exactly one of"),
+        (["--trace", str(TRACE), "--skip-layers", "a,b"], "expected layer indices"),
+        (["--trace", str(TRACE), "--skip-layers", "7"], "out of range"),
+        (["--trace", str(TRACE), "--per-bucket", "0"], "--per-bucket must be at least 1"),
+        (["--trace", str(TRACE), "--recover", "1.5"], "--recover"),
+        (["--trace", str(TRACE), "--buckets", "9,3"], "increasing"),
+        (["--trace", "missing.jsonl"], "no such file"),
+        (["--trace", str(TRACE), "--overlay", "missing-overlay"], "no such folder"),
+    ],
+)
 def test_emulate_cli_refuses_bad_input(model_dir: Path, args: list[str], message: str) -> None:
     from kvcal.cli import main
 

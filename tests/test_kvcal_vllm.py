@@ -20,11 +20,11 @@ from kvcal._sample import PromptRenderer, Sample, draw, read_samples
 from kvcal._scales import per_head_backend_support
 from kvcal._verify import split_for_scoring
 from kvcal.cli import main as kvcal_main
-from replay._buckets import Buckets
-from replay._introspect import introspect
-from replay._targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
-from replay._teacher import TFScore, score
-from replay._trace import Request
+from replay.core.buckets import Buckets
+from replay.core.trace import Request
+from replay.run.teacher import TFScore, score
+from replay.serving.introspect import introspect
+from replay.serving.targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
 
 from .conftest import cpu_can_serve_fp8_kv, fp8_emulated
 from .test_kvcal import _requests, build_test_model
@@ -65,23 +65,27 @@ async def _scores(url: str, samples: list[Sample]) -> tuple[dict[str, Any], list
 
 
 @pytest.fixture(scope="module")
-def original_server(model_dir: Path,
-                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    spec = TargetSpec(name="original", model=str(model_dir), kv_cache_dtype="auto",
-                      args=DEFAULT_MODEL_ARGS)
+def original_server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    spec = TargetSpec(
+        name="original", model=str(model_dir), kv_cache_dtype="auto", args=DEFAULT_MODEL_ARGS
+    )
     with LocalServer(spec, tmp_path_factory.mktemp("servers") / "original.log") as server:
         server.wait_healthy()
         yield server
 
 
 def test_overlay_loads_in_vllm_and_answers_like_the_original(
-        calibrated: Path, original_server: LocalServer, tmp_path: Path) -> None:
+    calibrated: Path, original_server: LocalServer, tmp_path: Path
+) -> None:
     """The overlay's config, scale shard and linked weights load; with a BF16 cache the
     scales are unused, so every score equals the original model's, token for token."""
     # With kv_cache_dtype 'auto' vLLM would turn the checkpoint's kv_cache_scheme into an FP8
     # cache (refused on CPUs without AVX-512/AMX); an explicit bfloat16 keeps BF16.
-    spec = TargetSpec(name="overlay", model=str(calibrated), kv_cache_dtype="bfloat16",
-                      args=DEFAULT_MODEL_ARGS)
+    spec = TargetSpec(
+        name="overlay", model=str(calibrated), kv_cache_dtype="bfloat16", args=DEFAULT_MODEL_ARGS
+    )
     samples = read_samples(calibrated / "samples.jsonl")
     with LocalServer(spec, tmp_path / "overlay.log") as server:
         server.wait_healthy()
@@ -95,8 +99,9 @@ def test_overlay_loads_in_vllm_and_answers_like_the_original(
     assert [s.top1 for s in got] == [s.top1 for s in want]
 
 
-def test_prompts_render_as_the_server_renders_them(model_dir: Path,
-                                                   original_server: LocalServer) -> None:
+def test_prompts_render_as_the_server_renders_them(
+    model_dir: Path, original_server: LocalServer
+) -> None:
     renderer = _renderer(model_dir)
 
     async def server_ids(session: aiohttp.ClientSession, req: Request) -> list[int]:
@@ -125,8 +130,9 @@ def test_prompts_render_as_the_server_renders_them(model_dir: Path,
 
 
 def _verify(overlay: Path, log_dir: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-    res = CliRunner().invoke(kvcal_main, ["verify", str(overlay), "--sequences", "2",
-                                          "--log-dir", str(log_dir), *extra])
+    res = CliRunner().invoke(
+        kvcal_main, ["verify", str(overlay), "--sequences", "2", "--log-dir", str(log_dir), *extra]
+    )
     return res.exit_code, json.loads((log_dir / "verify.json").read_text())
 
 

@@ -30,25 +30,58 @@ def bf16_step(x: float) -> float:
 
 @pytest.fixture(scope="module")
 def llmc_python() -> str:
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "setup-llmcompressor")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup-llmcompressor")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
 
 
-def test_llmcompressor_oneshot_gives_kvcals_scales(twin_dir: Path, llmc_python: str,
-                                                   tmp_path: Path) -> None:
+def test_llmcompressor_oneshot_gives_kvcals_scales(
+    twin_dir: Path, llmc_python: str, tmp_path: Path
+) -> None:
     pytest.importorskip("safetensors")
     from safetensors import safe_open
 
     overlay = tmp_path / "twin-kvcal"
-    subprocess.run([sys.executable, "-m", "kvcal.cli", "calibrate", str(twin_dir), "--trace",
-                    str(ROOT / "traces" / "sample.jsonl"), "--buckets", "256,1K",
-                    "--per-bucket", "8", "-o", str(overlay)], cwd=ROOT, check=True, timeout=900)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvcal.cli",
+            "calibrate",
+            str(twin_dir),
+            "--trace",
+            str(ROOT / "traces" / "sample.jsonl"),
+            "--buckets",
+            "256,1K",
+            "--per-bucket",
+            "8",
+            "-o",
+            str(overlay),
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=900,
+    )
     out = tmp_path / "llmc_scales.json"
-    proc = subprocess.run([llmc_python, str(ROOT / "tests" / "interop" / "llmc_oneshot.py"),
-                           str(twin_dir), str(overlay), str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            llmc_python,
+            str(ROOT / "tests" / "interop" / "llmc_oneshot.py"),
+            str(twin_dir),
+            str(overlay),
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0 and out.exists(), (proc.stdout + proc.stderr)[-4000:]
     theirs = json.loads(out.read_text())
     with safe_open(str(overlay / "kv_scales.safetensors"), "pt") as f:

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from replay._importers import load
-from replay._targets import LocalServer, free_port
+from replay.core.importers import load
+from replay.serving.targets import LocalServer, free_port
 
 from .conftest import ARTIFACTS, ROOT
 
@@ -52,8 +52,14 @@ def started(cmd: Sequence[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A process in its own group, always killed (with its children) on the way out."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
-        proc = subprocess.Popen(list(cmd), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            list(cmd),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             yield proc
         finally:
@@ -90,8 +96,14 @@ def stats_names(prefix: Path) -> dict[str, dict[str, str]]:
 
 
 def report(run_dir: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "replay.cli", "report", str(run_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "report", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (run_dir / "report.html").stat().st_size > 10_000
 
@@ -103,10 +115,22 @@ def sample_ids(limit: int = 0) -> list[str]:
 
 def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-           "--no-first-run", "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", "--disable-extensions", "--disable-dev-shm-usage",
-           f"--user-data-dir={profile}", "--virtual-time-budget=8000", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=8000",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
 
 
@@ -133,19 +157,53 @@ def test_locustfile_offers_its_user_and_checks_its_options(tmp_path: Path) -> No
 
 
 def test_bad_options_stop_a_headless_run_before_it_starts(tmp_path: Path) -> None:
-    rc, out = run(locust("--headless", "--kvc-trace", str(tmp_path / "missing.jsonl"),
-                         "--kvc-target", "http://127.0.0.1:9"), tmp_path / "bad.log", timeout=60)
+    rc, out = run(
+        locust(
+            "--headless",
+            "--kvc-trace",
+            str(tmp_path / "missing.jsonl"),
+            "--kvc-target",
+            "http://127.0.0.1:9",
+        ),
+        tmp_path / "bad.log",
+        timeout=60,
+    )
     assert rc == 2 and "no such trace file" in out, out
-    rc, out = run(locust("--headless", "--kvc-shape", "step", "--kvc-levels", "4,4",
-                         "--kvc-target", "http://127.0.0.1:9"), tmp_path / "bad2.log", timeout=60)
+    rc, out = run(
+        locust(
+            "--headless",
+            "--kvc-shape",
+            "step",
+            "--kvc-levels",
+            "4,4",
+            "--kvc-target",
+            "http://127.0.0.1:9",
+        ),
+        tmp_path / "bad2.log",
+        timeout=60,
+    )
     assert rc == 2 and "--kvc-levels" in out, out
 
 
 def test_unreachable_target_still_accounts_for_every_request(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    rc, out = run(locust("--headless", "-u", "2", "-r", "2", "--kvc-target",
-                         f"http://127.0.0.1:{free_port()}", "--kvc-limit", "5",
-                         "--kvc-run-dir", str(run_dir)), tmp_path / "locust.log", timeout=90)
+    rc, out = run(
+        locust(
+            "--headless",
+            "-u",
+            "2",
+            "-r",
+            "2",
+            "--kvc-target",
+            f"http://127.0.0.1:{free_port()}",
+            "--kvc-limit",
+            "5",
+            "--kvc-run-dir",
+            str(run_dir),
+        ),
+        tmp_path / "locust.log",
+        timeout=90,
+    )
     assert rc == 3, out
     got = rows(run_dir)
     assert Counter(r["request_id"] for r in got) == Counter(sample_ids(5))
@@ -164,9 +222,25 @@ def test_a_target_that_stops_answering_ends_a_looping_test(tmp_path: Path) -> No
     run_dir = tmp_path / "run"
     with fault_server("reset") as bad:
         t0 = time.monotonic()
-        rc, out = run(locust("--headless", "-u", "2", "-r", "2", "--kvc-target",
-                             f"fp8={bad.url}", "--kvc-loop", "on", "--kvc-checkers", "off",
-                             "--kvc-run-dir", str(run_dir)), tmp_path / "locust.log", timeout=90)
+        rc, out = run(
+            locust(
+                "--headless",
+                "-u",
+                "2",
+                "-r",
+                "2",
+                "--kvc-target",
+                f"fp8={bad.url}",
+                "--kvc-loop",
+                "on",
+                "--kvc-checkers",
+                "off",
+                "--kvc-run-dir",
+                str(run_dir),
+            ),
+            tmp_path / "locust.log",
+            timeout=90,
+        )
         took = time.monotonic() - t0
     assert rc == 4, out[-3000:]
     assert "error budget spent: the target stopped answering" in out
@@ -186,10 +260,29 @@ def test_a_looping_test_stores_at_most_max_results(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "run"
     with fault_server("split") as good:
-        rc, out = run(locust("--headless", "-u", "2", "-r", "2", "--kvc-target",
-                             f"fp8={good.url}", "--kvc-loop", "on", "--kvc-checkers", "off",
-                             "--kvc-max-results", "50", "--run-time", "4s",
-                             "--kvc-run-dir", str(run_dir)), tmp_path / "locust.log", timeout=90)
+        rc, out = run(
+            locust(
+                "--headless",
+                "-u",
+                "2",
+                "-r",
+                "2",
+                "--kvc-target",
+                f"fp8={good.url}",
+                "--kvc-loop",
+                "on",
+                "--kvc-checkers",
+                "off",
+                "--kvc-max-results",
+                "50",
+                "--run-time",
+                "4s",
+                "--kvc-run-dir",
+                str(run_dir),
+            ),
+            tmp_path / "locust.log",
+            timeout=90,
+        )
         sent = good.requests
     assert rc == 0, out[-3000:]
     assert len(rows(run_dir)) == 50 < sent  # counted past the cap, not stored
@@ -225,9 +318,9 @@ import json, sys
 import gevent
 sys.path.insert(0, sys.argv[2])
 from kvc_runtime import AsyncBridge
-from replay._client import Client
-from replay._records import Result
-from replay._trace import Request
+from replay.serving.client import Client
+from replay.core.records import Result
+from replay.core.trace import Request
 
 bridge = AsyncBridge()
 
@@ -260,8 +353,7 @@ def test_one_asyncio_loop_in_a_greenlet_keeps_the_core_clients_timing(tmp_path: 
     port = free_port()
     (tmp_path / "server.py").write_text(textwrap.dedent(STUB_SERVER))
     (tmp_path / "client.py").write_text(textwrap.dedent(BRIDGE_CLIENT))
-    with started([sys.executable, str(tmp_path / "server.py"), str(port)],
-                 tmp_path / "server.log"):
+    with started([sys.executable, str(tmp_path / "server.py"), str(port)], tmp_path / "server.log"):
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -271,9 +363,19 @@ def test_one_asyncio_loop_in_a_greenlet_keeps_the_core_clients_timing(tmp_path: 
             except OSError:
                 assert time.monotonic() < deadline, _tail(tmp_path / "server.log")
                 time.sleep(0.2)
-        proc = subprocess.run([sys.executable, str(tmp_path / "client.py"),
-                               f"http://127.0.0.1:{port}", str(ROOT / "scenarios")],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(tmp_path / "client.py"),
+                f"http://127.0.0.1:{port}",
+                str(ROOT / "scenarios"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     gaps = [g for r in results for g in r["itl"]]
@@ -288,14 +390,25 @@ def test_one_asyncio_loop_in_a_greenlet_keeps_the_core_clients_timing(tmp_path: 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package")
 def test_web_ui_start_form_has_the_kvcanary_parameters(tmp_path: Path) -> None:
     port = free_port()
-    with started(locust("--web-host", "127.0.0.1", "--web-port", str(port), "--kvc-target",
-                        "http://127.0.0.1:9"), tmp_path / "locust.log"):
+    with started(
+        locust(
+            "--web-host", "127.0.0.1", "--web-port", str(port), "--kvc-target", "http://127.0.0.1:9"
+        ),
+        tmp_path / "locust.log",
+    ):
         wait_http(f"http://127.0.0.1:{port}/")
         dom = chromium(tmp_path / "profile", "--dump-dom", f"http://127.0.0.1:{port}/")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "Custom parameters" in dom.stdout
-    for name in ("kvc_trace", "kvc_target", "kvc_buckets", "kvc_checkers", "kvc_shape",
-                 "kvc_levels", "kvc_time_scale"):
+    for name in (
+        "kvc_trace",
+        "kvc_target",
+        "kvc_buckets",
+        "kvc_checkers",
+        "kvc_shape",
+        "kvc_levels",
+        "kvc_time_scale",
+    ):
         assert name in dom.stdout, name
 
 
@@ -304,11 +417,31 @@ def test_web_ui_picks_a_shape_and_takes_its_parameters_from_the_form(tmp_path: P
     apply to that test; a second test gets a run directory of its own."""
     port, run_dir = free_port(), tmp_path / "run"
     url = f"http://127.0.0.1:{port}/"
-    form = urllib.parse.urlencode({"user_count": 2, "spawn_rate": 2, "shape_class": "StepSweep",
-                                   "kvc_levels": "2,3", "kvc_hold": 1}).encode()
-    with started(locust("--web-host", "127.0.0.1", "--web-port", str(port), "--class-picker",
-                        "--kvc-target", f"http://127.0.0.1:{free_port()}", "--kvc-limit", "3",
-                        "--kvc-run-dir", str(run_dir)), tmp_path / "locust.log"):
+    form = urllib.parse.urlencode(
+        {
+            "user_count": 2,
+            "spawn_rate": 2,
+            "shape_class": "StepSweep",
+            "kvc_levels": "2,3",
+            "kvc_hold": 1,
+        }
+    ).encode()
+    with started(
+        locust(
+            "--web-host",
+            "127.0.0.1",
+            "--web-port",
+            str(port),
+            "--class-picker",
+            "--kvc-target",
+            f"http://127.0.0.1:{free_port()}",
+            "--kvc-limit",
+            "3",
+            "--kvc-run-dir",
+            str(run_dir),
+        ),
+        tmp_path / "locust.log",
+    ):
         wait_http(url)
         for attempt in (1, 2):
             with urllib.request.urlopen(url + "swarm", data=form, timeout=10) as resp:
@@ -334,14 +467,34 @@ def test_web_ui_picks_a_shape_and_takes_its_parameters_from_the_form(tmp_path: P
 
 @pytest.mark.vllm
 def test_headless_run_reports_per_bucket_and_writes_a_run_directory(
-        bf16_server: LocalServer, tmp_path: Path) -> None:
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     run_dir, stats = tmp_path / "run", tmp_path / "stats"
     limit = 10
-    rc, out = run(locust("--headless", "-u", "4", "-r", "4", "--run-time", "120s",
-                         "--kvc-target", f"bf16={bf16_server.url}", "--kvc-trace", str(SAMPLE),
-                         "--kvc-buckets", "256,1K", "--kvc-limit", str(limit),
-                         "--kvc-run-dir", str(run_dir), "--csv", str(stats)),
-                  tmp_path / "locust.log")
+    rc, out = run(
+        locust(
+            "--headless",
+            "-u",
+            "4",
+            "-r",
+            "4",
+            "--run-time",
+            "120s",
+            "--kvc-target",
+            f"bf16={bf16_server.url}",
+            "--kvc-trace",
+            str(SAMPLE),
+            "--kvc-buckets",
+            "256,1K",
+            "--kvc-limit",
+            str(limit),
+            "--kvc-run-dir",
+            str(run_dir),
+            "--csv",
+            str(stats),
+        ),
+        tmp_path / "locust.log",
+    )
     assert rc == 0, out[-4000:]
     names = stats_names(stats)
     # The sample's first 10 requests: 9 below 256 tokens, and the tool call (its tool
@@ -376,11 +529,31 @@ def test_headless_run_reports_per_bucket_and_writes_a_run_directory(
     assert (run_dir / "grades.jsonl").read_text().count("\n") == limit
     report(run_dir)
     # One analysis for both drivers: the CLI's run of the same requests has the same fields.
-    cli = subprocess.run([sys.executable, "-m", "replay.cli", "--trace", str(SAMPLE),
-                          "--targets", f"bf16={bf16_server.url}", "--buckets", "256,1K",
-                          "--limit", str(limit), "--no-teacher-forced", "--out", str(tmp_path),
-                          "--run-id", "cli"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=TIMEOUT_S, check=False)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "--trace",
+            str(SAMPLE),
+            "--targets",
+            f"bf16={bf16_server.url}",
+            "--buckets",
+            "256,1K",
+            "--limit",
+            str(limit),
+            "--no-teacher-forced",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "cli",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
     assert cli.returncode == 0, cli.stdout[-3000:] + cli.stderr[-3000:]
     other = json.loads((tmp_path / "cli" / "summary.json").read_text())
     assert set(summary) - {"driver"} == set(other) - {"verdict"}
@@ -392,14 +565,29 @@ def test_headless_run_reports_per_bucket_and_writes_a_run_directory(
 
 
 @pytest.mark.vllm
-def test_sigterm_ends_a_looping_test_with_its_summary(bf16_server: LocalServer,
-                                                     tmp_path: Path) -> None:
+def test_sigterm_ends_a_looping_test_with_its_summary(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     """A container stop (SIGTERM) of a headless looping test: the users end at once and the
     run directory is complete (summary, grades), so `replay report` renders it."""
     run_dir = tmp_path / "run"
-    cmd = locust("--headless", "-u", "2", "-r", "2", "--kvc-target", f"bf16={bf16_server.url}",
-                 "--kvc-loop", "on", "--kvc-buckets", "256,1K", "--kvc-limit", "10",
-                 "--kvc-run-dir", str(run_dir))
+    cmd = locust(
+        "--headless",
+        "-u",
+        "2",
+        "-r",
+        "2",
+        "--kvc-target",
+        f"bf16={bf16_server.url}",
+        "--kvc-loop",
+        "on",
+        "--kvc-buckets",
+        "256,1K",
+        "--kvc-limit",
+        "10",
+        "--kvc-run-dir",
+        str(run_dir),
+    )
     log = tmp_path / "locust.log"
     with started(cmd, log) as proc:
         deadline = time.monotonic() + TIMEOUT_S
@@ -423,11 +611,30 @@ def test_sigterm_ends_a_looping_test_with_its_summary(bf16_server: LocalServer,
 def test_step_sweep_levels_are_phases(bf16_server: LocalServer, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
-    rc, out = run(locust("--headless", "--kvc-shape", "step", "--kvc-levels", "1,3",
-                         "--kvc-hold", "4", "--kvc-ramp", "3", "--kvc-loop", "on",
-                         "--kvc-checkers", "off", "--kvc-target", bf16_server.url,
-                         "--kvc-buckets", "256,1K", "--kvc-run-dir", str(run_dir)),
-                  tmp_path / "locust.log")
+    rc, out = run(
+        locust(
+            "--headless",
+            "--kvc-shape",
+            "step",
+            "--kvc-levels",
+            "1,3",
+            "--kvc-hold",
+            "4",
+            "--kvc-ramp",
+            "3",
+            "--kvc-loop",
+            "on",
+            "--kvc-checkers",
+            "off",
+            "--kvc-target",
+            bf16_server.url,
+            "--kvc-buckets",
+            "256,1K",
+            "--kvc-run-dir",
+            str(run_dir),
+        ),
+        tmp_path / "locust.log",
+    )
     assert rc == 0, out[-4000:]
     assert time.monotonic() - t0 < 60  # the sweep ends after its last level
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -446,13 +653,30 @@ def test_step_sweep_levels_are_phases(bf16_server: LocalServer, tmp_path: Path) 
 
 
 @pytest.mark.vllm
-def test_trace_shape_sends_at_the_trace_timestamps(bf16_server: LocalServer,
-                                                   tmp_path: Path) -> None:
+def test_trace_shape_sends_at_the_trace_timestamps(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     run_dir, scale = tmp_path / "run", 0.25
-    rc, out = run(locust("--headless", "--kvc-shape", "trace", "--kvc-time-scale", str(scale),
-                         "--kvc-max-in-flight", "8", "--kvc-limit", "16", "--kvc-checkers",
-                         "off", "--kvc-target", bf16_server.url, "--kvc-run-dir",
-                         str(run_dir)), tmp_path / "locust.log")
+    rc, out = run(
+        locust(
+            "--headless",
+            "--kvc-shape",
+            "trace",
+            "--kvc-time-scale",
+            str(scale),
+            "--kvc-max-in-flight",
+            "8",
+            "--kvc-limit",
+            "16",
+            "--kvc-checkers",
+            "off",
+            "--kvc-target",
+            bf16_server.url,
+            "--kvc-run-dir",
+            str(run_dir),
+        ),
+        tmp_path / "locust.log",
+    )
     assert rc == 0, out[-4000:]
     t = {r.id: r.t for r in load(SAMPLE).requests[:16]}
     got = {r["request_id"]: r for r in rows(run_dir)}
@@ -466,17 +690,41 @@ def test_trace_shape_sends_at_the_trace_timestamps(bf16_server: LocalServer,
 
 @pytest.mark.vllm
 def test_master_and_two_workers_send_every_request_exactly_once(
-        bf16_server: LocalServer, tmp_path: Path) -> None:
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     run_dir, stats, port = tmp_path / "run", tmp_path / "stats", free_port()
-    master = locust("--master", "--headless", "--expect-workers", "2", "-u", "4", "-r", "4",
-                    "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
-                    "--kvc-target", bf16_server.url, "--kvc-trace", str(SAMPLE),
-                    "--kvc-buckets", "256,1K", "--kvc-checkers", "off",
-                    "--kvc-run-dir", str(run_dir), "--csv", str(stats))
+    master = locust(
+        "--master",
+        "--headless",
+        "--expect-workers",
+        "2",
+        "-u",
+        "4",
+        "-r",
+        "4",
+        "--master-bind-host",
+        "127.0.0.1",
+        "--master-bind-port",
+        str(port),
+        "--kvc-target",
+        bf16_server.url,
+        "--kvc-trace",
+        str(SAMPLE),
+        "--kvc-buckets",
+        "256,1K",
+        "--kvc-checkers",
+        "off",
+        "--kvc-run-dir",
+        str(run_dir),
+        "--csv",
+        str(stats),
+    )
     worker = locust("--worker", "--master-host", "127.0.0.1", "--master-port", str(port))
-    with started(master, tmp_path / "master.log") as m, \
-            started(worker, tmp_path / "w1.log") as w1, \
-            started(worker, tmp_path / "w2.log") as w2:
+    with (
+        started(master, tmp_path / "master.log") as m,
+        started(worker, tmp_path / "w1.log") as w1,
+        started(worker, tmp_path / "w2.log") as w2,
+    ):
         try:
             rc = m.wait(timeout=TIMEOUT_S)
             w1.wait(timeout=30)
@@ -505,9 +753,25 @@ def test_master_and_two_workers_send_every_request_exactly_once(
 def test_web_ui_shows_the_per_bucket_entries(bf16_server: LocalServer, tmp_path: Path) -> None:
     port, run_dir = free_port(), tmp_path / "run"
     url = f"http://127.0.0.1:{port}/"
-    cmd = locust("--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "-u", "2",
-                 "-r", "2", "--kvc-target", bf16_server.url, "--kvc-buckets", "256,1K",
-                 "--kvc-limit", "8", "--kvc-run-dir", str(run_dir))
+    cmd = locust(
+        "--web-host",
+        "127.0.0.1",
+        "--web-port",
+        str(port),
+        "--autostart",
+        "-u",
+        "2",
+        "-r",
+        "2",
+        "--kvc-target",
+        bf16_server.url,
+        "--kvc-buckets",
+        "256,1K",
+        "--kvc-limit",
+        "8",
+        "--kvc-run-dir",
+        str(run_dir),
+    )
     with started(cmd, tmp_path / "locust.log"):
         wait_http(url)
         deadline = time.monotonic() + TIMEOUT_S
@@ -522,8 +786,13 @@ def test_web_ui_shows_the_per_bucket_entries(bf16_server: LocalServer, tmp_path:
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / "locust_ui.png"
         shot.unlink(missing_ok=True)
-        snap = chromium(tmp_path / "profile-shot", f"--screenshot={shot}",
-                        "--window-size=1400,1000", "--hide-scrollbars", url)
+        snap = chromium(
+            tmp_path / "profile-shot",
+            f"--screenshot={shot}",
+            "--window-size=1400,1000",
+            "--hide-scrollbars",
+            url,
+        )
     assert dom.returncode == 0 and snap.returncode == 0, dom.stderr[-2000:]
     names = {s["name"] for s in state["stats"]}
     for entry in ("ttft <256", "itl <256", "e2e <256", "output_tokens <256", "ttft 256-1K"):

@@ -1,4 +1,4 @@
-"""The Locust adapter's core side (``replay._locust_support``), without Locust or a server:
+"""The Locust adapter's core side (``replay.locust.support``), without Locust or a server:
 load plans, sharding, Results as Locust events, target resolution, the run directory.
 
 Nothing here imports Locust: importing it monkey-patches the whole test process (gevent).
@@ -15,10 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay._buckets import Buckets
-from replay._errors import ConfigError
-from replay._importers import load
-from replay._locust_support import (
+from replay.checkers import Grader
+from replay.core.buckets import Buckets
+from replay.core.errors import ConfigError
+from replay.core.importers import load
+from replay.core.records import Result
+from replay.locust.support import (
     Constant,
     LocustEvent,
     RunPlan,
@@ -34,11 +36,9 @@ from replay._locust_support import (
     shard_indices,
     trace_requests,
 )
-from replay._records import Result
-from replay._report import write_reports
-from replay._rundir import file_digest
-from replay._targets import TargetSpec
-from replay.checkers import Grader
+from replay.present.report import write_reports
+from replay.run.rundir import file_digest
+from replay.serving.targets import TargetSpec
 
 from .conftest import ROOT
 
@@ -108,8 +108,18 @@ def test_shard_that_does_not_exist() -> None:
 
 
 def _ok(bucket: str = "<256", chunks: int = 5) -> Result:
-    r = Result(request_id="r1", target="t", phase="c1", bucket=bucket, scheduled=0.0, sent=1.0,
-               first_token=1.25, done=2.0, prompt_tokens=100, output_tokens=chunks + 1)
+    r = Result(
+        request_id="r1",
+        target="t",
+        phase="c1",
+        bucket=bucket,
+        scheduled=0.0,
+        sent=1.0,
+        first_token=1.25,
+        done=2.0,
+        prompt_tokens=100,
+        output_tokens=chunks + 1,
+    )
     r.chunk_times = [1.25 + 0.1 * k for k in range(chunks)]
     r.chunk_tokens = [1] * (chunks - 1) + [2]
     return r
@@ -118,8 +128,7 @@ def _ok(bucket: str = "<256", chunks: int = 5) -> Result:
 def test_ok_result_events_per_bucket() -> None:
     events = locust_events(_ok("8K-32K"))
     names = Counter(e.name for e in events)
-    assert names == {"ttft 8K-32K": 1, "itl 8K-32K": 5, "e2e 8K-32K": 1,
-                     "output_tokens 8K-32K": 1}
+    assert names == {"ttft 8K-32K": 1, "itl 8K-32K": 5, "e2e 8K-32K": 1, "output_tokens 8K-32K": 1}
     by = {e.name: e for e in events}
     assert by["ttft 8K-32K"].response_time == pytest.approx(250.0)
     assert by["ttft 8K-32K"].response_length == 100
@@ -132,24 +141,37 @@ def test_ok_result_events_per_bucket() -> None:
 
 
 def test_itl_events_are_capped_and_sampled_evenly() -> None:
-    assert len([e for e in locust_events(_ok(chunks=1001), itl_cap=10)
-                if e.name.startswith("itl")]) == 10
+    assert (
+        len([e for e in locust_events(_ok(chunks=1001), itl_cap=10) if e.name.startswith("itl")])
+        == 10
+    )
     assert sample_evenly(list(range(100)), 4) == [0, 25, 50, 75]
     assert sample_evenly([1.0, 2.0], 10) == [1.0, 2.0]
     assert sample_evenly([1.0], 0) == []
 
 
 def test_failed_result_is_one_failure_with_kind_and_reason() -> None:
-    r = Result(request_id="r1", target="t", phase="c1", bucket=">=64K", scheduled=0.0,
-               sent=1.0, done=1.5, status="error", error_kind="http",
-               error="HTTP 400: prompt too long")
-    assert locust_events(r) == [LocustEvent("LLM", "e2e >=64K", 500.0, 0,
-                                            "http: HTTP 400: prompt too long")]
+    r = Result(
+        request_id="r1",
+        target="t",
+        phase="c1",
+        bucket=">=64K",
+        scheduled=0.0,
+        sent=1.0,
+        done=1.5,
+        status="error",
+        error_kind="http",
+        error="HTTP 400: prompt too long",
+    )
+    assert locust_events(r) == [
+        LocustEvent("LLM", "e2e >=64K", 500.0, 0, "http: HTTP 400: prompt too long")
+    ]
 
 
 def test_cancelled_result_fires_nothing() -> None:
-    r = cancelled_result(load(SAMPLE).requests[0], "t", "c1", "<256", 3.0, "cancelled",
-                         "not sent: the test stopped")
+    r = cancelled_result(
+        load(SAMPLE).requests[0], "t", "c1", "<256", 3.0, "cancelled", "not sent: the test stopped"
+    )
     assert r.status == "cancelled" and locust_events(r) == []
     u = cancelled_result(load(SAMPLE).requests[0], "t", "c1", "<256", 3.0, "unavailable", "x")
     assert (u.status, u.error_kind) == ("error", "unavailable")
@@ -185,8 +207,10 @@ def test_resolve_target_forms(tmp_path: Path) -> None:
     t = resolve_target("fp8=http://127.0.0.1:8001", None, None)
     assert (t.name, t.expect_cache_dtype) == ("fp8", "fp8")
     cfg = tmp_path / "targets.toml"
-    cfg.write_text('[targets.gpu]\nurl = "http://10.0.0.1:8000"\n'
-                   '[targets.local]\nmodel = "/m"\n', encoding="utf-8")
+    cfg.write_text(
+        '[targets.gpu]\nurl = "http://10.0.0.1:8000"\n[targets.local]\nmodel = "/m"\n',
+        encoding="utf-8",
+    )
     assert resolve_target("gpu", None, str(cfg)).url == "http://10.0.0.1:8000"
     with pytest.raises(ConfigError, match="Locust starts no servers"):
         resolve_target("local", None, str(cfg))
@@ -199,15 +223,35 @@ def test_resolve_target_forms(tmp_path: Path) -> None:
 
 
 def test_run_plan_round_trip_and_salt() -> None:
-    plan = RunPlan(run_id="r", trace_path="t.jsonl", trace_sha256="ab", limit=0,
-                   buckets="8K", target={"name": "bf16", "url": "http://x:1",
-                                         "api_key_env": None, "expect_cache_dtype": "auto"},
-                   mode="step", first_label="c1", time_scale=1.0, loop=False, checkers=True,
-                   seed=0, timeout_s=60.0, itl_events=256, epoch_wall=1.0, shard=1, shards=2)
+    plan = RunPlan(
+        run_id="r",
+        trace_path="t.jsonl",
+        trace_sha256="ab",
+        limit=0,
+        buckets="8K",
+        target={
+            "name": "bf16",
+            "url": "http://x:1",
+            "api_key_env": None,
+            "expect_cache_dtype": "auto",
+        },
+        mode="step",
+        first_label="c1",
+        time_scale=1.0,
+        loop=False,
+        checkers=True,
+        seed=0,
+        timeout_s=60.0,
+        itl_events=256,
+        epoch_wall=1.0,
+        shard=1,
+        shards=2,
+    )
     back = RunPlan.from_msg(json.loads(json.dumps({**plan.to_msg(), "unknown": 1})))
     assert back == plan
-    assert back.target_spec() == TargetSpec(name="bf16", url="http://x:1",
-                                            expect_cache_dtype="auto")
+    assert back.target_spec() == TargetSpec(
+        name="bf16", url="http://x:1", expect_cache_dtype="auto"
+    )
     assert plan.salt("bf16", "c4", 0) == "r.bf16.c4"  # as the runner's salt
     assert plan.salt("bf16", "c4", 2) == "r.bf16.c4.p2"
 
@@ -220,13 +264,25 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
     reqs = trace_requests(trace, 12)
     spec = TargetSpec(name="bf16", url="http://127.0.0.1:1", expect_cache_dtype="auto")
     buckets = Buckets.parse("256,1K")
-    rec = RunRecorder(run_dir=tmp_path / "run", trace=trace, trace_path=SAMPLE,
-                      trace_format="v1", trace_sha256=file_digest(SAMPLE), requests=reqs,
-                      buckets=buckets, spec=spec, schedules=["c1", "c4"],
-                      options={"driver": "locust"}, driver={"name": "locust"},
-                      command=["locust"], checkers=True)
-    rec.info = {"cache_config": {"cache_dtype": "auto", "kv_cache_size_tokens": "524288"},
-                "problems": []}
+    rec = RunRecorder(
+        run_dir=tmp_path / "run",
+        trace=trace,
+        trace_path=SAMPLE,
+        trace_format="v1",
+        trace_sha256=file_digest(SAMPLE),
+        requests=reqs,
+        buckets=buckets,
+        spec=spec,
+        schedules=["c1", "c4"],
+        options={"driver": "locust"},
+        driver={"name": "locust"},
+        command=["locust"],
+        checkers=True,
+    )
+    rec.info = {
+        "cache_config": {"cache_dtype": "auto", "kv_cache_size_tokens": "524288"},
+        "problems": [],
+    }
     rec.open_phase("c1", 0.0)
     rows = []
     for i, req in enumerate(reqs):
@@ -236,8 +292,9 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
         r = _ok("<256" if i % 2 else "256-1K")
         r.request_id, r.phase, r.target, r.output_text = req.id, phase, "bf16", "yes"
         rows.append(r.to_json())
-    rows[-1] = cancelled_result(reqs[-1], "bf16", "c4", "<256", 9.0, "cancelled",
-                                "not sent: the test stopped").to_json()
+    rows[-1] = cancelled_result(
+        reqs[-1], "bf16", "c4", "<256", 9.0, "cancelled", "not sent: the test stopped"
+    ).to_json()
     rec.add_results(rows)
     rec.add_snapshot({"t": 1.0, "kv_usage": 0.1, "running": 2.0})
     rec.close_phase(10.0)
@@ -245,8 +302,13 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
     rec.close()
 
     run = tmp_path / "run"
-    assert {p.name for p in run.iterdir()} >= {"manifest.json", "results.jsonl", "summary.json",
-                                               "grades.jsonl", "metrics"}
+    assert {p.name for p in run.iterdir()} >= {
+        "manifest.json",
+        "results.jsonl",
+        "summary.json",
+        "grades.jsonl",
+        "metrics",
+    }
     phases = summary["targets"]["bf16"]["phases"]
     assert set(phases) == {"c1", "c4"}
     assert phases["c4"]["duration_s"] == 5.0
@@ -263,13 +325,30 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
 def test_recorder_gives_a_window_to_a_phase_without_one(tmp_path: Path) -> None:
     trace = load(SAMPLE)
     reqs = trace_requests(trace, 2)
-    rec = RunRecorder(run_dir=tmp_path / "run", trace=trace, trace_path=SAMPLE,
-                      trace_format="v1", trace_sha256="x", requests=reqs,
-                      buckets=Buckets.parse("256"), spec=TargetSpec(name="t", url="http://x:1"),
-                      schedules=["c1"], options={}, driver={}, command=[], checkers=False)
+    rec = RunRecorder(
+        run_dir=tmp_path / "run",
+        trace=trace,
+        trace_path=SAMPLE,
+        trace_format="v1",
+        trace_sha256="x",
+        requests=reqs,
+        buckets=Buckets.parse("256"),
+        spec=TargetSpec(name="t", url="http://x:1"),
+        schedules=["c1"],
+        options={},
+        driver={},
+        command=[],
+        checkers=False,
+    )
     rec.fail("target unavailable: no model")
-    rec.add_results([cancelled_result(r, "t", "c1", "unknown", 2.0, "unavailable",
-                                      "target unavailable: no model").to_json() for r in reqs])
+    rec.add_results(
+        [
+            cancelled_result(
+                r, "t", "c1", "unknown", 2.0, "unavailable", "target unavailable: no model"
+            ).to_json()
+            for r in reqs
+        ]
+    )
     summary = rec.finish()
     rec.close()
     t = summary["targets"]["t"]

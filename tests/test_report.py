@@ -16,13 +16,13 @@ from typing import Any
 import orjson
 import pytest
 
-from replay import _report as report
-from replay._grading import quality
-from replay._records import Result
-from replay._rundir import write_json
-from replay._summary import build_summary
-from replay._systems import compare_systems, throughput_ratio
-from replay._verdict import decide, facts_from_run
+from replay.analysis.grading import quality
+from replay.analysis.summary import build_summary
+from replay.analysis.systems import compare_systems, throughput_ratio
+from replay.analysis.verdict import decide, facts_from_run
+from replay.core.records import Result
+from replay.present import report
+from replay.run.rundir import write_json
 
 PAYLOAD = "<script>alert(1)</script>"
 TITLE_PAYLOAD = "<script>document.title='pwned'</script>"
@@ -57,9 +57,16 @@ def _trace(path: Path, unlabeled: int = 0) -> list[tuple[str, str]]:
                 content = f"Ignore this {PAYLOAD} {TITLE_PAYLOAD} {IMG_PAYLOAD} | pipe"
             elif rid == "r1":
                 content = "HEAD " + "x" * 2000 + " TAIL"
-            lines.append({"id": rid, "task": "retrieval", "messages": [
-                {"role": "system", "content": "Answer from the context."},
-                {"role": "user", "content": content}]})
+            lines.append(
+                {
+                    "id": rid,
+                    "task": "retrieval",
+                    "messages": [
+                        {"role": "system", "content": "Answer from the context."},
+                        {"role": "user", "content": content},
+                    ],
+                }
+            )
             ids.append((rid, bucket))
     _jsonl(path, lines)
     return ids
@@ -72,18 +79,37 @@ def _result(rid: str, target: str, bucket: str, k: int, rng: random.Random) -> R
     text = "The code is 42."
     if rid == "r0" and target == "fp8":
         text = f"Sure: {PAYLOAD} done"
-    return Result(request_id=rid, target=target, phase="c1", bucket=bucket, scheduled=sent,
-                  sent=sent, first_token=times[0], done=times[-1], prompt_tokens=100 + 10 * k,
-                  output_tokens=8, chunk_times=times, chunk_tokens=[1] * 8, output_text=text,
-                  output_ids=[1, 2, 3] if text.startswith("The") else [1, 9], finish_reason="stop")
+    return Result(
+        request_id=rid,
+        target=target,
+        phase="c1",
+        bucket=bucket,
+        scheduled=sent,
+        sent=sent,
+        first_token=times[0],
+        done=times[-1],
+        prompt_tokens=100 + 10 * k,
+        output_tokens=8,
+        chunk_times=times,
+        chunk_tokens=[1] * 8,
+        output_text=text,
+        output_ids=[1, 2, 3] if text.startswith("The") else [1, 9],
+        finish_reason="stop",
+    )
 
 
 def _tf(res: Result) -> dict[str, Any]:
     """Teacher-forced scores of the reference's answer: fp8 diverges in 256-1K."""
     worse = res.target == "fp8" and res.bucket == "256-1K"
-    return {"target": res.target, "request_id": res.request_id, "bucket": res.bucket, "n": 4,
-            "nll": [0.9 if worse else 0.1] * 4, "top1": [not worse, True, not worse, True],
-            "error": None}
+    return {
+        "target": res.target,
+        "request_id": res.request_id,
+        "bucket": res.bucket,
+        "n": 4,
+        "nll": [0.9 if worse else 0.1] * 4,
+        "top1": [not worse, True, not worse, True],
+        "error": None,
+    }
 
 
 def _grade(res: Result, ref_text: str) -> dict[str, Any]:
@@ -99,26 +125,46 @@ def _grade(res: Result, ref_text: str) -> dict[str, Any]:
     if res.target != "bf16":
         exact = res.output_text == ref_text
         agree = {"exact": exact, "normalized": exact, "first_divergence": None if exact else 1}
-    return {"target": res.target, "phase": res.phase, "request_id": res.request_id,
-            "bucket": res.bucket, "answered": True, "task": "retrieval",
-            "grade": {"passed": passed, "reason": reason, "score": float(passed), "detail": {}},
-            "agreement": agree}
+    return {
+        "target": res.target,
+        "phase": res.phase,
+        "request_id": res.request_id,
+        "bucket": res.bucket,
+        "answered": True,
+        "task": "retrieval",
+        "grade": {"passed": passed, "reason": reason, "score": float(passed), "detail": {}},
+        "agreement": agree,
+    }
 
 
 def _derived_grade(res: Result) -> dict[str, Any]:
     derived = None
     if res.target != "bf16":
-        passed = not (res.target == "fp8" and res.bucket == "256-1K"
-                      and int(res.request_id[2:]) % 5 < 3)
-        derived = {"rule": "derived:facts", "passed": passed, "exact": passed,
-                   "reason": "all 1 fact(s) the reference took from the prompt are in the answer"
-                   if passed else "missing 1 of 1 fact(s) the reference took from the prompt: "
-                   "'42'", "detail": {"facts": ["42"]}}
-    return {"target": res.target, "phase": res.phase, "request_id": res.request_id,
-            "bucket": res.bucket, "answered": True, "task": "chat", "grade": None,
-            "agreement": None if res.target == "bf16" else {
-                "exact": True, "normalized": True, "first_divergence": None},
-            "derived": derived}
+        passed = not (
+            res.target == "fp8" and res.bucket == "256-1K" and int(res.request_id[2:]) % 5 < 3
+        )
+        derived = {
+            "rule": "derived:facts",
+            "passed": passed,
+            "exact": passed,
+            "reason": "all 1 fact(s) the reference took from the prompt are in the answer"
+            if passed
+            else "missing 1 of 1 fact(s) the reference took from the prompt: '42'",
+            "detail": {"facts": ["42"]},
+        }
+    return {
+        "target": res.target,
+        "phase": res.phase,
+        "request_id": res.request_id,
+        "bucket": res.bucket,
+        "answered": True,
+        "task": "chat",
+        "grade": None,
+        "agreement": None
+        if res.target == "bf16"
+        else {"exact": True, "normalized": True, "first_divergence": None},
+        "derived": derived,
+    }
 
 
 def _series(target: str) -> list[dict[str, Any]]:
@@ -128,9 +174,18 @@ def _series(target: str) -> list[dict[str, Any]]:
         return []
     base = 0 if target == "bf16" else 100
     ts = [*range(31), *range(200, 231)] if target == "bf16" else range(100, 131)
-    return [{"t": float(t), "kv_usage": 0.02 * ((t - base) % 100), "running": t % 4,
-             "waiting": 0, "preemptions": 0, "prefix_queries": 10 * t, "prefix_hits": 4 * t}
-            for t in ts]
+    return [
+        {
+            "t": float(t),
+            "kv_usage": 0.02 * ((t - base) % 100),
+            "running": t % 4,
+            "waiting": 0,
+            "preemptions": 0,
+            "prefix_queries": 10 * t,
+            "prefix_hits": 4 * t,
+        }
+        for t in ts
+    ]
 
 
 def _manifest(trace: Path) -> dict[str, Any]:
@@ -139,22 +194,43 @@ def _manifest(trace: Path) -> dict[str, Any]:
         base = 0 if name == "bf16" else 100 if name == "fp8" else 200
         size = 20000 if dtype == "fp8" else 10000
         targets[name] = {
-            "spec": {"name": name, "kv_cache_dtype": dtype, "expect_cache_dtype": dtype,
-                     "model": "/models/tiny"},
-            "status": "ok", "reason": None, "engine_version": "0.11.0", "model_id": "tiny",
-            "max_model_len": 4096, "server": {"pid": 1234, "url": "http://127.0.0.1:800"
-                                              + ("1" if name == "fp8" else "0")},
-            "cache_config": {"cache_dtype": dtype, "kv_cache_size_tokens": str(size),
-                             "block_size": "16", "num_gpu_blocks": str(size // 16)},
+            "spec": {
+                "name": name,
+                "kv_cache_dtype": dtype,
+                "expect_cache_dtype": dtype,
+                "model": "/models/tiny",
+            },
+            "status": "ok",
+            "reason": None,
+            "engine_version": "0.11.0",
+            "model_id": "tiny",
+            "max_model_len": 4096,
+            "server": {
+                "pid": 1234,
+                "url": "http://127.0.0.1:800" + ("1" if name == "fp8" else "0"),
+            },
+            "cache_config": {
+                "cache_dtype": dtype,
+                "kv_cache_size_tokens": str(size),
+                "block_size": "16",
+                "num_gpu_blocks": str(size // 16),
+            },
             "scale_log_lines": ["Using KV cache scaling factor 1.0 for fp8_e4m3"]
-            if dtype == "fp8" else [],
-            "engine_config": {"kv_cache_dtype": dtype}, "phases": {"c1": {
-                "start": float(base), "end": base + 30.0}}}
-    return {"tool": {"name": "kvcanary", "version": "0.1.0"}, "command": ["replay", "--trace",
-            str(trace)], "started_at": 1.7e9, "reference": "bf16", "schedules": ["c1"],
-            "buckets": {"bounds": "256,1K", "labels": BUCKETS},
-            "trace": {"path": str(trace), "sha256": None, "requests": 2 * N_PER_BUCKET,
-                      "bad_lines": 0}, "targets": targets}
+            if dtype == "fp8"
+            else [],
+            "engine_config": {"kv_cache_dtype": dtype},
+            "phases": {"c1": {"start": float(base), "end": base + 30.0}},
+        }
+    return {
+        "tool": {"name": "kvcanary", "version": "0.1.0"},
+        "command": ["replay", "--trace", str(trace)],
+        "started_at": 1.7e9,
+        "reference": "bf16",
+        "schedules": ["c1"],
+        "buckets": {"bounds": "256,1K", "labels": BUCKETS},
+        "trace": {"path": str(trace), "sha256": None, "requests": 2 * N_PER_BUCKET, "bad_lines": 0},
+        "targets": targets,
+    }
 
 
 def make_run_dir(root: Path, unlabeled: int = 0) -> Path:
@@ -166,13 +242,21 @@ def make_run_dir(root: Path, unlabeled: int = 0) -> Path:
     ids = _trace(root / "trace.jsonl", unlabeled)
     manifest = _manifest(root / "trace.jsonl")
     rng = random.Random(0)
-    results = [_result(rid, t, bucket, k, rng) for t in TARGETS
-               for k, (rid, bucket) in enumerate(ids)]
+    results = [
+        _result(rid, t, bucket, k, rng) for t in TARGETS for k, (rid, bucket) in enumerate(ids)
+    ]
     ref_text = {r.request_id: r.output_text for r in results if r.target == "bf16"}
     grades = [_grade(r, ref_text[r.request_id]) for r in results]
     series = {t: _series(t) for t in TARGETS}
-    targets = {n: {"status": "ok", "reason": None, "cache_config": m["cache_config"],
-                   "phases": m["phases"]} for n, m in manifest["targets"].items()}
+    targets = {
+        n: {
+            "status": "ok",
+            "reason": None,
+            "cache_config": m["cache_config"],
+            "phases": m["phases"],
+        }
+        for n, m in manifest["targets"].items()
+    }
     summary = build_summary(results, targets, series, BUCKETS)
     tf_rows = [_tf(r) for r in results] if unlabeled else []
     summary["quality"] = quality(grades, tf_rows, "bf16", BUCKETS)
@@ -190,6 +274,7 @@ def make_run_dir(root: Path, unlabeled: int = 0) -> Path:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
 
 class _Sections(HTMLParser):
     """Text of each section (by id) and the cell texts of its table rows."""
@@ -237,8 +322,16 @@ def sections(html: str) -> _Sections:
     return p
 
 
-SECTION_IDS = ["verdict", "serving", "quality", "systems", "latency", "capacity", "kv-usage",
-               "requests"]
+SECTION_IDS = [
+    "verdict",
+    "serving",
+    "quality",
+    "systems",
+    "latency",
+    "capacity",
+    "kv-usage",
+    "requests",
+]
 
 
 @pytest.fixture
@@ -247,6 +340,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 # -- the full report --------------------------------------------------------------------------
+
 
 def test_report_has_verdict_first_and_every_section(run_dir: Path) -> None:
     html = report.render_html(run_dir)
@@ -269,19 +363,20 @@ def test_quality_rows_carry_intervals_and_noise_floor(run_dir: Path) -> None:
     assert set(fp8) == {"<256", "256-1K"}
     loss = fp8["256-1K"]
     assert re.fullmatch(r"60\.0% \[42\.\d, 75\.\d\] \(18/30\)", loss[2])  # Wilson interval
-    assert loss[3] == report.DASH                                # no derived grades here
-    assert loss[4].startswith("-40.0 [-")                       # paired Δ with its interval
-    assert loss[5] == "30 (30 + 0)" and float(loss[6]) < 0.05   # pairs, McNemar p
-    assert loss[7] == "+0.0 [+0.0, +0.0]"                        # the A/A control's noise floor
-    assert loss[11] == "loss shown"                              # no "need N" for a loss
+    assert loss[3] == report.DASH  # no derived grades here
+    assert loss[4].startswith("-40.0 [-")  # paired Δ with its interval
+    assert loss[5] == "30 (30 + 0)" and float(loss[6]) < 0.05  # pairs, McNemar p
+    assert loss[7] == "+0.0 [+0.0, +0.0]"  # the A/A control's noise floor
+    assert loss[11] == "loss shown"  # no "need N" for a loss
     ref = next(r for r in rows if r[0] == "bf16")
     assert ref[4:7] == ["reference", report.DASH, report.DASH]
 
 
 def test_rows_follow_the_runs_order_not_sorted_keys(run_dir: Path) -> None:
     rows = sections(report.render_html(run_dir)).rows["quality"]
-    assert [r[:2] for r in rows] == [[t, b] for t in ("bf16", "fp8", "bf16-control")
-                                     for b in ("<256", "256-1K")]
+    assert [r[:2] for r in rows] == [
+        [t, b] for t in ("bf16", "fp8", "bf16-control") for b in ("<256", "256-1K")
+    ]
 
 
 def test_serving_capacity_systems_and_kv_usage(run_dir: Path) -> None:
@@ -320,8 +415,10 @@ def test_self_contained(run_dir: Path) -> None:
     assert "url(" not in html and "@import" not in html
     # The SVG namespace, and the servers' URLs as text: nothing else names a network address.
     servers = ["http://127.0.0.1:8000"] * 2 + ["http://127.0.0.1:8001"]
-    assert sorted(re.findall(r"https?://[^\s\"<]+", html)) == \
-        [*servers, *["http://www.w3.org/2000/svg"] * 5]
+    assert sorted(re.findall(r"https?://[^\s\"<]+", html)) == [
+        *servers,
+        *["http://www.w3.org/2000/svg"] * 5,
+    ]
 
 
 def test_prompt_excerpt_and_request_order(run_dir: Path) -> None:
@@ -357,7 +454,11 @@ def test_missing_values_are_dashes_not_zeros(run_dir: Path) -> None:
     s = orjson.loads((run_dir / "summary.json").read_bytes())
     s["targets"]["fp8"]["kv_cache_size_tokens"] = None
     s["targets"]["fp8"]["phases"]["c1"]["buckets"]["<256"]["ttft_ms"] = {
-        "mean": None, "p50": None, "p90": None, "p99": None}
+        "mean": None,
+        "p50": None,
+        "p90": None,
+        "p99": None,
+    }
     _dump(run_dir / "summary.json", s)
     m = orjson.loads((run_dir / "manifest.json").read_bytes())
     del m["targets"]["fp8"]["cache_config"]["kv_cache_size_tokens"]
@@ -370,6 +471,7 @@ def test_missing_values_are_dashes_not_zeros(run_dir: Path) -> None:
 
 
 # -- partial and odd run directories ---------------------------------------------------------
+
 
 def test_empty_run_dir(tmp_path: Path) -> None:
     html = report.render_html(tmp_path)
@@ -384,8 +486,13 @@ def test_empty_run_dir(tmp_path: Path) -> None:
 def test_failed_target_run(run_dir: Path) -> None:
     """Like a run where the fp8 server did not start: no results or grades for it."""
     s = orjson.loads((run_dir / "summary.json").read_bytes())
-    s["targets"]["fp8"].update(status="failed", reason="server did not start: exit 1",
-                               cache_dtype=None, kv_cache_size_tokens=None, phases={})
+    s["targets"]["fp8"].update(
+        status="failed",
+        reason="server did not start: exit 1",
+        cache_dtype=None,
+        kv_cache_size_tokens=None,
+        phases={},
+    )
     s["verdict"] = decide(facts_from_run(s, {}, candidate="fp8")).to_json()
     del s["systems"]
     _dump(run_dir / "summary.json", s)
@@ -409,8 +516,13 @@ def test_odd_summary_values_never_crash(run_dir: Path, key: str, junk: Any) -> N
 
 
 def _paths(doc: Any, pre: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc[:2]) \
-        if isinstance(doc, list) else ()
+    items = (
+        doc.items()
+        if isinstance(doc, dict)
+        else enumerate(doc[:2])
+        if isinstance(doc, list)
+        else ()
+    )
     return [p for k, v in items for p in [(*pre, k), *_paths(v, (*pre, k))]]
 
 
@@ -446,6 +558,7 @@ def test_odd_rows_never_crash(run_dir: Path) -> None:
 
 
 # -- Markdown and files -----------------------------------------------------------------------
+
 
 def test_markdown(run_dir: Path) -> None:
     text = report.render_markdown(run_dir)
@@ -487,9 +600,9 @@ def test_write_reports(run_dir: Path) -> None:
 
 # -- pieces ------------------------------------------------------------------------------------
 
+
 def test_formatting_of_missing_values() -> None:
-    for f in (report.f_sig, report.f_int, report.f_pct, report.f_pts, report.f_p,
-              report.f_ratio):
+    for f in (report.f_sig, report.f_int, report.f_pct, report.f_pts, report.f_p, report.f_ratio):
         assert f(None) == report.DASH
         assert f(float("nan")) == report.DASH
         assert f(True) == report.DASH
@@ -499,8 +612,9 @@ def test_formatting_of_missing_values() -> None:
 
 def test_charts() -> None:
     assert report.box_chart([("bucket a", [("x", "#000", [])])], "ms", "t") is None
-    chart = report.box_chart([("bucket a", [("x", "#000", [1.0, 2.0, 3.0]),
-                                            ("y", "#111", [])])], "ms", "t")
+    chart = report.box_chart(
+        [("bucket a", [("x", "#000", [1.0, 2.0, 3.0]), ("y", "#111", [])])], "ms", "t"
+    )
     assert chart is not None and any(s.text == "no data" for s in chart.shapes)
     assert report.bar_chart([("a", "#000", None)], "tokens", "t") is None
     assert report.line_chart([], "#000", [], "t") is None
@@ -515,13 +629,21 @@ def test_replay_compare_two_runs(tmp_path: Path) -> None:
 
     a = make_run_dir(tmp_path / "a")
     b = make_run_dir(tmp_path / "b")
-    out = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(a), str(b)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "compare", str(a), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "verdict: calibrate -> calibrate" in out.stdout
     assert "Δ pass" in out.stdout and "fp8" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(a), str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "compare", str(a), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "summary.json" in bad.stderr
 
 

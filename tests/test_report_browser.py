@@ -18,23 +18,35 @@ from pathlib import Path
 
 import pytest
 
-from replay._report import write_reports
+from replay.present.report import write_reports
 from tests.test_report import PAYLOAD, SECTION_IDS, make_run_dir
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = shutil.which("chromium")
 TIMEOUT_S = 60
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None,
-                                reason="needs Debian's chromium package (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's chromium package (apt-get install chromium)"
+)
 
 
 def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-           "--no-first-run", "--disable-background-networking", "--disable-component-update",
-           "--disable-sync", "--disable-extensions", "--disable-dev-shm-usage",
-           f"--user-data-dir={profile}", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-extensions",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
 
 
@@ -48,8 +60,13 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
     shot.unlink(missing_ok=True)
-    snap = chromium(root / "profile-shot", f"--screenshot={shot}", "--window-size=1400,3000",
-                    "--hide-scrollbars", url)
+    snap = chromium(
+        root / "profile-shot",
+        f"--screenshot={shot}",
+        "--window-size=1400,3000",
+        "--hide-scrollbars",
+        url,
+    )
     assert snap.returncode == 0, snap.stderr[-2000:]
     return dom.stdout, shot
 
@@ -66,10 +83,10 @@ def test_verdict_and_sections_render(rendered: tuple[str, Path]) -> None:
 
 def test_planted_payloads_are_text(rendered: tuple[str, Path]) -> None:
     dom, _ = rendered
-    assert "<script" not in dom.lower()          # no element was made from a payload
+    assert "<script" not in dom.lower()  # no element was made from a payload
     assert "<img" not in dom.lower()
     assert "pwned" not in dom.split("</title>")[0]  # nothing ran
-    requests = dom[dom.index('<section id="requests"'):]
+    requests = dom[dom.index('<section id="requests"') :]
     escaped = PAYLOAD.replace("<", "&lt;").replace(">", "&gt;")
     assert requests.count(escaped) == 5  # r0's prompt, fp8's answer, three checker reasons
     assert '<pre class="text prompt">' in requests
@@ -84,14 +101,15 @@ def test_screenshot_saved(rendered: tuple[str, Path]) -> None:
 
 
 def test_quality_shows_derived_grades_need_n_where_open_and_the_warning(
-        rendered: tuple[str, Path]) -> None:
+    rendered: tuple[str, Path],
+) -> None:
     dom, _ = rendered
-    quality = dom[dom.index('<section id="quality"'):dom.index('<section id="systems"')]
+    quality = dom[dom.index('<section id="quality"') : dom.index('<section id="systems"')]
     assert "Derived from the reference" in quality
     assert "(4/10)" in quality and "40 (30 + 10)" in quality  # fp8's derived grades in 256-1K
     # "need N" in the open cells only (fp8 in <256, the control in both buckets), never
     # beside fp8's established loss in 256-1K.
     assert len(re.findall(r">at least \d+ needed</td>", quality)) == 3
     assert re.search(r"<td>fp8</td><td>256-1K</td>(?:(?!</tr>).)*>loss shown</td>", quality)
-    verdict = dom[dom.index('<section id="verdict"'):dom.index('<section id="serving"')]
+    verdict = dom[dom.index('<section id="verdict"') : dom.index('<section id="serving"')]
     assert "teacher-forced ΔNLL +0.800/token" in verdict and "early warning" in verdict

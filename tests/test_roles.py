@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from replay._errors import ConfigError
-from replay._roles import Roles, looks_calibrated, resolve
-from replay._targets import load_targets_config
-from replay._verdict import serving_problems
+from replay.analysis.roles import Roles, looks_calibrated, resolve
+from replay.analysis.verdict import serving_problems
+from replay.core.errors import ConfigError
+from replay.serving.targets import load_targets_config
 
 
 def test_the_guess_reads_words_not_letters() -> None:
@@ -23,13 +23,16 @@ def test_the_guess_reads_words_not_letters() -> None:
 
 
 def test_explicit_roles_win_and_bad_ones_are_refused() -> None:
-    assert resolve(["bf16", "fp8-local", "fp8-cal"], candidate="fp8-cal",
-                   calibrated="fp8-local") == Roles("bf16", "fp8-cal", "fp8-local")
-    assert resolve(["bf16", "x", "y"], declared={"y": "calibrated", "x": "reference"}) == \
-        Roles("x", "bf16", "y")
+    assert resolve(
+        ["bf16", "fp8-local", "fp8-cal"], candidate="fp8-cal", calibrated="fp8-local"
+    ) == Roles("bf16", "fp8-cal", "fp8-local")
+    assert resolve(["bf16", "x", "y"], declared={"y": "calibrated", "x": "reference"}) == Roles(
+        "x", "bf16", "y"
+    )
     # The command line wins over the targets file.
-    assert resolve(["bf16", "x", "y"], calibrated="x", declared={"y": "calibrated"}) == \
-        Roles("bf16", "y", "x")
+    assert resolve(["bf16", "x", "y"], calibrated="x", declared={"y": "calibrated"}) == Roles(
+        "bf16", "y", "x"
+    )
     with pytest.raises(ConfigError, match="--candidate: 'nope' is not one of the targets"):
         resolve(["bf16", "fp8"], candidate="nope")
     with pytest.raises(ConfigError, match="two roles"):
@@ -40,8 +43,10 @@ def test_explicit_roles_win_and_bad_ones_are_refused() -> None:
 
 def test_a_targets_file_declares_roles(tmp_path: Path) -> None:
     f = tmp_path / "t.toml"
-    f.write_text('[targets.fp8-local]\nurl = "http://127.0.0.1:9"\nexpect_cache_dtype = "fp8"\n'
-                 'role = "calibrated"\n[targets.bf16]\nurl = "http://127.0.0.1:8"\n')
+    f.write_text(
+        '[targets.fp8-local]\nurl = "http://127.0.0.1:9"\nexpect_cache_dtype = "fp8"\n'
+        'role = "calibrated"\n[targets.bf16]\nurl = "http://127.0.0.1:8"\n'
+    )
     specs = load_targets_config(f)
     assert specs["fp8-local"].role == "calibrated" and specs["bf16"].role is None
     assert specs["fp8-local"].describe()["role"] == "calibrated"
@@ -52,8 +57,10 @@ def test_a_targets_file_declares_roles(tmp_path: Path) -> None:
 
 def test_the_manifest_keeps_the_roles_and_odd_ones_fall_back() -> None:
     names = ["bf16", "fp8-local"]
-    saved = {"reference": "bf16", "roles": {"reference": "bf16", "candidate": None,
-                                            "calibrated": "fp8-local"}}
+    saved = {
+        "reference": "bf16",
+        "roles": {"reference": "bf16", "candidate": None, "calibrated": "fp8-local"},
+    }
     assert Roles.from_manifest(saved, names) == Roles("bf16", None, "fp8-local")
     assert Roles.from_manifest({"reference": [1, 2]}, names) == Roles("bf16", "fp8-local")
     assert Roles.from_manifest({}, []) == Roles("bf16")

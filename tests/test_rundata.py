@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 import replay
-from replay._errors import InputError
-from replay._rundir import read_results
 from replay.cli import main
+from replay.core.errors import InputError
+from replay.run.rundir import read_results
 
 from .conftest import ROOT
 from .fault_server import fault_server
@@ -27,9 +27,23 @@ TRACE = ROOT / "traces" / "sample.jsonl"
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs")
     with fault_server("split") as good:
-        res = CliRunner().invoke(main, ["--trace", str(TRACE), "--targets", f"fp8={good.url}",
-                                        "--buckets", "256,1K", "--out", str(out),
-                                        "--run-id", "run", "--limit", "12"])
+        res = CliRunner().invoke(
+            main,
+            [
+                "--trace",
+                str(TRACE),
+                "--targets",
+                f"fp8={good.url}",
+                "--buckets",
+                "256,1K",
+                "--out",
+                str(out),
+                "--run-id",
+                "run",
+                "--limit",
+                "12",
+            ],
+        )
     assert res.exit_code == 0, res.output
     return out / "run"
 

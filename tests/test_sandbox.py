@@ -69,18 +69,21 @@ def _assert_no_survivors(mark: str) -> None:
 
 
 def test_correct_function_passes() -> None:
-    res = run_python("def add(a, b):\n    return a + b\n",
-                     "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nprint('checked')\n")
+    res = run_python(
+        "def add(a, b):\n    return a + b\n",
+        "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nprint('checked')\n",
+    )
     assert res.passed, res
     assert res.reason == "tests passed"
     assert res.returncode == 0
-    assert res.stdout == "checked\n"          # the completion marker is not shown
+    assert res.stdout == "checked\n"  # the completion marker is not shown
     assert not res.timed_out
 
 
 def test_wrong_function_fails_with_the_assertion_message() -> None:
-    res = run_python("def add(a, b):\n    return a - b\n",
-                     "assert add(1, 2) == 3, 'add(1, 2) should be 3'\n")
+    res = run_python(
+        "def add(a, b):\n    return a - b\n", "assert add(1, 2) == 3, 'add(1, 2) should be 3'\n"
+    )
     assert not res.passed
     assert res.reason == "AssertionError: add(1, 2) should be 3"
     assert res.returncode == 1
@@ -146,9 +149,11 @@ def test_sleeping_forever_is_stopped_by_the_wall_timeout(marker: str) -> None:
 
 def _spawn_sleeper(marker: str) -> str:
     """Python source: leave the process group, then become a 30 s sleeper carrying ``marker``."""
-    return ("os.setsid() if os.getsid(0) != os.getpid() else None; "
-            "os.execv(sys.executable, [sys.executable, '-S', '-c', "
-            f"'import time; time.sleep(30)', {marker!r}])")
+    return (
+        "os.setsid() if os.getsid(0) != os.getpid() else None; "
+        "os.execv(sys.executable, [sys.executable, '-S', '-c', "
+        f"'import time; time.sleep(30)', {marker!r}])"
+    )
 
 
 def test_fork_bomb_is_capped_by_the_process_limit(marker: str) -> None:
@@ -217,8 +222,11 @@ def test_file_size_limit() -> None:
 def test_writes_outside_its_directory_are_stopped(tmp_path: Path) -> None:
     tmp_path.chmod(0o777)
     # Directories anyone may write to, where only a read-only filesystem stops the code.
-    world_writable = [Path(tempfile.mkdtemp(prefix="kvcanary-outside-", dir=d))
-                      for d in (tempfile.gettempdir(), "/var/tmp") if os.path.isdir(d)]
+    world_writable = [
+        Path(tempfile.mkdtemp(prefix="kvcanary-outside-", dir=d))
+        for d in (tempfile.gettempdir(), "/var/tmp")
+        if os.path.isdir(d)
+    ]
     for d in world_writable:
         d.chmod(0o777)
     targets = [tmp_path / "outside.txt", *(d / "outside.txt" for d in world_writable)]
@@ -241,7 +249,7 @@ print("inside ok", os.path.exists("inside.txt"))
         assert "inside ok True" in res.stdout
         assert not targets[0].exists()
         assert f"wrote {targets[0]}" not in res.stdout
-        if res.network_isolated:   # namespaces: the whole filesystem is read-only but its own /tmp
+        if res.network_isolated:  # namespaces: the whole filesystem is read-only but its own /tmp
             assert not any(t.exists() for t in targets), res.stdout
     finally:
         for d in world_writable:
@@ -265,7 +273,7 @@ except OSError as exc:
         if not res.network_isolated:
             pytest.skip(f"no network namespace on this machine: {res.isolation}")
         listener.setblocking(False)
-        with pytest.raises(BlockingIOError):   # nothing ever reached the listener
+        with pytest.raises(BlockingIOError):  # nothing ever reached the listener
             listener.accept()[0].close()
     assert res.passed, res
     assert res.stdout.startswith("blocked"), res.stdout
@@ -348,8 +356,9 @@ os._exit(0)
 
 
 def test_forged_completion_marker_does_not_pass() -> None:
-    res = run_python("import os\nprint('\\nkvcanary-done-' + '0' * 32)\nos._exit(0)\n",
-                     "assert 1 == 2\n")
+    res = run_python(
+        "import os\nprint('\\nkvcanary-done-' + '0' * 32)\nos._exit(0)\n", "assert 1 == 2\n"
+    )
     assert not res.passed, res
     assert res.returncode == 0
     assert res.reason == "exited with status 0 before the tests finished"
@@ -459,8 +468,10 @@ print("process_vm_readv", result(rc))
         pytest.skip(f"{why}: {res.isolation}")
     assert res.passed, res
     lines = dict(line.split(" ", 1) for line in res.stdout.strip().splitlines())
-    assert lines == {"ptrace": "Operation not permitted",
-                     "process_vm_readv": "Operation not permitted"}, res.stdout
+    assert lines == {
+        "ptrace": "Operation not permitted",
+        "process_vm_readv": "Operation not permitted",
+    }, res.stdout
 
 
 # --- the boundary between the tests and the solution -----------------------------------------
@@ -488,7 +499,9 @@ def _forge(tokens, fds=range(3, 65)):
     os._exit(0)
 """
 
-FRAME_WALKER = _FORGE + r"""
+FRAME_WALKER = (
+    _FORGE
+    + r"""
 def forge():
     frame, tokens, fds = sys._getframe(), set(), set()
     while frame is not None:
@@ -499,8 +512,11 @@ def forge():
         frame = frame.f_back
     _forge(tokens, sorted(fds))
 """
+)
 
-GC_SCANNER = _FORGE + r"""
+GC_SCANNER = (
+    _FORGE
+    + r"""
 import gc, types
 def forge():
     tokens = set()
@@ -525,10 +541,13 @@ def forge():
             frame = frame.f_back
     _forge(tokens)
 """
+)
 
 # Every descriptor gets every token found anywhere: in frames, objects, and whatever any
 # descriptor holds.
-FD_FLOODER = GC_SCANNER.replace("    _forge(tokens)\n", r"""
+FD_FLOODER = GC_SCANNER.replace(
+    "    _forge(tokens)\n",
+    r"""
     for fd in range(3, 65):
         try:
             os.set_blocking(fd, False)
@@ -536,9 +555,12 @@ FD_FLOODER = GC_SCANNER.replace("    _forge(tokens)\n", r"""
         except OSError:
             pass
     _forge(tokens)
-""")
+""",
+)
 
-MEMORY_READER = _FORGE + r"""
+MEMORY_READER = (
+    _FORGE
+    + r"""
 def forge():
     tokens, refused = set(), []
     for pid in ("self", str(os.getppid())):
@@ -564,16 +586,20 @@ def forge():
     print("refused", refused, flush=True)
     _forge(tokens)
 """
+)
 
 
-@pytest.mark.parametrize("forger", [FRAME_WALKER, GC_SCANNER, FD_FLOODER, MEMORY_READER],
-                         ids=["frames", "gc", "every-fd", "proc-mem"])
+@pytest.mark.parametrize(
+    "forger",
+    [FRAME_WALKER, GC_SCANNER, FD_FLOODER, MEMORY_READER],
+    ids=["frames", "gc", "every-fd", "proc-mem"],
+)
 def test_solution_code_cannot_find_the_nonce_and_forge_a_pass(forger: str) -> None:
     res = run_python(forger, "forge()\nassert 1 == 2\n", SandboxLimits(wall_s=20, cpu_s=15))
     assert not res.passed, res
     assert res.reason == "exited with status 0 before the tests finished", res
-    assert "found" in res.stdout, res       # it ran, and searched
-    if forger is MEMORY_READER:            # the test runner is not dumpable
+    assert "found" in res.stdout, res  # it ran, and searched
+    if forger is MEMORY_READER:  # the test runner is not dumpable
         assert "refused ['parent']" in res.stdout, res.stdout
 
 
@@ -626,9 +652,11 @@ except FileNotFoundError as exc:
 
 
 def test_other_exceptions_keep_their_name_and_builtin_bases() -> None:
-    code = ("class Invalid(ValueError):\n    pass\nclass Odd(Exception):\n"
-            "    def __str__(self):\n        return 'odd one'\n"
-            "def check(x):\n    raise Invalid('no: %d' % x)\ndef odd():\n    raise Odd()\n")
+    code = (
+        "class Invalid(ValueError):\n    pass\nclass Odd(Exception):\n"
+        "    def __str__(self):\n        return 'odd one'\n"
+        "def check(x):\n    raise Invalid('no: %d' % x)\ndef odd():\n    raise Odd()\n"
+    )
     tests = """
 try:
     check(3)
@@ -723,14 +751,17 @@ def test_the_solution_dying_in_a_call_ends_the_run_as_it_died() -> None:
     res = run_python("import ctypes\ndef f():\n    ctypes.string_at(0)\n", "f()\n")
     assert not res.passed
     assert res.reason == "killed: SIGSEGV", res
-    res = run_python("def f():\n    while True:\n        pass\n", "f()\n",
-                     SandboxLimits(wall_s=10, cpu_s=1))
+    res = run_python(
+        "def f():\n    while True:\n        pass\n", "f()\n", SandboxLimits(wall_s=10, cpu_s=1)
+    )
     assert res.reason == "killed: CPU time limit", res
 
 
 def test_an_interrupted_call_gets_a_fresh_solution_for_the_next() -> None:
-    code = "import time\nprint('imported')\ndef spin():\n    time.sleep(30)\n" \
-           "def add(a, b):\n    return a + b\n"
+    code = (
+        "import time\nprint('imported')\ndef spin():\n    time.sleep(30)\n"
+        "def add(a, b):\n    return a + b\n"
+    )
     tests = """
 import signal
 class Late(Exception):
@@ -747,12 +778,11 @@ assert add(1, 2) == 3
 """
     res = run_python(code, tests, SandboxLimits(wall_s=10))
     assert res.passed, res
-    assert res.stdout == "imported\nimported\n"       # the second import answered add()
+    assert res.stdout == "imported\nimported\n"  # the second import answered add()
     assert res.duration_s < 5
 
 
-def test_a_solution_process_that_cannot_start_fails_the_run_with_a_reason(
-        tmp_path: Path) -> None:
+def test_a_solution_process_that_cannot_start_fails_the_run_with_a_reason(tmp_path: Path) -> None:
     # The harness as the sandbox runs it, but with an interpreter that does not exist.
     (tmp_path / "solution.py").write_text("def f():\n    return 1\n")
     (tmp_path / "test_solution.py").write_text("assert f() == 1\n")
@@ -761,35 +791,67 @@ def test_a_solution_process_that_cannot_start_fails_the_run_with_a_reason(
     result_r, result_w = os.pipe()
     os.write(nonce_w, b"0" * 32)
     os.close(nonce_w)
-    launcher = ("import runpy, sys; sys.executable = '/nonexistent/python'; "
-                f"sys.argv = ['kvc_harness.py', '{nonce_r}', '{result_w}']; "
-                "runpy.run_path('kvc_harness.py', run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", launcher], cwd=tmp_path,
-                          pass_fds=(nonce_r, result_w), capture_output=True, text=True,
-                          timeout=30)
+    launcher = (
+        "import runpy, sys; sys.executable = '/nonexistent/python'; "
+        f"sys.argv = ['kvc_harness.py', '{nonce_r}', '{result_w}']; "
+        "runpy.run_path('kvc_harness.py', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", launcher],
+        cwd=tmp_path,
+        pass_fds=(nonce_r, result_w),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     os.close(nonce_r)
     os.close(result_w)
     with os.fdopen(result_r, "rb") as f:
         channel = f.read()
     assert proc.returncode == 1, proc
     assert proc.stderr.splitlines()[-1].startswith(
-        "cannot start the solution's process: FileNotFoundError"), proc.stderr
+        "cannot start the solution's process: FileNotFoundError"
+    ), proc.stderr
     assert channel.startswith(b"lock ") and channel.endswith(b"\n"), channel  # no nonce
 
 
-@pytest.mark.parametrize("value", [
-    0, -(2 ** 70), 10 ** 4500, 0.1, float("inf"), -0.0, 1j, "x\udcff", b"\x00", None, True,
-    [1, (2, {3: frozenset({4})})], {"k": [set(), ()]}], ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        -(2**70),
+        10**4500,
+        0.1,
+        float("inf"),
+        -0.0,
+        1j,
+        "x\udcff",
+        b"\x00",
+        None,
+        True,
+        [1, (2, {3: frozenset({4})})],
+        {"k": [set(), ()]},
+    ],
+    ids=lambda v: type(v).__name__,
+)
 def test_the_encoding_round_trips(value: object) -> None:
     data = _harness.dumps(_harness.encode(value))
     back = _harness.decode(json.loads(data))
     assert back == value and type(back) is type(value)
-    assert _harness.dumps(_harness.encode(back)) == data       # -0.0 too
+    assert _harness.dumps(_harness.encode(back)) == data  # -0.0 too
 
 
 def test_the_decoder_refuses_what_the_encoder_never_makes() -> None:
-    for node in [{"a": 1}, ["x", 1], [], ["d", 1], ["i", 5], ["c", "1", 2], ["s", ["l"]],
-                 ["b", "zz"]]:
+    for node in [
+        {"a": 1},
+        ["x", 1],
+        [],
+        ["d", 1],
+        ["i", 5],
+        ["c", "1", 2],
+        ["s", ["l"]],
+        ["b", "zz"],
+    ]:
         with pytest.raises((ValueError, TypeError)):
             _harness.decode(node)
     deep: list[object] = ["l"]

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvcal._verify import APPLIED, NOT_APPLIED, ServerCheck, _decide, _from_log, compare_scores
-from replay._introspect import engine_config_from_log
-from replay._scale_log import (
+from replay.analysis.verdict import serving_problems
+from replay.run.teacher import TFScore
+from replay.serving.introspect import engine_config_from_log
+from replay.serving.scale_log import (
     CHECKPOINT,
     DEFAULT_UNQUANTIZED,
     DEFAULT_WARNED,
@@ -22,16 +24,15 @@ from replay._scale_log import (
     UNKNOWN,
     scale_evidence,
 )
-from replay._targets import scale_lines
-from replay._teacher import TFScore
-from replay._verdict import serving_problems
+from replay.serving.targets import scale_lines
 
 LOGS = Path(__file__).parent / "data" / "vllm_logs"
 ORIGINAL = (LOGS / "fp8_scale_one_original.log").read_text()
 OVERLAY = (LOGS / "fp8_calibrated_overlay.log").read_text()
 # Different scores, as the live comparison found (119 of 120 positions on the twin).
-MOVED = compare_scores([TFScore(3, (1.0, 2.5, 3.0), (True,) * 3)],
-                       [TFScore(3, (1.0, 2.0, 3.0), (True,) * 3)])
+MOVED = compare_scores(
+    [TFScore(3, (1.0, 2.5, 3.0), (True,) * 3)], [TFScore(3, (1.0, 2.0, 3.0), (True,) * 3)]
+)
 
 
 def test_the_original_at_scale_one_is_recognized_without_any_warning() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from replay._schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
+from replay.core.schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
 
 
 class FakeClock:

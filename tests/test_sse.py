@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay._sse import DONE, ProtocolError, SSEDecoder
+from replay.serving.sse import DONE, ProtocolError, SSEDecoder
 
 STREAM = (
     b'data: {"choices":[{"delta":{"content":"he"}}]}\n\n'
@@ -16,8 +16,12 @@ STREAM = (
     b'data: {"a":\ndata: 1}\n\n'
     b"data: [DONE]\n\n"
 )
-EXPECTED = [{"choices": [{"delta": {"content": "he"}}]},
-            {"choices": [{"delta": {"content": "llo"}}]}, {"a": 1}, DONE]
+EXPECTED = [
+    {"choices": [{"delta": {"content": "he"}}]},
+    {"choices": [{"delta": {"content": "llo"}}]},
+    {"a": 1},
+    DONE,
+]
 
 
 def decode(chunks: list[bytes]) -> list[object]:
@@ -83,19 +87,27 @@ def outcome(chunks: list[bytes], limit: int) -> tuple[list[object], str | None]:
     return out, None
 
 
-LINES = st.lists(st.one_of(
-    st.integers(0, 40).map(lambda n: b'data: {"k": "' + b"x" * n + b'"}'),
-    st.integers(0, 40).map(lambda n: b"data: " + b"y" * n),
-    st.integers(0, 60).map(lambda n: b": " + b"c" * n),
-    st.sampled_from([b"", b"", b"data: [DONE]", b"data:", b"event: x", b"\r"]),
-), max_size=12)
+LINES = st.lists(
+    st.one_of(
+        st.integers(0, 40).map(lambda n: b'data: {"k": "' + b"x" * n + b'"}'),
+        st.integers(0, 40).map(lambda n: b"data: " + b"y" * n),
+        st.integers(0, 60).map(lambda n: b": " + b"c" * n),
+        st.sampled_from([b"", b"", b"data: [DONE]", b"data:", b"event: x", b"\r"]),
+    ),
+    max_size=12,
+)
 
 
 @settings(max_examples=500, deadline=None)
-@given(LINES, st.booleans(), st.integers(8, 48),
-       st.lists(st.integers(min_value=0, max_value=700), max_size=12))
+@given(
+    LINES,
+    st.booleans(),
+    st.integers(8, 48),
+    st.lists(st.integers(min_value=0, max_value=700), max_size=12),
+)
 def test_the_cap_gives_the_same_outcome_however_the_stream_is_cut(
-        lines: list[bytes], crlf: bool, limit: int, cuts: list[int]) -> None:
+    lines: list[bytes], crlf: bool, limit: int, cuts: list[int]
+) -> None:
     """A line or event over the limit is an error at the same place in the stream, whether
     it came in one read or was held across many (the held size is counted, not re-measured)."""
     stream = (b"\r\n" if crlf else b"\n").join(lines) + b"\n\n"
@@ -122,7 +134,7 @@ def test_the_cap_is_on_the_event_not_the_read() -> None:
 
 
 def test_an_event_of_endless_empty_data_lines_is_bounded() -> None:
-    from replay._sse import MAX_DATA_LINES
+    from replay.serving.sse import MAX_DATA_LINES
 
     events, err = outcome([b"data:\n" * (MAX_DATA_LINES + 1)], 1 << 30)
     assert events == [] and err == f"SSE event of over {MAX_DATA_LINES} data lines"

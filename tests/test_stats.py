@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay._stats import (
+from replay.analysis.stats import (
     EXACT_MAX,
     MAX_NEEDED,
     MIN_PAIRS,
@@ -56,6 +56,7 @@ def bool_pairs(draw: st.DrawFn, max_size: int = 60) -> BoolPairs:
 
 # --- Wilson ---------------------------------------------------------------------------------
 
+
 def test_wilson_known_values() -> None:
     assert wilson(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
     assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
@@ -83,6 +84,7 @@ def test_wilson_contains_proportion(kn: tuple[int, int]) -> None:
 
 # --- identical arms -------------------------------------------------------------------------
 
+
 def test_identical_arms_show_nothing() -> None:
     """The same grades on both targets: zero difference, no test fires."""
     a, _ = pairs(30, 5, 0, 15)
@@ -107,6 +109,7 @@ def test_balanced_disagreement_is_not_a_shift() -> None:
 
 
 # --- McNemar --------------------------------------------------------------------------------
+
 
 def test_mcnemar_known_values() -> None:
     m = mcnemar_exact(*pairs(10, 0, 6, 4))
@@ -135,6 +138,7 @@ def test_binomial_tail_large_n_matches_exact() -> None:
 
 
 # --- planted shift --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(("a_only", "b_only"), [(4, 0), (5, 1), (4, 1)])
 def test_planted_shift_found_only_when_pooled(a_only: int, b_only: int) -> None:
@@ -178,6 +182,7 @@ def test_planted_score_shift_sign_test() -> None:
 
 # --- bootstrap ------------------------------------------------------------------------------
 
+
 def test_bootstrap_deterministic_and_seeded() -> None:
     a = [0.1 * (i % 7) for i in range(50)]
     b = [x + 0.05 * ((i * 3) % 5 - 2) for i, x in enumerate(a)]
@@ -208,6 +213,7 @@ def test_bootstrap_edge_cases() -> None:
 
 # --- properties -----------------------------------------------------------------------------
 
+
 @given(bool_pairs())
 def test_mcnemar_properties(ab: BoolPairs) -> None:
     a, b = ab
@@ -222,8 +228,10 @@ def test_mcnemar_properties(ab: BoolPairs) -> None:
 @given(bool_pairs(), st.integers(0, 2**32 - 1))
 def test_bootstrap_properties(ab: BoolPairs, seed: int) -> None:
     a, b = ab
-    boot, swapped = paired_bootstrap(a, b, n_boot=200, seed=seed), paired_bootstrap(
-        b, a, n_boot=200, seed=seed)
+    boot, swapped = (
+        paired_bootstrap(a, b, n_boot=200, seed=seed),
+        paired_bootstrap(b, a, n_boot=200, seed=seed),
+    )
     if not a:
         assert boot is None and swapped is None
         return
@@ -251,7 +259,12 @@ def test_stratified_is_pooling(strata: list[BoolPairs]) -> None:
     merged = ([x for a, _ in strata for x in a], [x for _, b in strata for x in b])
     s, flat = stratified_shift(strata), stratified_shift([merged])
     assert (s.n, s.a_only, s.b_only, s.p_value, s.direction) == (
-        flat.n, flat.a_only, flat.b_only, flat.p_value, flat.direction)
+        flat.n,
+        flat.a_only,
+        flat.b_only,
+        flat.p_value,
+        flat.direction,
+    )
     assert s.strata == len(strata)
 
 
@@ -264,6 +277,7 @@ def test_sign_test_on_grades_matches_shift(ab: BoolPairs) -> None:
 
 
 # --- evidence -------------------------------------------------------------------------------
+
 
 def binom_cdf(k: int, n: int, p: float) -> float:
     """P(X <= k), X ~ Binomial(n, p), from math.comb (the test's own oracle)."""
@@ -292,7 +306,11 @@ def test_the_issue_examples() -> None:
     assert "show a loss" in lost.reason and "needed" not in lost.reason
     ok = evidence(59)
     assert (ok.status, ok.sufficient, ok.needed, ok.short) == (
-        "equivalent", True, None, "within tolerance")
+        "equivalent",
+        True,
+        None,
+        "within tolerance",
+    )
     assert ok.drop_bound < 0.05 and "at most 4.95 points" in ok.reason
 
 
@@ -305,15 +323,19 @@ def test_no_improvement_is_clopper_pearson() -> None:
 def test_tolerance_zero_is_one_sided_mcnemar() -> None:
     """At a tolerance of 0 the bound is the exact McNemar test that FP8 is no worse."""
     for n, x, y in ((100, 3, 7), (40, 1, 9), (500, 20, 20)):
-        assert equivalence_p(n, x, y, 1e-9) == pytest.approx(exact_lower_tail(x, x + y),
-                                                             rel=1e-6)
+        assert equivalence_p(n, x, y, 1e-9) == pytest.approx(exact_lower_tail(x, x + y), rel=1e-6)
 
 
 def test_quadrature_is_converged() -> None:
-    from replay._stats import _equivalence_ps
+    from replay.analysis.stats import _equivalence_ps
 
-    for n, m, x, t in ((200, 4, 2, 0.05), (1000, 40, 35, 0.05), (60, 4, 1, 0.2),
-                       (3000, 500, 240, 0.02), (80, 79, 40, 0.1)):
+    for n, m, x, t in (
+        (200, 4, 2, 0.05),
+        (1000, 40, 35, 0.05),
+        (60, 4, 1, 0.2),
+        (3000, 500, 240, 0.02),
+        (80, 79, 40, 0.1),
+    ):
         fine = float(_equivalence_ps(n, m, x, t, panels=64)[x])
         assert equivalence_p(n, x, m - x, t) == pytest.approx(fine, rel=1e-7, abs=1e-12)
 
@@ -327,16 +349,22 @@ def test_exact_size_at_a_drop_of_exactly_the_tolerance(tolerance: float, alpha: 
             if psi < tolerance:
                 continue
             improve = (psi - tolerance) / 2
-            size = equivalence_power(n, improve + tolerance, improve, tolerance=tolerance,
-                                     alpha=alpha)
+            size = equivalence_power(
+                n, improve + tolerance, improve, tolerance=tolerance, alpha=alpha
+            )
             assert size <= alpha + 1e-9, (n, psi, size)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 160).flatmap(lambda n: st.tuples(
-    st.just(n), st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m),
-                                                              st.just(m))))),
-       st.sampled_from([0.02, 0.05, 0.1, 0.3]))
+@given(
+    st.integers(1, 160).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m), st.just(m))),
+        )
+    ),
+    st.sampled_from([0.02, 0.05, 0.1, 0.3]),
+)
 def test_critical_region_is_the_rule(case: tuple[int, tuple[int, int]], tol: float) -> None:
     """The region power is computed over is exactly where ``equivalent`` says yes, and no
     drop seen at or above the tolerance is ever shown below it."""
@@ -351,21 +379,25 @@ def test_critical_region_is_the_rule(case: tuple[int, tuple[int, int]], tol: flo
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 400).flatmap(lambda n: st.tuples(
-    st.just(n), st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m),
-                                                              st.just(m))))))
-def test_drop_bound_is_where_the_p_value_crosses_alpha(case: tuple[int, tuple[int, int]]
-                                                       ) -> None:
+@given(
+    st.integers(1, 400).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m), st.just(m))),
+        )
+    )
+)
+def test_drop_bound_is_where_the_p_value_crosses_alpha(case: tuple[int, tuple[int, int]]) -> None:
     n, (x, m) = case
     u = drop_upper_bound(n, x, m - x)
     assert 0.0 <= u <= 1.0 and u >= (2 * x - m) / n - 1e-9
     if 1e-6 < u < 1.0 - 1e-6:
-        assert equivalence_p(n, x, m - x, u + 1e-6) <= 0.05 < equivalence_p(n, x, m - x,
-                                                                            u - 1e-6)
+        assert equivalence_p(n, x, m - x, u + 1e-6) <= 0.05 < equivalence_p(n, x, m - x, u - 1e-6)
 
 
-@pytest.mark.parametrize(("n", "lost", "gained"), [
-    (100, 3, 3), (60, 1, 0), (200, 8, 2), (50, 2, 2), (150, 7, 4)])
+@pytest.mark.parametrize(
+    ("n", "lost", "gained"), [(100, 3, 3), (60, 1, 0), (200, 8, 2), (50, 2, 2), (150, 7, 4)]
+)
 def test_needed_has_the_promised_power(n: int, lost: int, gained: int) -> None:
     """Need N: at the rates seen so far, N pairs show equivalence with chance >= 80%."""
     e = evidence(n, lost, gained)
@@ -388,7 +420,11 @@ def test_need_n_only_where_it_can_be_reached() -> None:
 def test_evidence_rule_is_configuration() -> None:
     e = evidence(15, tolerance=0.2, min_pairs=10)
     assert e.status == "equivalent" and e.to_json()["rule"] == {
-        "tolerance": 0.2, "alpha": 0.05, "min_pairs": 10, "power": 0.8}
+        "tolerance": 0.2,
+        "alpha": 0.05,
+        "min_pairs": 10,
+        "power": 0.8,
+    }
     assert evidence(15, tolerance=0.2).needed == 20  # the minimum pairs still apply
     assert evidence(0, min_pairs=0, alpha=0.01).needed == 90
     # a loss at alpha / phases: the verdict's level for one phase of a sweep
@@ -404,8 +440,13 @@ def test_needed_strictly_decreases_with_tolerance() -> None:
 
 
 def test_evidence_rejects_bad_input() -> None:
-    for args, kw in (((5, 4, 2), {}), ((-1,), {}), ((10,), {"tolerance": 0.0}),
-                     ((10,), {"alpha": 0.6}), ((10,), {"min_pairs": -1})):
+    for args, kw in (
+        ((5, 4, 2), {}),
+        ((-1,), {}),
+        ((10,), {"tolerance": 0.0}),
+        ((10,), {"alpha": 0.6}),
+        ((10,), {"min_pairs": -1}),
+    ):
         with pytest.raises(ValueError):
             evidence(*args, **kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
@@ -413,11 +454,15 @@ def test_evidence_rejects_bad_input() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 300).flatmap(lambda n: st.tuples(
-    st.just(n), st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m),
-                                                              st.just(m))))))
-def test_need_n_appears_only_while_the_question_is_open(case: tuple[int, tuple[int, int]]
-                                                        ) -> None:
+@given(
+    st.integers(0, 300).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.integers(0, n).flatmap(lambda m: st.tuples(st.integers(0, m), st.just(m))),
+        )
+    )
+)
+def test_need_n_appears_only_while_the_question_is_open(case: tuple[int, tuple[int, int]]) -> None:
     n, (x, m) = case
     e = evidence(n, x, m - x)
     assert e.sufficient == (e.status != "open") and e.to_json()["status"] == e.status

@@ -15,15 +15,15 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay._buckets import Buckets
-from replay._errors import TraceError
-from replay._importers import load, scan
-from replay._rundir import new_run_dir, read_jsonl, read_results
-from replay._runner import RunConfig, Runner
-from replay._schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
-from replay._targets import TargetSpec
-from replay._trace import IdIndex, Request
 from replay.cli import main
+from replay.core.buckets import Buckets
+from replay.core.errors import TraceError
+from replay.core.importers import load, scan
+from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
+from replay.core.trace import IdIndex, Request
+from replay.run.rundir import new_run_dir, read_jsonl, read_results
+from replay.run.runner import RunConfig, Runner
+from replay.serving.targets import TargetSpec
 
 from .fault_server import fault_server
 
@@ -39,8 +39,17 @@ def write_trace(path: Path, n: int, bad_every: int = 0) -> Path:
             if bad_every and i % bad_every == bad_every - 1:
                 fh.write('{"id": "broken", "messages": []}\n')
                 continue
-            fh.write(json.dumps({"id": f"r{i}", "t": i * 0.01, "max_tokens": 4,
-                                 "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"r{i}",
+                        "t": i * 0.01,
+                        "max_tokens": 4,
+                        "messages": [{"role": "user", "content": f"q {i}"}],
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -81,20 +90,36 @@ def test_keep_filters_what_is_replayed(tmp_path: Path) -> None:
 
 
 LINE = st.one_of(
-    st.builds(lambda i, t: json.dumps({"id": f"x{i}", "t": t, "messages": [
-        {"role": "user", "content": "hi"}]}), st.integers(0, 8),
-        st.floats(min_value=-1, max_value=5, allow_nan=False)),
-    st.sampled_from(["{oops", "[]", "", "   ", '{"id": "", "messages": []}',
-                     '{"id": 7, "api": "completions", "prompt": [1, 2]}']),
+    st.builds(
+        lambda i, t: json.dumps(
+            {"id": f"x{i}", "t": t, "messages": [{"role": "user", "content": "hi"}]}
+        ),
+        st.integers(0, 8),
+        st.floats(min_value=-1, max_value=5, allow_nan=False),
+    ),
+    st.sampled_from(
+        [
+            "{oops",
+            "[]",
+            "",
+            "   ",
+            '{"id": "", "messages": []}',
+            '{"id": 7, "api": "completions", "prompt": [1, 2]}',
+        ]
+    ),
     st.binary(max_size=30).map(lambda b: b.decode("latin-1").replace("\n", " ")),
 )
 
 
-@settings(max_examples=120, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(LINE, max_size=25), st.one_of(st.none(), st.integers(0, 10)))
-def test_streamed_equals_in_memory(tmp_path_factory, lines: list[str],  # type: ignore[no-untyped-def]
-                                   limit: int | None) -> None:
+def test_streamed_equals_in_memory(
+    tmp_path_factory,
+    lines: list[str],  # type: ignore[no-untyped-def]
+    limit: int | None,
+) -> None:
     path = tmp_path_factory.mktemp("s") / "t.jsonl"
     path.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n")
     for mode in ("fail", "skip"):
@@ -153,14 +178,24 @@ class CountingProgress:
 def test_replay_holds_only_requests_in_flight(tmp_path: Path, open_loop: bool) -> None:
     path = write_trace(tmp_path / "t.jsonl", 2000)
     trace = scan(path, limit=150)
-    sched = OpenLoop(PoissonOffsets(trace.count, 2000.0), max_in_flight=4) if open_loop \
+    sched = (
+        OpenLoop(PoissonOffsets(trace.count, 2000.0), max_in_flight=4)
+        if open_loop
         else ClosedLoop(4)
+    )
     progress = CountingProgress()
     with fault_server("split") as server:
-        cfg = RunConfig(trace=trace, trace_path=path, trace_format="v1",
-                        targets=[TargetSpec(name="bf16", url=server.url)], schedules=[sched],
-                        buckets=Buckets.parse("256,1K"), run_dir=new_run_dir(tmp_path),
-                        timeout_s=10.0, teacher_forced=False)
+        cfg = RunConfig(
+            trace=trace,
+            trace_path=path,
+            trace_format="v1",
+            targets=[TargetSpec(name="bf16", url=server.url)],
+            schedules=[sched],
+            buckets=Buckets.parse("256,1K"),
+            run_dir=new_run_dir(tmp_path),
+            timeout_s=10.0,
+            teacher_forced=False,
+        )
         base = live_requests()
         asyncio.run(Runner(cfg, progress).run())
     assert progress.seen == 150
@@ -175,11 +210,18 @@ def test_phase_time_limit_records_every_unsent_request_once(tmp_path: Path) -> N
     path = write_trace(tmp_path / "t.jsonl", 300)
     trace = scan(path)
     with fault_server("split") as server:
-        cfg = RunConfig(trace=trace, trace_path=path, trace_format="v1",
-                        targets=[TargetSpec(name="bf16", url=server.url)],
-                        schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
-                        run_dir=new_run_dir(tmp_path), timeout_s=10.0, phase_timeout_s=0.4,
-                        teacher_forced=False)
+        cfg = RunConfig(
+            trace=trace,
+            trace_path=path,
+            trace_format="v1",
+            targets=[TargetSpec(name="bf16", url=server.url)],
+            schedules=[ClosedLoop(2)],
+            buckets=Buckets.parse("256,1K"),
+            run_dir=new_run_dir(tmp_path),
+            timeout_s=10.0,
+            phase_timeout_s=0.4,
+            teacher_forced=False,
+        )
         asyncio.run(Runner(cfg).run())
     results = list(read_results(cfg.run_dir))
     assert Counter(r.request_id for r in results) == Counter(f"r{i}" for i in range(300))
@@ -192,20 +234,28 @@ def test_phase_time_limit_records_every_unsent_request_once(tmp_path: Path) -> N
 
 def test_trace_import_streams_and_leaves_nothing_on_failure(tmp_path: Path) -> None:
     src = tmp_path / "mc.jsonl"
-    rows = [{"timestamp": i * 10, "input_length": 600, "output_length": 5, "hash_ids": [i, i]}
-            for i in range(40)]
-    src.write_text("\n".join(json.dumps(r) for r in rows[:20]) + "\n{bad\n"
-                   + "\n".join(json.dumps(r) for r in rows[20:]) + "\n")
+    rows = [
+        {"timestamp": i * 10, "input_length": 600, "output_length": 5, "hash_ids": [i, i]}
+        for i in range(40)
+    ]
+    src.write_text(
+        "\n".join(json.dumps(r) for r in rows[:20])
+        + "\n{bad\n"
+        + "\n".join(json.dumps(r) for r in rows[20:])
+        + "\n"
+    )
     out = tmp_path / "v1.jsonl"
     failed = CliRunner().invoke(main, ["trace", "import", str(src), "-o", str(out)])
     assert failed.exit_code == 2 and f"{src}:21" in failed.output
     assert not out.exists() and not list(tmp_path.glob("*.part"))
-    ok = CliRunner().invoke(main, ["trace", "import", str(src), "-o", str(out),
-                                   "--on-bad-line", "skip"])
+    ok = CliRunner().invoke(
+        main, ["trace", "import", str(src), "-o", str(out), "--on-bad-line", "skip"]
+    )
     assert ok.exit_code == 0, ok.output
     assert "wrote 40 request(s)" in ok.output and "1 bad line(s) skipped" in ok.output
-    assert [r["id"] for r in read_jsonl(out)] == [f"mooncake-{i}" for i in
-                                                  [*range(1, 21), *range(22, 42)]]
+    assert [r["id"] for r in read_jsonl(out)] == [
+        f"mooncake-{i}" for i in [*range(1, 21), *range(22, 42)]
+    ]
     checked = CliRunner().invoke(main, ["trace", "validate", str(src)])
     assert checked.exit_code == 2
     assert checked.output.splitlines()[0].startswith(f"{src}:21: field '(line)'")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from replay._records import Result
-from replay._systems import break_even, compare_systems, fit_line
+from replay.analysis.systems import break_even, compare_systems, fit_line
+from replay.core.records import Result
 
 
 def test_fit_line_recovers_a_line() -> None:
@@ -24,9 +24,20 @@ def test_break_even() -> None:
 
 
 def _res(target: str, rid: str, tokens: int, ttft: float) -> Result:
-    return Result(request_id=rid, target=target, phase="c1", bucket="b", scheduled=0.0,
-                  sent=0.0, first_token=ttft, done=ttft + 0.1, prompt_tokens=tokens,
-                  output_tokens=2, chunk_times=[ttft, ttft + 0.1], chunk_tokens=[1, 1])
+    return Result(
+        request_id=rid,
+        target=target,
+        phase="c1",
+        bucket="b",
+        scheduled=0.0,
+        sent=0.0,
+        first_token=ttft,
+        done=ttft + 0.1,
+        prompt_tokens=tokens,
+        output_tokens=2,
+        chunk_times=[ttft, ttft + 0.1],
+        chunk_tokens=[1, 1],
+    )
 
 
 def test_compare_systems_short_workload_below_break_even() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from replay import testmodel_tasks as tasks
 from replay.checkers import parse_check
-from replay.testmodel import (
+from replay.testmodel import tasks
+from replay.testmodel.factory import (
     SPECIAL_TOKENS,
     build,
     checkpoint_digest,
@@ -35,8 +35,8 @@ def training_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tokenizer the trainer builds, wrapped with the chat template (no weights needed)."""
     from transformers import PreTrainedTokenizerFast
 
-    from replay.testmodel import CHAT_TEMPLATE, build_tokenizer
-    from replay.testmodel_train import VOCAB_SIZE, tokenizer_corpus
+    from replay.testmodel.factory import CHAT_TEMPLATE, build_tokenizer
+    from replay.testmodel.train import VOCAB_SIZE, tokenizer_corpus
 
     tok = build_tokenizer(tokenizer_corpus(), VOCAB_SIZE)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
@@ -47,9 +47,10 @@ def training_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return fast
 
 
-def test_training_tokenizer_makes_every_key_and_value_one_token(training_tokenizer: Any,
-                                                                ) -> None:
-    from replay.testmodel_train import check_single_tokens
+def test_training_tokenizer_makes_every_key_and_value_one_token(
+    training_tokenizer: Any,
+) -> None:
+    from replay.testmodel.train import check_single_tokens
 
     tok = training_tokenizer.raw
     check_single_tokens(tok)  # a lookup is then one copied token
@@ -64,11 +65,12 @@ def test_built_induction_circuit_copies_before_any_training() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from replay.testmodel_train import ARCH, build_induction_circuit
+    from replay.testmodel.train import ARCH, build_induction_circuit
 
     torch.manual_seed(0)
-    config = LlamaConfig(**{**ARCH, "vocab_size": 3000}, tie_word_embeddings=False,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        **{**ARCH, "vocab_size": 3000}, tie_word_embeddings=False, attn_implementation="eager"
+    )
     model = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]
     build_induction_circuit(model)
     # Distinct tokens: a token seen twice before is a genuinely ambiguous lookup.
@@ -96,20 +98,25 @@ def test_tokenizer_and_chat_template(model_dir: Path) -> None:
     for special in SPECIAL_TOKENS:
         assert len(tok(special, add_special_tokens=False).input_ids) == 1, special
     tools = [tasks.tool_schema("get_weather")]
-    text = tok.apply_chat_template([{"role": "user", "content": "weather in Oslo?"}],
-                                   tools=tools, tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "weather in Oslo?"}],
+        tools=tools,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert '"name": "get_weather"' in text and "<tool_call>" in text
     assert text.endswith("<|im_start|>assistant\n")
     assert tok.decode(tok("river 123 {x}").input_ids) == "river 123 {x}"
 
 
 def test_examples_are_deterministic_and_graded_by_their_own_answer() -> None:
-    from replay._records import ToolCall
     from replay.checkers import Answer
+    from replay.core.records import ToolCall
 
     for ex in tasks.heldout_set(3):
-        again = tasks.example("heldout", ex.family, int(ex.id.rsplit("-", 1)[1]),
-                              shape=ex.meta.get("band") or None)
+        again = tasks.example(
+            "heldout", ex.family, int(ex.id.rsplit("-", 1)[1]), shape=ex.meta.get("band") or None
+        )
         assert again == ex
         check = parse_check(ex.check)
         if ex.family == "tool":
@@ -148,14 +155,18 @@ def test_retrieval_bands_match_the_sample_buckets(training_tokenizer: Any) -> No
     for ex in tasks.heldout_set(8):
         if ex.family != "retrieval":
             continue
-        n = len(tok.apply_chat_template(ex.messages, add_generation_prompt=True,
-                                        tokenize=True, return_dict=False))
+        n = len(
+            tok.apply_chat_template(
+                ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
         lo, hi = bounds[ex.meta["band"]]
         assert lo <= n < hi, (ex.id, n)
 
 
 def test_twin_computes_the_same_bits_with_keys_past_the_fp8_range(
-        model_dir: Path, tmp_path: Path) -> None:
+    model_dir: Path, tmp_path: Path
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -163,21 +174,28 @@ def test_twin_computes_the_same_bits_with_keys_past_the_fp8_range(
     twin = derive_twin(model_dir, tmp_path / "twin", factor)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     ex = tasks.heldout_set(1)[1]  # a 256-1K token retrieval prompt
-    ids = torch.tensor([tok.apply_chat_template(ex.messages, add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)])
+    ids = torch.tensor(
+        [
+            tok.apply_chat_template(
+                ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        ]
+    )
     outs = []
     for path in (model_dir, twin):
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16)
         with torch.no_grad():
             outs.append(model(ids, use_cache=True))
     assert torch.equal(outs[0].logits, outs[1].logits)
-    for layer_a, layer_b in zip(outs[0].past_key_values.layers,
-                                outs[1].past_key_values.layers, strict=True):
+    for layer_a, layer_b in zip(
+        outs[0].past_key_values.layers, outs[1].past_key_values.layers, strict=True
+    ):
         assert torch.equal(layer_a.keys.float() * factor, layer_b.keys.float())
         assert torch.equal(layer_a.values, layer_b.values)
     k_amax = [float(layer.keys.abs().max()) for layer in outs[1].past_key_values.layers]
-    clipped = [float((layer.keys.abs() > 448).float().mean())
-               for layer in outs[1].past_key_values.layers]
+    clipped = [
+        float((layer.keys.abs() > 448).float().mean()) for layer in outs[1].past_key_values.layers
+    ]
     assert min(k_amax) > 448, k_amax  # every layer's keys clip in E4M3 at scale 1.0
     assert max(clipped) > 0.05, clipped
     with pytest.raises(ValueError, match="power of two"):

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from replay._targets import LocalServer
-from replay.testmodel_tasks import BANDS, FAMILIES
-from replay.testmodel_train import served_accuracy
+from replay.serving.targets import LocalServer
+from replay.testmodel.tasks import BANDS, FAMILIES
+from replay.testmodel.train import served_accuracy
 
 from .conftest import ROOT, _serve, fp8_flags
 
@@ -28,16 +28,33 @@ FAMILY_TARGET, BAND_TARGET = 0.90, 0.80
 
 
 @pytest.fixture(scope="module")
-def twin_server(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-                ) -> Iterator[LocalServer]:
+def twin_server(
+    twin_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LocalServer]:
     yield from _serve("twin", "auto", twin_dir, tmp_path_factory.mktemp("twin"))
 
 
 def replay_heldout(targets: str, out: Path, *extra: str) -> Path:
     """The held-out trace, one request at a time (greedy answers do not depend on batching)."""
-    cmd = [sys.executable, "-m", "replay.cli", "--trace", str(HELDOUT), "--targets", targets,
-           "--concurrency", "1", "--buckets", "256,1K", "--out", str(out), "--run-id", "run",
-           *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replay.cli",
+        "--trace",
+        str(HELDOUT),
+        "--targets",
+        targets,
+        "--concurrency",
+        "1",
+        "--buckets",
+        "256,1K",
+        "--out",
+        str(out),
+        "--run-id",
+        "run",
+        *extra,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     run_dir = out / "run"
     assert (run_dir / "grades.jsonl").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -49,21 +66,28 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_trained_model_passes_heldout_tasks_and_twin_answers_identically(
-        bf16_server: LocalServer, twin_server: LocalServer, model_dir: Path,
-        tmp_path: Path) -> None:
-    run_dir = replay_heldout(f"bf16={bf16_server.url},twin={twin_server.url}", tmp_path,
-                             "--no-teacher-forced")
+    bf16_server: LocalServer, twin_server: LocalServer, model_dir: Path, tmp_path: Path
+) -> None:
+    run_dir = replay_heldout(
+        f"bf16={bf16_server.url},twin={twin_server.url}", tmp_path, "--no-teacher-forced"
+    )
     acc = served_accuracy(run_dir / "grades.jsonl", "bf16")
     assert acc["n"]["retrieval"] == 90 and acc["n"]["tool"] == acc["n"]["code"] == 30
     misses = {k: v for k, v in acc.items() if k in FAMILIES and v < FAMILY_TARGET}
-    misses |= {f"retrieval/{BUCKET_OF_BAND[b]}": acc[f"retrieval/{BUCKET_OF_BAND[b]}"]
-               for b in BANDS if acc[f"retrieval/{BUCKET_OF_BAND[b]}"] < BAND_TARGET}
+    misses |= {
+        f"retrieval/{BUCKET_OF_BAND[b]}": acc[f"retrieval/{BUCKET_OF_BAND[b]}"]
+        for b in BANDS
+        if acc[f"retrieval/{BUCKET_OF_BAND[b]}"] < BAND_TARGET
+    }
     assert not misses, f"below target: {misses}"
     # What the manifest records is what a fresh server reproduces (up to one answer in 30:
     # another CPU's kernels may round one near-tie the other way).
     recorded = json.loads((model_dir / "kvcanary_model.json").read_text())["heldout_greedy_vllm"]
-    drift = {k: (v, recorded.get(k)) for k, v in acc.items()
-             if k != "n" and abs(v - recorded.get(k, -1.0)) > 0.034}
+    drift = {
+        k: (v, recorded.get(k))
+        for k, v in acc.items()
+        if k != "n" and abs(v - recorded.get(k, -1.0)) > 0.034
+    }
     assert not drift, f"served accuracy (now, recorded) differs: {drift}"
     # The twin computes the same bits in BF16, so every greedy answer is identical.
     twin = [r for r in rows(run_dir) if r["target"] == "twin"]
@@ -81,10 +105,12 @@ def _family_rates(run_dir: Path, target: str) -> dict[str, float]:
 
 
 @pytest.mark.fp8
-def test_fp8_at_scale_one_on_the_original_is_within_aa_noise(model_dir: Path,
-                                                              tmp_path: Path) -> None:
-    run_dir = replay_heldout("bf16,fp8", tmp_path, "--model", str(model_dir), "--control",
-                             *fp8_flags())
+def test_fp8_at_scale_one_on_the_original_is_within_aa_noise(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    run_dir = replay_heldout(
+        "bf16,fp8", tmp_path, "--model", str(model_dir), "--control", *fp8_flags()
+    )
     bf16, ctrl = _family_rates(run_dir, "bf16"), _family_rates(run_dir, "bf16-control")
     fp8 = _family_rates(run_dir, "fp8")
     for fam in FAMILIES:
@@ -96,19 +122,41 @@ def test_fp8_at_scale_one_on_the_original_is_within_aa_noise(model_dir: Path,
 def twin_overlay(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """kvcal's scales for the twin, from the sample trace (disjoint from the evaluated ones)."""
     overlay = tmp_path_factory.mktemp("kvcal") / "calibrated"
-    subprocess.run([sys.executable, "-m", "kvcal.cli", "calibrate", str(twin_dir),
-                    "--trace", str(ROOT / "traces" / "sample.jsonl"), "--buckets", "256,1K",
-                    "--per-bucket", "8", "-o", str(overlay)],
-                   cwd=ROOT, check=True, timeout=1800)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvcal.cli",
+            "calibrate",
+            str(twin_dir),
+            "--trace",
+            str(ROOT / "traces" / "sample.jsonl"),
+            "--buckets",
+            "256,1K",
+            "--per-bucket",
+            "8",
+            "-o",
+            str(overlay),
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=1800,
+    )
     return overlay
 
 
 @pytest.mark.fp8
 def test_fp8_at_scale_one_breaks_the_twin_and_calibration_restores_it(
-        twin_dir: Path, twin_overlay: Path, tmp_path: Path) -> None:
+    twin_dir: Path, twin_overlay: Path, tmp_path: Path
+) -> None:
     """The whole story on one model: bf16 / fp8 at scale 1.0 / fp8 with kvcal's scales."""
-    run_dir = replay_heldout(f"bf16,fp8,fp8-cal={twin_overlay}", tmp_path / "runs",
-                             "--model", str(twin_dir), *fp8_flags())
+    run_dir = replay_heldout(
+        f"bf16,fp8,fp8-cal={twin_overlay}",
+        tmp_path / "runs",
+        "--model",
+        str(twin_dir),
+        *fp8_flags(),
+    )
     bf16 = _family_rates(run_dir, "bf16")
     fp8, cal = _family_rates(run_dir, "fp8"), _family_rates(run_dir, "fp8-cal")
     broken = [f for f in FAMILIES if bf16[f] - fp8[f] >= 0.30]
@@ -133,9 +181,26 @@ def unlabeled_first_run(out: Path) -> Path:
 
 def canary_unlabeled(targets: str, model: Path, tmp_path: Path) -> dict[str, Any]:
     trace = unlabeled_first_run(tmp_path / "unlabeled.jsonl")
-    cmd = [sys.executable, "-m", "replay.cli", "canary", "--trace", str(trace), "--targets",
-           targets, "--model", str(model), "--buckets", "256,1K", "--no-teacher-forced",
-           "--out", str(tmp_path), "--run-id", "run", *fp8_flags()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replay.cli",
+        "canary",
+        "--trace",
+        str(trace),
+        "--targets",
+        targets,
+        "--model",
+        str(model),
+        "--buckets",
+        "256,1K",
+        "--no-teacher-forced",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "run",
+        *fp8_flags(),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     summary = tmp_path / "run" / "summary.json"
     assert summary.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -149,7 +214,8 @@ def _combined(summary: dict[str, Any], target: str) -> dict[str, dict[str, Any]]
 
 @pytest.mark.fp8
 def test_unlabeled_twin_loses_at_scale_one_and_its_calibration_matches(
-        twin_dir: Path, twin_overlay: Path, tmp_path: Path) -> None:
+    twin_dir: Path, twin_overlay: Path, tmp_path: Path
+) -> None:
     summary = canary_unlabeled(f"bf16,fp8,fp8-cal={twin_overlay}", twin_dir, tmp_path)
     assert "bf16-control" in summary["targets"]
     broken = _combined(summary, "fp8")

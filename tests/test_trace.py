@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay._errors import InputError, TraceError
-from replay._importers import load, scan
+from replay.core.errors import InputError, TraceError
+from replay.core.importers import load, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,22 +22,29 @@ def write(tmp_path: Path, lines: list[object]) -> Path:
 GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.mark.parametrize(("line", "field", "reason"), [
-    ("{not json", "(line)", "not valid JSON"),
-    ("[1, 2]", "(line)", "must be a JSON object"),
-    ({"messages": [{"role": "user", "content": "x"}]}, "id", "required"),
-    ({"id": "b", "api": "chat"}, "messages", "non-empty"),
-    ({"id": "b", "api": "completions"}, "prompt", "exactly one"),
-    ({"id": "b", "messages": [{"content": "x"}]}, "messages.0.role", "role"),
-    ({"id": "b", "prompt": "x", "api": "completions", "max_tokens": 0}, "max_tokens",
-     "greater than 0"),
-    ({"id": "b", "t": -1, **{k: v for k, v in GOOD.items() if k != "id"}}, "t", "greater"),
-    ({"id": "b", "task": "poetry", "messages": GOOD["messages"]}, "task", "retrieval"),
-    ({"id": "b", "colour": "red", "messages": GOOD["messages"]}, "colour", "unknown field"),
-    ({"id": "b", "api": "completions", "prompt": []}, "prompt", "empty"),
-])
-def test_bad_line_names_line_field_and_reason(tmp_path: Path, line: object, field: str,
-                                              reason: str) -> None:
+@pytest.mark.parametrize(
+    ("line", "field", "reason"),
+    [
+        ("{not json", "(line)", "not valid JSON"),
+        ("[1, 2]", "(line)", "must be a JSON object"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "id", "required"),
+        ({"id": "b", "api": "chat"}, "messages", "non-empty"),
+        ({"id": "b", "api": "completions"}, "prompt", "exactly one"),
+        ({"id": "b", "messages": [{"content": "x"}]}, "messages.0.role", "role"),
+        (
+            {"id": "b", "prompt": "x", "api": "completions", "max_tokens": 0},
+            "max_tokens",
+            "greater than 0",
+        ),
+        ({"id": "b", "t": -1, **{k: v for k, v in GOOD.items() if k != "id"}}, "t", "greater"),
+        ({"id": "b", "task": "poetry", "messages": GOOD["messages"]}, "task", "retrieval"),
+        ({"id": "b", "colour": "red", "messages": GOOD["messages"]}, "colour", "unknown field"),
+        ({"id": "b", "api": "completions", "prompt": []}, "prompt", "empty"),
+    ],
+)
+def test_bad_line_names_line_field_and_reason(
+    tmp_path: Path, line: object, field: str, reason: str
+) -> None:
     path = write(tmp_path, [GOOD, line])
     with pytest.raises(TraceError) as info:
         load(path)
@@ -86,8 +93,13 @@ def test_invalid_utf8_is_a_bad_line(tmp_path: Path) -> None:
 def test_byte_order_mark_is_not_part_of_the_first_line(tmp_path: Path) -> None:
     """What Windows editors write at the start of a UTF-8 file; line 1 is still line 1."""
     path = tmp_path / "t.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n"
-                     + json.dumps({**GOOD, "id": "b"}).encode() + b"\n")
+    path.write_bytes(
+        b"\xef\xbb\xbf"
+        + json.dumps(GOOD).encode()
+        + b"\n"
+        + json.dumps({**GOOD, "id": "b"}).encode()
+        + b"\n"
+    )
     assert [r.id for r in load(path).requests] == ["a", "b"]
     assert [r.id for r in scan(path).iter_requests()] == ["a", "b"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from replay._targets import DEFAULT_MODEL_ARGS, LocalServer
+from replay.serving.targets import DEFAULT_MODEL_ARGS, LocalServer
 
 from .conftest import ROOT
 
@@ -42,9 +42,25 @@ def unlabeled_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def canary(trace: Path, targets_toml: str, out: Path) -> tuple[int, dict[str, Any]]:
     tf = out / "targets.toml"
     tf.write_text(targets_toml)
-    cmd = [sys.executable, "-m", "replay.cli", "canary", "--trace", str(trace), "--targets-file",
-           str(tf), "--targets", "bf16,other", "--buckets", "256,1K", "--no-teacher-forced",
-           "--out", str(out), "--run-id", "run"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replay.cli",
+        "canary",
+        "--trace",
+        str(trace),
+        "--targets-file",
+        str(tf),
+        "--targets",
+        "bf16,other",
+        "--buckets",
+        "256,1K",
+        "--no-teacher-forced",
+        "--out",
+        str(out),
+        "--run-id",
+        "run",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     summary = out / "run" / "summary.json"
     assert summary.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -57,10 +73,12 @@ def _derived_rows(summary: dict[str, Any], target: str) -> dict[str, dict[str, A
 
 
 def test_a_candidate_that_answers_differently_is_found_by_derived_grades(
-        bf16_server: LocalServer, model_dir: Path, unlabeled_trace: Path,
-        tmp_path: Path) -> None:
+    bf16_server: LocalServer, model_dir: Path, unlabeled_trace: Path, tmp_path: Path
+) -> None:
     args = json.dumps([*DEFAULT_MODEL_ARGS, "--hf-overrides", '{"rms_norm_eps": 1.0}'])
-    code, summary = canary(unlabeled_trace, f"""
+    code, summary = canary(
+        unlabeled_trace,
+        f"""
 [targets.bf16]
 url = "{bf16_server.url}"
 expect_cache_dtype = "auto"
@@ -68,7 +86,9 @@ expect_cache_dtype = "auto"
 model = "{model_dir}"
 args = {args}
 role = "candidate"
-""", tmp_path)
+""",
+        tmp_path,
+    )
     verdict = summary["verdict"]
     assert verdict["verdict"] in ("calibrate", "reject") and code in (10, 12), verdict
     assert "bf16-control" in summary["targets"]  # on by default: the trace has no checks
@@ -92,8 +112,11 @@ role = "candidate"
 
 
 def test_the_reference_itself_under_another_name_shows_no_loss(
-        bf16_server: LocalServer, unlabeled_trace: Path, tmp_path: Path) -> None:
-    code, summary = canary(unlabeled_trace, f"""
+    bf16_server: LocalServer, unlabeled_trace: Path, tmp_path: Path
+) -> None:
+    code, summary = canary(
+        unlabeled_trace,
+        f"""
 [targets.bf16]
 url = "{bf16_server.url}"
 expect_cache_dtype = "auto"
@@ -101,7 +124,9 @@ expect_cache_dtype = "auto"
 url = "{bf16_server.url}"
 expect_cache_dtype = "auto"
 role = "candidate"
-""", tmp_path)
+""",
+        tmp_path,
+    )
     verdict = summary["verdict"]
     # Quality shows no loss; with the same cache it has no gain either, so no KEEP is due.
     assert verdict["verdict"] in ("reject", "insufficient_evidence") and code in (12, 13), verdict

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from replay._verdict import VERDICTS, ArmFacts, BucketFacts, Facts, Thresholds, decide
+from replay.analysis.verdict import VERDICTS, ArmFacts, BucketFacts, Facts, Thresholds, decide
 
 BUCKETS = ("<8K", "8K-32K", "32K-64K")
 
@@ -14,16 +14,19 @@ BUCKETS = ("<8K", "8K-32K", "32K-64K")
 # Facts carry the discordant counts (ref_only: BF16 passed and FP8 failed; target_only: the
 # reverse): the exact bound that shows a match is computed from them.
 
+
 def same(n: int = 200, each: int = 2) -> tuple[BucketFacts, ...]:
     """FP8 indistinguishable from BF16 with plenty of pairs (``each`` lost and gained)."""
-    return tuple(BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, None, each, each)
-                 for b in BUCKETS)
+    return tuple(BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, None, each, each) for b in BUCKETS)
 
 
 def lose(bucket: str, n: int = 200) -> tuple[BucketFacts, ...]:
-    return tuple(BucketFacts(b, n, -0.12, -0.17, -0.07, 0.0001, None, None, 26, 2)
-                 if b == bucket else BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, None, 2, 2)
-                 for b in BUCKETS)
+    return tuple(
+        BucketFacts(b, n, -0.12, -0.17, -0.07, 0.0001, None, None, 26, 2)
+        if b == bucket
+        else BucketFacts(b, n, 0.0, -0.02, 0.02, 1.0, None, None, 2, 2)
+        for b in BUCKETS
+    )
 
 
 def thin() -> tuple[BucketFacts, ...]:
@@ -36,45 +39,103 @@ def slight_shift() -> tuple[BucketFacts, ...]:
 
 CASES = {
     "keep: matches everywhere, twice the cache": (
-        Facts("bf16", ArmFacts("fp8", buckets=same()), capacity_ratio=2.0), "keep"),
+        Facts("bf16", ArmFacts("fp8", buckets=same()), capacity_ratio=2.0),
+        "keep",
+    ),
     "keep: matches, capacity not needed but faster": (
-        Facts("bf16", ArmFacts("fp8", buckets=same()), capacity_ratio=2.0, capacity_needed=False,
-              latency_better=True), "keep"),
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=same()),
+            capacity_ratio=2.0,
+            capacity_needed=False,
+            latency_better=True,
+        ),
+        "keep",
+    ),
     "calibrate: significant loss in one bucket": (
-        Facts("bf16", ArmFacts("fp8", buckets=lose("32K-64K")), capacity_ratio=2.0), "calibrate"),
+        Facts("bf16", ArmFacts("fp8", buckets=lose("32K-64K")), capacity_ratio=2.0),
+        "calibrate",
+    ),
     "calibrate: consistent shift, no bucket significant (Kimi-K2.5)": (
-        Facts("bf16", ArmFacts("fp8", buckets=slight_shift(), shift_p=0.01,
-                               shift_direction="down"), capacity_ratio=2.0), "calibrate"),
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=slight_shift(), shift_p=0.01, shift_direction="down"),
+            capacity_ratio=2.0,
+        ),
+        "calibrate",
+    ),
     "calibrate: calibrated target fixes the loss": (
-        Facts("bf16", ArmFacts("fp8", buckets=lose("<8K")),
-              calibrated=ArmFacts("fp8-cal", buckets=same())), "calibrate"),
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts("fp8-cal", buckets=same()),
+        ),
+        "calibrate",
+    ),
     "per-head/skip: calibration leaves one bucket": (
-        Facts("bf16", ArmFacts("fp8", buckets=lose("<8K")),
-              calibrated=ArmFacts("fp8-cal", buckets=lose("32K-64K")),
-              outlier_layers=(0, 3)), "per_head_or_skip_layers"),
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts("fp8-cal", buckets=lose("32K-64K")),
+            outlier_layers=(0, 3),
+        ),
+        "per_head_or_skip_layers",
+    ),
     "reject: calibrated still misses broadly": (
-        Facts("bf16", ArmFacts("fp8", buckets=lose("<8K")),
-              calibrated=ArmFacts("fp8-cal", buckets=lose("<8K")[:1] + lose("8K-32K")[1:2]
-                                  + lose("32K-64K")[2:])), "reject"),
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts(
+                "fp8-cal", buckets=lose("<8K")[:1] + lose("8K-32K")[1:2] + lose("32K-64K")[2:]
+            ),
+        ),
+        "reject",
+    ),
     "reject: served cache dtype fell back": (
-        Facts("bf16", ArmFacts("fp8", serving_problems=("served cache_dtype is 'auto', not FP8",),
-                               buckets=same())), "reject"),
+        Facts(
+            "bf16",
+            ArmFacts(
+                "fp8", serving_problems=("served cache_dtype is 'auto', not FP8",), buckets=same()
+            ),
+        ),
+        "reject",
+    ),
     "reject: calibrated scales not applied": (
-        Facts("bf16", ArmFacts("fp8", buckets=lose("<8K")),
-              calibrated=ArmFacts("fp8-cal", serving_problems=(
-                  "the server log says 'Using KV cache scaling factor 1.0'",), buckets=same())),
-        "reject"),
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts(
+                "fp8-cal",
+                serving_problems=("the server log says 'Using KV cache scaling factor 1.0'",),
+                buckets=same(),
+            ),
+        ),
+        "reject",
+    ),
     "reject: too short to pay off": (
-        Facts("bf16", ArmFacts("fp8", buckets=same()), capacity_ratio=2.0, capacity_needed=False,
-              latency_better=False, below_break_even=True), "reject"),
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=same()),
+            capacity_ratio=2.0,
+            capacity_needed=False,
+            latency_better=False,
+            below_break_even=True,
+        ),
+        "reject",
+    ),
     "reject: no gain at all": (
-        Facts("bf16", ArmFacts("fp8", buckets=same()), capacity_ratio=1.0), "reject"),
+        Facts("bf16", ArmFacts("fp8", buckets=same()), capacity_ratio=1.0),
+        "reject",
+    ),
     "insufficient: too few graded pairs": (
         Facts("bf16", ArmFacts("fp8", buckets=thin()), capacity_ratio=2.0),
-        "insufficient_evidence"),
+        "insufficient_evidence",
+    ),
     "insufficient: no candidate": (Facts("bf16", None), "insufficient_evidence"),
     "emulated: no decision on an emulated FP8 arm unless accepted": (
-        Facts("bf16", ArmFacts("fp8", buckets=lose("<8K"), emulated=True)), "emulated"),
+        Facts("bf16", ArmFacts("fp8", buckets=lose("<8K"), emulated=True)),
+        "emulated",
+    ),
 }
 
 
@@ -102,8 +163,9 @@ def test_evidence_names_bucket_numbers_and_interval() -> None:
 
 def test_a_loss_inside_the_noise_floor_is_not_a_loss() -> None:
     """Significant (35 lost, 5 gained) but inside the A/A floor, and bounded below 5 points."""
-    noisy = tuple(BucketFacts(b, 1000, -0.03, -0.045, -0.015, 1e-6, -0.06, None, 35, 5)
-                  for b in BUCKETS)
+    noisy = tuple(
+        BucketFacts(b, 1000, -0.03, -0.045, -0.015, 1e-6, -0.06, None, 35, 5) for b in BUCKETS
+    )
     v = decide(Facts("bf16", ArmFacts("fp8", buckets=noisy), capacity_ratio=2.0))
     assert v.verdict == "keep", v.reasons
 
@@ -111,8 +173,9 @@ def test_a_loss_inside_the_noise_floor_is_not_a_loss() -> None:
 def test_inside_the_floor_but_not_bounded_is_not_a_match() -> None:
     """The floor keeps a drop from being a loss; it does not make it a match: 200 pairs
     with 7 lost and 1 gained bound the drop only below ~6 points."""
-    noisy = tuple(BucketFacts(b, 200, -0.03, -0.055, -0.005, 0.07, -0.06, None, 7, 1)
-                  for b in BUCKETS)
+    noisy = tuple(
+        BucketFacts(b, 200, -0.03, -0.055, -0.005, 0.07, -0.06, None, 7, 1) for b in BUCKETS
+    )
     v = decide(Facts("bf16", ArmFacts("fp8", buckets=noisy), capacity_ratio=2.0))
     assert v.verdict == "insufficient_evidence", v.reasons
     assert "about" in v.reasons[0] and "needed" in v.reasons[0]
@@ -126,8 +189,10 @@ def test_thresholds_are_configuration() -> None:
     few = decide(facts, Thresholds(min_pairs=10))
     assert few.verdict == "insufficient_evidence" and "at least 59 needed" in few.reasons[0]
     assert decide(facts, Thresholds(min_pairs=10, tolerance=0.2)).verdict == "keep"
-    assert decide(facts, Thresholds(min_pairs=10, tolerance=0.2,
-                                    required_capacity_ratio=2.5)).verdict == "reject"
+    assert (
+        decide(facts, Thresholds(min_pairs=10, tolerance=0.2, required_capacity_ratio=2.5)).verdict
+        == "reject"
+    )
 
 
 def test_need_n_only_where_the_question_is_open() -> None:
@@ -163,45 +228,73 @@ def test_facts_without_counts_are_never_a_match() -> None:
 
 # -- every phase of a sweep ------------------------------------------------------------------
 
+
 def _row(n: int, lost: int, gained: int) -> dict[str, object]:
-    from replay._stats import mcnemar_exact
+    from replay.analysis.stats import mcnemar_exact
 
     a = [True] * lost + [False] * gained + [True] * (n - lost - gained)
     b = [False] * lost + [True] * gained + [True] * (n - lost - gained)
     d = (gained - lost) / n
-    return {"vs_reference": {"pairs": n, "diff": d, "lo": d - 0.03, "hi": d + 0.03,
-                             "mcnemar_p": mcnemar_exact(a, b).p_value, "ref_only": lost,
-                             "target_only": gained}, "evidence": {"needed": 999}}
+    return {
+        "vs_reference": {
+            "pairs": n,
+            "diff": d,
+            "lo": d - 0.03,
+            "hi": d + 0.03,
+            "mcnemar_p": mcnemar_exact(a, b).p_value,
+            "ref_only": lost,
+            "target_only": gained,
+        },
+        "evidence": {"needed": 999},
+    }
 
 
 def _sweep(cells: dict[str, dict[str, tuple[int, int, int]]]) -> dict[str, object]:
     """A summary with phase -> bucket -> (pairs, lost, gained) for fp8 against bf16."""
-    phases = {ph: {"fp8": {"buckets": {b: _row(*c) for b, c in rows.items()},
-                           "shift": {"p_value": 1.0, "direction": "none"}}}
-              for ph, rows in cells.items()}
-    return {"quality": {"reference": "bf16", "phases": phases},
-            "targets": {"bf16": {"status": "ok", "kv_cache_size_tokens": 1000, "phases": {}},
-                        "fp8": {"status": "ok", "cache_dtype": "fp8",
-                                "kv_cache_size_tokens": 2000, "phases": {}}}}
+    phases = {
+        ph: {
+            "fp8": {
+                "buckets": {b: _row(*c) for b, c in rows.items()},
+                "shift": {"p_value": 1.0, "direction": "none"},
+            }
+        }
+        for ph, rows in cells.items()
+    }
+    return {
+        "quality": {"reference": "bf16", "phases": phases},
+        "targets": {
+            "bf16": {"status": "ok", "kv_cache_size_tokens": 1000, "phases": {}},
+            "fp8": {
+                "status": "ok",
+                "cache_dtype": "fp8",
+                "kv_cache_size_tokens": 2000,
+                "phases": {},
+            },
+        },
+    }
 
 
 def test_a_loss_in_a_loaded_phase_counts() -> None:
     """Before, only the first phase was read: c16's loss was ignored and the verdict KEEP."""
-    from replay._verdict import facts_from_run
+    from replay.analysis.verdict import facts_from_run
 
     fine = {"<8K": (200, 2, 2), "8K-32K": (200, 2, 2)}
     summary = _sweep({"c1": fine, "c16": {"<8K": (200, 2, 2), "8K-32K": (200, 30, 2)}})
     facts = facts_from_run(summary, {}, candidate="fp8")
     assert facts.candidate is not None and facts.candidate.phases == 2
     assert [(b.bucket, b.phase) for b in facts.candidate.buckets] == [
-        ("<8K", "c1"), ("<8K", "c16"), ("8K-32K", "c1"), ("8K-32K", "c16")]
+        ("<8K", "c1"),
+        ("<8K", "c16"),
+        ("8K-32K", "c1"),
+        ("8K-32K", "c16"),
+    ]
     v = decide(facts)
     assert v.verdict == "calibrate" and "8K-32K (c16)" in v.reasons[0], v.reasons
     assert decide(facts_from_run(_sweep({"c1": fine}), {}, candidate="fp8")).verdict == "keep"
 
 
 def test_every_phase_must_show_the_match() -> None:
-    from replay._verdict import facts_from_run
+    from replay.analysis.verdict import facts_from_run
 
     summary = _sweep({"c1": {"<8K": (200, 2, 2)}, "c4": {"<8K": (40, 0, 0)}})
     v = decide(facts_from_run(summary, {}, candidate="fp8"))
@@ -211,26 +304,26 @@ def test_every_phase_must_show_the_match() -> None:
 
 def test_phases_are_not_pooled_into_more_evidence() -> None:
     """Three phases of the same 40 agreeing requests are still 40 requests, not 120 pairs."""
-    from replay._verdict import facts_from_run
+    from replay.analysis.verdict import facts_from_run
 
     summary = _sweep({ph: {"<8K": (40, 0, 0)} for ph in ("c1", "c4", "c16")})
-    assert decide(facts_from_run(summary, {}, candidate="fp8")).verdict == \
-        "insufficient_evidence"
+    assert decide(facts_from_run(summary, {}, candidate="fp8")).verdict == "insufficient_evidence"
 
 
 def test_loss_tests_share_alpha_across_phases() -> None:
     """Bonferroni: p = 0.03 in one of two phases is below alpha but not below alpha / 2."""
     b = BucketFacts("<8K", 200, -0.05, -0.09, -0.01, 0.03, None, None, 14, 4, "c4")
     ok = BucketFacts("<8K", 200, 0.0, -0.02, 0.02, 1.0, None, None, 2, 2, "c1")
-    one = decide(Facts("bf16", ArmFacts("fp8", buckets=(replace(b, phase=None),)),
-                       capacity_ratio=2.0))
+    one = decide(
+        Facts("bf16", ArmFacts("fp8", buckets=(replace(b, phase=None),)), capacity_ratio=2.0)
+    )
     assert one.verdict == "calibrate"
     two = decide(Facts("bf16", ArmFacts("fp8", buckets=(ok, b), phases=2), capacity_ratio=2.0))
     assert two.verdict == "insufficient_evidence", two.reasons
 
 
 def test_thresholds_reach_the_facts() -> None:
-    from replay._verdict import facts_from_run
+    from replay.analysis.verdict import facts_from_run
 
     summary = _sweep({"c1": {"<8K": (30, 0, 0)}})
     facts = facts_from_run(summary, {}, candidate="fp8", thresholds=Thresholds(tolerance=0.2))
@@ -241,54 +334,102 @@ def test_thresholds_reach_the_facts() -> None:
 
 
 def _manifest(**fp8: object) -> dict[str, object]:
-    base = {"engine_version": "0.32.0", "model_root": "/m", "max_model_len": 8192,
-            "cache_config": {}, "scale_log_lines": [], "spec": {"args": []}}
+    base = {
+        "engine_version": "0.32.0",
+        "model_root": "/m",
+        "max_model_len": 8192,
+        "cache_config": {},
+        "scale_log_lines": [],
+        "spec": {"args": []},
+    }
     return {"reference": "bf16", "targets": {"bf16": dict(base), "fp8": {**base, **fp8}}}
 
 
-@pytest.mark.parametrize(("target", "manifest", "calibrated", "problem"), [
-    ({"status": "failed", "reason": "server did not start: AVX-512"}, _manifest(), False,
-     "target failed: server did not start"),
-    ({"status": "ok", "cache_dtype": "auto"}, _manifest(), False, "not FP8"),
-    ({"status": "ok", "cache_dtype": "fp8"}, _manifest(engine_version="0.31.0"), False,
-     "engine version 0.31.0 differs"),
-    ({"status": "ok", "cache_dtype": "fp8"}, _manifest(model_root="/other"), False,
-     "serves model /other"),
-    ({"status": "ok", "cache_dtype": "fp8"}, _manifest(scale_log_lines=[
-        "WARNING Using KV cache scaling factor 1.0 for fp8_e4m3."]), True, "not applied"),
-    ({"status": "ok", "cache_dtype": "fp8"}, _manifest(
-        spec={"args": ["--kv-cache-dtype-skip-layers", "0", "3"]},
-        cache_config={"kv_cache_dtype_skip_layers": "['0']"}), False, "skip-layers configured"),
-    ({"status": "ok", "cache_dtype": "fp8"}, _manifest(
-        spec={"args": ["--kv-cache-dtype-skip-layers", "0,3"]},
-        cache_config={"kv_cache_dtype_skip_layers": "['0,3']"}), False,
-     "one layer index per word (0 3)"),
-])
-def test_serving_path_problems(target: dict[str, object], manifest: dict[str, object],
-                               calibrated: bool, problem: str) -> None:
-    from replay._verdict import serving_problems
+@pytest.mark.parametrize(
+    ("target", "manifest", "calibrated", "problem"),
+    [
+        (
+            {"status": "failed", "reason": "server did not start: AVX-512"},
+            _manifest(),
+            False,
+            "target failed: server did not start",
+        ),
+        ({"status": "ok", "cache_dtype": "auto"}, _manifest(), False, "not FP8"),
+        (
+            {"status": "ok", "cache_dtype": "fp8"},
+            _manifest(engine_version="0.31.0"),
+            False,
+            "engine version 0.31.0 differs",
+        ),
+        (
+            {"status": "ok", "cache_dtype": "fp8"},
+            _manifest(model_root="/other"),
+            False,
+            "serves model /other",
+        ),
+        (
+            {"status": "ok", "cache_dtype": "fp8"},
+            _manifest(scale_log_lines=["WARNING Using KV cache scaling factor 1.0 for fp8_e4m3."]),
+            True,
+            "not applied",
+        ),
+        (
+            {"status": "ok", "cache_dtype": "fp8"},
+            _manifest(
+                spec={"args": ["--kv-cache-dtype-skip-layers", "0", "3"]},
+                cache_config={"kv_cache_dtype_skip_layers": "['0']"},
+            ),
+            False,
+            "skip-layers configured",
+        ),
+        (
+            {"status": "ok", "cache_dtype": "fp8"},
+            _manifest(
+                spec={"args": ["--kv-cache-dtype-skip-layers", "0,3"]},
+                cache_config={"kv_cache_dtype_skip_layers": "['0,3']"},
+            ),
+            False,
+            "one layer index per word (0 3)",
+        ),
+    ],
+)
+def test_serving_path_problems(
+    target: dict[str, object], manifest: dict[str, object], calibrated: bool, problem: str
+) -> None:
+    from replay.analysis.verdict import serving_problems
 
     problems = serving_problems("fp8", target, manifest, calibrated)
     assert any(problem in p for p in problems), problems
 
 
 def test_clean_serving_path_has_no_problems() -> None:
-    from replay._verdict import serving_problems
+    from replay.analysis.verdict import serving_problems
 
     ok = {"status": "ok", "cache_dtype": "fp8_e4m3"}
     assert serving_problems("fp8", ok, _manifest(), False) == []
-    skip = _manifest(spec={"args": ["--kv-cache-dtype-skip-layers", "0", "3"]},
-                     cache_config={"kv_cache_dtype_skip_layers": "['0', '3']"})
+    skip = _manifest(
+        spec={"args": ["--kv-cache-dtype-skip-layers", "0", "3"]},
+        cache_config={"kv_cache_dtype_skip_layers": "['0', '3']"},
+    )
     assert serving_problems("fp8", ok, skip, False) == []
 
 
 def test_one_bucket_losing_in_several_phases_is_still_localized() -> None:
     ok = [replace(b, phase=ph) for b in same() for ph in ("c1", "c4")]
-    bad = [replace(b, phase=ph) for b in lose("32K-64K") if b.bucket == "32K-64K"
-           for ph in ("c1", "c4")]
+    bad = [
+        replace(b, phase=ph)
+        for b in lose("32K-64K")
+        if b.bucket == "32K-64K"
+        for ph in ("c1", "c4")
+    ]
     cal = tuple([b for b in ok if b.bucket != "32K-64K"] + bad)
-    v = decide(Facts("bf16", ArmFacts("fp8", buckets=lose("<8K")),
-                     calibrated=ArmFacts("fp8-cal", buckets=cal, phases=2)))
+    v = decide(
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts("fp8-cal", buckets=cal, phases=2),
+        )
+    )
     assert v.verdict == "per_head_or_skip_layers", v.reasons
     assert "32K-64K (c1)" in v.reasons[0]
 
@@ -297,8 +438,16 @@ def test_one_bucket_losing_in_several_phases_is_still_localized() -> None:
 
 
 def _diverging(b: BucketFacts, nll: float, floor_hi: float | None) -> BucketFacts:
-    return replace(b, tf_nll=nll, tf_nll_lo=nll - 0.1, tf_nll_hi=nll + 0.1, tf_top1=0.73,
-                   tf_top1_hi=0.8, tf_floor_nll_hi=floor_hi, tf_floor_top1_lo=None)
+    return replace(
+        b,
+        tf_nll=nll,
+        tf_nll_lo=nll - 0.1,
+        tf_nll_hi=nll + 0.1,
+        tf_top1=0.73,
+        tf_top1_hi=0.8,
+        tf_floor_nll_hi=floor_hi,
+        tf_floor_top1_lo=None,
+    )
 
 
 def test_teacher_forced_divergence_is_a_warning_not_a_reason() -> None:
@@ -312,8 +461,13 @@ def test_teacher_forced_divergence_is_a_warning_not_a_reason() -> None:
     assert "+0.660/token" in warnings[0]["text"] and "early warning" in warnings[0]["text"]
     # The same divergence beside a real loss: still CALIBRATE for the loss, with the warning.
     lost = lose("<8K")
-    v = decide(Facts("bf16", ArmFacts("fp8", buckets=(*lost[:2], _diverging(lost[2], 0.66, None))),
-                     capacity_ratio=2.0))
+    v = decide(
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=(*lost[:2], _diverging(lost[2], 0.66, None))),
+            capacity_ratio=2.0,
+        )
+    )
     assert v.verdict == "calibrate" and "<8K" in v.headline
     assert any(e["kind"] == "warning" and "no A/A control" in e["text"] for e in v.evidence)
 
@@ -321,8 +475,10 @@ def test_teacher_forced_divergence_is_a_warning_not_a_reason() -> None:
 def test_divergence_inside_the_floor_or_below_the_threshold_is_no_warning() -> None:
     buckets = same()
     # The A/A control diverges as much (same server, batching), or the divergence is tiny.
-    for b in (replace(_diverging(buckets[0], 0.66, floor_hi=0.9), tf_floor_top1_lo=0.7),
-              replace(_diverging(buckets[0], 0.03, None), tf_top1_hi=1.0)):
+    for b in (
+        replace(_diverging(buckets[0], 0.66, floor_hi=0.9), tf_floor_top1_lo=0.7),
+        replace(_diverging(buckets[0], 0.03, None), tf_top1_hi=1.0),
+    ):
         v = decide(Facts("bf16", ArmFacts("fp8", buckets=(b, *buckets[1:])), capacity_ratio=2.0))
         assert v.verdict == "keep" and not [e for e in v.evidence if e["kind"] == "warning"]
 
@@ -346,19 +502,23 @@ def test_an_accepted_emulated_match_keeps_on_quality_alone() -> None:
     ok = Facts("bf16", ArmFacts("fp8", buckets=same(), emulated=True))
     v = decide(ok, Thresholds(accept_emulated=True))
     assert v.verdict == "keep" and "emulated FP8, quality only" in v.reasons[0]
-    assert not any("capacity" in e["text"] and "x the reference" in e["text"]
-                   for e in v.evidence)
+    assert not any("capacity" in e["text"] and "x the reference" in e["text"] for e in v.evidence)
 
 
 def test_emulated_target_serves_bf16_without_a_fallback_problem() -> None:
-    from replay._verdict import facts_from_run, serving_problems
+    from replay.analysis.verdict import facts_from_run, serving_problems
 
-    manifest = _manifest(spec={"kv_cache_dtype": "fp8-emulated",
-                               "expect_cache_dtype": "fp8-emulated"})
+    manifest = _manifest(
+        spec={"kv_cache_dtype": "fp8-emulated", "expect_cache_dtype": "fp8-emulated"}
+    )
     target = {"status": "ok", "cache_dtype": "bfloat16", "kv_cache_size_tokens": 1000}
     assert serving_problems("fp8", target, manifest, False) == []
-    summary = {"targets": {"bf16": {"status": "ok", "cache_dtype": "auto",
-                                    "kv_cache_size_tokens": 1000}, "fp8": target}}
+    summary = {
+        "targets": {
+            "bf16": {"status": "ok", "cache_dtype": "auto", "kv_cache_size_tokens": 1000},
+            "fp8": target,
+        }
+    }
     facts = facts_from_run(summary, {**manifest, "reference": "bf16"})
     assert facts.candidate is not None and facts.candidate.emulated
     assert facts.capacity_ratio is None  # 1.0x here: BF16's, never presented as FP8's

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from replay._importers import load
+from replay.core.importers import load
 
 from .conftest import ROOT, cpu_can_serve_fp8_kv
 
@@ -37,9 +37,23 @@ def _alive(pid: int) -> bool:
 
 
 def test_replay_sample_bf16_fp8_from_the_command_line(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "replay.cli", "--trace", "traces/sample.jsonl",
-           "--targets", "bf16,fp8", "--buckets", "256,1K", "--concurrency", "1,4",
-           "--out", str(tmp_path), "--run-id", "e2e"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replay.cli",
+        "--trace",
+        "traces/sample.jsonl",
+        "--targets",
+        "bf16,fp8",
+        "--buckets",
+        "256,1K",
+        "--concurrency",
+        "1,4",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "e2e",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     run_dir = tmp_path / "e2e"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -99,8 +113,21 @@ def _group_alive(pgid: int) -> bool:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_the_servers_it_started(tmp_path: Path, sig: signal.Signals) -> None:
-    cmd = [sys.executable, "-m", "replay.cli", "--trace", "traces/sample.jsonl",
-           "--targets", "bf16", "--buckets", "256,1K", "--out", str(tmp_path), "--run-id", "int"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replay.cli",
+        "--trace",
+        "traces/sample.jsonl",
+        "--targets",
+        "bf16",
+        "--buckets",
+        "256,1K",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "int",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     manifest = tmp_path / "int" / "manifest.json"
     pid = None
@@ -129,20 +156,37 @@ def _results(run_dir: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
-def test_interrupted_run_resumes_with_every_request_exactly_once(tmp_path: Path,
-                                                                 how: str) -> None:
+def test_interrupted_run_resumes_with_every_request_exactly_once(tmp_path: Path, how: str) -> None:
     run_dir = tmp_path / "r"
-    cmd = [sys.executable, "-m", "replay.cli", "--trace", "traces/sample.jsonl",
-           "--targets", "bf16", "--buckets", "256,1K", "--concurrency", "1,2", "--drain", "5",
-           "--limit", "16",
-           "--out", str(tmp_path), "--run-id", "r"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replay.cli",
+        "--trace",
+        "traces/sample.jsonl",
+        "--targets",
+        "bf16",
+        "--buckets",
+        "256,1K",
+        "--concurrency",
+        "1,2",
+        "--drain",
+        "5",
+        "--limit",
+        "16",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "r",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 600
     while len(_results(run_dir)) < 6 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
     assert len(_results(run_dir)) >= 6, "the run never got going"
-    server_pid = json.loads((run_dir / "manifest.json").read_text())["targets"]["bf16"][
-        "server"]["pid"]
+    server_pid = json.loads((run_dir / "manifest.json").read_text())["targets"]["bf16"]["server"][
+        "pid"
+    ]
     if how == "sigint":
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
@@ -163,8 +207,13 @@ def test_interrupted_run_resumes_with_every_request_exactly_once(tmp_path: Path,
     assert not _group_alive(server_pid), "the server outlived the tool"
     before = len(_results(run_dir))
 
-    done = subprocess.run([sys.executable, "-m", "replay.cli", "--resume", str(run_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "--resume", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = _results(run_dir)
     ids = {r.id for r in load(ROOT / "traces" / "sample.jsonl").requests[:16]}

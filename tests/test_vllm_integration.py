@@ -12,13 +12,13 @@ import aiohttp
 import pytest
 import vllm
 
-from replay._buckets import Buckets
-from replay._importers import LengthPolicy, load
-from replay._introspect import introspect
-from replay._rundir import new_run_dir, read_results
-from replay._runner import RunConfig, Runner
-from replay._schedule import ClosedLoop
-from replay._targets import LocalServer, TargetSpec
+from replay.core.buckets import Buckets
+from replay.core.importers import LengthPolicy, load
+from replay.core.schedule import ClosedLoop
+from replay.run.rundir import new_run_dir, read_results
+from replay.run.runner import RunConfig, Runner
+from replay.serving.introspect import introspect
+from replay.serving.targets import LocalServer, TargetSpec
 
 from .conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated
 
@@ -30,15 +30,28 @@ async def _introspect(url: str) -> dict[str, Any]:
         return await introspect(s, url)
 
 
-def replay(server_url: str, trace: Path, tmp_path: Path, *, name: str = "bf16",
-           expect: str | None = "auto", concurrency: tuple[int, ...] = (1,),
-           buckets: str = "256,1K", policy: LengthPolicy | None = None) -> dict[str, Any]:
+def replay(
+    server_url: str,
+    trace: Path,
+    tmp_path: Path,
+    *,
+    name: str = "bf16",
+    expect: str | None = "auto",
+    concurrency: tuple[int, ...] = (1,),
+    buckets: str = "256,1K",
+    policy: LengthPolicy | None = None,
+) -> dict[str, Any]:
     policy = policy or LengthPolicy()
-    cfg = RunConfig(trace=load(trace, policy=policy), trace_path=trace, trace_format="auto",
-                    targets=[TargetSpec(name=name, url=server_url, expect_cache_dtype=expect)],
-                    schedules=[ClosedLoop(c) for c in concurrency],
-                    buckets=Buckets.parse(buckets), run_dir=new_run_dir(tmp_path),
-                    length_policy=policy)
+    cfg = RunConfig(
+        trace=load(trace, policy=policy),
+        trace_path=trace,
+        trace_format="auto",
+        targets=[TargetSpec(name=name, url=server_url, expect_cache_dtype=expect)],
+        schedules=[ClosedLoop(c) for c in concurrency],
+        buckets=Buckets.parse(buckets),
+        run_dir=new_run_dir(tmp_path),
+        length_policy=policy,
+    )
     return asyncio.run(Runner(cfg).run())
 
 
@@ -50,13 +63,15 @@ def test_introspection_reports_what_runs(bf16_server: LocalServer, model_dir: Pa
     cache = info["cache_config"]
     assert cache["cache_dtype"] == "auto"
     # 1 GiB of cache / (K and V x layers x KV heads x head size x 2 bytes of bf16)
-    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] \
-        * config["head_dim"] * 2
+    per_token = (
+        2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 2
+    )
     assert int(cache["kv_cache_size_tokens"]) == (1 << 30) // per_token
 
 
-def test_every_request_once_and_ttft_agrees_with_server(bf16_server: LocalServer,
-                                                        tmp_path: Path) -> None:
+def test_every_request_once_and_ttft_agrees_with_server(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     trace = ROOT / "traces" / "sample.jsonl"
     summary = replay(bf16_server.url, trace, tmp_path, concurrency=(1, 3))
     run_dir = Path(summary["run_dir"])
@@ -67,8 +82,10 @@ def test_every_request_once_and_ttft_agrees_with_server(bf16_server: LocalServer
     assert set(seen.values()) == {1}
     assert all(r.status == "ok" for r in results)
     # The model stops on its own (a text answer, or a tool call it made) or at max_tokens.
-    assert all(r.output_tokens == max_tokens[r.request_id]
-               or r.finish_reason in ("stop", "tool_calls") for r in results)
+    assert all(
+        r.output_tokens == max_tokens[r.request_id] or r.finish_reason in ("stop", "tool_calls")
+        for r in results
+    )
 
     phase = summary["targets"]["bf16"]["phases"]["c1"]
     client_ms = phase["all"]["ttft_ms"]["mean"]
@@ -86,9 +103,9 @@ def test_sent_is_when_the_body_reached_the_socket(bf16_server: LocalServer) -> N
     client's TTFT would count its own queueing as the server's."""
     import time
 
-    from replay._client import Client
-    from replay._records import Result
-    from replay._trace import Request
+    from replay.core.records import Result
+    from replay.core.trace import Request
+    from replay.serving.client import Client
 
     async def go() -> tuple[Result, float]:
         assert bf16_server.spec.model is not None
@@ -116,8 +133,9 @@ def test_sent_is_when_the_body_reached_the_socket(bf16_server: LocalServer) -> N
 MOONCAKE_LINES = (2, 138, 67, 134)  # 138 shares 14 prefix blocks with 2; 134 shares 5 with 67
 
 
-def test_mooncake_exact_lengths_and_shared_prefixes(bf16_server: LocalServer,
-                                                    tmp_path: Path) -> None:
+def test_mooncake_exact_lengths_and_shared_prefixes(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     src = SHARED_DATA / "mooncake_conversation_trace.jsonl"
     if not src.exists():
         pytest.skip("shared trace data not present")
@@ -139,10 +157,12 @@ def test_mooncake_exact_lengths_and_shared_prefixes(bf16_server: LocalServer,
     assert server["prefix_cache_hit_rate"] is not None and server["prefix_cache_hit_rate"] > 0.2
 
 
-def test_served_dtype_contradicting_the_spec_is_an_error(bf16_server: LocalServer,
-                                                         tmp_path: Path) -> None:
-    summary = replay(bf16_server.url, ROOT / "traces" / "sample.jsonl", tmp_path,
-                     name="fp8", expect="fp8")
+def test_served_dtype_contradicting_the_spec_is_an_error(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
+    summary = replay(
+        bf16_server.url, ROOT / "traces" / "sample.jsonl", tmp_path, name="fp8", expect="fp8"
+    )
     fp8 = summary["targets"]["fp8"]
     assert fp8["status"] == "failed"
     assert "served cache_dtype is 'auto' but target 'fp8' expects 'fp8'" in fp8["reason"]
@@ -151,8 +171,9 @@ def test_served_dtype_contradicting_the_spec_is_an_error(bf16_server: LocalServe
 
 
 @pytest.mark.fp8
-def test_fp8_server_capacity_is_twice_bf16(bf16_server: LocalServer,
-                                           fp8_server: LocalServer) -> None:
+def test_fp8_server_capacity_is_twice_bf16(
+    bf16_server: LocalServer, fp8_server: LocalServer
+) -> None:
     """Served FP8 holds twice the tokens; emulated FP8 stores BF16 and must not pretend."""
     bf16 = asyncio.run(_introspect(bf16_server.url))["cache_config"]
     fp8 = asyncio.run(_introspect(fp8_server.url))["cache_config"]
@@ -165,17 +186,23 @@ def test_fp8_server_capacity_is_twice_bf16(bf16_server: LocalServer,
         assert ratio == pytest.approx(2.0, rel=0.05)
 
 
-def test_graded_replay_with_control_reports_quality(bf16_server: LocalServer,
-                                                    tmp_path: Path) -> None:
+def test_graded_replay_with_control_reports_quality(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     """The graded sample with --control: pass rates, agreement, teacher-forced divergence and
     the noise floor per bucket, and every grade kept in grades.jsonl."""
     trace = ROOT / "traces" / "sample.jsonl"
     reqs = load(trace).requests
-    cfg = RunConfig(trace=load(trace), trace_path=trace, trace_format="v1",
-                    targets=[TargetSpec(name="bf16", url=bf16_server.url,
-                                        expect_cache_dtype="auto")],
-                    schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
-                    run_dir=new_run_dir(tmp_path), control=True)
+    cfg = RunConfig(
+        trace=load(trace),
+        trace_path=trace,
+        trace_format="v1",
+        targets=[TargetSpec(name="bf16", url=bf16_server.url, expect_cache_dtype="auto")],
+        schedules=[ClosedLoop(2)],
+        buckets=Buckets.parse("256,1K"),
+        run_dir=new_run_dir(tmp_path),
+        control=True,
+    )
     summary = asyncio.run(Runner(cfg).run())
     run_dir = Path(summary["run_dir"])
     q = summary["quality"]["phases"]["c2"]
@@ -207,24 +234,31 @@ def test_graded_replay_with_control_reports_quality(bf16_server: LocalServer,
 
 
 @pytest.mark.fp8
-def test_fp8_teacher_forced_scores_differ_from_bf16(bf16_server: LocalServer,
-                                                    fp8_server: LocalServer,
-                                                    tmp_path: Path) -> None:
+def test_fp8_teacher_forced_scores_differ_from_bf16(
+    bf16_server: LocalServer, fp8_server: LocalServer, tmp_path: Path
+) -> None:
     trace = ROOT / "traces" / "sample.jsonl"
-    cfg = RunConfig(trace=load(trace), trace_path=trace, trace_format="v1",
-                    targets=[TargetSpec(name="bf16", url=bf16_server.url),
-                             TargetSpec(name="fp8", url=fp8_server.url,
-                                        expect_cache_dtype=FP8_DTYPE)],
-                    schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
-                    run_dir=new_run_dir(tmp_path))
+    cfg = RunConfig(
+        trace=load(trace),
+        trace_path=trace,
+        trace_format="v1",
+        targets=[
+            TargetSpec(name="bf16", url=bf16_server.url),
+            TargetSpec(name="fp8", url=fp8_server.url, expect_cache_dtype=FP8_DTYPE),
+        ],
+        schedules=[ClosedLoop(2)],
+        buckets=Buckets.parse("256,1K"),
+        run_dir=new_run_dir(tmp_path),
+    )
     summary = asyncio.run(Runner(cfg).run())
     tf = summary["quality"]["phases"]["c2"]["fp8"]["teacher_forced"]
     assert tf["tokens"] > 0 and not tf["identical_to_reference"]
     assert tf["nll_delta_mean"] != 0
 
 
-def test_canary_fp8_target_serving_bf16_is_the_fallback_verdict(bf16_server: LocalServer,
-                                                                tmp_path: Path) -> None:
+def test_canary_fp8_target_serving_bf16_is_the_fallback_verdict(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
     """The "fp8" URL actually serves cache_dtype=auto: reject for this path, with that
     evidence, exit code 12, a Markdown verdict on stdout and the reports written."""
     import subprocess
@@ -233,35 +267,62 @@ def test_canary_fp8_target_serving_bf16_is_the_fallback_verdict(bf16_server: Loc
     url = bf16_server.url
     md = tmp_path / "comment.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "replay.cli", "canary", "--trace", "traces/sample.jsonl",
-         "--targets", f"bf16={url},fp8={url}", "--buckets", "256,1K", "--concurrency", "2",
-         "--limit", "6", "--out", str(tmp_path), "--run-id", "canary", "--markdown", str(md)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "canary",
+            "--trace",
+            "traces/sample.jsonl",
+            "--targets",
+            f"bf16={url},fp8={url}",
+            "--buckets",
+            "256,1K",
+            "--concurrency",
+            "2",
+            "--limit",
+            "6",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "canary",
+            "--markdown",
+            str(md),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 12, proc.stderr[-3000:]
     assert "REJECT FP8 for this path" in proc.stdout
     assert "served cache_dtype is 'auto'" in proc.stdout
     assert md.read_text() == proc.stdout.rstrip("\n") + "\n" or "REJECT" in md.read_text()
     summary = json.loads((tmp_path / "canary" / "summary.json").read_text())
     assert summary["verdict"]["verdict"] == "reject"
-    assert any("served cache_dtype is 'auto'" in e["text"]
-               for e in summary["verdict"]["evidence"])
+    assert any("served cache_dtype is 'auto'" in e["text"] for e in summary["verdict"]["evidence"])
     assert (tmp_path / "canary" / "report.html").exists()
 
 
-def test_api_key_never_reaches_any_run_artifact(bf16_server: LocalServer, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from replay._report import write_reports
+def test_api_key_never_reaches_any_run_artifact(
+    bf16_server: LocalServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replay.present.report import write_reports
 
     key = "sk-planted-0123456789abcdefSECRET"
     monkeypatch.setenv("KVC_PLANTED_KEY", key)
     trace = ROOT / "traces" / "sample.jsonl"
     loaded = load(trace)
     loaded.requests = loaded.requests[:4]
-    cfg = RunConfig(trace=loaded, trace_path=trace, trace_format="v1",
-                    targets=[TargetSpec(name="bf16", url=bf16_server.url,
-                                        api_key_env="KVC_PLANTED_KEY")],
-                    schedules=[ClosedLoop(2)], buckets=Buckets.parse("256,1K"),
-                    run_dir=new_run_dir(tmp_path))
+    cfg = RunConfig(
+        trace=loaded,
+        trace_path=trace,
+        trace_format="v1",
+        targets=[TargetSpec(name="bf16", url=bf16_server.url, api_key_env="KVC_PLANTED_KEY")],
+        schedules=[ClosedLoop(2)],
+        buckets=Buckets.parse("256,1K"),
+        run_dir=new_run_dir(tmp_path),
+    )
     summary = asyncio.run(Runner(cfg).run())
     run_dir = Path(summary["run_dir"])
     write_reports(run_dir)
@@ -295,24 +356,48 @@ def test_report_of_a_real_run_in_chromium(bf16_server: LocalServer, tmp_path: Pa
     trace.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
     url = bf16_server.url
     run = subprocess.run(
-        [sys.executable, "-m", "replay.cli", "--trace", str(trace), "--targets",
-         f"bf16={url},fp8={url}", "--buckets", "256,1K", "--concurrency", "2", "--out",
-         str(tmp_path), "--run-id", "real"], cwd=ROOT, capture_output=True, text=True,
-        timeout=900)
+        [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "--trace",
+            str(trace),
+            "--targets",
+            f"bf16={url},fp8={url}",
+            "--buckets",
+            "256,1K",
+            "--concurrency",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "real",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 3, run.stderr[-2000:]  # the "fp8" target serves BF16
     run_dir = tmp_path / "real"
     results = (run_dir / "results.jsonl").read_text().splitlines()
     answered = json.loads(results[0])
     answered["output_text"] = payload + answered["output_text"]
     (run_dir / "results.jsonl").write_text("\n".join([json.dumps(answered), *results[1:]]) + "\n")
-    again = subprocess.run([sys.executable, "-m", "replay.cli", "report", str(run_dir)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "report", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr
     page = (run_dir / "report.html").resolve().as_uri()
     dom = chromium(tmp_path / "profile", "--dump-dom", page)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert ("REJECT" in dom.stdout and "served cache_dtype is &#39;auto&#39;" in dom.stdout) \
-        or "served cache_dtype is 'auto'" in dom.stdout
+    assert (
+        "REJECT" in dom.stdout and "served cache_dtype is &#39;auto&#39;" in dom.stdout
+    ) or "served cache_dtype is 'auto'" in dom.stdout
     for sid in SECTION_IDS:
         assert f'<section id="{sid}"' in dom.stdout, sid
     assert "pwned" not in dom.stdout.split("<title>", 1)[1].split("</title>", 1)[0]
@@ -320,6 +405,5 @@ def test_report_of_a_real_run_in_chromium(bf16_server: LocalServer, tmp_path: Pa
     assert "<script>document.title" not in dom.stdout
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report_real_run.png"
-    snap = chromium(tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1400,2400",
-                    page)
+    snap = chromium(tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1400,2400", page)
     assert snap.returncode == 0 and shot.stat().st_size > 10_000

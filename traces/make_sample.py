@@ -2,7 +2,7 @@
 buckets (<256, 256-1K, >=1K tokens on the embedded test model): chat and completions, tools,
 and a checker of every kind (retrieval, tool_call, code, json_schema, number, exact, regex,
 contains). Retrieval, tool and code requests are held-out examples of the tasks the embedded
-model was trained on (``replay.testmodel_tasks``), so they grade what a working model does; the
+model was trained on (``replay.testmodel.tasks``), so they grade what a working model does; the
 other kinds exercise their checkers on requests the model was not trained for.
 
     python traces/make_sample.py > /tmp/sample.jsonl
@@ -25,11 +25,14 @@ import json
 import random
 import sys
 
-from replay import testmodel_tasks as tasks
+from replay.testmodel import tasks
 
-WORDS = ("river stone cloud ember forest harbor lantern meadow orbit pepper quartz saddle "
-         "timber velvet willow anchor bridge cobalt falcon garnet hollow island jasper kernel "
-         "ledger marble nectar oyster prism ridge summit tundra vector walnut zenith").split()
+WORDS = (
+    "river stone cloud ember forest harbor lantern meadow orbit pepper quartz saddle "
+    "timber velvet willow anchor bridge cobalt falcon garnet hollow island jasper kernel "
+    "ledger marble nectar oyster prism ridge summit tundra vector walnut zenith"
+).split()
+
 
 def passages(rng: random.Random, n: int) -> str:
     out = []
@@ -40,38 +43,100 @@ def passages(rng: random.Random, n: int) -> str:
 
 
 def chat(rid: str, ctx: str, question: str, check: dict, task: str, **extra: object) -> dict:
-    return {"id": rid, "api": "chat", "task": task, "max_tokens": 24, "check": check,
-            "messages": [{"role": "system", "content": "Answer from the context."},
-                         {"role": "user", "content": f"{ctx}\n{question}"}], **extra}
+    return {
+        "id": rid,
+        "api": "chat",
+        "task": task,
+        "max_tokens": 24,
+        "check": check,
+        "messages": [
+            {"role": "system", "content": "Answer from the context."},
+            {"role": "user", "content": f"{ctx}\n{question}"},
+        ],
+        **extra,
+    }
 
 
 def records_for(size: str, n_passages: int, rng: random.Random) -> list[dict]:
     band = {"short": 0, "medium": 1, "long": 2}[size]
     # Held-out indices far from the evaluation set's, so the two traces share no request.
-    out = [tasks.trace_record(tasks.example("heldout", "retrieval", 500_000 + 10 * band + k,
-                                            shape=size)) for k in range(2)]
+    out = [
+        tasks.trace_record(
+            tasks.example("heldout", "retrieval", 500_000 + 10 * band + k, shape=size)
+        )
+        for k in range(2)
+    ]
     out.append(tasks.trace_record(tasks.example("heldout", "tool", 500_000 + band)))
     out.append(tasks.trace_record(tasks.example("heldout", "code", 500_000 + band)))
     ctx = passages(rng, n_passages)
     a, b = rng.randint(2, 9), rng.randint(2, 9)
-    out.append(chat(f"json-{size}", ctx, "Reply with JSON: the first passage id and its colour.",
-                    {"type": "json_schema", "schema": {
-                        "type": "object", "required": ["id", "colour"],
-                        "properties": {"id": {"type": "string"}, "colour": {"type": "string"}}}},
-                    "json"))
-    out.append(chat(f"number-{size}", ctx, f"What is {a} + {b * 10}?",
-                    {"type": "number", "value": a + b * 10}, "chat"))
-    out.append(chat(f"exact-{size}", ctx, "Answer with one word: is the sky blue?",
-                    {"type": "exact", "value": "yes"}, "chat"))
-    out.append(chat(f"regex-{size}", ctx, "Give a four-digit code from the passages.",
-                    {"type": "regex", "pattern": r"\b\d{4}\b"}, "chat"))
-    out.append({"id": f"completion-{size}", "api": "completions", "task": "chat",
-                "prompt": ctx + "\nThe passages mention the word", "max_tokens": 24,
-                "check": {"type": "contains", "values": WORDS[:5], "all": False}})
-    out.append({"id": f"ids-{size}", "api": "completions", "task": "perf",
-                "synth": {"input_tokens": {"short": 100, "medium": 600, "long": 1500}[size],
-                          "hash_ids": [1, 2, 3], "block_tokens": 64},
-                "max_tokens": 24, "params": {"ignore_eos": True}})
+    out.append(
+        chat(
+            f"json-{size}",
+            ctx,
+            "Reply with JSON: the first passage id and its colour.",
+            {
+                "type": "json_schema",
+                "schema": {
+                    "type": "object",
+                    "required": ["id", "colour"],
+                    "properties": {"id": {"type": "string"}, "colour": {"type": "string"}},
+                },
+            },
+            "json",
+        )
+    )
+    out.append(
+        chat(
+            f"number-{size}",
+            ctx,
+            f"What is {a} + {b * 10}?",
+            {"type": "number", "value": a + b * 10},
+            "chat",
+        )
+    )
+    out.append(
+        chat(
+            f"exact-{size}",
+            ctx,
+            "Answer with one word: is the sky blue?",
+            {"type": "exact", "value": "yes"},
+            "chat",
+        )
+    )
+    out.append(
+        chat(
+            f"regex-{size}",
+            ctx,
+            "Give a four-digit code from the passages.",
+            {"type": "regex", "pattern": r"\b\d{4}\b"},
+            "chat",
+        )
+    )
+    out.append(
+        {
+            "id": f"completion-{size}",
+            "api": "completions",
+            "task": "chat",
+            "prompt": ctx + "\nThe passages mention the word",
+            "max_tokens": 24,
+            "check": {"type": "contains", "values": WORDS[:5], "all": False},
+        }
+    )
+    out.append(
+        {
+            "id": f"ids-{size}",
+            "api": "completions",
+            "task": "perf",
+            "synth": {
+                "input_tokens": {"short": 100, "medium": 600, "long": 1500}[size],
+                "hash_ids": [1, 2, 3],
+                "block_tokens": 64,
+            },
+            "max_tokens": 24,
+            "params": {"ignore_eos": True},
+        }
+    )
     return out
 
 
@@ -81,8 +146,13 @@ def records_for(size: str, n_passages: int, rng: random.Random) -> list[dict]:
 # the reference's answers. Held-out seeds of their own, disjoint from the other traces.
 FIRST_RUN_OFFSET = 200_000
 # On the embedded tokenizer code and half the tool calls land in <256, the other half in 256-1K.
-FIRST_RUN = {"retrieval-short": 20, "retrieval-medium": 48, "retrieval-long": 64,
-             "tool": 32, "code": 28}
+FIRST_RUN = {
+    "retrieval-short": 20,
+    "retrieval-medium": 48,
+    "retrieval-long": 64,
+    "tool": 32,
+    "code": 28,
+}
 FIRST_RUN_UNLABELED = 6  # of each of the five kinds
 
 

@@ -24,7 +24,27 @@ from ._derived import DERIVED_RULES, derive, derived_record
 from ._structured import Code, JsonSchema, ToolCallCheck
 from ._text import Contains, Exact, Number, Regex, Retrieval
 
-__all__ = ["DERIVED_RULES", "GRADE_TIME_S", "MAX_ANSWER_CHARS", "REGISTRY", "Answer", "Checker",
-           "Code", "Contains", "Exact", "Grade", "Grader", "JsonSchema", "Number", "Regex",
-           "Retrieval", "SpecError", "ToolCallCheck", "derive", "derived_record", "grade_safely",
-           "normalize", "parse_check"]
+__all__ = [
+    "DERIVED_RULES",
+    "GRADE_TIME_S",
+    "MAX_ANSWER_CHARS",
+    "REGISTRY",
+    "Answer",
+    "Checker",
+    "Code",
+    "Contains",
+    "Exact",
+    "Grade",
+    "Grader",
+    "JsonSchema",
+    "Number",
+    "Regex",
+    "Retrieval",
+    "SpecError",
+    "ToolCallCheck",
+    "derive",
+    "derived_record",
+    "grade_safely",
+    "normalize",
+    "parse_check",
+]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from .._records import ToolCall
+from replay.core.records import ToolCall
 
 
 class SpecError(ValueError):
@@ -40,8 +40,12 @@ class Grade:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "reason": self.reason, "score": self.score,
-                "detail": dict(self.detail)}
+        return {
+            "passed": self.passed,
+            "reason": self.reason,
+            "score": self.score,
+            "detail": dict(self.detail),
+        }
 
 
 class Checker(Protocol):
@@ -68,8 +72,9 @@ def parse_check(spec: Any) -> Checker:
         raise SpecError("(check)", "must be an object with a 'type'")
     kind = spec.get("type")
     if not isinstance(kind, str) or kind not in REGISTRY:  # a list or dict is unhashable
-        raise SpecError("type", f"unknown checker {kind!r}. "
-                        f"Available: {', '.join(sorted(REGISTRY))}")
+        raise SpecError(
+            "type", f"unknown checker {kind!r}. Available: {', '.join(sorted(REGISTRY))}"
+        )
     return REGISTRY[kind](spec)
 
 
@@ -81,12 +86,18 @@ def allowed_keys(spec: Mapping[str, Any], *keys: str) -> None:
     if extra:
         key = sorted(extra)[0]
         # An empty key still needs a visible name in "file:line: field 'check.…'".
-        raise SpecError(key or '""', f"unknown key for a '{spec['type']}' check; "
-                        f"valid keys: {', '.join(sorted(keys))}")
+        raise SpecError(
+            key or '""',
+            f"unknown key for a '{spec['type']}' check; valid keys: {', '.join(sorted(keys))}",
+        )
 
 
-def get(spec: Mapping[str, Any], key: str, types: type | tuple[type, ...], default: Any = ...,
-        ) -> Any:
+def get(
+    spec: Mapping[str, Any],
+    key: str,
+    types: type | tuple[type, ...],
+    default: Any = ...,
+) -> Any:
     if key not in spec:
         if default is ...:
             raise SpecError(key, "required")
@@ -101,9 +112,17 @@ def get(spec: Mapping[str, Any], key: str, types: type | tuple[type, ...], defau
 
 def _names(types: type | tuple[type, ...]) -> str:
     ts = types if isinstance(types, tuple) else (types,)
-    return " or ".join({"str": "a string", "int": "an integer", "float": "a number",
-                        "bool": "true/false", "list": "a list", "dict": "an object"}.get(
-        t.__name__, t.__name__) for t in ts)
+    return " or ".join(
+        {
+            "str": "a string",
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true/false",
+            "list": "a list",
+            "dict": "an object",
+        }.get(t.__name__, t.__name__)
+        for t in ts
+    )
 
 
 # -- normalization --------------------------------------------------------------------------

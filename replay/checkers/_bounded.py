@@ -55,20 +55,20 @@ from ._base import Answer, Checker, Grade, parse_check
 MAX_ANSWER_CHARS = 1_000_000
 GRADE_TIME_S = 5.0
 WORKER_MEMORY_MB = 2048
-_WORKER_START_S = 60.0      # a cold interpreter importing jsonschema on a loaded machine
+_WORKER_START_S = 60.0  # a cold interpreter importing jsonschema on a loaded machine
 _REASON_MAX = 300
-_CACHE_MAX = 4096           # parsed checkers a worker keeps (specs repeat across targets)
+_CACHE_MAX = 4096  # parsed checkers a worker keeps (specs repeat across targets)
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _WORKER_MAIN = "from replay.checkers._bounded import serve; serve()"
 _READY = b"ready\n"
-DERIVED_TYPE = "derived"    # a derived grade's spec (``_derived``), never a trace's check
+DERIVED_TYPE = "derived"  # a derived grade's spec (``_derived``), never a trace's check
 
 
 def checker_error(kind: str, message: str) -> Grade:
     """The failed grade of an answer that could not be graded, and why."""
     reason = f"checker error: {message}"
     if len(reason) > _REASON_MAX:
-        reason = reason[:_REASON_MAX - 3] + "..."
+        reason = reason[: _REASON_MAX - 3] + "..."
     return Grade(False, reason, 0.0, {"checker_error": kind})
 
 
@@ -76,14 +76,16 @@ def answer_size(answer: Answer) -> int:
     return len(answer.text) + sum(len(c.name) + len(c.arguments) for c in answer.tool_calls)
 
 
-def grade_safely(check: Checker | Mapping[str, Any], answer: Answer,
-                 max_chars: int = MAX_ANSWER_CHARS) -> Grade:
+def grade_safely(
+    check: Checker | Mapping[str, Any], answer: Answer, max_chars: int = MAX_ANSWER_CHARS
+) -> Grade:
     """Grade in this process: size-capped, and whatever the checker raises is the answer's
     failed grade. No time limit (see ``Grader`` for one)."""
     size = answer_size(answer)
     if size > max_chars:
-        return checker_error("size", f"answer too long to grade: {size:,} characters (the "
-                                     f"limit is {max_chars:,})")
+        return checker_error(
+            "size", f"answer too long to grade: {size:,} characters (the limit is {max_chars:,})"
+        )
     try:
         checker = parse_check(check) if isinstance(check, Mapping) else check
         return checker.grade(answer)
@@ -97,7 +99,7 @@ class Grader:
     def __init__(self, time_s: float = GRADE_TIME_S, max_chars: int = MAX_ANSWER_CHARS) -> None:
         self.time_s, self.max_chars = time_s, max_chars
         self._proc: subprocess.Popen[bytes] | None = None
-        self._broken: str | None = None       # why no worker can start (not retried)
+        self._broken: str | None = None  # why no worker can start (not retried)
         self._local: dict[str, Checker | Mapping[str, Any]] = {}
         # The reference's code outcomes, shared by every target graded against it.
         self._code_outcomes: dict[str, list[str] | str] = {}
@@ -109,8 +111,9 @@ class Grader:
     def __enter__(self) -> Grader:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def grade(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
@@ -129,8 +132,11 @@ class Grader:
         for who, a in (("the reference's answer", reference), ("the answer", answer)):
             size = answer_size(a)
             if size > self.max_chars:
-                return checker_error("size", f"{who} is too long to grade: {size:,} characters "
-                                             f"(the limit is {self.max_chars:,})")
+                return checker_error(
+                    "size",
+                    f"{who} is too long to grade: {size:,} characters "
+                    f"(the limit is {self.max_chars:,})",
+                )
         grade = self._grade_in_worker(derived_spec(reference, prompt), answer)
         return finish(grade, cache=self._code_outcomes)
 
@@ -175,8 +181,16 @@ class Grader:
             return checker_error("worker", str(exc))
         # ASCII JSON: lone surrogates a decoder let through survive the trip, and no newline
         # can appear inside the request.
-        request = json.dumps({"check": spec, "text": answer.text, "calls": [
-            [c.index, c.id, c.name, c.arguments] for c in answer.tool_calls]}).encode() + b"\n"
+        request = (
+            json.dumps(
+                {
+                    "check": spec,
+                    "text": answer.text,
+                    "calls": [[c.index, c.id, c.name, c.arguments] for c in answer.tool_calls],
+                }
+            ).encode()
+            + b"\n"
+        )
         deadline = time.monotonic() + self.time_s
         try:
             _send(proc, request, deadline)
@@ -189,8 +203,7 @@ class Grader:
             return checker_error("worker", str(exc))
         try:
             row = json.loads(reply)
-            return Grade(bool(row["passed"]), str(row["reason"]), row["score"],
-                         dict(row["detail"]))
+            return Grade(bool(row["passed"]), str(row["reason"]), row["score"], dict(row["detail"]))
         except (ValueError, KeyError, TypeError) as exc:
             self._kill()
             return checker_error("worker", f"unreadable reply from the grading process: {exc}")
@@ -203,12 +216,18 @@ class Grader:
         self._kill()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+            p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p
+        )
         try:
             # Its own session: a Ctrl-C meant for the run does not kill the grader mid-answer.
-            proc = subprocess.Popen([sys.executable, "-B", "-c", _WORKER_MAIN],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-B", "-c", _WORKER_MAIN],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             self._broken = f"cannot start the grading process: {exc}"
             raise _WorkerError(self._broken) from None
@@ -257,7 +276,7 @@ def _send(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> None:
             raise TimeoutError
         select.select([], [fd], [], left)
         try:
-            sent += os.write(fd, view[sent:sent + 65536])
+            sent += os.write(fd, view[sent : sent + 65536])
         except BlockingIOError:
             continue
         except (BrokenPipeError, ConnectionResetError):
@@ -310,8 +329,7 @@ def serve() -> None:
         try:
             reply = json.dumps(grade.to_json(), default=str)
         except (TypeError, ValueError) as exc:
-            reply = json.dumps(checker_error("exception", f"ungradeable detail: {exc}")
-                               .to_json())
+            reply = json.dumps(checker_error("exception", f"ungradeable detail: {exc}").to_json())
         out.write(reply.encode() + b"\n")
         out.flush()
 
@@ -345,7 +363,7 @@ def _serve_one(line: bytes, cache: dict[str, Checker | Mapping[str, Any]]) -> Gr
 
 
 def _call(index: int, id_: str | None, name: str, arguments: str) -> Any:
-    from .._records import ToolCall
+    from replay.core.records import ToolCall
 
     return ToolCall(index=index, id=id_, name=name, arguments=arguments)
 

@@ -59,7 +59,7 @@ takes a number has received something else), nor a boolean a number (``true`` is
 Arguments that are not JSON are compared as text.
 
 A ``<think>...</think>`` block is left out of both answers before any rule reads them. The
-prompt is what grading kept of it (``_grading.PROMPT_KEEP_CHARS``, its head and tail): facts
+prompt is what grading kept of it (``grading.PROMPT_KEEP_CHARS``, its head and tail): facts
 and examples beyond that are not seen, and a prompt of token ids has no text, so free text
 there is ungraded.
 
@@ -82,30 +82,36 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .._records import ToolCall
+from replay.core.records import ToolCall
+
 from ._base import _NUM, Answer, Grade, canonical_number, normalize
 from ._bounded import DERIVED_TYPE, MAX_ANSWER_CHARS, answer_size, checker_error
 from ._sandbox import SandboxLimits, run_python
 from ._structured import _TOOL_TAG, _loads
 
 TOOL_ARGS, JSON_VALUE, CODE, CODE_TEXT, FACTS = (
-    "derived:tool_args", "derived:json", "derived:code", "derived:code_text", "derived:facts")
+    "derived:tool_args",
+    "derived:json",
+    "derived:code",
+    "derived:code_text",
+    "derived:facts",
+)
 DERIVED_RULES = (TOOL_ARGS, JSON_VALUE, CODE, CODE_TEXT, FACTS)
-UNKNOWN_RULE = "derived"     # a grade that failed before its rule was known (checker error)
+UNKNOWN_RULE = "derived"  # a grade that failed before its rule was known (checker error)
 
 MAX_FACTS = 64
 MAX_CALLS = 12
 MIN_CALLS = 4
 CALL_TIME_S = 0.5
 CODE_LIMITS = SandboxLimits(wall_s=15.0, cpu_s=10, memory_mb=512)
-_CALL_CHARS = 300            # longest call expression read from a prompt or an answer
-_CALL_SCAN = 400             # call heads looked at per text
+_CALL_CHARS = 300  # longest call expression read from a prompt or an answer
+_CALL_SCAN = 400  # call heads looked at per text
 _MAX_FUNCTIONS = 20
 _QUOTE_CHARS = 200
-_LOOKUPS = 400               # quoted spans, and capitalized runs, looked up in the prompt
-_NAME_WORDS = 6              # a longer capitalized run is looked up word by word
-_MAX_BLOCKS = 50             # fenced blocks read per answer
-_OUTCOME_CHARS = 1000        # longer canonical values are compared by their SHA-256
+_LOOKUPS = 400  # quoted spans, and capitalized runs, looked up in the prompt
+_NAME_WORDS = 6  # a longer capitalized run is looked up word by word
+_MAX_BLOCKS = 50  # fenced blocks read per answer
+_OUTCOME_CHARS = 1000  # longer canonical values are compared by their SHA-256
 _SHOW = 80
 _CACHE_MAX = 1024
 
@@ -116,12 +122,15 @@ _FENCE = re.compile(r"```[ \t]*([\w+.#-]*)[ \t]*\r?\n(.*?)```", re.S)
 _PY_TAGS = frozenset({"", "python", "py", "python3", "py3"})
 _JSON_TAGS = frozenset({"", "json", "jsonc", "json5"})
 _TOKEN = re.compile(r"\w+(?:[.-]\w+)*")
-_QUOTES = tuple(re.compile(f"{left}([^{right}\\n]{{1,{_QUOTE_CHARS}}}){right}")
-                for left, right in (('"', '"'), ("\u201c", "\u201d"), ("`", "`")))
+_QUOTES = tuple(
+    re.compile(f"{left}([^{right}\\n]{{1,{_QUOTE_CHARS}}}){right}")
+    for left, right in (('"', '"'), ("\u201c", "\u201d"), ("`", "`"))
+)
 _QUOTES += (re.compile(rf"(?<!\w)'([^'\n]{{1,{_QUOTE_CHARS}}})'(?!\w)"),)
 _CAMEL = re.compile(r"[a-z][A-Z]")
 # Capitalized only because they start a sentence or a heading, in the prompt or the answer.
-_STOP = frozenset("""
+_STOP = frozenset(
+    """
 a an the this that these those it its i we you he she they them there here what which who
 whom whose when where why how yes no not sure okay ok so and but or nor if then else also
 however therefore thus hence first second third next finally in on at of for to from by with
@@ -129,7 +138,8 @@ as is are was were be been am do does did has have had can could will would shal
 might must let please thanks thank hello hi dear note answer question example examples result
 results step steps based according given using because since while after before each every all
 any some none one two three my our your his her their
-""".split())
+""".split()
+)
 
 
 # -- answers as values ------------------------------------------------------------------------
@@ -230,7 +240,8 @@ def json_of(text: str, containers_only: bool = False) -> tuple[bool, Any, str]:
     text = answer_text(text)
     why = "no JSON value in the answer (its whole body or a fenced block)"
     for where, body in [("the whole answer", text.strip())] + [
-            ("a fenced block", b) for b in _fenced(text, _JSON_TAGS)]:
+        ("a fenced block", b) for b in _fenced(text, _JSON_TAGS)
+    ]:
         if not body.strip():
             continue
         try:
@@ -270,7 +281,7 @@ def _show(v: Any) -> str:
         s = json.dumps(v)
     except (TypeError, ValueError, RecursionError):
         s = repr(v)
-    return (s if len(s) <= _SHOW else s[:_SHOW - 3] + "...") + f" ({_kind(v)})"
+    return (s if len(s) <= _SHOW else s[: _SHOW - 3] + "...") + f" ({_kind(v)})"
 
 
 def _step(path: str, key: str | int) -> str:
@@ -293,9 +304,11 @@ def json_difference(want: Any, got: Any) -> str | None:
         if ka == "object":
             missing, extra = [k for k in a if k not in b], [k for k in b if k not in a]
             if missing or extra:
-                what = (f"key(s) {missing[:5]} missing" if missing else "") + (
-                    "; " if missing and extra else "") + (
-                    f"key(s) {extra[:5]} not expected" if extra else "")
+                what = (
+                    (f"key(s) {missing[:5]} missing" if missing else "")
+                    + ("; " if missing and extra else "")
+                    + (f"key(s) {extra[:5]} not expected" if extra else "")
+                )
                 return f"{where}: {what}"
             stack.extend((_step(path, k), a[k], b[k]) for k in reversed(list(a)))
         elif ka == "array":
@@ -315,19 +328,22 @@ def json_difference(want: Any, got: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Fact:
-    kind: str        # number | identifier | quote | name
-    text: str        # as the reference wrote it
-    key: str         # what the answer must hold (canonical number, token, normalized text)
+    kind: str  # number | identifier | quote | name
+    text: str  # as the reference wrote it
+    key: str  # what the answer must hold (canonical number, token, normalized text)
 
 
 def _is_identifier(token: str) -> bool:
     letters = any(c.isalpha() for c in token)
-    return letters and (any(c.isdigit() for c in token) or "_" in token.strip("_")
-                        or _CAMEL.search(token) is not None)
+    return letters and (
+        any(c.isdigit() for c in token)
+        or "_" in token.strip("_")
+        or _CAMEL.search(token) is not None
+    )
 
 
 def _word_kind(token: str) -> str:
-    """"identifier", "name" (a capitalized word that is not a common sentence word),
+    """ "identifier", "name" (a capitalized word that is not a common sentence word),
     "capitalized" (one that is) or ""."""
     if _is_identifier(token):
         return "identifier"
@@ -349,7 +365,7 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
         return [], False
     prompt_numbers = {canonical_number(m.group(0)) for m in _NUM.finditer(prompt)}
     prompt_tokens: set[str] = set()
-    proper: set[str] = set()   # capitalized inside a sentence of the prompt: a name there
+    proper: set[str] = set()  # capitalized inside a sentence of the prompt: a name there
     for m in _TOKEN.finditer(prompt):
         word = m.group(0)
         prompt_tokens.add(word)
@@ -380,7 +396,7 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
         if kind == "identifier" and word in prompt_tokens:
             found.append((m.start(), Fact("identifier", word, word)))
         capitalized = kind in ("name", "capitalized")
-        if capitalized and run and reference[run[-1].end():m.start()] == " ":
+        if capitalized and run and reference[run[-1].end() : m.start()] == " ":
             run.append(m)
         else:
             if run:
@@ -398,7 +414,7 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
         if first == last:
             continue
         r = r[first:last]
-        whole = reference[r[0].start():r[-1].end()]
+        whole = reference[r[0].start() : r[-1].end()]
         if 1 < len(r) <= _NAME_WORDS and lookups < _LOOKUPS:
             lookups += 1
             if _bounded_word(whole).search(prompt):
@@ -420,7 +436,7 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
 def _sentence_start(text: str, at: int) -> bool:
     """Whether the word at ``at`` starts a sentence, a line or a list item (looked at over a
     few characters only: long blank runs count as inside a sentence)."""
-    before = text[max(0, at - 4):at].rstrip(" \t")
+    before = text[max(0, at - 4) : at].rstrip(" \t")
     if not before:
         return at <= 4
     return before[-1] in ".!?:;\n*-#>|"
@@ -428,13 +444,13 @@ def _sentence_start(text: str, at: int) -> bool:
 
 def _list_marker(text: str, m: re.Match[str]) -> bool:
     """A number that only numbers a list item ("1. ...", "2) ...") at the start of a line."""
-    if text[m.end():m.end() + 2] not in (". ", ") ", ".\n", ")\n"):
+    if text[m.end() : m.end() + 2] not in (". ", ") ", ".\n", ")\n"):
         return False
-    before = text[max(0, m.start() - 8):m.start()]
+    before = text[max(0, m.start() - 8) : m.start()]
     newline = before.rfind("\n")
     if newline < 0 and m.start() > 8:
         return False
-    return not before[newline + 1:].strip()
+    return not before[newline + 1 :].strip()
 
 
 def missing_facts(facts: Sequence[Fact], text: str) -> list[Fact]:
@@ -443,8 +459,13 @@ def missing_facts(facts: Sequence[Fact], text: str) -> list[Fact]:
     norm = f" {normalize(text)} "
     missing = []
     for f in facts:
-        present = (f.key in numbers if f.kind == "number" else
-                   f.key in tokens if f.kind == "identifier" else f" {f.key} " in norm)
+        present = (
+            f.key in numbers
+            if f.kind == "number"
+            else f.key in tokens
+            if f.kind == "identifier"
+            else f" {f.key} " in norm
+        )
         if not present:
             missing.append(f)
     return missing
@@ -516,10 +537,14 @@ def normalized_code(code: str) -> str:
         return " ".join(code.split())
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if (isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                and isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
     try:
         return ast.unparse(tree)
@@ -555,8 +580,9 @@ def _literal_call(src: str, names: frozenset[str]) -> tuple[str, ast.Call] | Non
         node = ast.parse(src, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id in names):
+    if not (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+    ):
         return None
     if any(k.arg is None for k in node.keywords):
         return None
@@ -583,7 +609,7 @@ def calls_in(text: str, names: frozenset[str]) -> list[tuple[str, str, ast.Call]
         end = _call_end(text, m.end() - 1)
         if end is None:
             continue
-        got = _literal_call(text[m.start():end], names)
+        got = _literal_call(text[m.start() : end], names)
         if got is not None:
             out.append((got[0], ast.unparse(got[1]), got[1]))
     return out
@@ -607,8 +633,14 @@ def _type_of_value(v: Any) -> str | None:
         return "bool"
     if isinstance(v, list):
         return "list_str" if v and all(isinstance(x, str) for x in v) else "list"
-    for key, t in (("int", int), ("float", float), ("str", str), ("dict", dict),
-                   ("tuple", tuple), ("set", set)):
+    for key, t in (
+        ("int", int),
+        ("float", float),
+        ("str", str),
+        ("dict", dict),
+        ("tuple", tuple),
+        ("set", set),
+    ):
         if isinstance(v, t):
             return key
     return None
@@ -629,14 +661,51 @@ def _type_of_annotation(node: ast.expr | None) -> str | None:
     return {"mapping": "dict", "frozenset": "set"}.get(head)
 
 
-_STR_METHODS = frozenset({"split", "upper", "lower", "strip", "lstrip", "rstrip", "replace",
-                          "startswith", "endswith", "isdigit", "isalpha", "join", "title",
-                          "capitalize", "casefold", "encode", "find", "splitlines", "isupper",
-                          "islower", "isspace", "zfill"})
+_STR_METHODS = frozenset(
+    {
+        "split",
+        "upper",
+        "lower",
+        "strip",
+        "lstrip",
+        "rstrip",
+        "replace",
+        "startswith",
+        "endswith",
+        "isdigit",
+        "isalpha",
+        "join",
+        "title",
+        "capitalize",
+        "casefold",
+        "encode",
+        "find",
+        "splitlines",
+        "isupper",
+        "islower",
+        "isspace",
+        "zfill",
+    }
+)
 _DICT_METHODS = frozenset({"items", "keys", "values", "get", "setdefault"})
 _LIST_METHODS = frozenset({"append", "sort", "pop", "extend", "insert", "remove"})
-_SEQUENCE_FUNCS = frozenset({"len", "sorted", "sum", "max", "min", "set", "enumerate",
-                             "reversed", "list", "tuple", "any", "all", "zip"})
+_SEQUENCE_FUNCS = frozenset(
+    {
+        "len",
+        "sorted",
+        "sum",
+        "max",
+        "min",
+        "set",
+        "enumerate",
+        "reversed",
+        "list",
+        "tuple",
+        "any",
+        "all",
+        "zip",
+    }
+)
 
 
 def _type_from_body(fn: ast.FunctionDef, param: str) -> str | None:
@@ -649,10 +718,18 @@ def _type_from_body(fn: ast.FunctionDef, param: str) -> str | None:
 
     for node in ast.walk(fn):
         if isinstance(node, ast.Attribute) and named(node.value):
-            found.add("str" if node.attr in _STR_METHODS else "dict" if node.attr in
-                      _DICT_METHODS else "list" if node.attr in _LIST_METHODS else "")
+            found.add(
+                "str"
+                if node.attr in _STR_METHODS
+                else "dict"
+                if node.attr in _DICT_METHODS
+                else "list"
+                if node.attr in _LIST_METHODS
+                else ""
+            )
         elif (isinstance(node, ast.Subscript) and named(node.value)) or (
-                isinstance(node, ast.For | ast.comprehension) and named(node.iter)):
+            isinstance(node, ast.For | ast.comprehension) and named(node.iter)
+        ):
             found.add("list")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             if node.func.id in _SEQUENCE_FUNCS and node.args and named(node.args[0]):
@@ -661,8 +738,11 @@ def _type_from_body(fn: ast.FunctionDef, param: str) -> str | None:
                 found.add("int")
         elif isinstance(node, ast.BinOp) and (named(node.left) or named(node.right)):
             other = node.right if named(node.left) else node.left
-            if isinstance(other, ast.Constant) and isinstance(other.value, int | float) and \
-                    not isinstance(other.value, bool):
+            if (
+                isinstance(other, ast.Constant)
+                and isinstance(other.value, int | float)
+                and not isinstance(other.value, bool)
+            ):
                 found.add("int")
     return next((t for t in ("str", "dict", "list", "int") if t in found), None)
 
@@ -675,7 +755,7 @@ def generated_calls(fn: ast.FunctionDef, seen: Sequence[ast.Call], count: int) -
     if any(d is None for d in a.kw_defaults) or count <= 0:
         return []  # a required keyword-only argument: nothing to build it from
     params = [*a.posonlyargs, *a.args]
-    params = params[:len(params) - len(a.defaults)]
+    params = params[: len(params) - len(a.defaults)]
     types = []
     for i, p in enumerate(params):
         t = _type_of_annotation(p.annotation)
@@ -704,8 +784,8 @@ class CodeLabel:
     code: str
     functions: tuple[str, ...]
     target: str | None
-    calls: tuple[tuple[str, str], ...]   # (function, call source)
-    sources: Mapping[str, int]           # how many calls came from where
+    calls: tuple[tuple[str, str], ...]  # (function, call source)
+    sources: Mapping[str, int]  # how many calls came from where
     normalized: str
 
 
@@ -735,8 +815,9 @@ def code_label(code: str, reference_text: str, prompt: str) -> CodeLabel:
             if (fn.name, src) not in calls:
                 calls.append((fn.name, src))
                 sources["generated"] += 1
-    return CodeLabel(code, tuple(f.name for f in fns), target, tuple(calls), sources,
-                     normalized_code(code))
+    return CodeLabel(
+        code, tuple(f.name for f in fns), target, tuple(calls), sources, normalized_code(code)
+    )
 
 
 # -- the label and the grade ------------------------------------------------------------------
@@ -776,9 +857,15 @@ def reference_label(reference: Answer, prompt: str = "") -> Label:
     if found:
         return Label(JSON_VALUE, where, value=value)
     facts, capped = facts_of(text, prompt)
-    why = ("" if facts else "the reference answered nothing" if not text.strip() and not
-           reference.tool_calls else "the reference's answer copies no fact from the prompt"
-           if prompt else "no prompt text to find facts in")
+    why = (
+        ""
+        if facts
+        else "the reference answered nothing"
+        if not text.strip() and not reference.tool_calls
+        else "the reference's answer copies no fact from the prompt"
+        if prompt
+        else "no prompt text to find facts in"
+    )
     return Label(FACTS, "free text", facts=tuple(facts), facts_capped=capped, why_ungraded=why)
 
 
@@ -809,12 +896,16 @@ def _grade_tools(label: Label, answer: Answer) -> Grade:
     assert label.calls is not None
     want = label.calls.calls
     got = tool_calls_of(answer) or Calls((), "no call in the answer")
-    detail = _detail(TOOL_ARGS, reference_from=label.calls.source, answer_from=got.source,
-                     calls=len(want))
+    detail = _detail(
+        TOOL_ARGS, reference_from=label.calls.source, answer_from=got.source, calls=len(want)
+    )
     problems = list(got.problems[:3])
     if len(got.calls) != len(want):
-        problems.insert(0, f"{len(want)} call(s) expected, {len(got.calls)} made "
-                           f"({[n for n, _ in got.calls][:5]} for {[n for n, _ in want][:5]})")
+        problems.insert(
+            0,
+            f"{len(want)} call(s) expected, {len(got.calls)} made "
+            f"({[n for n, _ in got.calls][:5]} for {[n for n, _ in want][:5]})",
+        )
     else:
         problems = []
         for i, ((wn, wa), (gn, ga)) in enumerate(zip(want, got.calls, strict=True), 1):
@@ -827,25 +918,44 @@ def _grade_tools(label: Label, answer: Answer) -> Grade:
                 break
     if problems:
         return Grade(False, "; ".join(problems) + f" (from {got.source})", 0.0, detail)
-    return Grade(True, f"the same {len(want)} call(s) with the same arguments as the reference "
-                       f"(from {got.source})", 1.0, detail)
+    return Grade(
+        True,
+        f"the same {len(want)} call(s) with the same arguments as the reference "
+        f"(from {got.source})",
+        1.0,
+        detail,
+    )
 
 
 def _grade_facts(label: Label, answer: Answer) -> Grade:
     facts = label.facts
     if not facts:
-        return Grade(False, f"ungraded: {label.why_ungraded}", None,
-                     _detail(FACTS, ungraded=True, facts=[]))
+        return Grade(
+            False, f"ungraded: {label.why_ungraded}", None, _detail(FACTS, ungraded=True, facts=[])
+        )
     missing = missing_facts(facts, answer_text(answer.text))
-    detail = _detail(FACTS, facts=[f.text for f in facts], capped=label.facts_capped,
-                     missing=[f.text for f in missing][:10])
+    detail = _detail(
+        FACTS,
+        facts=[f.text for f in facts],
+        capped=label.facts_capped,
+        missing=[f.text for f in missing][:10],
+    )
     score = 1 - len(missing) / len(facts)
     if missing:
         shown = ", ".join(repr(f.text[:40]) for f in missing[:5])
-        return Grade(False, f"missing {len(missing)} of {len(facts)} fact(s) the reference took "
-                            f"from the prompt: {shown}", score, detail)
-    return Grade(True, f"all {len(facts)} fact(s) the reference took from the prompt are in "
-                       "the answer", 1.0, detail)
+        return Grade(
+            False,
+            f"missing {len(missing)} of {len(facts)} fact(s) the reference took "
+            f"from the prompt: {shown}",
+            score,
+            detail,
+        )
+    return Grade(
+        True,
+        f"all {len(facts)} fact(s) the reference took from the prompt are in the answer",
+        1.0,
+        detail,
+    )
 
 
 def _grade_code(label: CodeLabel, answer: Answer) -> Grade:
@@ -859,23 +969,38 @@ def _grade_code(label: CodeLabel, answer: Answer) -> Grade:
         return Grade(False, f"the answer's code does not parse: {exc}"[:300], 0.0, _detail(rule))
     if code.strip() == label.code.strip():
         # Most A/A answers, and many candidates': nothing to run to know they behave the same.
-        return Grade(True, "the same code as the reference's (identical text)", 1.0,
-                     _detail(rule, identical=True))
+        return Grade(
+            True,
+            "the same code as the reference's (identical text)",
+            1.0,
+            _detail(rule, identical=True),
+        )
     same_text = normalized_code(code) == label.normalized
     if not label.calls:
-        why = ("the reference defines no function" if not label.functions else
-               "no call of the reference's function could be built")
-        return Grade(same_text, f"no behaviour to compare ({why}): the normalized code "
-                                f"{'is equal' if same_text else 'differs'}",
-                     1.0 if same_text else 0.0, _detail(CODE_TEXT))
+        why = (
+            "the reference defines no function"
+            if not label.functions
+            else "no call of the reference's function could be built"
+        )
+        return Grade(
+            same_text,
+            f"no behaviour to compare ({why}): the normalized code "
+            f"{'is equal' if same_text else 'differs'}",
+            1.0 if same_text else 0.0,
+            _detail(CODE_TEXT),
+        )
     mine = [f.name for f in _functions(tree)]
     aliases = {}
-    if label.target and label.target not in mine and len(mine) == 1 and \
-            len(label.functions) == 1:
+    if label.target and label.target not in mine and len(mine) == 1 and len(label.functions) == 1:
         aliases[label.target] = mine[0]  # the same function under the answer's own name
-    plan = {"reference_code": label.code, "candidate_code": code,
-            "calls": [list(c) for c in label.calls], "aliases": aliases,
-            "sources": dict(label.sources), "code_text_equal": same_text}
+    plan = {
+        "reference_code": label.code,
+        "candidate_code": code,
+        "calls": [list(c) for c in label.calls],
+        "aliases": aliases,
+        "sources": dict(label.sources),
+        "code_text_equal": same_text,
+    }
     return Grade(False, "code not run yet", 0.0, _detail(CODE, code_plan=plan))
 
 
@@ -885,7 +1010,7 @@ def _grade_code(label: CodeLabel, answer: Answer) -> Grade:
 # gives proxies that call the solution in its own process with literal values (see
 # _sandbox.py). Each call is under an alarm, its value made canonical (so 3 and 3.0 agree as
 # they do in Python, and dict order does not matter).
-_RUNNER = r'''
+_RUNNER = r"""
 import hashlib as _kvc_hashlib
 import json as _kvc_json
 import os as _kvc_os
@@ -965,11 +1090,11 @@ def _kvc_all():
         except _KvcTimeout:  # the alarm landed between the call and its cancellation
             out.append("times out")
     return out
-'''
+"""
 
 # The reference's outcomes come back on stdout, after a marker: the last thing written there,
 # so that the capture's tail keeps it whatever the code printed before.
-_REPORT = r'''
+_REPORT = r"""
 _kvc_line = (_KVC_MARKER + _kvc_json.dumps(_kvc_all()) + "\n").encode()
 for _kvc_stream in (_kvc_sys.stdout, _kvc_sys.stderr):
     try:
@@ -983,11 +1108,11 @@ try:
     _kvc_os.dup2(_kvc_null, 2)
 except OSError:
     pass
-'''
+"""
 
 # The answer's outcomes are compared inside its sandbox: pass or fail comes back through the
 # sandbox's nonce channel, which nothing the code prints can forge.
-_COMPARE = r'''
+_COMPARE = r"""
 _kvc_got = _kvc_all()
 _kvc_bad = [i for i, (w, g) in enumerate(zip(_KVC_EXPECTED, _kvc_got)) if w != g]
 if _kvc_bad:
@@ -995,16 +1120,19 @@ if _kvc_bad:
     raise AssertionError("%d of %d call(s) differ; first %s: the reference's code %s, this "
                          "code %s" % (len(_kvc_bad), len(_KVC_CALLS), _KVC_CALLS[_kvc_i][1],
                                       _KVC_EXPECTED[_kvc_i][:100], _kvc_got[_kvc_i][:100]))
-'''
+"""
 
 
 def _header(calls: Sequence[tuple[str, str]], aliases: Mapping[str, str]) -> str:
-    return (f"_KVC_CALLS = {[tuple(c) for c in calls]!r}\n_KVC_ALIASES = {dict(aliases)!r}\n"
-            f"_KVC_CALL_S = {CALL_TIME_S!r}\n_KVC_MAX_CHARS = {_OUTCOME_CHARS!r}\n")
+    return (
+        f"_KVC_CALLS = {[tuple(c) for c in calls]!r}\n_KVC_ALIASES = {dict(aliases)!r}\n"
+        f"_KVC_CALL_S = {CALL_TIME_S!r}\n_KVC_MAX_CHARS = {_OUTCOME_CHARS!r}\n"
+    )
 
 
-def reference_outcomes(code: str, calls: Sequence[tuple[str, str]],
-                       limits: SandboxLimits = CODE_LIMITS) -> list[str] | str:
+def reference_outcomes(
+    code: str, calls: Sequence[tuple[str, str]], limits: SandboxLimits = CODE_LIMITS
+) -> list[str] | str:
     """The outcome of each call on the reference's code, or why there are none."""
     marker = f"kvc-outcomes-{secrets.token_hex(8)} "
     tests = _header(calls, {}) + f"_KVC_MARKER = {marker!r}\n" + _RUNNER + _REPORT
@@ -1014,24 +1142,29 @@ def reference_outcomes(code: str, calls: Sequence[tuple[str, str]],
     for line in reversed(res.stdout.splitlines()):
         if line.startswith(marker):
             try:
-                out = json.loads(line[len(marker):])
+                out = json.loads(line[len(marker) :])
             except ValueError:
                 break
-            if isinstance(out, list) and len(out) == len(calls) and \
-                    all(isinstance(x, str) for x in out):
+            if (
+                isinstance(out, list)
+                and len(out) == len(calls)
+                and all(isinstance(x, str) for x in out)
+            ):
                 return out
             break
     return "reported no outcomes"
 
 
-def run_code_plan(plan: Mapping[str, Any], limits: SandboxLimits = CODE_LIMITS,
-                  cache: MutableMapping[str, list[str] | str] | None = None) -> Grade:
+def run_code_plan(
+    plan: Mapping[str, Any],
+    limits: SandboxLimits = CODE_LIMITS,
+    cache: MutableMapping[str, list[str] | str] | None = None,
+) -> Grade:
     """Run a ``code_plan`` (see ``grade_label``): the reference's code once per plan (cached
     across the targets graded against it), then the answer's code against its outcomes."""
     calls = [(str(n), str(s)) for n, s in plan["calls"]]
     ref_code = str(plan["reference_code"])
-    key = hashlib.sha256(json.dumps([ref_code, calls]).encode("utf-8", "surrogatepass")
-                         ).hexdigest()
+    key = hashlib.sha256(json.dumps([ref_code, calls]).encode("utf-8", "surrogatepass")).hexdigest()
     expected = cache.get(key) if cache is not None else None
     if expected is None:
         expected = reference_outcomes(ref_code, calls, limits)
@@ -1042,27 +1175,52 @@ def run_code_plan(plan: Mapping[str, Any], limits: SandboxLimits = CODE_LIMITS,
     src = {k: int(v) for k, v in dict(plan.get("sources") or {}).items()}
     if isinstance(expected, str):
         same = bool(plan.get("code_text_equal"))
-        return Grade(same, f"no behaviour to compare (the reference's code {expected}): the "
-                           f"normalized code {'is equal' if same else 'differs'}"[:300],
-                     1.0 if same else 0.0, _detail(CODE_TEXT))
-    tests = (_header(calls, plan.get("aliases") or {}) + f"_KVC_EXPECTED = {expected!r}\n"
-             + _RUNNER + _COMPARE)
+        return Grade(
+            same,
+            f"no behaviour to compare (the reference's code {expected}): the "
+            f"normalized code {'is equal' if same else 'differs'}"[:300],
+            1.0 if same else 0.0,
+            _detail(CODE_TEXT),
+        )
+    tests = (
+        _header(calls, plan.get("aliases") or {})
+        + f"_KVC_EXPECTED = {expected!r}\n"
+        + _RUNNER
+        + _COMPARE
+    )
     res = run_python(str(plan["candidate_code"]), tests, limits)
-    detail = _detail(CODE, calls=[s for _, s in calls],
-                     reference_outcomes=[o[:100] for o in expected], sources=src,
-                     isolation=res.isolation, duration_s=round(res.duration_s, 3))
+    detail = _detail(
+        CODE,
+        calls=[s for _, s in calls],
+        reference_outcomes=[o[:100] for o in expected],
+        sources=src,
+        isolation=res.isolation,
+        duration_s=round(res.duration_s, 3),
+    )
     if res.passed:
-        where = ", ".join(f"{n} {w}" for w, n in (("from the prompt", src.get("prompt", 0)),
-                                                  ("from the reference's answer",
-                                                   src.get("reference", 0)),
-                                                  ("generated", src.get("generated", 0))) if n)
-        return Grade(True, f"the same outcome as the reference's code on all {len(calls)} "
-                           f"call(s) ({where})", 1.0, detail)
+        where = ", ".join(
+            f"{n} {w}"
+            for w, n in (
+                ("from the prompt", src.get("prompt", 0)),
+                ("from the reference's answer", src.get("reference", 0)),
+                ("generated", src.get("generated", 0)),
+            )
+            if n
+        )
+        return Grade(
+            True,
+            f"the same outcome as the reference's code on all {len(calls)} call(s) ({where})",
+            1.0,
+            detail,
+        )
     return Grade(False, res.reason, 0.0, detail)
 
 
-def finish(grade: Grade, limits: SandboxLimits = CODE_LIMITS,
-           cache: MutableMapping[str, list[str] | str] | None = None) -> Grade:
+def finish(
+    grade: Grade,
+    limits: SandboxLimits = CODE_LIMITS,
+    cache: MutableMapping[str, list[str] | str] | None = None,
+) -> Grade:
     """The final grade: a pending code comparison is run in the sandbox, others pass as is."""
     plan = grade.detail.get("code_plan")
     if not isinstance(plan, Mapping):
@@ -1079,9 +1237,14 @@ def finish(grade: Grade, limits: SandboxLimits = CODE_LIMITS,
 
 def derived_spec(reference: Answer, prompt: str) -> dict[str, Any]:
     """What the Grader's worker needs to grade answers against ``reference``."""
-    return {"type": DERIVED_TYPE, "prompt": prompt, "reference": {
-        "text": reference.text,
-        "calls": [[c.index, c.id, c.name, c.arguments] for c in reference.tool_calls]}}
+    return {
+        "type": DERIVED_TYPE,
+        "prompt": prompt,
+        "reference": {
+            "text": reference.text,
+            "calls": [[c.index, c.id, c.name, c.arguments] for c in reference.tool_calls],
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -1094,25 +1257,34 @@ class Derived:
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> Derived:
         ref = spec["reference"]
-        calls = tuple(ToolCall(index=int(i), id=None if d is None else str(d), name=str(n),
-                               arguments=str(a)) for i, d, n, a in ref.get("calls", []))
+        calls = tuple(
+            ToolCall(index=int(i), id=None if d is None else str(d), name=str(n), arguments=str(a))
+            for i, d, n, a in ref.get("calls", [])
+        )
         return cls(reference_label(Answer(str(ref["text"]), calls), str(spec.get("prompt", ""))))
 
     def grade(self, answer: Answer) -> Grade:
         return grade_label(self.label, answer)
 
 
-def derive(reference: Answer, answer: Answer, prompt: str = "", *,
-           limits: SandboxLimits = CODE_LIMITS,
-           cache: MutableMapping[str, list[str] | str] | None = None,
-           max_chars: int = MAX_ANSWER_CHARS) -> Grade:
+def derive(
+    reference: Answer,
+    answer: Answer,
+    prompt: str = "",
+    *,
+    limits: SandboxLimits = CODE_LIMITS,
+    cache: MutableMapping[str, list[str] | str] | None = None,
+    max_chars: int = MAX_ANSWER_CHARS,
+) -> Grade:
     """The derived grade of ``answer``, all in this process (no time limit on the parsing:
     ``Grader.grade_derived`` has one). Size-capped; whatever a rule raises is the grade."""
     for who, a in (("the reference's answer", reference), ("the answer", answer)):
         size = answer_size(a)
         if size > max_chars:
-            return checker_error("size", f"{who} is too long to grade: {size:,} characters "
-                                         f"(the limit is {max_chars:,})")
+            return checker_error(
+                "size",
+                f"{who} is too long to grade: {size:,} characters (the limit is {max_chars:,})",
+            )
     try:
         grade = Derived(reference_label(reference, prompt)).grade(answer)
     except Exception as exc:  # the answer's grade, as for every checker
@@ -1126,8 +1298,13 @@ def derived_record(grade: Grade, exact: bool | None = None) -> dict[str, Any]:
     detail = dict(grade.detail)
     rule = str(detail.pop("rule", UNKNOWN_RULE))
     ungraded = bool(detail.pop("ungraded", False))
-    return {"rule": rule, "passed": None if ungraded else grade.passed,
-            "reason": _clean(grade.reason), "exact": exact, "detail": _clean(detail)}
+    return {
+        "rule": rule,
+        "passed": None if ungraded else grade.passed,
+        "reason": _clean(grade.reason),
+        "exact": exact,
+        "detail": _clean(detail),
+    }
 
 
 def _clean(value: Any) -> Any:

@@ -112,25 +112,25 @@ from typing import IO, Literal
 
 @dataclass(frozen=True, slots=True)
 class SandboxLimits:
-    wall_s: float = 10.0        # wall-clock timeout, the whole process tree is killed after it
-    cpu_s: int = 5              # RLIMIT_CPU
-    memory_mb: int = 512        # RLIMIT_AS
-    file_size_mb: int = 1       # RLIMIT_FSIZE
-    max_procs: int = 0          # extra processes (threads count) the code may create; 0 = no fork
-    output_kb: int = 64         # stdout/stderr kept (truncated beyond)
+    wall_s: float = 10.0  # wall-clock timeout, the whole process tree is killed after it
+    cpu_s: int = 5  # RLIMIT_CPU
+    memory_mb: int = 512  # RLIMIT_AS
+    file_size_mb: int = 1  # RLIMIT_FSIZE
+    max_procs: int = 0  # extra processes (threads count) the code may create; 0 = no fork
+    output_kb: int = 64  # stdout/stderr kept (truncated beyond)
 
 
 @dataclass(frozen=True, slots=True)
 class SandboxResult:
-    passed: bool                # tests ran to completion with exit 0
-    reason: str                 # "tests passed", "AssertionError: ...", "timed out after 10 s", ...
+    passed: bool  # tests ran to completion with exit 0
+    reason: str  # "tests passed", "AssertionError: ...", "timed out after 10 s", ...
     returncode: int | None
     stdout: str
     stderr: str
     timed_out: bool
     duration_s: float
-    network_isolated: bool      # True when the code ran in its own network namespace
-    isolation: str              # what isolation was in force
+    network_isolated: bool  # True when the code ran in its own network namespace
+    isolation: str  # what isolation was in force
     namespaces_locked: bool = False  # the code could create no namespace (seccomp filter)
 
 
@@ -139,7 +139,7 @@ Mode = Literal["root-ns", "user-ns", "root-uid", "plain"]
 _ENV_PATH = "/usr/bin:/bin"
 _UID_BASE, _UID_COUNT = 61000, 2000
 _OPEN_FILES = 256
-_SETUP_FAILED = 125          # the namespace init's exit status when it could not set up
+_SETUP_FAILED = 125  # the namespace init's exit status when it could not set up
 _REASON_MAX = 300
 _TOOLS = ("unshare", "setpriv", "prlimit", "mount", "cp", "env")
 
@@ -177,8 +177,8 @@ exit $?
 """
 
 _HARNESS_FILE = "kvc_harness.py"
-_CHANNEL_MAX = 65536         # bytes read back from the result pipe (the harness writes ~100)
-_HARNESS_PROCS = 2           # the test runner and the solution server
+_CHANNEL_MAX = 65536  # bytes read back from the result pipe (the harness writes ~100)
+_HARNESS_PROCS = 2  # the test runner and the solution server
 
 
 @functools.cache
@@ -210,7 +210,7 @@ _plan_lock = threading.Lock()
 
 
 def _plan() -> _Plan:
-    with _plan_lock:            # one probe, even when the first runs start together
+    with _plan_lock:  # one probe, even when the first runs start together
         return _choose_plan()
 
 
@@ -221,28 +221,50 @@ def _choose_plan() -> _Plan:
     if os.geteuid() != 0:
         why = f"missing {', '.join(missing)}" if missing else _probe("user-ns", sys.executable)
         if why is None:
-            return _Plan("user-ns", sys.executable, "user+net+pid+mount namespaces (read-only "
-                         "filesystem, tmpfs /tmp, no capabilities), rlimits")
-        return _Plan("plain", sys.executable, f"rlimits only (no network namespace: {why}; "
-                     "process limit approximate, this user's files writable)")
+            return _Plan(
+                "user-ns",
+                sys.executable,
+                "user+net+pid+mount namespaces (read-only "
+                "filesystem, tmpfs /tmp, no capabilities), rlimits",
+            )
+        return _Plan(
+            "plain",
+            sys.executable,
+            f"rlimits only (no network namespace: {why}; "
+            "process limit approximate, this user's files writable)",
+        )
     pythons = _unprivileged_pythons()
     if not pythons:
-        return _Plan("plain", sys.executable, "rlimits only, as root (no network namespace, "
-                     "no Python that an unprivileged uid can run)")
+        return _Plan(
+            "plain",
+            sys.executable,
+            "rlimits only, as root (no network namespace, "
+            "no Python that an unprivileged uid can run)",
+        )
     why = f"missing {', '.join(missing)}" if missing else "not probed"
-    for python in ([] if missing else pythons):
+    for python in [] if missing else pythons:
         why = _probe("root-ns", python)
         if why is None:
-            return _Plan("root-ns", python, "net+pid+mount namespaces (read-only filesystem, "
-                         "tmpfs /tmp), unprivileged uid, rlimits")
-    return _Plan("root-uid", pythons[0], f"unprivileged uid+rlimits only (no network "
-                 f"namespace: {why}; world-writable directories writable)")
+            return _Plan(
+                "root-ns",
+                python,
+                "net+pid+mount namespaces (read-only filesystem, "
+                "tmpfs /tmp), unprivileged uid, rlimits",
+            )
+    return _Plan(
+        "root-uid",
+        pythons[0],
+        f"unprivileged uid+rlimits only (no network "
+        f"namespace: {why}; world-writable directories writable)",
+    )
 
 
 def _probe(mode: Mode, python: str) -> str | None:
     """None when ``mode`` works with ``python`` (and really has no network), else why not."""
-    tests = ("import socket\n"
-             "assert [n for _, n in socket.if_nameindex()] == ['lo'], socket.if_nameindex()\n")
+    tests = (
+        "import socket\n"
+        "assert [n for _, n in socket.if_nameindex()] == ['lo'], socket.if_nameindex()\n"
+    )
     try:
         res = _execute(_Plan(mode, python, mode), "", tests, SandboxLimits(wall_s=30))
     except OSError as exc:
@@ -252,8 +274,11 @@ def _probe(mode: Mode, python: str) -> str | None:
 
 def _unprivileged_pythons() -> list[str]:
     """Interpreters any uid may run (the venv's may live under root's 0700 home)."""
-    candidates = [sys.executable, getattr(sys, "_base_executable", sys.executable),
-                  shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or ""]
+    candidates = [
+        sys.executable,
+        getattr(sys, "_base_executable", sys.executable),
+        shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "",
+    ]
     found: list[str] = []
     for c in candidates:
         real = os.path.realpath(c) if c else ""
@@ -296,8 +321,7 @@ def _write_files(workdir: Path, code: str, tests: str, owner: int | None) -> Non
         os.chown(workdir, owner, owner)
 
 
-def _supervise(plan: _Plan, workdir: Path, uid: int | None,
-               limits: SandboxLimits) -> SandboxResult:
+def _supervise(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits) -> SandboxResult:
     nonce = secrets.token_hex(16).encode()
     nonce_r, nonce_w = os.pipe()
     try:
@@ -313,11 +337,20 @@ def _supervise(plan: _Plan, workdir: Path, uid: int | None,
         argv, preexec, user = _command(plan, workdir, uid, limits, (nonce_r, result_w))
         home = "/tmp" if plan.namespaces else str(workdir)
         start = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(home),
-                                start_new_session=True, preexec_fn=preexec, user=user,
-                                group=user, extra_groups=None if user is None else [],
-                                pass_fds=(nonce_r, result_w))
+        proc = subprocess.Popen(
+            argv,
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(home),
+            start_new_session=True,
+            preexec_fn=preexec,
+            user=user,
+            group=user,
+            extra_groups=None if user is None else [],
+            pass_fds=(nonce_r, result_w),
+        )
     except BaseException:
         os.close(result_r)
         raise
@@ -332,8 +365,15 @@ def _supervise(plan: _Plan, workdir: Path, uid: int | None,
         os.close(result_r)
 
 
-def _watch(plan: _Plan, proc: subprocess.Popen[bytes], start: float, uid: int | None,
-           limits: SandboxLimits, result_r: int, nonce: bytes) -> SandboxResult:
+def _watch(
+    plan: _Plan,
+    proc: subprocess.Popen[bytes],
+    start: float,
+    uid: int | None,
+    limits: SandboxLimits,
+    result_r: int,
+    nonce: bytes,
+) -> SandboxResult:
     assert proc.stdout is not None and proc.stderr is not None
     out = _Capture(proc.stdout, limits.output_kb * 1024)
     err = _Capture(proc.stderr, limits.output_kb * 1024)
@@ -355,14 +395,23 @@ def _watch(plan: _Plan, proc: subprocess.Popen[bytes], start: float, uid: int | 
     lock, completed = _read_channel(result_r, nonce)
     stdout, stderr = out.text(), err.text()
     passed = not timed_out and returncode == 0 and completed
-    isolation = plan.isolation + (", no new namespaces (seccomp)" if lock == "ok" else
-                                  f", namespace creation not blocked ({lock})")
+    isolation = plan.isolation + (
+        ", no new namespaces (seccomp)"
+        if lock == "ok"
+        else f", namespace creation not blocked ({lock})"
+    )
     return SandboxResult(
         passed=passed,
         reason=_reason(passed, timed_out, returncode, completed, stderr, limits),
-        returncode=returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
-        duration_s=duration, network_isolated=plan.namespaces, isolation=isolation,
-        namespaces_locked=lock == "ok")
+        returncode=returncode,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=timed_out,
+        duration_s=duration,
+        network_isolated=plan.namespaces,
+        isolation=isolation,
+        namespaces_locked=lock == "ok",
+    )
 
 
 def _read_channel(fd: int, nonce: bytes) -> tuple[str, bool]:
@@ -380,20 +429,24 @@ def _read_channel(fd: int, nonce: bytes) -> tuple[str, bool]:
     return lock, secrets.compare_digest(rest, nonce)
 
 
-def _command(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits,
-             channel: tuple[int, int]) -> tuple[list[str], Callable[[], None] | None, int | None]:
+def _command(
+    plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits, channel: tuple[int, int]
+) -> tuple[list[str], Callable[[], None] | None, int | None]:
     """argv, the preexec hook setting rlimits (modes without namespaces) and the uid to run as."""
     python = [plan.python, "-I", "-S", "-B", _HARNESS_FILE, *map(str, channel)]
     if not plan.namespaces:
         nproc = _HARNESS_PROCS + limits.max_procs
-        if plan.mode == "plain":        # the limit counts this user's tasks, our 2 readers too
+        if plan.mode == "plain":  # the limit counts this user's tasks, our 2 readers too
             nproc += _tasks_of_uid(os.getuid()) + 2
         return python, functools.partial(_set_rlimits, limits, nproc), uid
     unshare = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
     if plan.mode == "user-ns":
         unshare[1:1] = ["--user", "--map-root-user"]
-        drop = ["setpriv", "--securebits=+noroot,+noroot_locked,+no_setuid_fixup,"
-                "+no_setuid_fixup_locked,+keep_caps_locked"]
+        drop = [
+            "setpriv",
+            "--securebits=+noroot,+noroot_locked,+no_setuid_fixup,"
+            "+no_setuid_fixup_locked,+keep_caps_locked",
+        ]
         owner, nproc = 0, 2 + _HARNESS_PROCS + limits.max_procs  # unshare, the init shell too
     else:
         assert uid is not None
@@ -401,9 +454,24 @@ def _command(plan: _Plan, workdir: Path, uid: int | None, limits: SandboxLimits,
         owner, nproc = uid, _HARNESS_PROCS + limits.max_procs
     drop += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     tmpfs_kib = 1024 * max(4, 4 * limits.file_size_mb)
-    argv = [*unshare, "--", "/bin/sh", "-c", _INIT, "kvcanary-sandbox", str(tmpfs_kib),
-            str(owner), "prlimit", *_prlimit_args(limits, nproc), "--",
-            "env", "-i", *(f"{k}={v}" for k, v in _env("/tmp").items()), *drop, *python]
+    argv = [
+        *unshare,
+        "--",
+        "/bin/sh",
+        "-c",
+        _INIT,
+        "kvcanary-sandbox",
+        str(tmpfs_kib),
+        str(owner),
+        "prlimit",
+        *_prlimit_args(limits, nproc),
+        "--",
+        "env",
+        "-i",
+        *(f"{k}={v}" for k, v in _env("/tmp").items()),
+        *drop,
+        *python,
+    ]
     return argv, None, None
 
 
@@ -415,14 +483,24 @@ def _rlimits(limits: SandboxLimits, nproc: int) -> dict[str, tuple[int, int]]:
     """prlimit's names -> (soft, hard). The CPU soft limit sends SIGXCPU, the hard one SIGKILL."""
     memory = limits.memory_mb * 1024 * 1024
     fsize = limits.file_size_mb * 1024 * 1024
-    return {"cpu": (limits.cpu_s, limits.cpu_s + 1), "as": (memory, memory),
-            "fsize": (fsize, fsize), "nofile": (_OPEN_FILES, _OPEN_FILES),
-            "nproc": (nproc, nproc), "core": (0, 0)}
+    return {
+        "cpu": (limits.cpu_s, limits.cpu_s + 1),
+        "as": (memory, memory),
+        "fsize": (fsize, fsize),
+        "nofile": (_OPEN_FILES, _OPEN_FILES),
+        "nproc": (nproc, nproc),
+        "core": (0, 0),
+    }
 
 
-_RESOURCE = {"cpu": resource.RLIMIT_CPU, "as": resource.RLIMIT_AS,
-             "fsize": resource.RLIMIT_FSIZE, "nofile": resource.RLIMIT_NOFILE,
-             "nproc": resource.RLIMIT_NPROC, "core": resource.RLIMIT_CORE}
+_RESOURCE = {
+    "cpu": resource.RLIMIT_CPU,
+    "as": resource.RLIMIT_AS,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "nproc": resource.RLIMIT_NPROC,
+    "core": resource.RLIMIT_CORE,
+}
 
 
 def _set_rlimits(limits: SandboxLimits, nproc: int) -> None:
@@ -445,8 +523,14 @@ def _unwrap_shell_status(status: int) -> int:
 # --- reasons ---------------------------------------------------------------------------------
 
 
-def _reason(passed: bool, timed_out: bool, returncode: int | None, completed: bool,
-            stderr: str, limits: SandboxLimits) -> str:
+def _reason(
+    passed: bool,
+    timed_out: bool,
+    returncode: int | None,
+    completed: bool,
+    stderr: str,
+    limits: SandboxLimits,
+) -> str:
     if passed:
         return "tests passed"
     if timed_out:
@@ -482,7 +566,7 @@ def _classify(line: str) -> str:
     """The exception line, prefixed with the limit it points to when it points to one."""
     if "MemoryError" in line or "Cannot allocate memory" in line:
         return f"memory limit: {line}"
-    if "[Errno 27]" in line:                                   # EFBIG
+    if "[Errno 27]" in line:  # EFBIG
         return f"file size limit: {line}"
     if "[Errno 11]" in line or "can't start new thread" in line:  # EAGAIN from fork/clone
         return f"process limit: {line}"
@@ -497,7 +581,7 @@ def _last_line(text: str) -> str:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= _REASON_MAX else text[:_REASON_MAX - 3] + "..."
+    return text if len(text) <= _REASON_MAX else text[: _REASON_MAX - 3] + "..."
 
 
 # --- output ----------------------------------------------------------------------------------

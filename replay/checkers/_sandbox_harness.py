@@ -64,13 +64,24 @@ import types
 from typing import Any, NoReturn
 
 MAX_DEPTH = 100
-MAX_MESSAGE = 16 * 1024 * 1024   # bytes of one call or reply
-MAX_VALUE = 1024 * 1024           # bytes of a module-level value or an exception's args
-_TEXT_MAX = 2000                  # characters of an exception's message
-_BIG = 10 ** 4000                 # larger ints travel in hex (decimal conversion is limited)
-_POLL_MS = 50                     # how often a waiting runner checks that the server lives
-_NO_IMPORT = frozenset({"antigravity", "this", "site", "idlelib", "tkinter", "turtle",
-                        "turtledemo", "__hello__", "__phello__"})
+MAX_MESSAGE = 16 * 1024 * 1024  # bytes of one call or reply
+MAX_VALUE = 1024 * 1024  # bytes of a module-level value or an exception's args
+_TEXT_MAX = 2000  # characters of an exception's message
+_BIG = 10**4000  # larger ints travel in hex (decimal conversion is limited)
+_POLL_MS = 50  # how often a waiting runner checks that the server lives
+_NO_IMPORT = frozenset(
+    {
+        "antigravity",
+        "this",
+        "site",
+        "idlelib",
+        "tkinter",
+        "turtle",
+        "turtledemo",
+        "__hello__",
+        "__phello__",
+    }
+)
 _SEQUENCES: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "f"}
 _BUILD: dict[str, Any] = {"l": list, "t": tuple, "s": set, "f": frozenset}
 _ATOMS = (type(None), bool, str, float)
@@ -122,7 +133,7 @@ def encode(value: object, depth: int = 0) -> Any:
             out += (encode(k, depth + 1), encode(v, depth + 1))
         return out
     for base in _BASES:
-        if isinstance(value, base):      # a subclass travels as its base type
+        if isinstance(value, base):  # a subclass travels as its base type
             return encode(base(value), depth + 1)
     raise Unsendable(f"a {kind.__name__} object")
 
@@ -138,8 +149,10 @@ def decode(node: Any, depth: int = 0) -> Any:
     if tag in _BUILD:
         return _BUILD[tag](decode(v, depth + 1) for v in items)
     if tag == "d" and len(items) % 2 == 0:
-        return {decode(items[i], depth + 1): decode(items[i + 1], depth + 1)
-                for i in range(0, len(items), 2)}
+        return {
+            decode(items[i], depth + 1): decode(items[i + 1], depth + 1)
+            for i in range(0, len(items), 2)
+        }
     if len(items) == 1 and type(items[0]) is str:
         if tag == "i":
             return int(items[0], 16)
@@ -157,7 +170,7 @@ def dumps(data: Any) -> bytes:
 def _write_frame(fd: int, data: bytes) -> None:
     view = memoryview(len(data).to_bytes(4, "big") + data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _text(exc: BaseException) -> str:
@@ -199,7 +212,7 @@ def serve(call_fd: int, reply_fd: int, here: str) -> None:
 
 
 def _read_call(fd: int) -> bytes | None:
-    os.set_blocking(fd, True)   # the solution may have made it non-blocking
+    os.set_blocking(fd, True)  # the solution may have made it non-blocking
     data = b""
     size = None
     while size is None or len(data) < size + 4:
@@ -257,12 +270,22 @@ def _answer(module: types.ModuleType, body: bytes) -> bytes:
         data = dumps(["ok", encode(result), _changed(args, kwargs, before)])
     except Exception as exc:
         why = _text(exc) if isinstance(exc, Unsendable) else f"{type(exc).__name__}: {_text(exc)}"
-        return dumps(["boundary", f"{name}() returned {why}, which cannot leave the solution's "
-                      "process: only literal values can (numbers, strings, bytes, None, and "
-                      "lists, tuples, dicts and sets of them)"])
+        return dumps(
+            [
+                "boundary",
+                f"{name}() returned {why}, which cannot leave the solution's "
+                "process: only literal values can (numbers, strings, bytes, None, and "
+                "lists, tuples, dicts and sets of them)",
+            ]
+        )
     if len(data) > MAX_MESSAGE:
-        return dumps(["boundary", f"{name}() returned {len(data):,} bytes of data, more than "
-                      f"the {MAX_MESSAGE:,} that can leave the solution's process"])
+        return dumps(
+            [
+                "boundary",
+                f"{name}() returned {len(data):,} bytes of data, more than "
+                f"the {MAX_MESSAGE:,} that can leave the solution's process",
+            ]
+        )
     return data
 
 
@@ -278,7 +301,7 @@ def _changed(args: list[Any], kwargs: dict[str, Any], before: dict[int | str, by
         try:
             node = encode(value)
         except Exception:
-            continue             # it now holds what cannot be copied back: left as it was
+            continue  # it now holds what cannot be copied back: left as it was
         if dumps(node) != before.get(key):
             out.append([key, node])
     return out
@@ -319,7 +342,7 @@ class Server:
         self._source, self._here = source, here
         self.pid: int | None = None
         self._call_w = self._reply_r = -1
-        self._ready = False       # started, and its start-up message read
+        self._ready = False  # started, and its start-up message read
 
     def start(self) -> None:
         call_r, self._call_w = os.pipe()
@@ -327,8 +350,18 @@ class Server:
         try:
             for fd in (call_r, reply_w):
                 os.set_inheritable(fd, True)
-            argv = [sys.executable, "-I", "-S", "-B", "-c", self._source, "serve",
-                    str(call_r), str(reply_w), self._here]
+            argv = [
+                sys.executable,
+                "-I",
+                "-S",
+                "-B",
+                "-c",
+                self._source,
+                "serve",
+                str(call_r),
+                str(reply_w),
+                self._here,
+            ]
             self.pid = os.posix_spawn(sys.executable, argv, dict(os.environ))
         finally:
             os.close(call_r)
@@ -352,8 +385,12 @@ class Server:
         """The names the solution exports; the runner ends with the server if it dies first."""
         try:
             reply = self._receive()
-            if not (isinstance(reply, list) and len(reply) == 2 and reply[0] == "hello"
-                    and isinstance(reply[1], list)):
+            if not (
+                isinstance(reply, list)
+                and len(reply) == 2
+                and reply[0] == "hello"
+                and isinstance(reply[1], list)
+            ):
                 self._broken("a malformed start-up message")
         except SandboxBoundaryError as exc:
             _fail(str(exc))
@@ -362,15 +399,18 @@ class Server:
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
-            data = dumps(["call", name, [encode(a) for a in args],
-                          {k: encode(v) for k, v in kwargs.items()}])
+            data = dumps(
+                ["call", name, [encode(a) for a in args], {k: encode(v) for k, v in kwargs.items()}]
+            )
         except Unsendable as why:
-            raise SandboxBoundaryError(f"an argument of {name}() is {why}, which cannot be "
-                                       "passed to the solution's process: only literal values "
-                                       "can") from None
+            raise SandboxBoundaryError(
+                f"an argument of {name}() is {why}, which cannot be "
+                "passed to the solution's process: only literal values "
+                "can"
+            ) from None
         if len(data) > MAX_MESSAGE:
             raise SandboxBoundaryError(f"the arguments of {name}() are too large to pass")
-        _flush()   # what the tests printed so far comes before what the call prints
+        _flush()  # what the tests printed so far comes before what the call prints
         try:
             if not self._ready:
                 self._restart()
@@ -424,7 +464,7 @@ class Server:
         while not poller.poll(_POLL_MS):
             assert self.pid is not None
             status = _status(self.pid, os.WNOHANG)
-            if status is not None:   # it died; a process it forked may hold the pipe open
+            if status is not None:  # it died; a process it forked may hold the pipe open
                 _end_like(status)
 
     def _lost(self) -> NoReturn:
@@ -466,8 +506,11 @@ def _outcome(name: str, reply: Any, args: tuple[Any, ...], kwargs: dict[str, Any
                 _copy_back(args[key] if type(key) is int else kwargs[key], decode(node))
             return value
         if kind == "raise":
-            exc = _exception([str(n) for n in reply[1]],
-                             None if reply[2] is None else decode(reply[2]), str(reply[3]))
+            exc = _exception(
+                [str(n) for n in reply[1]],
+                None if reply[2] is None else decode(reply[2]),
+                str(reply[3]),
+            )
         elif kind == "boundary":
             exc = SandboxBoundaryError(str(reply[1]))
         else:
@@ -557,15 +600,19 @@ def _solution_module(server: Server, exports: list[Any]) -> types.ModuleType:
     for entry in exports:
         try:
             kind, name = entry[0], entry[1]
-            if not (isinstance(name, str) and name.isidentifier()) or \
-                    (name.startswith("__") and name.endswith("__")):
+            if not (isinstance(name, str) and name.isidentifier()) or (
+                name.startswith("__") and name.endswith("__")
+            ):
                 continue
             if kind == "call":
                 value: Any = Remote(server, name)
             elif kind == "value":
                 value = decode(entry[2])
-            elif kind == "module" and name in getattr(sys, "stdlib_module_names", ()) and \
-                    name not in _NO_IMPORT:
+            elif (
+                kind == "module"
+                and name in getattr(sys, "stdlib_module_names", ())
+                and name not in _NO_IMPORT
+            ):
                 value = importlib.import_module(name)
             else:
                 continue
@@ -599,8 +646,10 @@ def _undumpable() -> str:
 
 
 # arch, unshare, clone, clone3, setns, ptrace, process_vm_readv, process_vm_writev, pidfd_getfd
-_SYSCALLS = {"x86_64": (0xC000003E, 272, 56, 435, 308, 101, 310, 311, 438),
-             "aarch64": (0xC00000B7, 97, 220, 435, 268, 117, 270, 271, 438)}
+_SYSCALLS = {
+    "x86_64": (0xC000003E, 272, 56, 435, 308, 101, 310, 311, 438),
+    "aarch64": (0xC00000B7, 97, 220, 435, 268, 117, 270, 271, 438),
+}
 
 
 def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
@@ -609,15 +658,28 @@ def _seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
     new_ns = 0x7E020080  # CLONE_NEW{NS,CGROUP,UTS,IPC,USER,PID,NET,TIME}
     ld, ja, jeq, jge, jset, ret = 0x20, 0x05, 0x15, 0x35, 0x45, 0x06
     return [
-        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, errno | enosys),             # 0-2
-        (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, errno | enosys),       # 3-5
-        (jeq, 0, 1, clone3), (ret, 0, 0, errno | enosys),                          # 6-7
-        (jeq, 5, 0, setns), (jeq, 4, 0, ptrace), (jeq, 3, 0, vm_read),             # 8-10
-        (jeq, 2, 0, vm_write), (jeq, 1, 0, getfd), (ja, 0, 0, 1),                  # 11-13
-        (ret, 0, 0, errno | eperm),                                                # 14
-        (jeq, 2, 0, unshare), (jeq, 1, 0, clone), (ret, 0, 0, allow),              # 15-17
-        (ld, 0, 0, 16), (jset, 0, 1, new_ns), (ret, 0, 0, errno | eperm),          # 18-20
-        (ret, 0, 0, allow),                                                        # 21
+        (ld, 0, 0, 4),
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, errno | enosys),  # 0-2
+        (ld, 0, 0, 0),
+        (jge, 0, 1, 0x40000000),
+        (ret, 0, 0, errno | enosys),  # 3-5
+        (jeq, 0, 1, clone3),
+        (ret, 0, 0, errno | enosys),  # 6-7
+        (jeq, 5, 0, setns),
+        (jeq, 4, 0, ptrace),
+        (jeq, 3, 0, vm_read),  # 8-10
+        (jeq, 2, 0, vm_write),
+        (jeq, 1, 0, getfd),
+        (ja, 0, 0, 1),  # 11-13
+        (ret, 0, 0, errno | eperm),  # 14
+        (jeq, 2, 0, unshare),
+        (jeq, 1, 0, clone),
+        (ret, 0, 0, allow),  # 15-17
+        (ld, 0, 0, 16),
+        (jset, 0, 1, new_ns),
+        (ret, 0, 0, errno | eperm),  # 18-20
+        (ret, 0, 0, allow),  # 21
     ]
 
 
@@ -632,8 +694,12 @@ def _lock_namespaces() -> str:
         program = _seccomp_program(machine)
 
         class Insn(ctypes.Structure):
-            _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte),
-                        ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+            _fields_ = [
+                ("code", ctypes.c_ushort),
+                ("jt", ctypes.c_ubyte),
+                ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint32),
+            ]
 
         class Prog(ctypes.Structure):
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Insn))]
@@ -641,7 +707,7 @@ def _lock_namespaces() -> str:
         insns = (Insn * len(program))(*(Insn(*i) for i in program))
         prog = Prog(len(program), insns)
         prctl = _prctl()
-        if prctl(38, 1, 0, 0, 0) != 0:      # PR_SET_NO_NEW_PRIVS
+        if prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
             return "no_new_privs: " + os.strerror(ctypes.get_errno())
         if prctl(22, 2, ctypes.addressof(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
             return "seccomp: " + os.strerror(ctypes.get_errno())
@@ -698,8 +764,12 @@ def _run(tests: types.CodeType, me: str) -> None:
     exec(tests, namespace)
     for name, fn in list(namespace.items()):
         code = getattr(fn, "__code__", None)
-        if (name.startswith("test_") and code is not None and code.co_argcount == 0
-                and getattr(fn, "__module__", None) == "__main__"):
+        if (
+            name.startswith("test_")
+            and code is not None
+            and code.co_argcount == 0
+            and getattr(fn, "__module__", None) == "__main__"
+        ):
             fn()
 
 

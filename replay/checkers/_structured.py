@@ -17,7 +17,7 @@ _TOOL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 _FENCE = re.compile(r"```(?:[\w+-]*)\n(.*?)```", re.S)
 _OPENER = re.compile(r"[{\[]")
 _TOO_DEEP = "the JSON in the answer is nested too deeply to read"
-_MAX_ERRORS = 100            # schema violations looked at (the first by path is reported)
+_MAX_ERRORS = 100  # schema violations looked at (the first by path is reported)
 
 
 def first_json(text: str) -> Any:
@@ -54,8 +54,13 @@ def remote_ref(schema: Any) -> tuple[str, str] | None:
     stack: list[tuple[str, Any]] = [("", schema)]
     while stack:  # iterative: a schema nested 10,000 deep is still only refused
         path, node = stack.pop()
-        items = (node.items() if isinstance(node, dict)
-                 else enumerate(node) if isinstance(node, list) else ())
+        items = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
         for key, value in items:
             here = f"{path}.{key}" if path else str(key)
             if key in _REF_KEYS and isinstance(value, str) and not value.startswith("#"):
@@ -80,9 +85,12 @@ class JsonSchema:
         remote = remote_ref(schema)
         if remote is not None:
             where, ref = remote
-            raise SpecError(f"schema.{where}", f"{ref!r} is not a local reference: graders "
-                            "fetch nothing (no URL, no file); put the referenced schema under "
-                            "'$defs' and point at it with '#/$defs/NAME'")
+            raise SpecError(
+                f"schema.{where}",
+                f"{ref!r} is not a local reference: graders "
+                "fetch nothing (no URL, no file); put the referenced schema under "
+                "'$defs' and point at it with '#/$defs/NAME'",
+            )
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
@@ -102,14 +110,21 @@ class JsonSchema:
             return Grade(False, str(exc), 0.0)
         # An empty registry that retrieves nothing: without one, jsonschema fetches remote
         # references over the network (spec validation refuses them; this is the backstop).
-        validator = jsonschema.validators.validator_for(self.schema)(self.schema,
-                                                                     registry=Registry())
+        validator = jsonschema.validators.validator_for(self.schema)(
+            self.schema, registry=Registry()
+        )
         try:
-            errors = sorted(itertools.islice(validator.iter_errors(value), _MAX_ERRORS),
-                            key=lambda e: list(e.path))
+            errors = sorted(
+                itertools.islice(validator.iter_errors(value), _MAX_ERRORS),
+                key=lambda e: list(e.path),
+            )
         except Unresolvable as exc:
-            return Grade(False, f"checker error: unresolvable reference in the schema: {exc}",
-                         0.0, {"checker_error": "exception"})
+            return Grade(
+                False,
+                f"checker error: unresolvable reference in the schema: {exc}",
+                0.0,
+                {"checker_error": "exception"},
+            )
         except RecursionError:
             return Grade(False, "the answer's JSON is nested too deeply to validate", 0.0)
         if errors:
@@ -155,11 +170,13 @@ def same(want: Any, got: Any, coerce: bool) -> bool:
     if isinstance(want, dict) and isinstance(got, dict):
         return want.keys() == got.keys() and all(same(want[k], got[k], coerce) for k in want)
     if isinstance(want, list) and isinstance(got, list):
-        return len(want) == len(got) and all(same(a, b, coerce) for a, b in zip(want, got,
-                                                                                strict=True))
+        return len(want) == len(got) and all(
+            same(a, b, coerce) for a, b in zip(want, got, strict=True)
+        )
     if isinstance(want, bool) or isinstance(got, bool):
-        return (type(want) is type(got) and want == got) or (coerce and str(want).lower()
-                                                           == str(got).lower())
+        return (type(want) is type(got) and want == got) or (
+            coerce and str(want).lower() == str(got).lower()
+        )
     if isinstance(want, int | float) and isinstance(got, int | float):
         return float(want) == float(got)
     if coerce:
@@ -212,13 +229,18 @@ class ToolCallCheck:
         remaining = list(got)
         matched, problems = 0, []
         for name, want in self.calls:
-            idx = next((i for i, (n, a) in enumerate(remaining)
-                        if n == name and self.args_ok(want, a)), None)
+            idx = next(
+                (i for i, (n, a) in enumerate(remaining) if n == name and self.args_ok(want, a)),
+                None,
+            )
             if idx is None:
                 same_name = [a for n, a in remaining if n == name]
                 problems.append(
                     f"{name}: arguments {json.dumps(same_name[0])[:200]} != "
-                    f"{json.dumps(want)[:200]}" if same_name else f"missing call {name}")
+                    f"{json.dumps(want)[:200]}"
+                    if same_name
+                    else f"missing call {name}"
+                )
             else:
                 matched += 1
                 remaining.pop(idx)
@@ -264,9 +286,16 @@ class Code:
     def grade(self, answer: Answer) -> Grade:
         from ._sandbox import SandboxLimits, run_python
 
-        res = run_python(extract_code(answer.text), self.tests,
-                         SandboxLimits(wall_s=self.timeout_s, memory_mb=self.memory_mb))
-        detail = {"isolation": res.isolation, "network_isolated": res.network_isolated,
-                  "namespaces_locked": res.namespaces_locked,
-                  "duration_s": round(res.duration_s, 3), "stderr": res.stderr[-500:]}
+        res = run_python(
+            extract_code(answer.text),
+            self.tests,
+            SandboxLimits(wall_s=self.timeout_s, memory_mb=self.memory_mb),
+        )
+        detail = {
+            "isolation": res.isolation,
+            "network_isolated": res.network_isolated,
+            "namespaces_locked": res.namespaces_locked,
+            "duration_s": round(res.duration_s, 3),
+            "stderr": res.stderr[-500:],
+        }
         return Grade(res.passed, res.reason, 1.0 if res.passed else 0.0, detail)

@@ -49,8 +49,11 @@ class Contains:
         values = get(spec, "values", list)
         if not values or not all(isinstance(v, str | int | float) for v in values):
             raise SpecError("values", "must be a non-empty list of strings or numbers")
-        return cls(tuple(str(v) for v in values), get(spec, "all", bool, True),
-                   get(spec, "case_sensitive", bool, False))
+        return cls(
+            tuple(str(v) for v in values),
+            get(spec, "all", bool, True),
+            get(spec, "case_sensitive", bool, False),
+        )
 
     def grade(self, answer: Answer) -> Grade:
         text = answer.text if self.case_sensitive else answer.text.lower()
@@ -60,8 +63,11 @@ class Contains:
         score = len(found) / len(self.values)
         if ok:
             return Grade(True, f"contains {found}", score)
-        return Grade(False, f"missing {missing}" if self.require_all else
-                     f"none of {list(self.values)} found", score)
+        return Grade(
+            False,
+            f"missing {missing}" if self.require_all else f"none of {list(self.values)} found",
+            score,
+        )
 
 
 REGEX_TIMEOUT_S = 1.0
@@ -101,9 +107,14 @@ class Regex:
         try:
             m = match(text, timeout=REGEX_TIMEOUT_S)
         except TimeoutError:
-            return Grade(False, f"checker error: /{str(self.pattern.pattern)[:100]}/ ran over "
-                         f"{REGEX_TIMEOUT_S:g} s on this answer (a backtracking pattern); the "
-                         "answer fails", 0.0, {"checker_error": "timeout"})
+            return Grade(
+                False,
+                f"checker error: /{str(self.pattern.pattern)[:100]}/ ran over "
+                f"{REGEX_TIMEOUT_S:g} s on this answer (a backtracking pattern); the "
+                "answer fails",
+                0.0,
+                {"checker_error": "timeout"},
+            )
         if m:
             return Grade(True, f"matched {str(m.group(0))[:100]!r}", 1.0)
         return Grade(False, f"no match for /{self.pattern.pattern}/", 0.0)

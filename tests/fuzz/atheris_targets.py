@@ -26,14 +26,14 @@ import orjson
 # Only kvcanary's own modules are instrumented: instrumenting everything (numpy, pydantic,
 # aiohttp) takes minutes at start-up, and their coverage is not what is being explored.
 with atheris.instrument_imports(include=["replay"]):
-    from replay._client import _Accumulator
-    from replay._errors import ConfigError, TraceError
-    from replay._importers import load
-    from replay._records import Result
-    from replay._sse import DONE, ProtocolError, SSEDecoder
-    from replay._targets import load_targets_config
-    from replay._trace import parse_line
     from replay.checkers import SpecError, parse_check
+    from replay.core.errors import ConfigError, TraceError
+    from replay.core.importers import load
+    from replay.core.records import Result
+    from replay.core.trace import parse_line
+    from replay.serving.client import _Accumulator
+    from replay.serving.sse import DONE, ProtocolError, SSEDecoder
+    from replay.serving.targets import load_targets_config
 
 # Files the file-reading targets write each input to (the CI test points it at its tmp_path).
 SCRATCH = Path(os.environ.get("KVCANARY_FUZZ_SCRATCH") or tempfile.mkdtemp(prefix="kvcanary-fuzz-"))
@@ -69,14 +69,17 @@ def _trace_file(fmt: str) -> Callable[[bytes], None]:
             return
         for err in loaded.bad:
             _named(err, str(path))
+
     return target
 
 
 def sse(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     decoder = SSEDecoder()
-    acc = _Accumulator(Result(request_id="r", target="t", phase="p", bucket="b",
-                              scheduled=0.0, sent=0.0), lambda: 1.0)
+    acc = _Accumulator(
+        Result(request_id="r", target="t", phase="p", bucket="b", scheduled=0.0, sent=0.0),
+        lambda: 1.0,
+    )
     try:
         while fdp.remaining_bytes():
             for ev in decoder.feed(fdp.ConsumeBytes(fdp.ConsumeIntInRange(1, 64))):
@@ -114,29 +117,46 @@ def targets_toml(data: bytes) -> None:
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
-    "trace_line": trace_line, "v1_file": _trace_file("v1"), "mooncake": _trace_file("mooncake"),
-    "azure": _trace_file("azure"), "sse": sse, "checker": checker, "targets_toml": targets_toml,
+    "trace_line": trace_line,
+    "v1_file": _trace_file("v1"),
+    "mooncake": _trace_file("mooncake"),
+    "azure": _trace_file("azure"),
+    "sse": sse,
+    "checker": checker,
+    "targets_toml": targets_toml,
 }
 
 ROOT = Path(__file__).resolve().parents[2]
 _SAMPLE = (ROOT / "traces" / "sample.jsonl").read_bytes().splitlines()[:6]
-_CHUNK = (b'data: {"choices":[{"index":0,"delta":{"content":"he","tool_calls":[{"index":0,'
-          b'"id":"c1","function":{"name":"f","arguments":"{}"}}]},"token_ids":[5,6],'
-          b'"finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":2},'
-          b'"prompt_token_ids":[1,2,3]}\n\n')
+_CHUNK = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"he","tool_calls":[{"index":0,'
+    b'"id":"c1","function":{"name":"f","arguments":"{}"}}]},"token_ids":[5,6],'
+    b'"finish_reason":null}],"usage":{"prompt_tokens":3,"completion_tokens":2},'
+    b'"prompt_token_ids":[1,2,3]}\n\n'
+)
 SEEDS: dict[str, list[bytes]] = {
-    "trace_line": [*_SAMPLE, b'{"id":"s","api":"completions","synth":{"input_tokens":9,'
-                   b'"hash_ids":[1,2]},"max_tokens":4,"t":0.5}',
-                   b'{"id":7,"api":"completions","prompt":[1,2,3]}'],
+    "trace_line": [
+        *_SAMPLE,
+        b'{"id":"s","api":"completions","synth":{"input_tokens":9,'
+        b'"hash_ids":[1,2]},"max_tokens":4,"t":0.5}',
+        b'{"id":7,"api":"completions","prompt":[1,2,3]}',
+    ],
     "v1_file": [b"\n".join(_SAMPLE[:3] + _SAMPLE[:1]) + b"\n"],
-    "mooncake": [b'{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}\n'
-                 b'{"timestamp": 27, "input_length": 10, "output_length": 1}\n'],
-    "azure": [b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
-              b"2023-11-16 18:15:50,396,109\n"],
-    "sse": [_CHUNK + b'data: {"choices":[{"index":0,"text":"x"}]}\n\ndata: [DONE]\n\n',
-            b'data: {"error":{"message":"boom"}}\n\n'],
-    "checker": [orjson.dumps(orjson.loads(line)["check"]) for line in _SAMPLE
-                if b'"check"' in line],
+    "mooncake": [
+        b'{"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]}\n'
+        b'{"timestamp": 27, "input_length": 10, "output_length": 1}\n'
+    ],
+    "azure": [
+        b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+        b"2023-11-16 18:15:50,396,109\n"
+    ],
+    "sse": [
+        _CHUNK + b'data: {"choices":[{"index":0,"text":"x"}]}\n\ndata: [DONE]\n\n',
+        b'data: {"error":{"message":"boom"}}\n\n',
+    ],
+    "checker": [
+        orjson.dumps(orjson.loads(line)["check"]) for line in _SAMPLE if b'"check"' in line
+    ],
     "targets_toml": [(ROOT / "scenarios" / "targets.example.toml").read_bytes()],
 }
 

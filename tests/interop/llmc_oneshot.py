@@ -23,11 +23,20 @@ def main() -> None:
     ds = ds.select_columns(["input_ids"])
     ds = ds.map(lambda row: {"attention_mask": [1] * len(row["input_ids"])})
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    oneshot(model=model, processor=AutoTokenizer.from_pretrained(model_dir), dataset=ds,
-            recipe=str(overlay / "recipe.yaml"), num_calibration_samples=len(ds),
-            max_seq_length=max(len(r) for r in ds["input_ids"]), shuffle_calibration_samples=False)
-    scales = {name: param.detach().float().flatten().tolist()
-              for name, param in model.named_parameters() if name.endswith(("k_scale", "v_scale"))}
+    oneshot(
+        model=model,
+        processor=AutoTokenizer.from_pretrained(model_dir),
+        dataset=ds,
+        recipe=str(overlay / "recipe.yaml"),
+        num_calibration_samples=len(ds),
+        max_seq_length=max(len(r) for r in ds["input_ids"]),
+        shuffle_calibration_samples=False,
+    )
+    scales = {
+        name: param.detach().float().flatten().tolist()
+        for name, param in model.named_parameters()
+        if name.endswith(("k_scale", "v_scale"))
+    }
     out.write_text(json.dumps(scales))
 
 

@@ -1,0 +1,263 @@
+"""Aggregates per target x phase x bucket, from the results file and the metrics series.
+
+Missing data is ``None`` (shown as a dash), never 0: "no TTFT measured" is not "0 ms".
+The results become one table (``results_frame``: a row per result, latencies in seconds);
+pandas groups it by target, phase and bucket, and each group's percentiles are numpy's
+(linear interpolation) of its values in the order the results came, as they always were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from replay.analysis.schemas import (
+    BucketStats,
+    Capacity,
+    Percentiles,
+    PhaseSummary,
+    PhaseTotals,
+    ResultStats,
+    ServerStats,
+    TargetSummary,
+)
+from replay.core.records import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SUMMARY_VERSION = 1
+PCTS = (50, 90, 99)
+# What each result contributes; the latencies, ITL gaps and decode rate count only when ok.
+COLUMNS = (
+    "target",
+    "phase",
+    "bucket",
+    "ok",
+    "error_kind",
+    "output_tokens",
+    "prompt_tokens",
+    "ttft",
+    "from_schedule",
+    "queue_delay",
+    "e2e",
+    "itl",
+    "decode_rate",
+    "estimated",
+)
+
+
+def pct(values: Iterable[float] | pd.Series, scale: float = 1000.0) -> Percentiles:
+    """Mean and p50/p90/p99 in ms; Nones when there is nothing to measure. A missing value
+    is left out: None, or a frame's NaN (the one value for which ``v == v`` is false)."""
+    arr = np.asarray([v for v in values if v is not None and v == v], dtype=float) * scale
+    if not arr.size:
+        return Percentiles(mean=None, p50=None, p90=None, p99=None)
+    p50, p90, p99 = (float(np.percentile(arr, p)) for p in PCTS)
+    return Percentiles(mean=float(arr.mean()), p50=p50, p90=p90, p99=p99)
+
+
+def _median(values: pd.Series) -> float | None:
+    arr = values.dropna().to_numpy(dtype=float)
+    return float(np.median(arr)) if arr.size else None
+
+
+def _decode_rate(r: Result) -> float | None:
+    """Output tokens per second after the first token (a one-token answer has no rate)."""
+    if r.done is None or r.first_token is None or r.done <= r.first_token or r.output_tokens <= 1:
+        return None
+    return r.output_tokens / (r.done - r.first_token)
+
+
+def results_frame(results: Iterable[Result]) -> pd.DataFrame:
+    """One row per result, with what the summary's figures are computed from."""
+    import pandas as pd
+
+    rows = [
+        (
+            r.target,
+            r.phase,
+            r.bucket,
+            r.status == "ok",
+            r.error_kind or "unknown",
+            r.output_tokens,
+            r.prompt_tokens,
+            r.ttft,
+            None if r.first_token is None else r.first_token - r.scheduled,
+            r.queue_delay,
+            r.e2e,
+            r.itl(),
+            _decode_rate(r),
+            r.tokens_estimated,
+        )
+        for r in results
+    ]
+    frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
+    return frame.astype({"ok": bool, "estimated": bool, "output_tokens": "int64"})
+
+
+def _figures(group: pd.DataFrame) -> dict[str, Any]:
+    """``ResultStats``' fields of one group of results."""
+    ok = group[group["ok"]]
+    errors = group.loc[~group["ok"], "error_kind"].value_counts()
+    return {
+        "requests": len(group),
+        "ok": len(ok),
+        "errors": int(errors.sum()),
+        "errors_by_kind": {str(k): int(n) for k, n in sorted(errors.items())},
+        "output_tokens": int(ok["output_tokens"].sum()),
+        "prompt_tokens_median": _median(group["prompt_tokens"]),
+        "output_tokens_median": _median(ok["output_tokens"]),
+        "ttft_ms": pct(ok["ttft"]),
+        "ttft_from_schedule_ms": pct(ok["from_schedule"]),
+        "queue_delay_ms": pct(group["queue_delay"]),
+        "itl_ms": pct(ok["itl"].explode()),  # every gap of every answer, pooled
+        "e2e_ms": pct(ok["e2e"]),
+        "decode_tok_s_median": _median(ok["decode_rate"]),
+        "tokens_estimated": bool(ok["estimated"].any()),
+    }
+
+
+def summarize(results: Iterable[Result]) -> ResultStats:
+    """Client-side figures for one group of results."""
+    return ResultStats(**_figures(results_frame(results)))
+
+
+def summarize_results(results: Sequence[Result]) -> dict[str, Any]:
+    """``summarize`` as JSON, for callers outside the pipeline."""
+    return summarize(results).to_json()
+
+
+def summarize_server(series: Sequence[Mapping[str, Any]], start: float, end: float) -> ServerStats:
+    """Server-side figures over a phase from scraped snapshots; the runner scrapes at the
+    phase's start and end, so counter deltas cover exactly the phase."""
+    inside = [s for s in series if start <= s["t"] <= end]
+
+    def peak(key: str) -> float | None:
+        vals = [s[key] for s in inside if key in s]
+        return max(vals) if vals else None
+
+    first, last = (inside[0], inside[-1]) if inside else ({}, {})
+
+    def delta(key: str) -> float | None:
+        if key in first and key in last:
+            return float(last[key] - first[key])
+        return None
+
+    def hist_mean_ms(name: str) -> float | None:
+        a, b = first.get(f"{name}_hist"), last.get(f"{name}_hist")
+        if a and b and b["count"] > a["count"]:
+            return float(1000 * (b["sum"] - a["sum"]) / (b["count"] - a["count"]))
+        return None
+
+    q, h = delta("prefix_queries"), delta("prefix_hits")
+    return ServerStats(
+        scrapes=len(inside),
+        peak_kv_usage=peak("kv_usage"),
+        peak_running=peak("running"),
+        peak_waiting=peak("waiting"),
+        preemptions=delta("preemptions"),
+        prefix_cache_hit_rate=(h / q) if q and h is not None else None,
+        server_ttft_mean_ms=hist_mean_ms("ttft"),
+        server_itl_mean_ms=hist_mean_ms("itl"),
+        server_e2e_mean_ms=hist_mean_ms("e2e"),
+    )
+
+
+def capacity(cache_config: Mapping[str, str], context_tokens: float | None) -> Capacity:
+    """Cache size in tokens and how many sequences of ``context_tokens`` it holds at once."""
+    size = _num(cache_config.get("kv_cache_size_tokens"))
+    conc = size / context_tokens if size is not None and context_tokens else None
+    return Capacity(kv_cache_size_tokens=size, concurrency_at_context=conc)
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "None", "") else None
+    except ValueError:
+        return None
+
+
+def _phase(
+    group: pd.DataFrame,
+    window: Mapping[str, float],
+    cache: Mapping[str, str],
+    series: Sequence[Mapping[str, Any]],
+    bucket_order: Sequence[str],
+) -> PhaseSummary:
+    import pandas as pd
+
+    start, end = window["start"], window["end"]
+    dur = end - start
+    by_bucket = dict(iter(group.groupby("bucket", sort=False)))
+    # The phase's results bucket by bucket, as the summary has always taken them: a mean's
+    # last digit depends on the order it adds in.
+    totals = _figures(pd.concat(by_bucket.values()) if by_bucket else group)
+    buckets = {}
+    for b in sorted(
+        by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order else 99, b)
+    ):
+        figures = _figures(by_bucket[b])
+        ctx = None
+        if figures["prompt_tokens_median"] is not None:
+            ctx = figures["prompt_tokens_median"] + (figures["output_tokens_median"] or 0)
+        buckets[str(b)] = BucketStats(**figures, capacity=capacity(cache, ctx))
+    throughput = totals["output_tokens"] / dur if dur > 0 and len(group) else None
+    return PhaseSummary(
+        start=start,
+        end=end,
+        duration_s=dur,
+        all=PhaseTotals(**totals, throughput_out_tok_s=throughput),
+        server=summarize_server(series, start, end),
+        buckets=buckets,
+    )
+
+
+def summarize_targets(
+    results: Iterable[Result],
+    targets: Mapping[str, Mapping[str, Any]],
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    bucket_order: Sequence[str],
+) -> dict[str, TargetSummary]:
+    """Each target's phases (its windows) and, in each, its buckets in the run's order."""
+    frame = results_frame(results)
+    groups = dict(iter(frame.groupby(["target", "phase"], sort=False)))
+    out = {}
+    for name, info in targets.items():
+        cache = info.get("cache_config") or {}
+        out[name] = TargetSummary(
+            status=info.get("status"),
+            reason=info.get("reason"),
+            cache_dtype=cache.get("cache_dtype"),
+            kv_cache_size_tokens=_num(cache.get("kv_cache_size_tokens")),
+            phases={
+                label: _phase(
+                    groups.get((name, label), frame.iloc[:0]),
+                    window,
+                    cache,
+                    series.get(name, ()),
+                    bucket_order,
+                )
+                for label, window in (info.get("phases") or {}).items()
+            },
+        )
+    return out
+
+
+def build_summary(
+    results: Iterable[Result],
+    targets: Mapping[str, Mapping[str, Any]],
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    bucket_order: Sequence[str],
+) -> dict[str, Any]:
+    """The summary document's targets as JSON (versioned), for callers outside the pipeline:
+    targets -> phases -> buckets."""
+    return {
+        "version": SUMMARY_VERSION,
+        "targets": {
+            name: t.to_json()
+            for name, t in summarize_targets(results, targets, series, bucket_order).items()
+        },
+    }

@@ -1,0 +1,158 @@
+"""Systems comparison: is FP8 faster or bigger, per bucket, and from which context length?
+
+Latency deltas are paired (same request on both targets) with bootstrap intervals. The
+break-even context length comes from a least-squares line of latency against prompt tokens per
+target: short contexts can lose to BF16 because FP8's fixed overhead has not amortized, and
+prefill can regress while decode improves, so TTFT and ITL are fitted separately.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from replay.analysis import stats
+from replay.analysis.schemas import Fit, LatencyDelta, Summary, Systems, SystemsBucket
+from replay.core.records import Result
+
+Metric = Callable[[Result], float | None]
+METRICS: dict[str, Metric] = {
+    "ttft_ms": lambda r: None if r.ttft is None else 1000 * r.ttft,
+    "e2e_ms": lambda r: None if r.e2e is None else 1000 * r.e2e,
+    "itl_ms": lambda r: (1000 * float(np.mean(r.itl()))) if r.itl() else None,
+}
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
+    """(intercept, slope) by least squares; None with fewer than 3 points or no spread."""
+    if len(x) < 3 or np.ptp(np.asarray(x, dtype=float)) == 0:
+        return None
+    slope, intercept = np.polyfit(np.asarray(x, dtype=float), np.asarray(y, dtype=float), 1)
+    return float(intercept), float(slope)
+
+
+def crossing(
+    ref: tuple[float, float] | None,
+    cand: tuple[float, float] | None,
+) -> tuple[float | None, str]:
+    """Where the candidate's line drops below the reference's, in prompt tokens, and on which
+    side of it the candidate wins ("always", "never", "above", "below", "unknown")."""
+    if ref is None or cand is None:
+        return None, "unknown"
+    (a0, b0), (a1, b1) = ref, cand
+    if np.isclose(b0, b1):
+        return None, "always" if a1 < a0 else "never"
+    x = (a1 - a0) / (b0 - b1)
+    # The candidate growing slower wins from x on.
+    return max(0.0, x), "above" if b1 < b0 else "below"
+
+
+def break_even(
+    ref: tuple[float, float] | None,
+    cand: tuple[float, float] | None,
+) -> dict[str, Any]:
+    """``crossing`` as JSON: ``{"tokens": ..., "fp8_wins": ...}``."""
+    tokens, wins = crossing(ref, cand)
+    return {"tokens": tokens, "fp8_wins": wins}
+
+
+def systems(
+    results: Sequence[Result], reference: str, candidate: str, phase: str, seed: int = 0
+) -> Systems:
+    """Per bucket: paired latency deltas (candidate - reference) with intervals; fits. The
+    output throughput ratio comes from the summary (``throughput_ratio``): None here."""
+    by: dict[str, dict[str, Result]] = defaultdict(dict)
+    for r in results:
+        if r.phase == phase and r.status == "ok" and r.target in (reference, candidate):
+            by[r.target][r.request_id] = r
+    ref, cand = by.get(reference, {}), by.get(candidate, {})
+    common = sorted(set(ref) & set(cand))
+    buckets: dict[str, dict[str, LatencyDelta]] = defaultdict(dict)
+    for name, metric in METRICS.items():
+        per_bucket: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+        for rid in common:
+            a, b = metric(ref[rid]), metric(cand[rid])
+            if a is not None and b is not None:
+                per_bucket[ref[rid].bucket][0].append(a)
+                per_bucket[ref[rid].bucket][1].append(b)
+        for bucket, (xs, ys) in per_bucket.items():
+            d = stats.paired_bootstrap(xs, ys, seed=seed)
+            if d is not None:  # never None: a bucket here has a pair
+                buckets[bucket][name] = LatencyDelta(
+                    reference_median=float(np.median(xs)),
+                    candidate_median=float(np.median(ys)),
+                    delta_mean=d.diff,
+                    lo=d.lo,
+                    hi=d.hi,
+                    pairs=d.n,
+                )
+    fits = {name: _fit(METRICS[name], ref, cand) for name in ("ttft_ms", "itl_ms", "e2e_ms")}
+    prompts = [float(r.prompt_tokens) for r in ref.values() if r.prompt_tokens is not None]
+    median_ctx = float(np.median(prompts)) if prompts else None
+    faster = any(
+        m.hi is not None and m.hi < 0
+        for row in buckets.values()
+        for key, m in row.items()
+        if key in ("e2e_ms", "ttft_ms")
+    )
+    return Systems(
+        reference=reference,
+        candidate=candidate,
+        phase=phase,
+        pairs=len(common),
+        buckets={b: SystemsBucket(**row) for b, row in buckets.items()},
+        fits=fits,
+        median_context_tokens=median_ctx,
+        latency_better=faster if common else None,
+        below_break_even=_below(fits["e2e_ms"], median_ctx),
+        throughput_ratio=None,
+    )
+
+
+def _fit(metric: Metric, ref: Mapping[str, Result], cand: Mapping[str, Result]) -> Fit:
+    lines = []
+    for rs in (ref, cand):
+        pts = [
+            (float(r.prompt_tokens), v)
+            for r in rs.values()
+            if r.prompt_tokens is not None and (v := metric(r)) is not None
+        ]
+        lines.append(fit_line([p[0] for p in pts], [p[1] for p in pts]))
+    tokens, wins = crossing(lines[0], lines[1])
+    return Fit(reference=lines[0], candidate=lines[1], tokens=tokens, fp8_wins=wins)
+
+
+def _below(e2e: Fit, median_ctx: float | None) -> bool | None:
+    """Does the workload's median context sit where FP8's E2E line loses?"""
+    if median_ctx is None or e2e.fp8_wins == "unknown":
+        return None
+    return (
+        e2e.fp8_wins == "never"
+        or (e2e.fp8_wins == "above" and median_ctx < (e2e.tokens or 0))
+        or (e2e.fp8_wins == "below" and median_ctx > (e2e.tokens or 0))
+    )
+
+
+def compare_systems(
+    results: Sequence[Result], reference: str, candidate: str, phase: str, seed: int = 0
+) -> dict[str, Any]:
+    """``systems`` as JSON, for callers outside the pipeline."""
+    return systems(results, reference, candidate, phase, seed).to_json()
+
+
+def throughput_ratio(
+    summary: Summary | Mapping[str, Any], reference: str, candidate: str, phase: str
+) -> float | None:
+    """The candidate's output throughput over the reference's in ``phase``."""
+    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+
+    def tput(name: str) -> float | None:
+        target = s.targets.get(name)
+        ph = None if target is None else target.phases.get(phase)
+        return None if ph is None else ph.all.throughput_out_tok_s
+
+    a, b = tput(reference), tput(candidate)
+    return b / a if a and b else None

@@ -1,0 +1,3 @@
+from replay.cli import main
+
+main()

@@ -1,0 +1,110 @@
+"""Hot-path records: what one request did, with every timestamp named.
+
+Times are seconds on the run's monotonic clock, measured from the run's start. ``scheduled``
+is when the schedule wanted the request sent; ``sent`` when it was; the difference is client
+queueing, and latency from ``scheduled`` is reported beside latency from ``sent``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "error", "cancelled"]
+ErrorKind = Literal[
+    "timeout",
+    "http",
+    "connect",
+    "disconnect",
+    "protocol",
+    "cancelled",
+    "server_error",
+    "unavailable",
+]
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A tool call assembled from streamed ``delta.tool_calls`` fragments (joined by index)."""
+
+    index: int
+    id: str | None = None
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(slots=True)
+class Result:
+    """One request against one target. Failures are data: ``status``, ``error_kind``, ``error``."""
+
+    request_id: str
+    target: str
+    phase: str
+    bucket: str
+    scheduled: float
+    sent: float | None = None
+    first_token: float | None = None
+    done: float | None = None
+    status: Status = "ok"
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    http_status: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    # Arrival time of each chunk that carried tokens, and how many tokens it carried.
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    output_text: str = ""
+    # Token ids as the server reports them (``return_token_ids``): the chat-templated prompt
+    # and the output, for agreement positions and teacher-forced scoring.
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    # True when the server reported no usage at all, so ``output_tokens`` counts content chunks.
+    tokens_estimated: bool = False
+    # True when the server did not report usage on every chunk (only at the end, or never):
+    # each content chunk is then one token in ``chunk_tokens``, so ITL is the gap between
+    # content chunks; ``output_tokens`` is still the server's final usage when it sent one.
+    chunk_tokens_estimated: bool = False
+    # True when what is stored was cut at the client's caps (answer text with tool-call names
+    # and arguments, arrival times, output token ids): timing and counts still cover it all.
+    output_truncated: bool = False
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token is None or self.sent is None:
+            return None
+        return self.first_token - self.sent
+
+    @property
+    def e2e(self) -> float | None:
+        if self.done is None or self.sent is None:
+            return None
+        return self.done - self.sent
+
+    @property
+    def queue_delay(self) -> float | None:
+        return None if self.sent is None else self.sent - self.scheduled
+
+    def itl(self) -> list[float]:
+        """Inter-token gaps; a chunk of n tokens spreads its gap over n tokens."""
+        out: list[float] = []
+        for k in range(1, len(self.chunk_times)):
+            n = self.chunk_tokens[k]
+            if n <= 0:
+                continue
+            gap = (self.chunk_times[k] - self.chunk_times[k - 1]) / n
+            out.extend([gap] * n)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ttft"], d["e2e"], d["queue_delay"] = self.ttft, self.e2e, self.queue_delay
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Result:
+        d = {k: v for k, v in d.items() if k not in ("ttft", "e2e", "queue_delay")}
+        d["tool_calls"] = [ToolCall(**c) for c in d.get("tool_calls", [])]
+        return cls(**d)

@@ -1,0 +1,253 @@
+"""The terminal table: one row per target x phase x bucket."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from replay.analysis.schemas import (
+    BucketQuality,
+    Combined,
+    EvidenceSummary,
+    NoiseFloor,
+    Quality,
+    Summary,
+)
+
+
+def _f(v: float | None, fmt: str = "{:.1f}") -> str:
+    return "–" if v is None else fmt.format(v)
+
+
+def _tokens(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.0f}"
+
+
+def summary_table(summary: Summary) -> Table:
+    t = Table(title="kvcanary replay: per target x phase x bucket", show_lines=False)
+    for col, just in (
+        ("target", "left"),
+        ("phase", "left"),
+        ("bucket", "left"),
+        ("n", "right"),
+        ("err", "right"),
+        ("TTFT p50/p99 ms", "right"),
+        ("ITL p50/p99 ms", "right"),
+        ("E2E p50 ms", "right"),
+        ("out tok/s", "right"),
+        ("KV cache tokens", "right"),
+        ("seqs fit", "right"),
+        ("peak KV", "right"),
+        ("preempt", "right"),
+        ("prefix hit", "right"),
+    ):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for name, tgt in summary.targets.items():
+        if tgt.status != "ok":
+            t.add_row(
+                name,
+                "",
+                "",
+                "",
+                "all",
+                f"[red]{tgt.status}[/red]",
+                "",
+                "",
+                "",
+                _tokens(tgt.kv_cache_size_tokens),
+                "",
+                "",
+                "",
+                "",
+            )
+        for label, ph in tgt.phases.items():
+            srv = ph.server
+            for i, (bucket, row) in enumerate(ph.buckets.items()):
+                first = i == 0
+                t.add_row(
+                    name,
+                    label,
+                    bucket,
+                    str(row.requests),
+                    str(row.errors),
+                    f"{_f(row.ttft_ms.p50)} / {_f(row.ttft_ms.p99)}",
+                    f"{_f(row.itl_ms.p50, '{:.2f}')} / {_f(row.itl_ms.p99, '{:.2f}')}",
+                    _f(row.e2e_ms.p50, "{:.0f}"),
+                    _f(ph.all.throughput_out_tok_s) if first else "",
+                    _tokens(row.capacity.kv_cache_size_tokens),
+                    _f(row.capacity.concurrency_at_context, "{:,.0f}"),
+                    _f(None if srv.peak_kv_usage is None else 100 * srv.peak_kv_usage, "{:.1f}%")
+                    if first
+                    else "",
+                    _f(srv.preemptions, "{:.0f}") if first else "",
+                    _f(
+                        None
+                        if srv.prefix_cache_hit_rate is None
+                        else 100 * srv.prefix_cache_hit_rate,
+                        "{:.0f}%",
+                    )
+                    if first
+                    else "",
+                )
+    return t
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def _interval(lo: float | None, hi: float | None, signed: bool = True) -> str:
+    if lo is None or hi is None:
+        return ""
+    return (
+        f" [{100 * lo:+.0f}, {100 * hi:+.0f}]" if signed else f" [{100 * lo:.0f}-{100 * hi:.0f}%]"
+    )
+
+
+def _evidence_cell(ev: EvidenceSummary) -> str:
+    """What a bucket's pairs settle: "within tolerance", "loss shown", or while neither, how
+    many pairs it needs (summaries written before the exact rule carry no ``short``)."""
+    if ev.short:
+        return ev.short
+    return "ok" if ev.sufficient else f"need {ev.needed}"
+
+
+def quality_table(q: Quality) -> Table:
+    """Pass rates with intervals, the paired difference to the reference with its noise
+    floor, agreement and teacher-forced divergence, per target x phase x bucket."""
+    t = Table(title=f"quality vs {q.reference} (pass rate, paired difference in points)")
+    for col in (
+        "target",
+        "phase",
+        "bucket",
+        "graded",
+        "pass rate [95%]",
+        "derived [95%]",
+        "Δ vs ref [95%]",
+        "pairs (+derived)",
+        "McNemar p",
+        "noise floor Δ",
+        "agree exact",
+        "first div",
+        "TF ΔNLL/tok",
+        "TF top-1",
+        "evidence",
+    ):
+        t.add_column(col, justify="left" if col in ("target", "phase", "bucket") else "right")
+    for phase, targets in q.phases.items():
+        for name, tq in targets.items():
+            for bucket, row in tq.buckets.items():
+                t.add_row(name, phase, bucket, *_quality_cells(row, name == q.reference))
+            shift = tq.shift
+            if shift and shift.pairs:
+                t.add_row(
+                    name,
+                    phase,
+                    "all (stratified)",
+                    str(shift.pairs),
+                    "",
+                    "",
+                    "",
+                    "",
+                    f"{_f(shift.p_value, '{:.3f}')} {shift.direction}",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                )
+    return t
+
+
+def _quality_cells(row: BucketQuality, is_ref: bool) -> list[str]:
+    w = row.wilson
+    # The verdict's comparison: every graded pair, explicit and derived.
+    combined = row.combined if isinstance(row.combined, Combined) else None
+    vs = combined or row.vs_reference
+    evidence = combined.evidence if combined else row.evidence
+    derived = row.derived
+    dw = derived.wilson if derived else None
+    floor = row.noise_floor if isinstance(row.noise_floor, NoiseFloor) else None
+    tf = row.teacher_forced
+    return [
+        str(row.graded),
+        _pct(row.pass_rate) + (_interval(w[0], w[1], signed=False) if w else ""),
+        ""
+        if not derived or not derived.graded
+        else _pct(derived.pass_rate)
+        + (_interval(dw[0], dw[1], signed=False) if dw else "")
+        + f" n={derived.graded}",
+        ""
+        if is_ref or not vs
+        else _f(None if vs.diff is None else 100 * vs.diff, "{:+.1f}") + _interval(vs.lo, vs.hi),
+        ""
+        if is_ref or not vs
+        else f"{vs.pairs}" + (f" (+{combined.derived})" if combined and combined.derived else ""),
+        "" if is_ref or not vs else _f(vs.mcnemar_p, "{:.3f}"),
+        ""
+        if not floor or floor.diff is None
+        else f"{100 * floor.diff:+.1f}" + _interval(floor.lo, floor.hi),
+        "" if is_ref else _pct(row.agreement.exact),
+        "" if is_ref else _f(row.agreement.first_divergence_median, "{:.0f}"),
+        _f(tf.nll_delta_mean, "{:+.4f}"),
+        _pct(tf.top1_agreement),
+        "" if is_ref or evidence is None else _evidence_cell(evidence),
+    ]
+
+
+def compare_table(a: Summary, b: Summary, name_a: str, name_b: str) -> Table:
+    """Two runs side by side: verdict, then pass rate and TTFT p50 per target x bucket."""
+    va, vb = (s.verdict.verdict if s.verdict else "–" for s in (a, b))
+    t = Table(title=f"A = {name_a}  ->  B = {name_b}\nverdict: {va} -> {vb}")
+    for col in (
+        "target",
+        "phase",
+        "bucket",
+        "pass A",
+        "pass B",
+        "Δ pass",
+        "TTFT p50 A",
+        "TTFT p50 B",
+        "E2E p50 A",
+        "E2E p50 B",
+    ):
+        t.add_column(col, justify="left" if col in ("target", "phase", "bucket") else "right")
+    keys = []
+    for s in (a, b):
+        for name, tgt in s.targets.items():
+            for phase, ph in tgt.phases.items():
+                for bucket in ph.buckets:
+                    if (name, phase, bucket) not in keys:
+                        keys.append((name, phase, bucket))
+
+    def get(
+        s: Summary, name: str, phase: str, bucket: str
+    ) -> tuple[float | None, float | None, float | None]:
+        tgt = s.targets.get(name)
+        ph = tgt.phases.get(phase) if tgt else None
+        row = ph.buckets.get(bucket) if ph else None
+        tq = s.quality.phases.get(phase, {}).get(name) if s.quality else None
+        q = tq.buckets.get(bucket) if tq else None
+        return (
+            q.pass_rate if q else None,
+            row.ttft_ms.p50 if row else None,
+            row.e2e_ms.p50 if row else None,
+        )
+
+    for name, phase, bucket in keys:
+        pa, ta, ea = get(a, name, phase, bucket)
+        pb, tb, eb = get(b, name, phase, bucket)
+        delta = "–" if pa is None or pb is None else f"{100 * (pb - pa):+.1f}"
+        t.add_row(
+            name,
+            phase,
+            bucket,
+            _pct(pa),
+            _pct(pb),
+            delta,
+            _f(ta),
+            _f(tb),
+            _f(ea, "{:.0f}"),
+            _f(eb, "{:.0f}"),
+        )
+    return t

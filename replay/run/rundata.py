@@ -1,0 +1,253 @@
+"""A run directory as tables: results, grades, server metrics and teacher-forced scores.
+
+``load_run(RUN_DIR)`` gives pandas DataFrames, one row per request x target (results, grades),
+per scrape (metrics) or per scored sequence (teacher-forced), with the nested JSON flattened
+into named columns, so a user can answer their own questions of a run without parsing JSONL:
+
+    run = replay.load_run("reports/20261201-...")
+    run.results.groupby(["target", "bucket"])["ttft_s"].median()
+
+What the tables leave out is what has no place in a cell: token ids, per-chunk arrival times
+(their count and the ITL summary stay) and the metrics' histogram buckets (sums and counts
+stay). ``replay export RUN_DIR --format csv|parquet`` writes the same tables to files.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replay.core.errors import InputError
+from replay.run.rundir import GRADES, MANIFEST, RESULTS, TEACHER_FORCED, read_jsonl, read_results
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TABLES = ("results", "grades", "metrics", "teacher_forced")
+
+
+@dataclass(frozen=True)
+class RunData:
+    run_dir: Path
+    results: pd.DataFrame
+    grades: pd.DataFrame
+    metrics: pd.DataFrame
+    teacher_forced: pd.DataFrame
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        return {name: getattr(self, name) for name in TABLES}
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """The run directory's results, grades, metrics and teacher-forced scores as DataFrames
+    (empty ones, with their columns, for what a run did not write)."""
+    import pandas as pd
+
+    path = Path(run_dir)
+    if not (path / MANIFEST).is_file() and not (path / RESULTS).is_file():
+        raise InputError(
+            f"{path}: no manifest.json or results.jsonl; is this a kvcanary run directory?"
+        )
+    return RunData(
+        run_dir=path,
+        results=pd.DataFrame(list(_result_rows(path)), columns=RESULT_COLUMNS),
+        grades=pd.DataFrame(list(_grade_rows(path / GRADES)), columns=GRADE_COLUMNS),
+        metrics=pd.DataFrame(list(_metric_rows(path / "metrics")), columns=METRIC_COLUMNS),
+        teacher_forced=pd.DataFrame(list(_tf_rows(path / TEACHER_FORCED)), columns=TF_COLUMNS),
+    )
+
+
+def export_run(run_dir: str | Path, out_dir: Path, fmt: str) -> list[Path]:
+    """Write each table as ``<table>.csv`` or ``<table>.parquet`` under ``out_dir``."""
+    if fmt not in ("csv", "parquet"):
+        raise InputError(f"--format: '{fmt}' is not one of csv, parquet")
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401  (pandas writes parquet through it)
+        except ImportError:
+            raise InputError(
+                "--format parquet needs pyarrow: pip install 'kvcanary[data]' (or use --format csv)"
+            ) from None
+    run = load_run(run_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in run.tables().items():
+        target = out_dir / f"{name}.{fmt}"
+        if fmt == "csv":
+            frame.to_csv(target, index=False)
+        else:
+            frame.to_parquet(target, index=False)
+        written.append(target)
+    return written
+
+
+# -- rows ---------------------------------------------------------------------------------------
+
+RESULT_COLUMNS = [
+    "target",
+    "phase",
+    "bucket",
+    "request_id",
+    "status",
+    "error_kind",
+    "error",
+    "http_status",
+    "scheduled",
+    "sent",
+    "first_token",
+    "done",
+    "queue_delay_s",
+    "ttft_s",
+    "e2e_s",
+    "itl_mean_s",
+    "itl_p50_s",
+    "chunks",
+    "prompt_tokens",
+    "output_tokens",
+    "finish_reason",
+    "tool_calls",
+    "tokens_estimated",
+    "chunk_tokens_estimated",
+    "output_truncated",
+    "output_text",
+]
+
+
+def _result_rows(run_dir: Path) -> Iterator[dict[str, Any]]:
+    for r in read_results(run_dir):
+        itl = r.itl()
+        yield {
+            "target": r.target,
+            "phase": r.phase,
+            "bucket": r.bucket,
+            "request_id": r.request_id,
+            "status": r.status,
+            "error_kind": r.error_kind,
+            "error": r.error,
+            "http_status": r.http_status,
+            "scheduled": r.scheduled,
+            "sent": r.sent,
+            "first_token": r.first_token,
+            "done": r.done,
+            "queue_delay_s": r.queue_delay,
+            "ttft_s": r.ttft,
+            "e2e_s": r.e2e,
+            "itl_mean_s": statistics.fmean(itl) if itl else None,
+            "itl_p50_s": statistics.median(itl) if itl else None,
+            "chunks": len(r.chunk_times),
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "finish_reason": r.finish_reason,
+            "tool_calls": len(r.tool_calls),
+            "tokens_estimated": r.tokens_estimated,
+            "chunk_tokens_estimated": r.chunk_tokens_estimated,
+            "output_truncated": r.output_truncated,
+            "output_text": r.output_text,
+        }
+
+
+GRADE_COLUMNS = [
+    "target",
+    "phase",
+    "bucket",
+    "request_id",
+    "task",
+    "answered",
+    "error",
+    "grade_passed",
+    "grade_reason",
+    "grade_score",
+    "derived_rule",
+    "derived_passed",
+    "derived_reason",
+    "agree_exact",
+    "agree_normalized",
+    "first_divergence",
+]
+
+
+def _grade_rows(path: Path) -> Iterator[dict[str, Any]]:
+    for row in _jsonl(path):
+        grade = _obj(row.get("grade"))
+        derived = _obj(row.get("derived"))
+        agree = _obj(row.get("agreement"))
+        yield {
+            "target": row.get("target"),
+            "phase": row.get("phase"),
+            "bucket": row.get("bucket"),
+            "request_id": row.get("request_id"),
+            "task": row.get("task"),
+            "answered": row.get("answered"),
+            "error": row.get("error"),
+            "grade_passed": grade.get("passed"),
+            "grade_reason": grade.get("reason"),
+            "grade_score": grade.get("score"),
+            "derived_rule": derived.get("rule"),
+            "derived_passed": derived.get("passed"),
+            "derived_reason": derived.get("reason"),
+            "agree_exact": agree.get("exact"),
+            "agree_normalized": agree.get("normalized"),
+            "first_divergence": agree.get("first_divergence"),
+        }
+
+
+METRIC_KEYS = (
+    "running",
+    "waiting",
+    "kv_usage",
+    "prefix_queries",
+    "prefix_hits",
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+)
+METRIC_COLUMNS = [
+    "target",
+    "t",
+    *METRIC_KEYS,
+    *(f"{h}_{k}" for h in ("ttft", "itl", "e2e") for k in ("sum", "count")),
+]
+
+
+def _metric_rows(folder: Path) -> Iterator[dict[str, Any]]:
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.jsonl")):
+        for snap in _jsonl(path):
+            row: dict[str, Any] = {"target": path.stem, "t": snap.get("t")}
+            row.update({k: snap.get(k) for k in METRIC_KEYS})
+            for h in ("ttft", "itl", "e2e"):
+                hist = _obj(snap.get(f"{h}_hist"))
+                row[f"{h}_sum"], row[f"{h}_count"] = hist.get("sum"), hist.get("count")
+            yield row
+
+
+TF_COLUMNS = ["target", "request_id", "bucket", "tokens", "mean_nll", "top1_agreement", "error"]
+
+
+def _tf_rows(path: Path) -> Iterator[dict[str, Any]]:
+    for row in _jsonl(path):
+        nll = [x for x in row.get("nll") or () if isinstance(x, (int, float))]
+        top1 = list(row.get("top1") or ())
+        yield {
+            "target": row.get("target"),
+            "request_id": row.get("request_id"),
+            "bucket": row.get("bucket"),
+            "tokens": row.get("n"),
+            "mean_nll": statistics.fmean(nll) if nll else None,
+            "top1_agreement": sum(map(bool, top1)) / len(top1) if top1 else None,
+            "error": row.get("error"),
+        }
+
+
+def _jsonl(path: Path) -> Iterable[Mapping[str, Any]]:
+    if not path.is_file():
+        return ()
+    return (row for row in read_jsonl(path) if isinstance(row, Mapping))
+
+
+def _obj(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}

@@ -1,0 +1,509 @@
+"""Targets: external servers by URL, or local vLLM servers that we start, watch and stop.
+
+A local server runs in its own process group on a free loopback port, logs into the run
+directory, and is always stopped: on success, on errors, on Ctrl-C and SIGTERM (the CLI turns
+SIGTERM into an exception) and, through PR_SET_PDEATHSIG, even when this tool is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from replay.core.errors import ConfigError, ServerStartError, ServingMismatch
+from replay.serving.scale_log import EMULATED_FP8
+
+DEFAULT_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE when the user sets none
+BUILTIN_DTYPES = {"bf16": "auto", "fp8": "fp8"}
+# The emulated FP8 target's server (kvcal/vllm_plugin.py): these names are the plugin's contract.
+EMULATION_ENV = "KVCANARY_FP8_EMULATION"
+EMULATION_SKIP_ENV = "KVCANARY_FP8_EMULATION_SKIP_LAYERS"
+EMULATION_MARKER = "kvcanary fp8 emulation: active"
+SKIP_LAYERS_FLAG = "--kv-cache-dtype-skip-layers"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What a target is. Exactly one of ``url`` and ``model`` is set."""
+
+    name: str
+    url: str | None = None
+    api_key_env: str | None = None
+    model: str | None = None
+    kv_cache_dtype: str = "auto"
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    # Served cache dtype we expect; None = no expectation (e.g. an unnamed external server).
+    expect_cache_dtype: str | None = None
+    # reference, candidate or calibrated (replay/analysis/roles.py); None: guessed from the name.
+    role: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.model is not None
+
+    @property
+    def emulated(self) -> bool:
+        """An emulated FP8 cache: quality evidence only, never capacity or speed."""
+        return EMULATED_FP8 in (self.kv_cache_dtype, self.expect_cache_dtype)
+
+    def api_key(self) -> str | None:
+        """Read from the environment at connect time; never stored or written anywhere."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if key is None:
+            raise ConfigError(
+                f"target '{self.name}': environment variable "
+                f"{self.api_key_env} (api_key_env) is not set"
+            )
+        return key
+
+    def auth_headers(self) -> dict[str, str]:
+        """What every call to this target carries, and calls elsewhere never do: each session
+        opened toward the target is made with these headers (and follows no redirect)."""
+        key = self.api_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def describe(self) -> dict[str, Any]:
+        """For the manifest: everything but secrets (the key's variable name only)."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "api_key_env": self.api_key_env,
+            "model": self.model,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "args": list(self.args),
+            "env": dict(self.env),
+            "expect_cache_dtype": self.expect_cache_dtype,
+            "role": self.role,
+        }
+
+
+def expected_dtype_for(name: str, kv_cache_dtype: str | None) -> str | None:
+    if kv_cache_dtype is not None:
+        return kv_cache_dtype
+    base = name.split("-")[0].split("_")[0].lower()
+    return BUILTIN_DTYPES.get(base)
+
+
+def cache_dtype_matches(expected: str, served: str) -> bool:
+    """vLLM reports 'auto' for the model's own dtype; 'fp8' covers fp8_e4m3/fp8_e5m2."""
+    e, s = expected.lower(), served.lower()
+    bf16_like = {"auto", "bfloat16", "bf16", "half", "float16"}
+    if e in bf16_like:
+        return s in bf16_like
+    if e == "fp8":
+        return s.startswith("fp8")
+    if e == EMULATED_FP8:  # the server stores BF16; the plugin's log line shows the rest
+        return s in bf16_like
+    return e == s
+
+
+def emulate_fp8(spec: TargetSpec) -> TargetSpec:
+    """``--emulate-fp8``: a local FP8 target served as BF16 with the E4M3 round trip."""
+    if not spec.is_local or spec.kv_cache_dtype != "fp8":
+        return spec
+    return replace(spec, kv_cache_dtype=EMULATED_FP8, expect_cache_dtype=EMULATED_FP8)
+
+
+def check_served_dtype(
+    spec: TargetSpec, served: str | None, log_text: str | None, problems: list[str]
+) -> None:
+    """Raise ServingMismatch when the target does not run the KV cache its spec means;
+    append to ``problems`` what cannot be verified. ``log_text``: a local server's log."""
+    if spec.expect_cache_dtype is None:
+        return
+    if served is None:
+        problems.append(
+            "cache_dtype not reported by /metrics (vllm:cache_config_info); cannot verify"
+        )
+    elif not cache_dtype_matches(spec.expect_cache_dtype, served):
+        raise ServingMismatch(
+            f"served cache_dtype is '{served}' but target '{spec.name}' expects "
+            f"'{spec.expect_cache_dtype}': the server is not running the KV cache "
+            "this target is meant to test"
+        )
+    if not spec.emulated:
+        return
+    if log_text is None:
+        problems.append(
+            f"'{spec.name}' is declared FP8-emulated; without the server's log "
+            "kvcanary cannot see that the emulation plugin runs"
+        )
+    elif EMULATION_MARKER not in log_text:
+        raise ServingMismatch(
+            f"target '{spec.name}' is FP8-emulated but its server never logged "
+            f"'{EMULATION_MARKER}': install kvcanary in the server's environment (its "
+            "vllm.general_plugins entry point) and keep VLLM_PLUGINS unset or naming "
+            "kvcanary_fp8_emulation"
+        )
+
+
+def parse_targets(
+    text: str, default_model: Path | None, config: Mapping[str, TargetSpec] | None = None
+) -> list[TargetSpec]:
+    """``bf16,fp8`` (built-ins on the default model), ``name=URL``, ``name=MODEL_DIR`` (a
+    local server; dtype from the name: ``fp8-cal=DIR``) or names from a config."""
+    specs: list[TargetSpec] = []
+    for raw in (p.strip() for p in text.split(",")):
+        if not raw:
+            continue
+        name, sep, url = raw.partition("=")
+        name = name.strip()
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+            raise ConfigError(
+                f"--targets: '{name}' is not a valid target name (letters, digits, '_', '-', '.')"
+            )
+        if sep and not re.match(r"https?://", url.strip()):
+            specs.append(_local_dir_target(name, raw, Path(url.strip()).expanduser()))
+        elif sep:
+            specs.append(
+                TargetSpec(
+                    name=name,
+                    url=url.strip().rstrip("/"),
+                    expect_cache_dtype=expected_dtype_for(name, None),
+                )
+            )
+        elif config and name in config:
+            specs.append(config[name])
+        elif name in BUILTIN_DTYPES:
+            if default_model is None:
+                raise ConfigError(f"--targets: '{name}' needs a local model (--model)")
+            specs.append(
+                TargetSpec(
+                    name=name,
+                    model=str(default_model),
+                    kv_cache_dtype=BUILTIN_DTYPES[name],
+                    args=DEFAULT_MODEL_ARGS,
+                    expect_cache_dtype=BUILTIN_DTYPES[name],
+                )
+            )
+        else:
+            known = sorted(set(BUILTIN_DTYPES) | set(config or {}))
+            raise ConfigError(
+                f"--targets: unknown target '{name}'. Available: "
+                f"{', '.join(known)}; or name=URL for an external server"
+            )
+    if not specs:
+        raise ConfigError("--targets: no targets given")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--targets: duplicate target names in {names}")
+    return specs
+
+
+def _local_dir_target(name: str, raw: str, model: Path) -> TargetSpec:
+    """``fp8-cal=DIR``: a local server on another checkpoint folder (a calibrated overlay,
+    say), its KV cache dtype taken from the name's bf16/fp8 prefix."""
+    if not (model / "config.json").is_file():
+        raise ConfigError(
+            f"--targets: '{raw}': expected name=http://host:port or "
+            f"name=MODEL_DIR; {model} is no model folder (no config.json)"
+        )
+    dtype = expected_dtype_for(name, None)
+    if dtype is None:
+        raise ConfigError(
+            f"--targets: '{raw}': name a local model target bf16-... or fp8-... "
+            "(e.g. fp8-cal=DIR) so its KV cache dtype is known"
+        )
+    return TargetSpec(
+        name=name,
+        model=str(model.resolve()),
+        kv_cache_dtype=dtype,
+        args=DEFAULT_MODEL_ARGS,
+        expect_cache_dtype=dtype,
+    )
+
+
+# The embedded default model speaks hermes-style tool calls.
+DEFAULT_MODEL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+_TARGET_KEYS = {
+    "url",
+    "api_key_env",
+    "model",
+    "kv_cache_dtype",
+    "args",
+    "env",
+    "expect_cache_dtype",
+    "role",
+}
+
+
+def load_targets_config(path: Path) -> dict[str, TargetSpec]:
+    """A TOML file of ``[targets.NAME]`` tables (see scenarios/targets.example.toml)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    tables = data.get("targets")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"{path}: expected one or more [targets.NAME] tables")
+    out: dict[str, TargetSpec] = {}
+    for name, t in tables.items():
+        where = f"{path}: [targets.{name}]"
+        if not isinstance(t, dict):
+            raise ConfigError(f"{where}: must be a table")
+        unknown = set(t) - _TARGET_KEYS
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) {sorted(unknown)}; valid keys: {sorted(_TARGET_KEYS)}"
+            )
+        if ("url" in t) == ("model" in t):
+            raise ConfigError(
+                f"{where}: set exactly one of 'url' (external server) and "
+                "'model' (a local server kvcanary starts)"
+            )
+        for key in ("url", "api_key_env", "model", "kv_cache_dtype", "expect_cache_dtype", "role"):
+            if key in t and not isinstance(t[key], str):
+                raise ConfigError(f"{where}: '{key}' must be a string")
+        args = t.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ConfigError(f"{where}: 'args' must be a list of strings")
+        env = t.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise ConfigError(f"{where}: 'env' must be a table of strings")
+        if "url" in t and not re.match(r"https?://", t["url"]):
+            raise ConfigError(f"{where}: 'url' must start with http:// or https://")
+        dtype = t.get("kv_cache_dtype", "auto")
+        out[name] = TargetSpec(
+            name=name,
+            url=t.get("url"),
+            api_key_env=t.get("api_key_env"),
+            model=t.get("model"),
+            kv_cache_dtype=dtype,
+            args=tuple(args),
+            env=dict(env),
+            expect_cache_dtype=t.get(
+                "expect_cache_dtype", dtype if "model" in t else expected_dtype_for(name, None)
+            ),
+            role=t.get("role"),
+        )
+    return out
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+# "(Worker pid=1) ERROR 11-30 12:14:12 [file.py:10] NotImplementedError: ..." or a bare
+# traceback line; warnings that merely mention an error type do not count.
+_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s+)?(ERROR\s+\S+\s+\S+\s+\[[^\]]+\]\s+)?")
+_ERROR_LINE = re.compile(r"^([A-Za-z_][A-Za-z_.]*(?:Error|Exception)): (.+)$")
+
+
+def failure_reason(log_text: str) -> str:
+    """The root cause a vLLM log states: the first 'XError: message' line of a traceback."""
+    for line in log_text.splitlines():
+        m = _ERROR_LINE.match(_LOG_PREFIX.sub("", line.strip(), count=1))
+        if m and "Engine core initialization failed" not in m.group(2):
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    tail = [ln for ln in log_text.splitlines() if ln.strip()][-3:]
+    return " | ".join(tail)[-500:] or "the server exited without output"
+
+
+def unquantized_cache_dtype(model_dir: Path) -> str:
+    """The --kv-cache-dtype that stores K/V unquantized. 'auto', except for a checkpoint that
+    declares a ``kv_cache_scheme`` (a kvcal overlay): vLLM serves FP8 for those under 'auto'
+    (seen on vLLM CPU 0.32: twice the cache tokens), so the model's own dtype is named."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "auto"
+    if not isinstance(config, dict) or not (config.get("quantization_config") or {}).get(
+        "kv_cache_scheme"
+    ):
+        return "auto"
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
+
+
+class LocalServer:
+    """A vLLM OpenAI server for one TargetSpec. Use as a context manager."""
+
+    def __init__(
+        self,
+        spec: TargetSpec,
+        log_path: Path,
+        *,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 900.0,
+    ) -> None:
+        if spec.model is None:
+            raise ValueError("LocalServer needs a spec with a model")
+        self.spec = spec
+        self.log_path = log_path
+        self.host = host
+        self.port = free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        assert self.spec.model is not None
+        args, _ = self._emulation()
+        dtype = (
+            unquantized_cache_dtype(Path(self.spec.model))
+            if self.spec.emulated
+            else self.spec.kv_cache_dtype
+        )
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.spec.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--kv-cache-dtype",
+            dtype,
+            "--seed",
+            "0",
+            *args,
+        ]
+
+    def _emulation(self) -> tuple[list[str], dict[str, str]]:
+        """The server's arguments and the plugin's environment. An emulated target's
+        --kv-cache-dtype-skip-layers goes to the plugin: a BF16 cache skips nothing."""
+        args = list(self.spec.args)
+        if not self.spec.emulated:
+            return args, {}
+        env = {EMULATION_ENV: "e4m3"}
+        if SKIP_LAYERS_FLAG in args:
+            i = args.index(SKIP_LAYERS_FLAG)
+            j = i + 1
+            while j < len(args) and not args[j].startswith("-"):
+                j += 1
+            env[EMULATION_SKIP_ENV] = ",".join(",".join(args[i + 1 : j]).split(","))
+            del args[i:j]
+        return args, env
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
+        env.update(self.spec.env)
+        env.update(self._emulation()[1])
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(self.command())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+
+    def wait_healthy(self, progress: Any = None) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    self.spec.name, failure_reason(self.log_text()), str(self.log_path)
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if progress is not None:
+                progress()
+            time.sleep(0.5)
+        raise ServerStartError(
+            self.spec.name, f"not healthy within {self.startup_timeout_s:g} s", str(self.log_path)
+        )
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                # The group may outlive its leader (engine workers); make sure it is gone.
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            break
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def scale_lines(log_text: str) -> list[str]:
+    """Server-log lines about KV-cache dtype, scales and quantization (what actually ran)."""
+    keys = (
+        "scaling factor",
+        "k_scale",
+        "v_scale",
+        "kv_cache_scheme",
+        "quantization=",
+        "fp8 data type",
+        "kv cache dtype",
+        "compressed-tensors",
+        "kvcanary fp8 emulation",
+    )
+    out = []
+    for line in log_text.splitlines():
+        low = line.lower()
+        if any(k in low for k in keys) and "non-default args" not in low:
+            out.append(line.strip()[:500])
+    return out[:50]
+
+
+def describe_all(specs: Sequence[TargetSpec]) -> list[dict[str, Any]]:
+    return [s.describe() for s in specs]

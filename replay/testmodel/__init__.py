@@ -1,0 +1,3 @@
+"""The test model: the factory (``factory``: build, ensure the default and twin models), the
+task families it is trained on (``tasks``), the trainer (``python -m replay.testmodel.train``),
+and the committed weights in ``models/``. torch and transformers come with the ``model`` extra."""
