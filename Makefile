@@ -23,7 +23,7 @@ imports:
 	.venv/bin/lint-imports
 
 unit:
-	$(PY) -m pytest -q -m "not vllm"
+	$(PY) -m pytest -q -m "not vllm and not interop"
 
 test:
 	$(PY) -m pytest -q
