@@ -122,6 +122,19 @@ class LLMFailure(Exception):
 # -- custom arguments -------------------------------------------------------------------------
 
 
+def _opts(env: Environment) -> Any:
+    """Locust's parsed options: present once the command line is read (before any hook)."""
+    if env.parsed_options is None:
+        raise RuntimeError("Locust gave this environment no parsed options")
+    return env.parsed_options
+
+
+def _runner(env: Environment) -> Runner:
+    if env.runner is None:
+        raise RuntimeError("Locust has not started a runner in this environment")
+    return env.runner
+
+
 def add_arguments(parser: Any) -> None:
     """kvcanary's options, on Locust's command line and (except the file of targets) in the
     web UI's start form, where they can be changed before each test. (Not an argument group:
@@ -268,7 +281,7 @@ def load_plan(opts: Any, mode: str, common: bool) -> LoadPlan:
 
 
 def read_config(env: Environment, mode: str, common: bool) -> Config:
-    opts = env.parsed_options
+    opts = _opts(env)
     path = Path(str(opts.kvc_trace))
     fmt = sniff_format(path) if path.is_file() else "v1"
     trace = load(path, fmt)
@@ -435,7 +448,7 @@ class Shard:
         finally:
             self.ready.set()
             if not self.stopping:
-                self.env.runner.send_message(
+                _runner(self.env).send_message(
                     MSG_READY,
                     {
                         "run": p.run_id,
@@ -566,15 +579,15 @@ class Shard:
                 exception=LLMFailure(ev.error) if ev.error else None,
             )
         if self.plan.checkers:
-            ev = check_event(res, item.req, self.grader)
-            if ev is not None:
+            checked = check_event(res, item.req, self.grader)
+            if checked is not None:
                 fire(
-                    request_type=ev.request_type,
-                    name=ev.name,
+                    request_type=checked.request_type,
+                    name=checked.name,
                     response_time=0,
                     response_length=0,
                     context=ctx,
-                    exception=LLMFailure(ev.error) if ev.error else None,
+                    exception=LLMFailure(checked.error) if checked.error else None,
                 )
 
     # results to the master ---------------------------------------------------------------
@@ -596,7 +609,7 @@ class Shard:
     def _flush(self) -> None:
         while self.pending:
             batch, self.pending = self.pending[:RESULTS_BATCH], self.pending[RESULTS_BATCH:]
-            self.env.runner.send_message(
+            _runner(self.env).send_message(
                 MSG_RESULTS, {"run": self.plan.run_id, "shard": self.plan.shard, "rows": batch}
             )
 
@@ -607,7 +620,7 @@ class Shard:
             self._record_unsent("unavailable", f"target unavailable: {self.failure}")
         self._flush()
         self.done = True
-        self.env.runner.send_message(
+        _runner(self.env).send_message(
             MSG_DONE,
             {
                 "run": self.plan.run_id,
@@ -748,7 +761,7 @@ class Kvc:
             # summary. Until Locust's handler replaces this one, a SIGTERM stops the test
             # the normal way: users end at once and the run directory is completed.
             gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(self._sigterm))
-            opts = env.parsed_options
+            opts = _opts(env)
             if opts is not None and (opts.headless or opts.autostart):
                 self.validate()
             if opts is not None and not env.host:
@@ -780,7 +793,7 @@ class Kvc:
         mode_of = getattr(shape, "kvc_mode", None)
         if shape is None or mode_of is None:
             return "users", False
-        return str(mode_of(self.env.parsed_options)), bool(shape.use_common_options)
+        return str(mode_of(_opts(self.env))), bool(shape.use_common_options)
 
     def validate(self) -> None:
         """Headless and --autostart runs check their options before anything starts."""
@@ -790,7 +803,7 @@ class Kvc:
         except KvcanaryError as exc:
             log.error("kvcanary: %s", exc)
             sys.exit(2)
-        opts = self.env.parsed_options
+        opts = _opts(self.env)
         if cfg.loop and cfg.mode == "users" and not getattr(opts, "run_time", None):
             log.warning(
                 "kvcanary: --kvc-loop on with the users shape and no --run-time: the "
@@ -838,7 +851,7 @@ class Kvc:
             max_errors=cfg.max_errors,
             max_error_rate=cfg.max_error_rate,
         )
-        opts = self.env.parsed_options
+        opts = _opts(self.env)
         recorder = RunRecorder(
             run_dir=run_dir,
             trace=cfg.trace,
@@ -941,7 +954,7 @@ class Kvc:
             return None
         if test is None or test.closed:  # a new test, before its test_start
             try:
-                plan = load_plan(self.env.parsed_options, mode, common)
+                plan = load_plan(_opts(self.env), mode, common)
             except KvcanaryError as exc:
                 log.error("kvcanary: %s", exc)
                 return None
