@@ -15,6 +15,9 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
+pytest.importorskip("torch", reason="kvcal needs torch (installed with vLLM)")
+pytest.importorskip("vllm", reason="vLLM is not installed: these tests start vLLM servers")
+
 from kvcal._calibrate import Recipe, calibrate
 from kvcal._sample import PromptRenderer, Sample, draw, read_samples
 from kvcal._scales import per_head_backend_support

@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("locust", reason="Locust comes with the load (or dev) extra")
+
 from replay.core.importers import load
 from replay.serving.targets import LocalServer, free_port
 

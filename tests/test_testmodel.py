@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("torch", reason="the test model needs torch and transformers (model extra)")
+pytest.importorskip("transformers", reason="the test model needs the model extra")
+
 from replay.checkers import parse_check
 from replay.testmodel import tasks
 from replay.testmodel.factory import (

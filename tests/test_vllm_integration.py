@@ -10,17 +10,18 @@ from typing import Any
 
 import aiohttp
 import pytest
-import vllm
 
-from replay.core.buckets import Buckets
-from replay.core.importers import LengthPolicy, load
-from replay.core.schedule import ClosedLoop
-from replay.run.rundir import new_run_dir, read_results
-from replay.run.runner import RunConfig, Runner
-from replay.serving.introspect import introspect
-from replay.serving.targets import LocalServer, TargetSpec
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed: these tests start vLLM servers")
 
-from .conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated
+from replay.core.buckets import Buckets  # noqa: E402
+from replay.core.importers import LengthPolicy, load  # noqa: E402
+from replay.core.schedule import ClosedLoop  # noqa: E402
+from replay.run.rundir import new_run_dir, read_results  # noqa: E402
+from replay.run.runner import RunConfig, Runner  # noqa: E402
+from replay.serving.introspect import introspect  # noqa: E402
+from replay.serving.targets import LocalServer, TargetSpec  # noqa: E402
+
+from .conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
