@@ -11,6 +11,7 @@ tests/artifacts/locust_ui.png). The others need no server.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -29,7 +30,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("locust", reason="Locust comes with the load (or dev) extra")
+# Found, not imported: importing locust monkeypatches this process with gevent.
+if importlib.util.find_spec("locust") is None:
+    pytest.skip("Locust comes with the load (or dev) extra", allow_module_level=True)
 
 from replay.core.importers import load
 from replay.serving.targets import LocalServer, free_port
