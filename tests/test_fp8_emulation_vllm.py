@@ -65,29 +65,11 @@ def _targets_file(path: Path, model: Path, twin: Path, overlay: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def run_dir(model_dir: Path, twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run_dir(
+    model_dir: Path, twin_dir: Path, twin_overlay: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     tmp = tmp_path_factory.mktemp("emulation")
-    overlay = tmp / "twin-cal"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvcal.cli",
-            "calibrate",
-            str(twin_dir),
-            "--trace",
-            str(ROOT / "traces" / "sample.jsonl"),
-            "--buckets",
-            "256,1K",
-            "--per-bucket",
-            "8",
-            "-o",
-            str(overlay),
-        ],
-        cwd=ROOT,
-        check=True,
-        timeout=900,
-    )
+    overlay = twin_overlay
     targets = _targets_file(tmp / "targets.toml", model_dir, twin_dir, overlay)
     cmd = [
         sys.executable,

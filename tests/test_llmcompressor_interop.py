@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -42,32 +41,12 @@ def llmc_python() -> str:
 
 
 def test_llmcompressor_oneshot_gives_kvcals_scales(
-    twin_dir: Path, llmc_python: str, tmp_path: Path
+    twin_dir: Path, twin_overlay: Path, llmc_python: str, tmp_path: Path
 ) -> None:
     pytest.importorskip("safetensors")
     from safetensors import safe_open
 
-    overlay = tmp_path / "twin-kvcal"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvcal.cli",
-            "calibrate",
-            str(twin_dir),
-            "--trace",
-            str(ROOT / "traces" / "sample.jsonl"),
-            "--buckets",
-            "256,1K",
-            "--per-bucket",
-            "8",
-            "-o",
-            str(overlay),
-        ],
-        cwd=ROOT,
-        check=True,
-        timeout=900,
-    )
+    overlay = twin_overlay
     out = tmp_path / "llmc_scales.json"
     proc = subprocess.run(
         [

@@ -118,33 +118,6 @@ def test_fp8_at_scale_one_on_the_original_is_within_aa_noise(
         assert abs(fp8[fam] - bf16[fam]) <= noise + 0.05, (fam, bf16, fp8, ctrl)
 
 
-@pytest.fixture(scope="module")
-def twin_overlay(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """kvcal's scales for the twin, from the sample trace (disjoint from the evaluated ones)."""
-    overlay = tmp_path_factory.mktemp("kvcal") / "calibrated"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvcal.cli",
-            "calibrate",
-            str(twin_dir),
-            "--trace",
-            str(ROOT / "traces" / "sample.jsonl"),
-            "--buckets",
-            "256,1K",
-            "--per-bucket",
-            "8",
-            "-o",
-            str(overlay),
-        ],
-        cwd=ROOT,
-        check=True,
-        timeout=1800,
-    )
-    return overlay
-
-
 @pytest.mark.fp8
 def test_fp8_at_scale_one_breaks_the_twin_and_calibration_restores_it(
     twin_dir: Path, twin_overlay: Path, tmp_path: Path
