@@ -23,8 +23,8 @@ from replay.analysis.grading import grading_spec
 from replay.analysis.verdict import Thresholds
 from replay.core.records import Result, ToolCall
 from replay.core.trace import Request
+from replay.run.analyze import Analysis
 from replay.run.rundir import TEACHER_FORCED
-from replay.run.runner import Analysis
 
 GOLDEN = Path(__file__).parent / "data" / "analysis"
 SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -280,7 +280,7 @@ def locust_analysis(run_dir: Path) -> Analysis:
 
 
 def main() -> None:  # pragma: no cover - rewrites the goldens
-    from replay.run.runner import analyse
+    from replay.run.analyze import analyse
 
     tmp = GOLDEN / "tmp"
     for name, build in (("run", analysis), ("locust", locust_analysis)):

@@ -27,8 +27,8 @@ from replay.analysis.schemas import (
 )
 from replay.cli import main
 from replay.present import report
+from replay.run.analyze import analyse
 from replay.run.rundir import write_json
-from replay.run.runner import analyse
 
 from . import analysis_run
 from .analysis_run import GOLDEN, SORTED

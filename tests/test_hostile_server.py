@@ -30,8 +30,8 @@ from replay.cli import EXIT_INPUT, EXIT_OK, EXIT_TARGET_FAILED
 from replay.core.errors import TargetError
 from replay.core.importers import load
 from replay.run.rundir import read_results
-from replay.run.runner import token_pool
 from replay.serving.introspect import EndpointError, fetch, introspect, served_model
+from replay.serving.prompt_tokens import token_pool
 
 from .conftest import ROOT
 from .fault_server import METRICS, LoopbackServer

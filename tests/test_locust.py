@@ -567,6 +567,14 @@ def test_headless_run_reports_per_bucket_and_writes_a_run_directory(
     assert set(phase["server"]) == set(cli_phase["server"])
     q, cq = summary["quality"]["phases"]["c4"]["bf16"], other["quality"]["phases"]["c4"]["bf16"]
     assert set(q["buckets"]["<256"]) == set(cq["buckets"]["<256"])
+    # One manifest builder too: the same fields, less what only one driver has.
+    cli_manifest = json.loads((tmp_path / "cli" / "manifest.json").read_text())
+    locust_only = {"driver", "results_not_stored"}
+    cli_only = {"roles", "cli_options", "interrupted", "resumed"}
+    assert set(manifest) - locust_only == set(cli_manifest) - cli_only
+    assert set(manifest["trace"]) == set(cli_manifest["trace"])
+    entry, cli_entry = manifest["targets"]["bf16"], cli_manifest["targets"]["bf16"]
+    assert {"spec", "status", "reason", "phases", "cache_config"} <= set(entry) & set(cli_entry)
 
 
 @pytest.mark.vllm

@@ -657,7 +657,7 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
     graded and summarized first, from results.jsonl and manifest.json."""
 
     def run() -> int:
-        from replay.run.runner import reanalyse as analyse_again
+        from replay.run.analyze import reanalyse as analyse_again
 
         if reanalyse or not (run_dir / "summary.json").exists():
             if not (run_dir / "manifest.json").exists():

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import platform
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,20 +25,22 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from replay import __version__
 from replay.analysis.grading import grading_spec
 from replay.analysis.verdict import Thresholds
 from replay.checkers import Answer, Grader
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
+from replay.core.importers import LengthPolicy
 from replay.core.records import Result
 from replay.core.synth import TokenPool, synthesize
 from replay.core.trace import Request, TraceLoad
+from replay.run.analyze import Analysis, analyse
 from replay.run.budget import ErrorBudget
+from replay.run.manifest import build_manifest, target_entry, trace_facts
 from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, read_results, write_json
-from replay.run.runner import Analysis, _cpu_flags, analyse, count_tokens, token_pool
 from replay.serving.client import Client
 from replay.serving.introspect import Scraper, introspect, served_model
+from replay.serving.prompt_tokens import count_tokens, token_pool
 from replay.serving.targets import (
     TargetSpec,
     check_served_dtype,
@@ -512,7 +513,6 @@ class RunRecorder:
     reason: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
-    series: list[dict[str, Any]] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     # A looping test (--kvc-loop on) has no natural end: past this many result rows, results
     # are counted, not stored, so no test can fill the disk (Locust's statistics still see
@@ -543,7 +543,6 @@ class RunRecorder:
             self.received += 1
 
     def add_snapshot(self, row: dict[str, Any]) -> None:
-        self.series.append(row)
         self._metrics.write(row)
 
     # phases: the windows results are grouped in
@@ -562,44 +561,32 @@ class RunRecorder:
         self.status, self.reason = "failed", reason
 
     def manifest(self) -> dict[str, Any]:
-        return {
-            "tool": {"name": "kvcanary", "version": __version__},
-            "driver": self.driver,
-            "command": list(self.command),
-            "started_at": self.started_at,
-            "platform": {
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-                "cpu_flags": _cpu_flags(),
+        """The CLI's manifest (replay/run/manifest.py), with what drove the test."""
+        return build_manifest(
+            driver=self.driver,
+            command=self.command,
+            started_at=self.started_at,
+            # Locust replays the trace's own lengths: no length policy applies.
+            trace=trace_facts(
+                self.trace_path,
+                self.trace_format,
+                self.trace_sha256,
+                self.trace.lines,
+                len(self.requests),
+                len(self.trace.bad),
+                LengthPolicy(),
+            ),
+            buckets=self.buckets,
+            schedules=self.schedules,
+            options=self.options,
+            reference=self.spec.name,
+            results_not_stored=self.dropped,
+            targets={
+                self.spec.name: target_entry(
+                    self.spec, self.status, self.reason, self.info, self.phases
+                )
             },
-            "trace": {
-                "path": str(self.trace_path),
-                "format": self.trace_format,
-                "sha256": self.trace_sha256,
-                "lines": self.trace.lines,
-                "requests": len(self.requests),
-                "bad_lines": len(self.trace.bad),
-                "length_policy": {
-                    "scale": 1.0,
-                    "max_input_tokens": None,
-                    "max_output_tokens": None,
-                },
-            },
-            "buckets": {"bounds": self.buckets.spec(), "labels": self.buckets.labels},
-            "schedules": list(self.schedules),
-            "options": dict(self.options),
-            "reference": self.spec.name,
-            "results_not_stored": self.dropped,
-            "targets": {
-                self.spec.name: {
-                    "spec": self.spec.describe(),
-                    "status": self.status,
-                    "reason": self.reason,
-                    **self.info,
-                    "phases": self.phases,
-                }
-            },
-        }
+        )
 
     def save_manifest(self) -> None:
         write_json(self.run_dir / MANIFEST, self.manifest())
@@ -625,12 +612,11 @@ class RunRecorder:
             }
         }
         specs = {r.id: grading_spec(r) for r in self.requests}
-        # The CLI's own analysis (replay.run.runner.analyse): one pipeline for both drivers.
+        # The CLI's own analysis (replay/run/analyze.py): one pipeline for both drivers.
         return analyse(
             Analysis(
                 run_dir=self.run_dir,
                 targets=targets,
-                series={name: self.series},
                 reference=name,
                 candidate=None,
                 first_phase=next(iter(self.phases), ""),

@@ -11,12 +11,18 @@ not exercise the FP8 cache on this backend, and the report says so rather than "
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
+from replay.core.iterate import closing, pooled
+from replay.core.records import Result
+from replay.run.progress import Progress
+from replay.run.rundir import JsonlWriter
 from replay.serving.introspect import EndpointError, fetch_json, quote
 
 # One prompt_logprobs entry is about 100 bytes a position: room for prompts of ~500k tokens.
@@ -104,3 +110,66 @@ async def score(
     if scored.error is not None:
         return TFScore(0, error=f"{ans.label}: {scored.error}; got {quote(ans.body)}")
     return scored
+
+
+def reference_answers(results: Path, reference: str, first_phase: str) -> Iterator[Result]:
+    """The reference's answers in the first phase that scoring can use (token ids of the
+    prompt and the output), read back from results.jsonl rather than kept in memory."""
+    if not results.exists():
+        return
+    with results.open("rb") as fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # another target's line, still being written (after ours)
+            row = orjson.loads(raw)
+            if (
+                row["target"] == reference
+                and row["phase"] == first_phase
+                and row["status"] == "ok"
+                and row.get("prompt_ids")
+                and row.get("output_ids")
+            ):
+                yield Result.from_json(row)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """Where one target's teacher-forced scores go, and how they are sent."""
+
+    session: aiohttp.ClientSession
+    url: str
+    model: str
+    writer: JsonlWriter
+    progress: Progress
+    timeout_s: float
+    salt: str
+    concurrency: int = 4
+
+
+async def score_answers(target: str, answers: Callable[[], Iterator[Result]], how: Scoring) -> None:
+    """Score each of ``answers()`` under ``target``, a row per answer in the writer. The
+    answers are read from the results file as the workers take them (their token ids are the
+    bulk of a result), never all at once."""
+    due = sum(1 for _ in answers())
+    if not due:
+        return
+    how.progress.phase(target, "teacher-forced", due)
+
+    async def one(ref: Result) -> None:
+        assert ref.prompt_ids is not None
+        s = await score(
+            how.session,
+            how.url,
+            how.model,
+            ref.prompt_ids,
+            ref.output_ids,
+            salt=how.salt,
+            timeout_s=how.timeout_s,
+        )
+        how.writer.write(
+            {"target": target, "request_id": ref.request_id, "bucket": ref.bucket, **s.to_json()}
+        )
+        how.progress.advance(target, "teacher-forced", s.error is None)
+
+    with closing(answers()) as items:
+        await pooled(items, one, how.concurrency)

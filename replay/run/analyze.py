@@ -1,0 +1,292 @@
+"""One analysis for every run directory: results -> grades.jsonl and summary.json.
+
+The runner calls it at the end of a run, the Locust adapter at the end of a test, and
+``replay analyze`` (``reanalyse``) on a run whose analysis never ran; all three fill the same
+``Analysis`` and get the same files. The server-side series come from ``metrics/<target>.jsonl``,
+which both drivers write as they scrape, so neither keeps them in memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replay.analysis.grading import (
+    CONTROL_SUFFIX,
+    Gradable,
+    GradingSpec,
+    assess_quality,
+    grade_rows,
+    grading_spec,
+)
+from replay.analysis.roles import Roles
+from replay.analysis.schemas import Summary
+from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
+from replay.analysis.systems import systems, throughput_ratio
+from replay.analysis.verdict import Thresholds, decide, facts_from_run
+from replay.core.errors import InputError
+from replay.core.importers import stream
+from replay.core.records import Result
+from replay.run.rundir import (
+    GRADES,
+    MANIFEST,
+    RESULTS,
+    SUMMARY,
+    TEACHER_FORCED,
+    file_digest,
+    read_json,
+    read_results,
+    write_json,
+)
+
+
+def load_results(run_dir: Path, prompt_ids: bool = True) -> list[Result]:
+    """Every result of a run; ``prompt_ids=False`` drops the prompt token ids (often the
+    largest part of a result) for readers that do not use them."""
+    if prompt_ids:
+        return list(read_results(run_dir))
+    out = []
+    for r in read_results(run_dir):
+        r.prompt_ids = None
+        out.append(r)
+    return out
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything that turns a run directory's results into grades and its summary. The runner
+    fills it from its own state at the end of a run, ``reanalyse`` from the run directory."""
+
+    run_dir: Path
+    targets: Mapping[str, Mapping[str, Any]]  # name -> status, reason, cache_config, phases
+    reference: str
+    candidate: str | None
+    first_phase: str
+    bucket_labels: Sequence[str]
+    tolerance: float
+    seed: int
+    thresholds: Thresholds
+    manifest: Mapping[str, Any]
+    grading_specs: Callable[[set[str]], Mapping[str, Gradable]]
+    verdict: bool = True  # a Locust run (one target) has none
+    grading: bool = True  # Locust with --kvc-checkers off: no grades
+    results: Sequence[Result] | None = None  # None: read from the run directory
+    driver: Mapping[str, Any] | None = None  # a Locust run: what drove it (its manifest's)
+    # Server-side series by target; None: read from the run directory's metrics/ files.
+    series: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
+
+
+def analyse(a: Analysis) -> Summary:
+    """Write ``grades.jsonl`` and ``summary.json`` of a run; return the summary."""
+    # Prompt ids are only for teacher-forced scoring, which reads them from the file.
+    results = (
+        list(a.results) if a.results is not None else load_results(a.run_dir, prompt_ids=False)
+    )
+    summary = Summary(
+        version=SUMMARY_VERSION,
+        targets=summarize_targets(
+            results,
+            a.targets,
+            a.series if a.series is not None else read_series(a.run_dir, a.targets, a.reference),
+            a.bucket_labels,
+        ),
+        run_dir=str(a.run_dir),
+        driver=a.driver,
+    )
+    if a.grading:
+        rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
+        with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(orjson.dumps(row).decode() + "\n")
+        tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
+        summary = replace(
+            summary,
+            quality=assess_quality(
+                rows,
+                tf_rows,
+                a.reference,
+                a.bucket_labels,
+                a.tolerance,
+                a.seed,
+                alpha=a.thresholds.alpha,
+                min_pairs=a.thresholds.min_pairs,
+            ),
+        )
+    if a.verdict:
+        if a.candidate is not None:
+            compared = systems(results, a.reference, a.candidate, a.first_phase, a.seed)
+            summary = replace(
+                summary,
+                systems=replace(
+                    compared,
+                    throughput_ratio=(
+                        throughput_ratio(summary, a.reference, a.candidate, a.first_phase)
+                    ),
+                ),
+            )
+        verdict = decide(
+            facts_from_run(summary, a.manifest, candidate=a.candidate, thresholds=a.thresholds),
+            a.thresholds,
+        )
+        summary = replace(summary, verdict=verdict)
+    write_json(a.run_dir / SUMMARY, summary.to_json())
+    return summary
+
+
+def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
+    """Grades and summary of a run whose analysis failed or never ran (killed, stopped by
+    SIGTERM, a checker that crashed an older version), from what its directory holds: the
+    manifest (targets, phases, options), results.jsonl, metrics/ and teacher_forced.jsonl, and
+    the checks of its trace (``trace_path``, else the manifest's, which must be unchanged).
+    Reads the run directory without repairing it; a line cut short at the end of a file is
+    left out."""
+    manifest = _manifest(run_dir)
+    results = []
+    for r in _complete_results(run_dir):
+        r.prompt_ids = None
+        results.append(r)
+    names = list(manifest["targets"])
+    reference = str(manifest.get("reference") or names[0])
+    targets = {n: _target_facts(manifest["targets"][n], n, results) for n in names}
+    cli = manifest.get("cli_options") or {}
+    tolerance = float(cli.get("tolerance", 0.05))
+    thresholds = Thresholds(
+        tolerance=tolerance,
+        alpha=float(cli.get("alpha", 0.05)),
+        min_pairs=int(cli.get("min_pairs", 20)),
+        required_capacity_ratio=float(cli.get("required_capacity_ratio", 1.5)),
+        max_error_rate=float(cli.get("max_error_rate", 0.05)),
+        accept_emulated=bool(cli.get("accept_emulated", False)),
+    )
+    roles = Roles.from_manifest(manifest, _ordered(names, cli.get("targets")))
+    schedules = list(manifest.get("schedules") or [])
+    locust = "driver" in manifest
+    return analyse(
+        Analysis(
+            run_dir=run_dir,
+            targets=targets,
+            reference=reference,
+            candidate=None if locust else roles.candidate,
+            first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
+            bucket_labels=list((manifest.get("buckets") or {}).get("labels") or []),
+            tolerance=tolerance,
+            seed=int((manifest.get("options") or {}).get("seed", 0)),
+            thresholds=thresholds,
+            manifest=manifest,
+            grading_specs=_trace_checks(run_dir, manifest, trace_path),
+            verdict=not locust,
+            results=results,
+            driver=manifest["driver"] if locust else None,
+        )
+    ).to_json()
+
+
+def _manifest(run_dir: Path) -> dict[str, Any]:
+    try:
+        manifest = read_json(run_dir / MANIFEST)
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"{run_dir}: no readable {MANIFEST} ({exc}); is this a kvcanary run directory?"
+        ) from None
+    if (
+        not isinstance(manifest, dict)
+        or not isinstance(manifest.get("targets"), dict)
+        or not manifest["targets"]
+        or not isinstance(manifest.get("trace"), dict)
+    ):
+        raise InputError(f"{run_dir / MANIFEST}: not a kvcanary manifest (no targets or trace)")
+    return manifest
+
+
+def read_series(
+    run_dir: Path, names: Iterator[str] | Mapping[str, Any], reference: str
+) -> dict[str, list[Any]]:
+    """Each target's /metrics snapshots, from ``metrics/<target>.jsonl``. The A/A control ran
+    on the reference's server, which the reference's snapshots describe."""
+    series = {n: list(_complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names}
+    for n in series:
+        if n == reference + CONTROL_SUFFIX:
+            series[n] = series.get(reference, [])
+    return series
+
+
+def _complete_rows(path: Path) -> Iterator[Any]:
+    """The JSON lines of a file that a kill may have cut short: an unfinished last line is
+    the one being written, not data."""
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                return
+            if raw.strip():
+                try:
+                    yield orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise InputError(f"{path}:{lineno}: not JSON ({exc})") from None
+
+
+def _complete_results(run_dir: Path) -> Iterator[Result]:
+    for lineno, row in enumerate(_complete_rows(run_dir / RESULTS), 1):
+        try:
+            yield Result.from_json(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"{run_dir / RESULTS}: result {lineno} is not a result "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+
+
+def _target_facts(info: Mapping[str, Any], name: str, results: Sequence[Result]) -> dict[str, Any]:
+    """What the summary needs of a target, from its manifest entry. A phase that some result
+    names but the manifest has no window for (the run was killed inside it) gets the span of
+    its results, so that its requests are counted."""
+    phases = {k: dict(v) for k, v in (info.get("phases") or {}).items()}
+    spans: dict[str, list[float]] = {}
+    for r in results:
+        if r.target == name and r.phase not in phases:
+            times = [t for t in (r.scheduled, r.sent, r.done) if t is not None]
+            span = spans.setdefault(r.phase, [min(times), max(times)])
+            span[0], span[1] = min(span[0], *times), max(span[1], *times)
+    for label, (start, end) in spans.items():
+        phases[label] = {"start": start, "end": end, "interrupted": True}
+    return {
+        "status": info.get("status"),
+        "reason": info.get("reason"),
+        "cache_config": info.get("cache_config") or {},
+        "phases": phases,
+    }
+
+
+def _ordered(names: Sequence[str], targets_option: Any) -> list[str]:
+    """The targets in the order ``--targets`` gave them (the manifest's keys are sorted)."""
+    order = [p.split("=", 1)[0].strip() for p in str(targets_option or "").split(",")]
+    return [n for n in order if n in names] + sorted(n for n in names if n not in order)
+
+
+def _trace_checks(
+    run_dir: Path, manifest: Mapping[str, Any], trace_path: Path | None
+) -> Callable[[set[str]], dict[str, GradingSpec]]:
+    """The checks of the run's own trace, by request id (read when grading asks for them)."""
+    trace = manifest["trace"]
+    path = trace_path or Path(str(trace.get("path")))
+    if not path.is_file():
+        raise InputError(
+            f"{run_dir}: the run's trace {path} is not there, and grading needs "
+            "its checks; give it with --trace PATH"
+        )
+    if trace.get("sha256") and file_digest(path) != trace["sha256"]:
+        raise InputError(
+            f"{path}: not the trace of {run_dir} (its sha256 differs from the "
+            "manifest's): its checks would grade other requests; give the "
+            "original with --trace PATH"
+        )
+    fmt = str(trace.get("format") or "auto")
+
+    def checks(ids: set[str]) -> dict[str, GradingSpec]:
+        return {r.id: grading_spec(r) for r in stream(path, fmt, on_bad_line="skip") if r.id in ids}
+
+    return checks

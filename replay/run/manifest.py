@@ -1,0 +1,104 @@
+"""The run manifest, written by both drivers (the CLI's runner and the Locust adapter) through
+one builder: a run directory says what ran, on what machine, with which trace, buckets,
+schedules and options, and what happened to each target, in the same shape whichever made it.
+``replay report`` and ``replay analyze`` read nothing else to know a run."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from replay import __version__
+from replay.core.buckets import Buckets
+from replay.core.importers import LengthPolicy
+from replay.serving.targets import TargetSpec
+
+# The CPU features that decide which vLLM CPU kernels (FP8 KV among them) exist.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, bool]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return {}
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return {f: f in flags for f in CPU_FLAGS}
+
+
+def platform_facts() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_flags": cpu_flags(),
+    }
+
+
+def trace_facts(
+    path: Path,
+    fmt: str,
+    sha256: str,
+    lines: int,
+    requests: int,
+    bad_lines: int,
+    policy: LengthPolicy,
+) -> dict[str, Any]:
+    """Which trace ran: its digest ties a resume or a re-analysis to the same file."""
+    return {
+        "path": str(path),
+        "format": fmt,
+        "sha256": sha256,
+        "lines": lines,
+        "requests": requests,
+        "bad_lines": bad_lines,
+        "length_policy": policy.as_dict(),
+    }
+
+
+def target_entry(
+    spec: TargetSpec,
+    status: str,
+    reason: str | None,
+    info: Mapping[str, Any],
+    phases: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
+    """One target: its spec, how it ended, what introspection found, and its phase windows."""
+    return {"spec": spec.describe(), "status": status, "reason": reason, **info, "phases": phases}
+
+
+def build_manifest(
+    *,
+    command: Sequence[str],
+    started_at: float,
+    trace: Mapping[str, Any],
+    buckets: Buckets,
+    schedules: Sequence[str],
+    options: Mapping[str, Any],
+    reference: str,
+    targets: Mapping[str, Mapping[str, Any]],
+    driver: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The manifest of a run. ``driver`` names a driver other than the CLI (Locust) and what
+    drove it; ``extra`` holds a driver's own facts (roles and resume notes of the CLI, results
+    a looping Locust test counted but did not store), placed before the targets."""
+    return {
+        "tool": {"name": "kvcanary", "version": __version__},
+        **({"driver": dict(driver)} if driver is not None else {}),
+        "command": list(command),
+        "started_at": started_at,
+        "platform": platform_facts(),
+        "trace": dict(trace),
+        "buckets": {"bounds": buckets.spec(), "labels": buckets.labels},
+        "schedules": list(schedules),
+        "options": dict(options),
+        "reference": reference,
+        **extra,
+        "targets": dict(targets),
+    }

@@ -1,0 +1,173 @@
+"""One phase of one target: the schedule sends the trace's requests, every result is written as
+it completes, and every request is accounted for, sent or not.
+
+The schedule pulls requests from the file as it sends them, so a phase holds only what is in
+flight. It stops on an interrupt (the run's ``stopping``), on the target's spent error budget,
+or at the phase time limit; what a time limit or a spent budget leaves unsent is written as
+results too, while after an interrupt it is left for ``--resume`` to send."""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from replay.core.buckets import Buckets
+from replay.core.iterate import closing
+from replay.core.records import Result
+from replay.core.schedule import ClosedLoop, MonotonicClock, OpenLoop
+from replay.core.synth import TokenPool, synthesize
+from replay.core.trace import Request, TraceSource
+from replay.run.budget import ErrorBudget
+from replay.run.progress import Progress
+from replay.run.rundir import JsonlWriter
+from replay.serving.client import Client
+from replay.serving.introspect import Scraper
+from replay.serving.prompt_tokens import UNKNOWN, known_count
+
+Schedule = ClosedLoop | OpenLoop
+
+
+@dataclass
+class TargetSession:
+    """What every phase of one target shares: its client, its prompt lengths (by trace
+    position), the token pool of synthetic prompts and its error budget."""
+
+    name: str
+    client: Client
+    counts: array[int]
+    pool: TokenPool | None
+    budget: ErrorBudget
+    scraper: Scraper
+
+
+@dataclass
+class Phase:
+    target: TargetSession
+    sched: Schedule
+    trace: TraceSource
+    buckets: Buckets
+    writer: JsonlWriter
+    progress: Progress
+    clock: MonotonicClock
+    stopping: asyncio.Event  # the run's interrupt
+    timeout_s: float
+    salt: str | None
+    before_done: set[str] = field(default_factory=set)  # resume: ids with a final result
+    # pulled from the trace and not finished: at most what is in flight, plus one waiting
+    pending: dict[int, Request] = field(default_factory=dict)
+    halt: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def label(self) -> str:
+        return self.sched.label
+
+    def bucket(self, i: int) -> str:
+        n = self.target.counts[i]
+        return self.buckets.label(n) if n != UNKNOWN else "unknown"
+
+    async def run(self) -> dict[str, Any] | None:
+        """Send the phase; its window (start, end, flags) for the manifest, or None when there
+        is nothing to send (resumed complete, or the run is being interrupted)."""
+        total = self.trace.count - len(self.before_done)
+        if total <= 0 or self.stopping.is_set():
+            return None
+        if self.target.budget.spent:  # in an earlier phase: this one sends nothing
+            self.halt.set()
+        relay = asyncio.ensure_future(self.stopping.wait())
+        relay.add_done_callback(lambda f: None if f.cancelled() else self.halt.set())
+        self.progress.phase(self.target.name, self.label, total)
+        scraper = self.target.scraper
+        with closing(self.trace.iter_requests()) as reqs:
+            todo = ((i, r) for i, r in enumerate(reqs) if r.id not in self.before_done)
+            # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
+            before = await scraper.scrape_once()
+            start = before.t if before is not None else self.clock.now()
+            try:
+                await asyncio.wait_for(
+                    self.sched.run(self._pulled(todo), self._send, self.clock, self.halt),
+                    self.timeout_s,
+                )
+            except TimeoutError:
+                pass
+            finally:
+                relay.cancel()
+            after = await scraper.scrape_once()
+            end = after.t if after is not None else self.clock.now()
+            if not self.stopping.is_set():
+                self._account_unsent(todo, end)
+        return {
+            "start": start,
+            "end": end,
+            **({"resumed": True} if self.before_done else {}),
+            **({"interrupted": True} if self.stopping.is_set() else {}),
+        }
+
+    def _pulled(self, items: Iterator[tuple[int, Request]]) -> Iterator[tuple[int, Request]]:
+        for i, req in items:
+            self.pending[i] = req
+            yield i, req
+
+    async def _send(self, item: tuple[int, Request], scheduled: float) -> None:
+        i, req = item
+        t, budget = self.target, self.target.budget
+        # Backoff while the target does not answer; then it is stopped, not spun on.
+        wait = budget.delay()
+        if wait:
+            await _pause(wait, self.halt)
+        if self.halt.is_set():
+            return  # left in ``pending``: recorded after the phase as not sent
+        res = Result(
+            request_id=req.id,
+            target=t.name,
+            phase=self.label,
+            bucket=self.bucket(i),
+            scheduled=scheduled,
+            prompt_tokens=known_count(t.counts[i]),
+        )
+        ids = synthesize(req, t.pool) if req.synth is not None and t.pool is not None else None
+        try:
+            await t.client.send(req, res, ids, self.salt)
+        finally:
+            self.writer.write(res.to_json())
+            self.pending.pop(i, None)
+            self.progress.advance(t.name, self.label, res.status == "ok")
+            budget.record(res.status, res.error_kind, res.http_status, res.error)
+            if budget.spent:
+                self.halt.set()
+
+    def _account_unsent(self, todo: Iterator[tuple[int, Request]], at: float) -> None:
+        """Requests the phase never sent (time limit, spent budget) are results too."""
+        unsent = sorted(self.pending.items())
+        self.pending.clear()
+        for i, req in [*unsent, *todo]:
+            self.writer.write(self._not_sent(req, self.bucket(i), at))
+
+    def _not_sent(self, req: Request, bucket: str, at: float) -> dict[str, Any]:
+        """The target's error budget was spent (final: the target failed), or the phase ran
+        out of time (cancelled)."""
+        budget = self.target.budget
+        res = Result(
+            request_id=req.id,
+            target=self.target.name,
+            phase=self.label,
+            bucket=bucket,
+            scheduled=at,
+        )
+        if budget.spent:
+            res.status, res.error_kind = "error", "unavailable"
+            res.error = f"not sent: {budget.reason}"
+        else:
+            res.status, res.error_kind = "cancelled", "cancelled"
+            res.error = f"not sent: phase time limit {self.timeout_s:g} s"
+        return res.to_json()
+
+
+async def _pause(seconds: float, halt: asyncio.Event) -> None:
+    """Sleep, or less when ``halt`` is set meanwhile."""
+    try:
+        await asyncio.wait_for(halt.wait(), seconds)
+    except TimeoutError:
+        pass
