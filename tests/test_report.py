@@ -21,7 +21,7 @@ from replay.analysis.summary import build_summary
 from replay.analysis.systems import compare_systems, throughput_ratio
 from replay.analysis.verdict import decide, facts_from_run
 from replay.core.records import Result
-from replay.present import report
+from replay.present import charts, formatting, markdown, report, request_views
 from replay.run.rundir import write_json
 
 PAYLOAD = "<script>alert(1)</script>"
@@ -363,13 +363,13 @@ def test_quality_rows_carry_intervals_and_noise_floor(run_dir: Path) -> None:
     assert set(fp8) == {"<256", "256-1K"}
     loss = fp8["256-1K"]
     assert re.fullmatch(r"60\.0% \[42\.\d, 75\.\d\] \(18/30\)", loss[2])  # Wilson interval
-    assert loss[3] == report.DASH  # no derived grades here
+    assert loss[3] == formatting.DASH  # no derived grades here
     assert loss[4].startswith("-40.0 [-")  # paired Δ with its interval
     assert loss[5] == "30 (30 + 0)" and float(loss[6]) < 0.05  # pairs, McNemar p
     assert loss[7] == "+0.0 [+0.0, +0.0]"  # the A/A control's noise floor
     assert loss[11] == "loss shown"  # no "need N" for a loss
     ref = next(r for r in rows if r[0] == "bf16")
-    assert ref[4:7] == ["reference", report.DASH, report.DASH]
+    assert ref[4:7] == ["reference", formatting.DASH, formatting.DASH]
 
 
 def test_rows_follow_the_runs_order_not_sorted_keys(run_dir: Path) -> None:
@@ -391,7 +391,7 @@ def test_serving_capacity_systems_and_kv_usage(run_dir: Path) -> None:
     assert "bf16: KV-cache usage over time (peak 60.0%)" in kv
     assert "bf16-control c1" in kv  # the control's phase, on the reference's server
     peaks = {r[0]: r[3] for r in s.rows["kv-usage"]}
-    assert peaks == {"bf16": "60.0%", "fp8": "60.0%", "bf16-control": report.DASH}
+    assert peaks == {"bf16": "60.0%", "fp8": "60.0%", "bf16-control": formatting.DASH}
 
 
 def test_planted_payloads_are_text(run_dir: Path) -> None:
@@ -431,7 +431,7 @@ def test_prompt_excerpt_and_request_order(run_dir: Path) -> None:
 
 
 def test_request_cap(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(report, "MAX_REQUESTS", 5)
+    monkeypatch.setattr(request_views, "MAX_REQUESTS", 5)
     html = report.render_html(run_dir)
     assert html.count('<details class="req"') == 5
     assert "60 requests; showing the first 5" in html
@@ -465,9 +465,9 @@ def test_missing_values_are_dashes_not_zeros(run_dir: Path) -> None:
     _dump(run_dir / "manifest.json", m)
     sec = sections(report.render_html(run_dir))
     cap = {r[0]: r for r in sec.rows["capacity"]}
-    assert cap["fp8"][2] == report.DASH and cap["fp8"][3] == report.DASH
+    assert cap["fp8"][2] == formatting.DASH and cap["fp8"][3] == formatting.DASH
     lat = [r for r in sec.rows["latency"] if r[:2] == ["fp8", "<256"]]
-    assert lat[0][5] == " / ".join([report.DASH] * 3)
+    assert lat[0][5] == " / ".join([formatting.DASH] * 3)
 
 
 # -- partial and odd run directories ---------------------------------------------------------
@@ -571,7 +571,7 @@ def test_markdown(run_dir: Path) -> None:
 
 
 def test_markdown_cells_are_escaped() -> None:
-    assert report.md("a|b\n<script>") == "a\\|b &lt;script&gt;"
+    assert markdown.md("a|b\n<script>") == "a\\|b &lt;script&gt;"
 
 
 def test_markdown_tables_keep_their_shape(run_dir: Path) -> None:
@@ -602,25 +602,34 @@ def test_write_reports(run_dir: Path) -> None:
 
 
 def test_formatting_of_missing_values() -> None:
-    for f in (report.f_sig, report.f_int, report.f_pct, report.f_pts, report.f_p, report.f_ratio):
-        assert f(None) == report.DASH
-        assert f(float("nan")) == report.DASH
-        assert f(True) == report.DASH
-    assert report.f_pct(0.0) == "0.0%" and report.f_sig(0) == "0.00"
-    assert report.f_est(-0.1, -0.2, None, report.f_pts) == f"-10.0 [-20.0, {report.DASH}]"
+    for f in (
+        formatting.f_sig,
+        formatting.f_int,
+        formatting.f_pct,
+        formatting.f_pts,
+        formatting.f_p,
+        formatting.f_ratio,
+    ):
+        assert f(None) == formatting.DASH
+        assert f(float("nan")) == formatting.DASH
+        assert f(True) == formatting.DASH
+    assert formatting.f_pct(0.0) == "0.0%" and formatting.f_sig(0) == "0.00"
+    assert (
+        formatting.f_est(-0.1, -0.2, None, formatting.f_pts) == f"-10.0 [-20.0, {formatting.DASH}]"
+    )
 
 
 def test_charts() -> None:
-    assert report.box_chart([("bucket a", [("x", "#000", [])])], "ms", "t") is None
-    chart = report.box_chart(
+    assert charts.box_chart([("bucket a", [("x", "#000", [])])], "ms", "t") is None
+    chart = charts.box_chart(
         [("bucket a", [("x", "#000", [1.0, 2.0, 3.0]), ("y", "#111", [])])], "ms", "t"
     )
     assert chart is not None and any(s.text == "no data" for s in chart.shapes)
-    assert report.bar_chart([("a", "#000", None)], "tokens", "t") is None
-    assert report.line_chart([], "#000", [], "t") is None
-    top, ticks = report._axis(87.0)
+    assert charts.bar_chart([("a", "#000", None)], "tokens", "t") is None
+    assert charts.line_chart([], "#000", [], "t") is None
+    top, ticks = charts._axis(87.0)
     assert top == 100 and ticks[0] == 0 and ticks[-1] == 100
-    assert len(report._thin([(float(i), 0.0) for i in range(10000)], 100)) == 100
+    assert len(charts._thin([(float(i), 0.0) for i in range(10000)], 100)) == 100
 
 
 def test_replay_compare_two_runs(tmp_path: Path) -> None:

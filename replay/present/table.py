@@ -12,14 +12,16 @@ from replay.analysis.schemas import (
     Quality,
     Summary,
 )
+from replay.present.formatting import TERMINAL_DASH, fixed, percent, points
 
 
-def _f(v: float | None, fmt: str = "{:.1f}") -> str:
-    return "–" if v is None else fmt.format(v)
+# The terminal's missing mark is an en dash (the reports use an em dash).
+def _f(v: float | None, spec: str = ".1f") -> str:
+    return fixed(v, spec, TERMINAL_DASH)
 
 
-def _tokens(v: float | None) -> str:
-    return "–" if v is None else f"{v:,.0f}"
+def _pct(v: float | None, digits: int = 0) -> str:
+    return percent(v, digits, TERMINAL_DASH)
 
 
 def summary_table(summary: Summary) -> Table:
@@ -53,7 +55,7 @@ def summary_table(summary: Summary) -> Table:
                 "",
                 "",
                 "",
-                _tokens(tgt.kv_cache_size_tokens),
+                _f(tgt.kv_cache_size_tokens, ",.0f"),
                 "",
                 "",
                 "",
@@ -70,37 +72,25 @@ def summary_table(summary: Summary) -> Table:
                     str(row.requests),
                     str(row.errors),
                     f"{_f(row.ttft_ms.p50)} / {_f(row.ttft_ms.p99)}",
-                    f"{_f(row.itl_ms.p50, '{:.2f}')} / {_f(row.itl_ms.p99, '{:.2f}')}",
-                    _f(row.e2e_ms.p50, "{:.0f}"),
+                    f"{_f(row.itl_ms.p50, '.2f')} / {_f(row.itl_ms.p99, '.2f')}",
+                    _f(row.e2e_ms.p50, ".0f"),
                     _f(ph.all.throughput_out_tok_s) if first else "",
-                    _tokens(row.capacity.kv_cache_size_tokens),
-                    _f(row.capacity.concurrency_at_context, "{:,.0f}"),
-                    _f(None if srv.peak_kv_usage is None else 100 * srv.peak_kv_usage, "{:.1f}%")
-                    if first
-                    else "",
-                    _f(srv.preemptions, "{:.0f}") if first else "",
-                    _f(
-                        None
-                        if srv.prefix_cache_hit_rate is None
-                        else 100 * srv.prefix_cache_hit_rate,
-                        "{:.0f}%",
-                    )
-                    if first
-                    else "",
+                    _f(row.capacity.kv_cache_size_tokens, ",.0f"),
+                    _f(row.capacity.concurrency_at_context, ",.0f"),
+                    _pct(srv.peak_kv_usage, 1) if first else "",
+                    _f(srv.preemptions, ".0f") if first else "",
+                    _pct(srv.prefix_cache_hit_rate) if first else "",
                 )
     return t
 
 
-def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{100 * v:.0f}%"
-
-
 def _interval(lo: float | None, hi: float | None, signed: bool = True) -> str:
+    """`` [-8, +2]`` in points, or `` [42-75%]`` for a rate."""
     if lo is None or hi is None:
         return ""
-    return (
-        f" [{100 * lo:+.0f}, {100 * hi:+.0f}]" if signed else f" [{100 * lo:.0f}-{100 * hi:.0f}%]"
-    )
+    if signed:
+        return f" [{points(lo, 0)}, {points(hi, 0)}]"
+    return f" [{percent(lo, 0).rstrip('%')}-{percent(hi, 0)}]"
 
 
 def _evidence_cell(ev: EvidenceSummary) -> str:
@@ -148,7 +138,7 @@ def quality_table(q: Quality) -> Table:
                     "",
                     "",
                     "",
-                    f"{_f(shift.p_value, '{:.3f}')} {shift.direction}",
+                    f"{_f(shift.p_value, '.3f')} {shift.direction}",
                     "",
                     "",
                     "",
@@ -177,19 +167,17 @@ def _quality_cells(row: BucketQuality, is_ref: bool) -> list[str]:
         else _pct(derived.pass_rate)
         + (_interval(dw[0], dw[1], signed=False) if dw else "")
         + f" n={derived.graded}",
-        ""
-        if is_ref or not vs
-        else _f(None if vs.diff is None else 100 * vs.diff, "{:+.1f}") + _interval(vs.lo, vs.hi),
+        "" if is_ref or not vs else points(vs.diff, 1, TERMINAL_DASH) + _interval(vs.lo, vs.hi),
         ""
         if is_ref or not vs
         else f"{vs.pairs}" + (f" (+{combined.derived})" if combined and combined.derived else ""),
-        "" if is_ref or not vs else _f(vs.mcnemar_p, "{:.3f}"),
+        "" if is_ref or not vs else _f(vs.mcnemar_p, ".3f"),
         ""
         if not floor or floor.diff is None
-        else f"{100 * floor.diff:+.1f}" + _interval(floor.lo, floor.hi),
+        else points(floor.diff) + _interval(floor.lo, floor.hi),
         "" if is_ref else _pct(row.agreement.exact),
-        "" if is_ref else _f(row.agreement.first_divergence_median, "{:.0f}"),
-        _f(tf.nll_delta_mean, "{:+.4f}"),
+        "" if is_ref else _f(row.agreement.first_divergence_median, ".0f"),
+        _f(tf.nll_delta_mean, "+.4f"),
         _pct(tf.top1_agreement),
         "" if is_ref or evidence is None else _evidence_cell(evidence),
     ]
@@ -197,7 +185,7 @@ def _quality_cells(row: BucketQuality, is_ref: bool) -> list[str]:
 
 def compare_table(a: Summary, b: Summary, name_a: str, name_b: str) -> Table:
     """Two runs side by side: verdict, then pass rate and TTFT p50 per target x bucket."""
-    va, vb = (s.verdict.verdict if s.verdict else "–" for s in (a, b))
+    va, vb = (s.verdict.verdict if s.verdict else TERMINAL_DASH for s in (a, b))
     t = Table(title=f"A = {name_a}  ->  B = {name_b}\nverdict: {va} -> {vb}")
     for col in (
         "target",
@@ -237,7 +225,7 @@ def compare_table(a: Summary, b: Summary, name_a: str, name_b: str) -> Table:
     for name, phase, bucket in keys:
         pa, ta, ea = get(a, name, phase, bucket)
         pb, tb, eb = get(b, name, phase, bucket)
-        delta = "–" if pa is None or pb is None else f"{100 * (pb - pa):+.1f}"
+        delta = points(None if pa is None or pb is None else pb - pa, 1, TERMINAL_DASH)
         t.add_row(
             name,
             phase,
@@ -247,7 +235,7 @@ def compare_table(a: Summary, b: Summary, name_a: str, name_b: str) -> Table:
             delta,
             _f(ta),
             _f(tb),
-            _f(ea, "{:.0f}"),
-            _f(eb, "{:.0f}"),
+            _f(ea, ".0f"),
+            _f(eb, ".0f"),
         )
     return t

@@ -1,0 +1,65 @@
+"""The self-contained HTML report: the section views and a header rendered through the Jinja
+template beside this module (``report_template.html.j2``), with autoescape on and nothing
+marked safe, so model and trace text stays text."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from replay.present.formatting import DASH, f_int, num, text
+from replay.present.reading import Run, dig, lst, obj
+from replay.present.sections import SECTIONS, build_views
+
+TEMPLATE = "report_template.html.j2"
+
+
+def _header(run: Run) -> dict[str, Any]:
+    m, trace = run.manifest, obj(run.manifest.get("trace"))
+    started = num(m.get("started_at"))
+    return {
+        "run_id": run.dir.name,
+        "started": DASH
+        if started is None
+        else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+        "tool": f"{text(dig(m, 'tool', 'name'))} {text(dig(m, 'tool', 'version'))}",
+        "trace": text(trace.get("path")),
+        "sha": _f_sha(trace.get("sha256")),
+        "requests": f_int(trace.get("requests")),
+        "bad_lines": f_int(trace.get("bad_lines")),
+        "buckets": ", ".join(str(b) for b in lst(dig(m, "buckets", "labels"))) or DASH,
+        "schedules": ", ".join(str(s) for s in lst(m.get("schedules"))) or DASH,
+        "command": " ".join(str(c) for c in lst(m.get("command"))) or DASH,
+        "summary_version": text(run.summary.version),
+    }
+
+
+def _f_sha(x: object) -> str:
+    return f"{x[:12]}…" if isinstance(x, str) and x else DASH
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals["DASH"] = DASH
+    return env
+
+
+def html_report(run: Run) -> str:
+    """The full HTML page of a run."""
+    views, problems = build_views(run)
+    return (
+        _environment()
+        .get_template(TEMPLATE)
+        .render(h=_header(run), sections=SECTIONS, v=views, problems=problems)
+    )

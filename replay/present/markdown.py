@@ -1,0 +1,71 @@
+"""The Markdown report, for a PR comment: the verdict and its evidence, then the serving-path,
+quality and latency tables, from the same views as the HTML report. Every cell is one line
+with pipes and angle brackets escaped, so a table keeps its shape whatever the text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replay.present.formatting import DASH
+from replay.present.quality_views import QUALITY_HEADERS
+from replay.present.reading import Run
+from replay.present.sections import build_views
+from replay.present.views import Table
+
+# The columns of QUALITY_HEADERS a PR comment keeps (explicit and derived side by side).
+MD_QUALITY = tuple(QUALITY_HEADERS[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 11))
+
+
+def markdown_report(run: Run) -> str:
+    """The Markdown summary of a run."""
+    views, problems = build_views(run, ("verdict", "serving", "quality", "systems", "latency"))
+    out = _md_verdict(run, views["verdict"] or {})
+    out += _md_section("Serving path", (views["serving"] or {}).get("table"))
+    tables = (views["quality"] or {}).get("tables") or [{"table": None}]
+    for qt in tables:
+        caption = f" ({qt['table'].caption})" if qt["table"] else ""
+        out += _md_section(f"Quality{caption}", qt["table"], MD_QUALITY)
+    out += _md_section(
+        "Latency",
+        (views["systems"] or {}).get("latency")
+        or next(
+            (p["table"] for p in (views["latency"] or {}).get("phases", []) if p["table"]), None
+        ),
+    )
+    if problems:
+        out += ["### Problems reading this run", ""] + [f"- {md(p)}" for p in problems]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _md_verdict(run: Run, v: Mapping[str, Any]) -> list[str]:
+    out = [f"## kvcanary `{md(run.dir.name)}`: {md(v.get('word', 'NO VERDICT'))}", ""]
+    if not v.get("present"):
+        return [*out, "Verdict: not measured in this run.", ""]
+    out += [f"**{md(v['headline'])}** (exit code {md(v['exit_code'])})", ""]
+    out += [f"- {md(r)}" for r in v["reasons"]] + ([""] if v["reasons"] else [])
+    if v["evidence"].rows:
+        out += ["### Evidence", ""]
+        for kind, bucket, finding, *_ in v["evidence"].rows:
+            where = f" ({md(bucket.text)})" if bucket.text != DASH else ""
+            out.append(f"- **{md(kind.text)}**{where}: {md(finding.text)}")
+        out.append("")
+    return out
+
+
+def md(s: object) -> str:
+    """Text for a Markdown table cell or bullet: one line, pipes and angle brackets escaped."""
+    t = " ".join(str(s).split())
+    return t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _md_section(title: str, t: Table | None, cols: Sequence[str] | None = None) -> list[str]:
+    if t is None:
+        return [f"### {title}", "", "Not measured in this run.", ""]
+    idx = [i for i, h in enumerate(t.headers) if cols is None or h in cols]
+    caption = [f"_{md(t.caption)}_", ""] if t.caption and t.caption not in title else []
+    out = [f"### {title}", "", *caption]
+    out.append("| " + " | ".join(md(t.headers[i]) for i in idx) + " |")
+    out.append("|" + "|".join(" --- " for _ in idx) + "|")
+    out += ["| " + " | ".join(md(row[i].text) for i in idx) + " |" for row in t.rows]
+    return [*out, ""]

@@ -1,0 +1,48 @@
+"""The report's sections: their order and titles (the HTML report's navigation) and the
+function that builds each one's view from a ``Run``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from replay.present.quality_views import quality_view
+from replay.present.reading import Run
+from replay.present.request_views import requests_view
+from replay.present.systems_views import capacity_view, kv_view, latency_view, systems_view
+from replay.present.verdict_views import serving_view, verdict_view
+
+SECTIONS = (
+    ("verdict", "Verdict"),
+    ("serving", "Serving path"),
+    ("quality", "Quality"),
+    ("systems", "Systems"),
+    ("latency", "Latency"),
+    ("capacity", "Capacity"),
+    ("kv-usage", "KV usage"),
+    ("requests", "Requests"),
+)
+BUILDERS: dict[str, Callable[[Run], Any]] = {
+    "verdict": verdict_view,
+    "serving": serving_view,
+    "quality": quality_view,
+    "systems": systems_view,
+    "latency": latency_view,
+    "capacity": capacity_view,
+    "kv-usage": kv_view,
+    "requests": requests_view,
+}
+
+
+def build_views(run: Run, keys: Iterable[str] = BUILDERS) -> tuple[dict[str, Any], list[str]]:
+    """Each section's view, and the problems reading the run: a section whose data has an
+    unexpected shape is reported there (and left out) rather than losing the whole report."""
+    views: dict[str, Any] = {}
+    problems = list(run.problems)
+    for key in keys:
+        try:
+            views[key] = BUILDERS[key](run)
+        except Exception as exc:  # one bad section must not lose the report
+            views[key] = None
+            problems.append(f"section '{key}' could not be rendered: {exc!r}")
+    return views, problems

@@ -1,0 +1,319 @@
+"""Speed and capacity: the paired latency comparison and its break-even, latency
+distributions per phase, KV-cache capacity per target, and KV-cache usage over time."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from replay.analysis.schemas import LatencyDelta, Percentiles, SystemsBucket, TargetSummary
+from replay.present.charts import BoxRow, bar_chart, box_chart, line_chart
+from replay.present.formatting import (
+    DASH,
+    f_bool,
+    f_est,
+    f_int,
+    f_pct,
+    f_ratio,
+    f_sig,
+    num,
+    text,
+)
+from replay.present.reading import Run, dig, lst, obj, to_float
+from replay.present.views import Cell, Table
+
+SYS_METRICS = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"))
+
+
+def _deltas(row: SystemsBucket) -> list[tuple[str, LatencyDelta | None]]:
+    return [("TTFT", row.ttft_ms), ("ITL", row.itl_ms), ("E2E", row.e2e_ms)]
+
+
+def systems_view(run: Run) -> dict[str, Any] | None:
+    s = run.summary.systems
+    if s is None:
+        return None
+    ref, cand = text(s.reference), text(s.candidate)
+    emulated = (
+        f"; {cand} is emulated FP8: a BF16 server rounding K/V, not FP8's speed"
+        if run.emulated(s.candidate)
+        else ""
+    )
+    lat = Table(
+        [
+            "Bucket",
+            "Metric",
+            f"{ref} median (ms)",
+            f"{cand} median (ms)",
+            "Δ mean, ms [95% CI]",
+            "Pairs",
+        ],
+        caption=f"phase {text(s.phase)}, "
+        f"{cand} − {ref} on the same requests (negative: {cand} is faster){emulated}",
+    )
+    for bucket, row in run.in_order(s.buckets, "bucket"):
+        for name, m in _deltas(row):
+            if m is None:
+                lat.add(bucket, name, DASH, DASH, Cell(DASH, "num "), DASH)
+                continue
+            cls = "good" if (num(m.hi) or 0) < 0 else "bad" if (num(m.lo) or 0) > 0 else ""
+            lat.add(
+                bucket,
+                name,
+                f_sig(m.reference_median),
+                f_sig(m.candidate_median),
+                Cell(f_est(m.delta_mean, m.lo, m.hi, f_sig), "num " + cls),
+                f_int(m.pairs),
+            )
+    fits = Table(
+        [
+            "Metric",
+            f"{ref}: ms = a + b·tokens",
+            f"{cand}: ms = a + b·tokens",
+            "Break-even (prompt tokens)",
+            f"{cand} wins",
+        ]
+    )
+    for key, name in SYS_METRICS:
+        f = s.fits.get(key)
+        if f:
+            fits.add(
+                name, _f_line(f.reference), _f_line(f.candidate), f_int(f.tokens), text(f.fp8_wins)
+            )
+    facts = [
+        ("paired requests", f_int(s.pairs)),
+        ("median context (tokens)", f_int(s.median_context_tokens)),
+        ("output throughput ratio", f_ratio(s.throughput_ratio)),
+        (f"{cand} faster somewhere", f_bool(s.latency_better)),
+        ("below the break-even", f_bool(s.below_break_even)),
+    ]
+    return {
+        "latency": lat if lat.rows else None,
+        "fits": fits if fits.rows else None,
+        "facts": facts,
+    }
+
+
+def _f_line(x: tuple[float, float] | None) -> str:
+    if x is None or num(x[0]) is None or num(x[1]) is None:
+        return DASH
+    return f"{f_sig(x[0])} + {num(x[1]):.4g}·t"
+
+
+def latency_view(run: Run) -> dict[str, Any]:
+    """Per phase: TTFT and ITL distributions (target x bucket) and the summary's figures."""
+    dist: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+    for r in run.results:
+        if r.get("status", "ok") != "ok":
+            continue
+        key = (str(r.get("phase")), str(r.get("bucket")), str(r.get("target")))
+        ttft, first, sent = (num(r.get(k)) for k in ("ttft", "first_token", "sent"))
+        if ttft is None and first is not None and sent is not None:
+            ttft = first - sent
+        if ttft is not None:
+            dist[(*key, "ttft")].append(1000 * ttft)
+        dist[(*key, "itl")].extend(1000 * g for g in _itl(r))
+    out = []
+    for phase in run.phases():
+        charts = [
+            box_chart(
+                _groups(run, dist, phase, metric),
+                "ms",
+                f"{name} per target and bucket, phase {phase}",
+            )
+            for metric, name in (("ttft", "TTFT"), ("itl", "Inter-token latency"))
+        ]
+        out.append(
+            {
+                "phase": phase,
+                "charts": [c for c in charts if c],
+                "table": _latency_table(run, phase),
+            }
+        )
+    return {"phases": [p for p in out if p["charts"] or p["table"]]}
+
+
+def _itl(r: Mapping[str, Any]) -> list[float]:
+    """Inter-token gaps in seconds; a chunk of n tokens spreads its gap over n tokens."""
+    times, tokens = lst(r.get("chunk_times")), lst(r.get("chunk_tokens"))
+    out: list[float] = []
+    for k in range(1, min(len(times), len(tokens))):
+        a, b, n = num(times[k - 1]), num(times[k]), num(tokens[k])
+        if a is not None and b is not None and n is not None and n > 0:
+            out.extend([(b - a) / n] * int(n))
+    return out
+
+
+def _groups(
+    run: Run, dist: Mapping[tuple[str, str, str, str], list[float]], phase: str, metric: str
+) -> list[tuple[str, list[BoxRow]]]:
+    buckets = list(dict.fromkeys(k[1] for k in dist if k[0] == phase))
+    order = [str(b) for b in lst(dig(run.manifest, "buckets", "labels"))]
+    buckets.sort(key=lambda b: order.index(b) if b in order else len(order))
+    return [
+        (
+            f"bucket {b}",
+            [
+                (t, run.color(t), dist.get((phase, b, t, metric), []))
+                for t in run.targets()
+                if (phase, b, t, "ttft") in dist or (phase, b, t, "itl") in dist
+            ],
+        )
+        for b in buckets
+    ]
+
+
+def _latency_table(run: Run, phase: str) -> Table | None:
+    t = Table(
+        [
+            "Target",
+            "Bucket",
+            "Requests",
+            "OK",
+            "Errors",
+            "TTFT p50 / p90 / p99 (ms)",
+            "ITL p50 / p90 / p99 (ms)",
+            "E2E p50 / p90 (ms)",
+            "Queue delay p90 (ms)",
+        ]
+    )
+    for name in run.targets():
+        target = run.summary.targets.get(name)
+        ph = target.phases.get(phase) if target else None
+        for bucket, row in run.in_order(ph.buckets if ph else {}, "bucket"):
+            kinds = ", ".join(f"{k}: {n}" for k, n in row.errors_by_kind.items())
+            t.add(
+                name,
+                bucket,
+                f_int(row.requests),
+                f_int(row.ok),
+                Cell(
+                    f_int(row.errors) + (f" ({kinds})" if kinds else ""),
+                    "bad" if row.errors else "",
+                ),
+                _f_pcts(row.ttft_ms, True),
+                _f_pcts(row.itl_ms, True),
+                _f_pcts(row.e2e_ms, False),
+                f_sig(row.queue_delay_ms.p90),
+            )
+    return t if t.rows else None
+
+
+def _f_pcts(x: Percentiles, p99: bool) -> str:
+    return " / ".join(f_sig(v) for v in (x.p50, x.p90, *([x.p99] if p99 else [])))
+
+
+def capacity_view(run: Run) -> dict[str, Any]:
+    targets = run.summary.targets
+    reference = targets.get(run.reference or "")
+    ref_size = reference.kv_cache_size_tokens if reference else None
+    bars, t = (
+        [],
+        Table(
+            [
+                "Target",
+                "Served cache dtype",
+                "KV cache (tokens)",
+                "× reference",
+                "Block size",
+                "Blocks",
+                "Max concurrency (engine)",
+                "Sequences at each bucket's median context",
+            ]
+        ),
+    )
+    for name in run.targets():
+        s = targets.get(name) or TargetSummary.from_json({})
+        cfg = obj(dig(run.manifest, "targets", name, "cache_config"))
+        size = num(s.kv_cache_size_tokens) or to_float(cfg.get("kv_cache_size_tokens"))
+        bars.append((name, run.color(name), size))
+        first = next(iter(run.in_order(s.phases, "phase")), None)
+        conc = [
+            f"{b}: {f_sig(row.capacity.concurrency_at_context)}"
+            for b, row in run.in_order(first[1].buckets if first else {}, "bucket")
+        ]
+        emulated = run.emulated(name)
+        if emulated:  # BF16 storage: never shown as FP8's capacity
+            bars.pop()
+        t.add(
+            name,
+            text(s.cache_dtype or cfg.get("cache_dtype"))
+            + (" (emulated FP8: BF16 storage)" if emulated else ""),
+            f_int(size),
+            "not FP8's: emulated"
+            if emulated
+            else f_ratio(size / ref_size if size and ref_size else None),
+            text(cfg.get("block_size")),
+            text(cfg.get("num_gpu_blocks")),
+            text(cfg.get("kv_cache_max_concurrency")),
+            ", ".join(conc) or DASH,
+        )
+    chart = bar_chart(bars, "tokens", "KV-cache capacity per target (tokens)")
+    return {"chart": chart, "table": t if t.rows else None}
+
+
+def kv_view(run: Run) -> dict[str, Any]:
+    charts = []
+    for name in run.targets():
+        pts = sorted(
+            (float(s["t"]), float(s["kv_usage"]))
+            for s in run.series.get(name, [])
+            if num(s.get("t")) is not None and num(s.get("kv_usage")) is not None
+        )
+        peak = f_pct(max(v for _, v in pts)) if pts else DASH
+        chart = line_chart(
+            pts,
+            run.color(name),
+            _windows(run, name),
+            f"{name}: KV-cache usage over time (peak {peak})",
+        )
+        if chart:
+            charts.append(chart)
+    t = Table(
+        [
+            "Target",
+            "Phase",
+            "Duration (s)",
+            "Peak KV usage",
+            "Peak running",
+            "Peak waiting",
+            "Preemptions",
+            "Prefix-cache hit rate",
+            "Server TTFT mean (ms)",
+            "Output tok/s",
+        ]
+    )
+    for name in run.targets():
+        target = run.summary.targets.get(name)
+        for phase, ph in run.in_order(target.phases if target else {}, "phase"):
+            srv = ph.server
+            t.add(
+                name,
+                phase,
+                f_sig(ph.duration_s),
+                f_pct(srv.peak_kv_usage),
+                f_int(srv.peak_running),
+                f_int(srv.peak_waiting),
+                f_int(srv.preemptions),
+                f_pct(srv.prefix_cache_hit_rate),
+                f_sig(srv.server_ttft_mean_ms),
+                f_sig(ph.all.throughput_out_tok_s),
+            )
+    return {"charts": charts, "table": t if t.rows else None}
+
+
+def _windows(run: Run, name: str) -> list[tuple[str, float, float]]:
+    """Phase windows on this target's server: its own, and those of targets that shared it
+    (the A/A control replays on the reference's server)."""
+    url = dig(run.manifest, "targets", name, "server", "url")
+    out = []
+    for other in run.targets():
+        m = obj(dig(run.manifest, "targets", other))
+        if other != name and (url is None or dig(m, "server", "url") != url):
+            continue
+        for phase, w in run.in_order(obj(m.get("phases")), "phase"):
+            a, b = num(dig(w, "start")), num(dig(w, "end"))
+            if a is not None and b is not None:
+                out.append((phase if other == name else f"{other} {phase}", a, b))
+    return out

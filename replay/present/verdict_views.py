@@ -1,0 +1,172 @@
+"""The report's first sections: the verdict with its evidence and a few numbers at a glance,
+and the serving path (does each target run the path it is meant to test)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from replay.analysis.schemas import TargetSummary
+from replay.analysis.verdict import VERDICTS, serving_problems
+from replay.present.formatting import f_est, f_int, f_p, f_pts, f_ratio, num, text
+from replay.present.reading import CONTROL_SUFFIX, Run, dig, lst, obj, to_float
+from replay.present.views import Cell, Table
+
+# Each verdict as the few words the top of the report shows in large type.
+SHORT = {
+    "keep": "KEEP",
+    "calibrate": "CALIBRATE",
+    "per_head_or_skip_layers": "PER-HEAD / SKIP LAYERS",
+    "reject": "REJECT",
+    "insufficient_evidence": "INSUFFICIENT EVIDENCE",
+    "emulated": "EMULATED: NO VERDICT",
+}
+
+
+def verdict_view(run: Run) -> dict[str, Any]:
+    v = run.summary.verdict
+    kind = (v.verdict if v else None) or None
+    title = VERDICTS.get(kind or "", (None, ""))[1]
+    ev = Table(
+        [
+            "Kind",
+            "Bucket",
+            "Finding",
+            "Pairs",
+            "Δ pass rate, pts [95% CI]",
+            "McNemar p",
+            "Noise floor (low end, pts)",
+        ]
+    )
+    # An evidence entry is the verdict's own JSON object (its keys depend on its kind).
+    for e in v.evidence if v else ():
+        ev.add(
+            text(e.get("kind")),
+            text(e.get("bucket")),
+            Cell(text(e.get("text"))),
+            f_int(e.get("pairs")),
+            f_est(e.get("diff"), e.get("lo"), e.get("hi"), f_pts),
+            f_p(e.get("mcnemar_p")),
+            f_pts(e.get("floor_lo")),
+        )
+    headline = v.headline if v else None
+    return {
+        "present": v is not None,
+        "kind": kind or "none",
+        "word": SHORT.get(kind or "", (kind or "no verdict").upper()),
+        "title": title,
+        "headline": text(headline),
+        "exit_code": text(v.exit_code if v else None),
+        "reasons": [r for r in (v.reasons if v else ()) if not str(headline).endswith(r)],
+        "evidence": ev,
+        "glance": glance(run),
+    }
+
+
+def glance(run: Run) -> list[tuple[str, str]]:
+    """A few numbers beside the verdict: who was compared, on how much, what FP8 gains."""
+    ref, cand = run.reference, run.candidate()
+    t_ref, t_cand = (run.summary.targets.get(n or "") for n in (ref, cand))
+    a, b = (t.kv_cache_size_tokens if t else None for t in (t_ref, t_cand))
+    cap = b / a if a and b and not run.emulated(cand) else None
+    q, systems = run.summary.quality, run.summary.systems
+    first = next(iter(run.in_order(q.phases, "phase")), None) if q else None
+    arm = first[1].get(cand or "") if first else None
+    vs = arm.all.vs_reference if arm else None
+    return [
+        ("reference", text(ref)),
+        ("candidate", text(cand)),
+        (
+            "status (reference / candidate)",
+            f"{text(t_ref.status if t_ref else None)} / {text(t_cand.status if t_cand else None)}",
+        ),
+        ("graded pairs", f_int(vs.pairs if vs else None)),
+        ("KV-cache capacity", f_ratio(cap)),
+        ("throughput", f_ratio(systems.throughput_ratio if systems else None)),
+    ]
+
+
+def serving_view(run: Run) -> dict[str, Any]:
+    t = Table(
+        [
+            "Target",
+            "Role",
+            "Status",
+            "Expected cache dtype",
+            "Served cache dtype",
+            "KV cache (tokens)",
+            "Engine",
+            "Model",
+            "Max model len",
+            "Server",
+            "Findings",
+        ]
+    )
+    details = []
+    for name in run.targets():
+        m = obj(dig(run.manifest, "targets", name))
+        s = run.summary.targets.get(name) or TargetSummary.from_json({})
+        served = s.cache_dtype or dig(m, "cache_config", "cache_dtype")
+        findings = _findings(run, name, m, s, served)
+        server = obj(m.get("server"))
+        t.add(
+            Cell(name, title=text(dig(m, "spec", "model"))),
+            _role(run, name),
+            Cell(
+                text(s.status or m.get("status")),
+                "good" if (s.status or m.get("status")) == "ok" else "bad",
+            ),
+            text(dig(m, "spec", "expect_cache_dtype") or dig(m, "spec", "kv_cache_dtype")),
+            text(served) + (" (emulated FP8)" if run.emulated(name) else ""),
+            f_int(
+                s.kv_cache_size_tokens
+                or num(to_float(dig(m, "cache_config", "kv_cache_size_tokens")))
+            ),
+            text(m.get("engine_version")),
+            text(m.get("model_id")),
+            f_int(m.get("max_model_len")),
+            text(server.get("url")) + (f" (pid {server['pid']})" if server.get("pid") else ""),
+            Cell("; ".join(findings) or "none", "bad" if findings else "good"),
+        )
+        details.append(
+            {
+                "name": name,
+                "reason": m.get("reason") or s.reason,
+                "scale_lines": [str(x) for x in lst(m.get("scale_log_lines"))],
+                "engine": sorted((str(k), str(v)) for k, v in obj(m.get("engine_config")).items()),
+                "cache": sorted((str(k), str(v)) for k, v in obj(m.get("cache_config")).items()),
+                "problems": [str(x) for x in lst(m.get("problems"))],
+            }
+        )
+    return {"table": t if t.rows else None, "details": details}
+
+
+def _role(run: Run, name: str) -> str:
+    if name == run.reference:
+        return "reference"
+    if name.endswith(CONTROL_SUFFIX):
+        return "A/A control"
+    return "calibrated" if name == run.roles().calibrated else "candidate"
+
+
+def _findings(
+    run: Run, name: str, m: Mapping[str, Any], s: TargetSummary, served: object
+) -> list[str]:
+    """What says this target does not run the path it is meant to test (as the verdict sees
+    it); the reference and the control only report failing."""
+    status = s.status or m.get("status")
+    reason = s.reason or m.get("reason")
+    if status not in ("ok", "failed", None):
+        return [f"status '{status}': {text(reason) if reason else 'no outcome recorded'}"]
+    if name == run.reference or name.endswith(CONTROL_SUFFIX):
+        return [] if status in ("ok", None) else [f"target failed: {text(reason)}"]
+    merged = TargetSummary(
+        status=None if status is None else str(status),
+        reason=None if reason is None else str(reason),
+        cache_dtype=None if served is None else str(served),
+        kv_cache_size_tokens=None,
+        phases={},
+    )
+    # The verdict's own check, on what the manifest keeps of this target.
+    info = {k: m[k] for k in ("scale_log_lines", "engine_config", "spec") if k in m}
+    return serving_problems(name, merged, {"targets": {name: info}}, name == run.roles().calibrated)
