@@ -1,0 +1,371 @@
+"""``replay`` and ``replay canary``: read and check the trace, resolve the targets, run them,
+and say what happened (a table and a verdict, or the canary's Markdown and its exit code).
+Each step is a function of the typed ``RunOptions``; the manifest saves those options, so
+``--resume`` rebuilds the same run from them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from replay.analysis.schemas import Summary
+from replay.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TARGET_ERRORS,
+    EXIT_TARGET_FAILED,
+    console,
+    run_loop,
+    table_console,
+)
+from replay.cli.run_options import RunOptions
+from replay.core.buckets import Buckets
+from replay.core.errors import InputError
+from replay.core.importers import StreamedTrace, scan, sniff_format
+from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
+from replay.present.table import quality_table, summary_table
+from replay.run.exclude import exclusion, refuse_overlap
+from replay.run.rundir import MANIFEST, file_digest, new_run_dir, read_json
+from replay.run.runner import RunConfig, Runner
+from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
+
+
+class RichProgress:
+    """Progress bars per target x phase, and a status line for slow steps."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.p = progress
+        self.tasks: dict[tuple[str, str], TaskID] = {}
+        self.status_task = progress.add_task("", total=None)
+
+    def status(self, message: str) -> None:
+        self.p.update(self.status_task, description=message)
+
+    def phase(self, target: str, label: str, total: int) -> None:
+        self.status(f"[{target}] replaying ({label})")
+        self.tasks[(target, label)] = self.p.add_task(f"{target} {label}", total=total)
+
+    def advance(self, target: str, label: str, ok: bool) -> None:
+        self.p.advance(self.tasks[(target, label)])
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise InputError(f"{option}: '{text}' is not a comma-separated list of integers") from None
+    if not values or any(v < 1 for v in values):
+        raise InputError(f"{option}: give positive integers, e.g. 1,4,16")
+    return values
+
+
+def build_schedules(
+    trace: StreamedTrace,
+    concurrency: str,
+    rate: float | None,
+    trace_times: bool,
+    time_scale: float,
+    max_in_flight: int,
+    seed: int,
+) -> list[ClosedLoop | OpenLoop]:
+    if rate is not None and trace_times:
+        raise InputError("--rate and --trace-times are exclusive: pick one open-loop schedule")
+    try:
+        # Offsets are computed as the schedule consumes them (no list as long as the trace).
+        if trace_times:
+            times = TraceOffsets(
+                lambda: (r.t for r in trace.iter_requests()), trace.t_min or 0.0, time_scale
+            )
+            return [OpenLoop(times, max_in_flight, name=f"trace-x{time_scale:g}")]
+        if rate is not None:
+            return [
+                OpenLoop(
+                    PoissonOffsets(trace.count, rate, seed),
+                    max_in_flight,
+                    name=f"poisson-{rate:g}rps",
+                )
+            ]
+    except ValueError as exc:
+        raise InputError(f"schedule: {exc}") from None
+    return [ClosedLoop(c) for c in _int_list(concurrency, "--concurrency")]
+
+
+def _warn_unscanned(path: Path, has_text: bool) -> None:
+    """Text traces should pass through `replay trace anonymize` before they are shared."""
+    from replay.tools.anonymize import is_scanned
+
+    if has_text and path.suffix == ".jsonl" and not is_scanned(path):
+        console.print(
+            f"[yellow]warning:[/yellow] {path} was not anonymized by kvcanary; run "
+            "`replay trace anonymize` (and `replay trace scan`) before sharing "
+            "production traces"
+        )
+
+
+@dataclass(frozen=True)
+class Resuming:
+    """The run being continued, and the digest its trace must still have."""
+
+    run_dir: Path
+    trace_sha256: str
+
+
+def resume_options(run_dir: Path) -> tuple[RunOptions, Resuming]:
+    """The options the interrupted run was started with, from its manifest."""
+    where = f"--resume {run_dir}: {MANIFEST}"
+    try:
+        manifest = read_json(run_dir / MANIFEST)
+        saved, sha = manifest["cli_options"], manifest["trace"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(
+            f"--resume {run_dir}: no readable manifest.json with the run's "
+            "options; is this a kvcanary run directory?"
+        ) from None
+    if not isinstance(saved, dict):
+        raise InputError(f"{where}: cli_options is not an object")
+    return RunOptions.from_saved(saved, where), Resuming(run_dir, str(sha))
+
+
+def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
+    """One streaming pass checks the whole trace (the runner re-reads it for each pass, so
+    the replay's memory does not grow with the trace's length); with its resolved format."""
+    path = o.trace_path
+    fmt = sniff_format(path) if o.trace_format == "auto" and path.is_file() else o.trace_format
+    keep = exclusion(o.exclude_ids)
+    trace = scan(path, fmt, o.length_policy, o.on_bad_line, o.limit, keep=keep)  # type: ignore[arg-type]
+    if keep is not None:
+        console.print(f"--exclude-ids: left out {keep.dropped} request(s) listed in {keep.source}")
+    if trace.bad_count:
+        console.print(
+            f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
+            f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl"
+        )
+    if not trace.count:
+        raise InputError(f"{path}: no valid requests to replay")
+    _warn_unscanned(path, trace.has_text)
+    return trace, fmt
+
+
+def resolve_targets(o: RunOptions) -> list[TargetSpec]:
+    """The targets, with the embedded test model where bf16/fp8 name no other model."""
+    config = load_targets_config(o.targets_file) if o.targets_file else None
+    names = [n.strip() for n in o.targets.split(",")]
+    model_dir = o.model_dir
+    needs_default = any(n in ("bf16", "fp8") for n in names)
+    if model_dir is None and needs_default and not (config and all(n in config for n in names)):
+        from replay.testmodel.factory import ensure_default_model
+
+        model_dir = ensure_default_model()
+        console.print(f"using the embedded test model {model_dir}")
+    specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config)
+    if o.emulate_fp8:
+        specs = [emulate_fp8(s) for s in specs]
+    for spec in specs:
+        spec.api_key()  # a missing key variable is bad input, found before any server starts
+    return specs
+
+
+def run_directory(o: RunOptions, resuming: Resuming | None) -> Path:
+    if resuming is None:
+        return new_run_dir(o.out_dir, o.run_id)
+    if file_digest(o.trace_path) != resuming.trace_sha256:
+        raise InputError(
+            f"--resume: {o.trace_path} changed since the run started (its "
+            "sha256 differs); resuming would mix two traces"
+        )
+    return resuming.run_dir
+
+
+def resolve_control(o: RunOptions, canary: bool, trace: StreamedTrace) -> RunOptions:
+    """Derived grades need their own noise floor: how often the reference agrees with
+    itself. It costs one more pass of the reference (the README says so). Saved resolved: a
+    resume must replay the same arms."""
+    if o.control is not None:
+        return o
+    control = canary and trace.unlabeled > 0
+    if control:
+        console.print(
+            f"{trace.unlabeled} request(s) have no check: their grades come from "
+            "the reference's answers, so the reference is replayed a second time "
+            "for their noise floor (A/A; --no-control to skip)"
+        )
+    return o.replace(control=control)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the options resolve to, all checked before a run directory is made."""
+
+    trace: StreamedTrace
+    trace_format: str
+    buckets: Buckets
+    schedules: list[ClosedLoop | OpenLoop]
+    targets: list[TargetSpec]
+
+    @classmethod
+    def of(cls, o: RunOptions) -> Plan:
+        trace, fmt = load_trace(o)
+        buckets = Buckets.parse(o.bucket_spec)
+        schedules = build_schedules(
+            trace, o.concurrency, o.rate, o.trace_times, o.time_scale, o.max_in_flight, o.seed
+        )
+        specs = resolve_targets(o)
+        refuse_overlap(trace.iter_requests(), specs, o.trace_path)
+        return cls(trace, fmt, buckets, schedules, specs)
+
+
+def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunConfig:
+    return RunConfig(
+        trace=plan.trace,
+        trace_path=o.trace_path,
+        trace_format=plan.trace_format,
+        targets=plan.targets,
+        schedules=plan.schedules,
+        buckets=plan.buckets,
+        run_dir=run_dir,
+        length_policy=o.length_policy,
+        parallel_targets=o.parallel_targets,
+        timeout_s=o.timeout_s,
+        phase_timeout_s=o.phase_timeout_s,
+        seed=o.seed,
+        salt_phases=not o.share_prefix_cache,
+        reference=o.reference,
+        candidate=o.candidate,
+        calibrated=o.calibrated,
+        control=bool(o.control),
+        teacher_forced=not o.no_teacher_forced,
+        tolerance=o.tolerance,
+        thresholds=o.thresholds,
+        max_errors=o.max_errors,
+        max_error_rate=o.max_error_rate,
+        drain_s=o.drain_s,
+        resume=resume,
+        cli_options=o.to_json(),
+    )
+
+
+def replay_run(opts: dict[str, Any], canary: bool) -> int:
+    """The whole command: options in, exit code out."""
+    resuming: Resuming | None = None
+    if opts.get("resume_dir") is not None:
+        o, resuming = resume_options(opts["resume_dir"])
+    else:
+        o = RunOptions.from_click(opts)
+    plan = Plan.of(o)
+    run_dir = run_directory(o, resuming)
+    o = resolve_control(o, canary, plan.trace)
+    cfg = run_config(o, plan, run_dir, resume=resuming is not None)
+    console.print(
+        f"run directory: [bold]{run_dir}[/bold] - {plan.trace.count} requests, "
+        f"{len(plan.targets)} target(s), schedules {', '.join(s.label for s in plan.schedules)}"
+    )
+    runner, summary = _replay(cfg, canary)
+    html, md = write_reports(run_dir)
+    if runner.interrupted:
+        console.print(
+            f"[yellow]interrupted[/yellow]: partial summary and report written; "
+            f"continue with: replay --resume {run_dir}"
+        )
+        return EXIT_INTERRUPTED
+    if o.markdown_path:
+        o.markdown_path.write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
+    if canary:
+        verdict = summary.verdict
+        assert verdict is not None  # the runner always decides
+        click.echo(md.read_text(encoding="utf-8"))
+        console.print(f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {html}")
+        return verdict.exit_code
+    return _conclude(summary, o.max_error_rate, run_dir, html)
+
+
+def _replay(cfg: RunConfig, canary: bool) -> tuple[Runner, Summary]:
+    """Run with progress bars (none for the canary, whose stdout is its Markdown)."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=canary,
+        disable=canary,
+    ) as bar:
+        runner = Runner(cfg, RichProgress(bar))  # may raise ConfigError (--reference)
+        summary = Summary.from_json(run_loop(runner.run()))
+    return runner, summary
+
+
+def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path) -> int:
+    """The tables, what failed, the verdict's headline, and the exit code they give."""
+    verdict = summary.verdict
+    assert verdict is not None  # the runner always decides
+    out = table_console()
+    out.print(summary_table(summary))
+    if summary.quality and summary.quality.phases:
+        out.print(quality_table(summary.quality))
+        for note in summary.quality.notes:
+            console.print(f"[yellow]note:[/yellow] {note}")
+    failed = [(n, t.reason) for n, t in summary.targets.items() if t.status != "ok"]
+    for name, reason in failed:
+        console.print(f"[red]target {name} failed:[/red] {reason}")
+    erring = target_errors(summary, max_error_rate)
+    for name, why in erring:
+        console.print(f"[red]target {name}:[/red] {why}")
+    style = "green" if verdict.verdict == "keep" else "yellow"
+    console.print(f"[bold {style}]{verdict.headline}[/bold {style}]")
+    console.print(f"results: {run_dir}  report: {html}")
+    erring_names = {n for n, _ in erring}
+    if any(n not in erring_names for n, _ in failed):
+        return EXIT_TARGET_FAILED
+    return EXIT_TARGET_ERRORS if erring else EXIT_OK
+
+
+def target_errors(
+    summary: Summary | Mapping[str, Any], max_error_rate: float
+) -> list[tuple[str, str]]:
+    """Targets that ran but did not answer: stopped by their error budget, no request
+    answered, or more than ``max_error_rate`` of them failed (over every phase)."""
+    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+    out = []
+    for name, t in s.targets.items():
+        reason = t.reason or ""
+        if reason.startswith("error budget spent"):
+            out.append((name, reason))
+            continue
+        if t.status != "ok":
+            continue  # could not be used at all: EXIT_TARGET_FAILED says so
+        phases = [p.all for p in t.phases.values()]
+        # Requests a time limit or an interrupt left unsent are not the target's failures.
+        total = sum(p.requests - p.errors_by_kind.get("cancelled", 0) for p in phases)
+        failed = total - sum(p.ok for p in phases)
+        if total and failed == total:
+            out.append((name, f"answered none of its {total} requests"))
+        elif total and failed / total > max_error_rate:
+            out.append(
+                (
+                    name,
+                    f"{failed} of {total} requests failed, more than "
+                    f"--max-error-rate {max_error_rate:g}",
+                )
+            )
+    return out
+
+
+def write_reports(run_dir: Path) -> tuple[Path, Path]:
+    from replay.present.report import write_reports
+
+    html, md = write_reports(run_dir)
+    return Path(html), Path(md)

@@ -1,0 +1,360 @@
+"""The options of one replay as a typed, validated object: parsed once from the command line,
+saved in the manifest (``cli_options``), and read back, by the same field types, when a run is
+resumed. Adding an option means adding a field here and its ``click.option``; nothing else
+keeps a list of option names."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from replay.analysis.verdict import Thresholds
+from replay.core.buckets import DEFAULT_BOUNDS
+from replay.core.errors import InputError
+from replay.core.importers import IMPORTERS, LengthPolicy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``replay`` and ``replay canary`` were asked to do (one field per option; the
+    option's name is the field's with dashes). Fields with defaults are options added after
+    runs were first saved: an older run resumes with them."""
+
+    trace_path: Path
+    trace_format: str
+    targets: str
+    targets_file: Path | None
+    model_dir: Path | None
+    concurrency: str
+    rate: float | None
+    trace_times: bool
+    time_scale: float
+    max_in_flight: int
+    bucket_spec: str
+    on_bad_line: str
+    length_scale: float
+    max_input_tokens: int | None
+    max_output_tokens: int | None
+    limit: int | None
+    parallel_targets: bool
+    timeout_s: float
+    phase_timeout_s: float
+    reference: str | None
+    no_teacher_forced: bool
+    tolerance: float
+    share_prefix_cache: bool
+    out_dir: Path
+    run_id: str | None
+    seed: int
+    min_pairs: int
+    required_capacity_ratio: float
+    alpha: float
+    drain_s: float
+    markdown_path: Path | None
+    exclude_ids: Path | None = None
+    candidate: str | None = None
+    calibrated: str | None = None
+    emulate_fp8: bool = False
+    accept_emulated: bool = False
+    # None: decided when the trace is read (on in `canary` for unlabeled traffic); saved
+    # resolved, so a resume replays the same arms.
+    control: bool | None = None
+    max_errors: int | None = None
+    max_error_rate: float = 0.05
+
+    @classmethod
+    def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
+        """From click's keyword arguments (``resume_dir`` is not a run option: it names
+        the run whose saved options are used instead)."""
+        return cls(**{k: v for k, v in opts.items() if k != "resume_dir"})
+
+    @classmethod
+    def from_saved(cls, saved: Mapping[str, Any], where: str) -> RunOptions:
+        """From a manifest's ``cli_options``, each value checked against its field's type;
+        a bad or missing value is an InputError naming ``where`` and the option."""
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in saved:
+                if f.default is dataclasses.MISSING:
+                    raise InputError(f"{where}: cli_options.{f.name}: missing")
+                continue
+            values[f.name] = _typed(saved[f.name], hints[f.name], f"{where}: cli_options.{f.name}")
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """As the manifest saves it: paths as strings, everything else as is."""
+        return {
+            f.name: str(v) if isinstance(v, Path) else v
+            for f in fields(self)
+            for v in [getattr(self, f.name)]
+        }
+
+    def replace(self, **changes: Any) -> RunOptions:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def length_policy(self) -> LengthPolicy:
+        return LengthPolicy(self.length_scale, self.max_input_tokens, self.max_output_tokens)
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(
+            tolerance=self.tolerance,
+            alpha=self.alpha,
+            min_pairs=self.min_pairs,
+            required_capacity_ratio=self.required_capacity_ratio,
+            max_error_rate=self.max_error_rate,
+            accept_emulated=self.accept_emulated,
+        )
+
+
+def _typed(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as the field type ``hint`` (a plain type or ``T | None``) wants it."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise InputError(f"{where}: must not be null")
+    for want in options:
+        if want is Path and isinstance(value, str):
+            return Path(value)
+        if want is bool and isinstance(value, bool):
+            return value
+        if want is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if want is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if want is str and isinstance(value, str):
+            return value
+    names = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    raise InputError(f"{where}: expected {names}, got {value!r}")
+
+
+RUN_OPTIONS = [
+    click.option(
+        "--trace",
+        "trace_path",
+        type=click.Path(path_type=Path),
+        help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV).",
+    ),
+    click.option(
+        "--trace-format",
+        default="auto",
+        show_default=True,
+        type=click.Choice(["auto", *IMPORTERS]),
+        help="Format of --trace.",
+    ),
+    click.option(
+        "--targets",
+        default="bf16,fp8",
+        show_default=True,
+        help="Comma-separated: bf16/fp8 (local servers of --model), name=URL, or names "
+        "from --targets-file.",
+    ),
+    click.option(
+        "--targets-file",
+        type=click.Path(path_type=Path, exists=True, dir_okay=False),
+        help="TOML with [targets.NAME] tables (see scenarios/targets.example.toml).",
+    ),
+    click.option(
+        "--model",
+        "model_dir",
+        type=click.Path(path_type=Path),
+        help="Model for the built-in bf16/fp8 local targets [default: the embedded "
+        "test model: `replay model` prints it].",
+    ),
+    click.option(
+        "--concurrency",
+        default="4",
+        show_default=True,
+        help="Closed loop: requests in flight; a list sweeps levels (1,4,16).",
+    ),
+    click.option("--rate", type=float, help="Open loop: Poisson arrivals at this many requests/s."),
+    click.option("--trace-times", is_flag=True, help="Open loop at the trace's own timestamps."),
+    click.option(
+        "--time-scale",
+        default=1.0,
+        show_default=True,
+        help="With --trace-times: multiply gaps (0.5 = twice as fast).",
+    ),
+    click.option(
+        "--max-in-flight",
+        default=0,
+        show_default=True,
+        help="Open loop: cap on requests in flight (0 = none).",
+    ),
+    click.option(
+        "--buckets",
+        "bucket_spec",
+        default=DEFAULT_BOUNDS,
+        show_default=True,
+        help="Context-length bucket bounds in tokens.",
+    ),
+    click.option(
+        "--on-bad-line",
+        type=click.Choice(["fail", "skip"]),
+        default="fail",
+        show_default=True,
+        help="A bad trace line stops the run, or is skipped and listed.",
+    ),
+    click.option(
+        "--length-scale",
+        default=1.0,
+        show_default=True,
+        help="Length-only traces: scale input/output lengths (fit a small model).",
+    ),
+    click.option("--max-input-tokens", type=int, help="Length-only traces: cap prompt length."),
+    click.option("--max-output-tokens", type=int, help="Length-only traces: cap output length."),
+    click.option("--limit", type=int, help="Replay only the first N requests."),
+    click.option(
+        "--exclude-ids",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Leave out the request ids this file lists (one a line), e.g. the "
+        "calibration_ids.txt of `kvcal sample`.",
+    ),
+    click.option(
+        "--parallel-targets",
+        is_flag=True,
+        help="Run targets at the same time (default: one after another, fair on shared hardware).",
+    ),
+    click.option(
+        "--timeout",
+        "timeout_s",
+        default=600.0,
+        show_default=True,
+        help="Per-request timeout, seconds.",
+    ),
+    click.option(
+        "--phase-timeout",
+        "phase_timeout_s",
+        default=3600.0,
+        show_default=True,
+        help="Time limit per phase; unsent requests are recorded as cancelled.",
+    ),
+    click.option(
+        "--reference", help="Target the others are compared with [default: bf16, else the first]."
+    ),
+    click.option(
+        "--candidate",
+        help="Target judged against the reference (FP8 at scale 1.0) "
+        "[default: a targets-file `role`, else the first other target that is not "
+        "calibrated].",
+    ),
+    click.option(
+        "--calibrated",
+        help="Target with calibrated scales [default: a targets-file "
+        "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal].",
+    ),
+    click.option(
+        "--emulate-fp8",
+        is_flag=True,
+        help="Serve local fp8 targets with a BF16 cache and kvcal's E4M3 round trip of "
+        "K/V at the cache write (where the CPU cannot serve FP8): quality "
+        "evidence only; capacity and speed are BF16's.",
+    ),
+    click.option(
+        "--accept-emulated",
+        is_flag=True,
+        help="Let the verdict rest on emulated FP8 targets (otherwise it refuses).",
+    ),
+    click.option(
+        "--control/--no-control",
+        default=None,
+        help="Replay the reference a second time (A/A): the noise floor of every "
+        "metric [default: on in `canary` when the trace has requests without a "
+        "check, whose grades are derived from the reference's answers; off "
+        "otherwise].",
+    ),
+    click.option(
+        "--no-teacher-forced",
+        is_flag=True,
+        help="Skip scoring the reference's answers under each target (prompt_logprobs).",
+    ),
+    click.option(
+        "--tolerance",
+        default=0.05,
+        show_default=True,
+        help="Quality drop (pass-rate points, 0.05 = 5) a bucket must be able to detect.",
+    ),
+    click.option(
+        "--share-prefix-cache",
+        is_flag=True,
+        help="Let a phase reuse the prefix cache earlier phases filled (default: a "
+        "cache salt per phase keeps phases comparable).",
+    ),
+    click.option(
+        "--out",
+        "out_dir",
+        default=Path("reports"),
+        type=click.Path(path_type=Path),
+        show_default=True,
+        help="Where run directories go.",
+    ),
+    click.option("--run-id", help="Name of the run directory [default: timestamp]."),
+    click.option("--seed", default=0, show_default=True, help="Sampling and schedule seed."),
+    click.option(
+        "--min-pairs",
+        default=20,
+        show_default=True,
+        help="Graded pairs a bucket needs before it counts as evidence.",
+    ),
+    click.option(
+        "--required-capacity-ratio",
+        default=1.5,
+        show_default=True,
+        help="FP8/BF16 KV-cache capacity that counts as the gain.",
+    ),
+    click.option(
+        "--alpha", default=0.05, show_default=True, help="Significance level for a repeatable loss."
+    ),
+    click.option(
+        "--max-errors",
+        type=click.IntRange(min=1),
+        help="Stop sending to a target after this many failed requests (it fails).",
+    ),
+    click.option(
+        "--max-error-rate",
+        default=0.05,
+        show_default=True,
+        type=click.FloatRange(0.0, 1.0),
+        help="A target with more failed requests than this share (after 20) gets no "
+        "more and fails; replay then exits 4. 1 turns it off.",
+    ),
+    click.option(
+        "--drain",
+        "drain_s",
+        default=30.0,
+        show_default=True,
+        help="On Ctrl-C: seconds in-flight requests get to finish.",
+    ),
+    click.option(
+        "--resume",
+        "resume_dir",
+        type=click.Path(path_type=Path, file_okay=False, exists=True),
+        help="Continue an interrupted or killed run in this run directory (its "
+        "options are read from its manifest).",
+    ),
+    click.option(
+        "--markdown",
+        "markdown_path",
+        type=click.Path(path_type=Path),
+        help="Also write the Markdown summary here (for a PR comment).",
+    ),
+]
+
+
+def run_options(f: F) -> F:
+    """The run options on a command, in the order --help lists them."""
+    for option in reversed(RUN_OPTIONS):
+        f = option(f)
+    return f

@@ -1,0 +1,156 @@
+"""``replay trace``: validate, import, anonymize and scan trace files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from replay.cli.common import EXIT_INPUT, EXIT_OK, guard
+from replay.core.errors import InputError, TraceError
+from replay.core.importers import IMPORTERS, LengthPolicy, stream
+from replay.core.trace import CheckStats
+
+
+@click.group()
+def trace() -> None:
+    """Validate and import traces."""
+
+
+@trace.command("validate")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+def trace_validate(path: Path, fmt: str) -> None:
+    """Check every line of a trace; list each bad one with its field and reason."""
+
+    def run() -> int:
+        bad: list[int] = [0]  # streamed: each bad line is printed as it is found
+
+        def report(_k: int, err: TraceError) -> None:
+            bad[0] += 1
+            click.echo(str(err))
+
+        valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report))
+        click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s)")
+        return EXIT_INPUT if bad[0] else EXIT_OK
+
+    guard(run)
+
+
+@trace.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--length-scale", default=1.0, show_default=True)
+@click.option("--max-input-tokens", type=int)
+@click.option("--max-output-tokens", type=int)
+@click.option("--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail")
+def trace_import(
+    path: Path,
+    fmt: str,
+    output: Path,
+    length_scale: float,
+    max_input_tokens: int | None,
+    max_output_tokens: int | None,
+    on_bad_line: str,
+) -> None:
+    """Convert a Mooncake or Azure trace into kvcanary's v1 format."""
+
+    def run() -> int:
+        policy = LengthPolicy(length_scale, max_input_tokens, max_output_tokens)
+        stats, bad = CheckStats(), [0]
+        # Streamed into a temporary file beside the output, renamed when the whole trace
+        # checked: a bad line in "fail" mode leaves no half-written output behind.
+        tmp = output.with_name(output.name + ".part")
+        try:
+            with tmp.open("w", encoding="utf-8") as fh:
+                for req in stream(
+                    path,
+                    fmt,
+                    policy,
+                    on_bad_line,  # type: ignore[arg-type]
+                    lambda _k, _e: bad.__setitem__(0, bad[0] + 1),
+                    stats,
+                ):
+                    fh.write(req.model_dump_json(exclude_none=True) + "\n")
+            tmp.replace(output)
+        finally:
+            tmp.unlink(missing_ok=True)
+        click.echo(f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped")
+        return EXIT_OK
+
+    guard(run)
+
+
+def _secret(secret_env: str | None, secret_file: Path | None) -> bytes:
+    """The pseudonym key: from an environment variable or a file, never a command argument
+    (which would land in shell history and process lists)."""
+    import os
+
+    if (secret_env is None) == (secret_file is None):
+        raise InputError("give exactly one of --secret-env VAR and --secret-file PATH")
+    if secret_env is not None:
+        value = os.environ.get(secret_env)
+        if not value:
+            raise InputError(f"--secret-env: environment variable {secret_env} is not set")
+        return value.encode()
+    assert secret_file is not None
+    try:
+        data = secret_file.read_bytes().strip()
+    except OSError as exc:
+        raise InputError(f"--secret-file: cannot read {secret_file}: {exc}") from None
+    if not data:
+        raise InputError(f"--secret-file: {secret_file} is empty")
+    return data
+
+
+@trace.command("anonymize")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+@click.option("--secret-env", help="Environment variable holding the pseudonym key.")
+@click.option(
+    "--secret-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="File holding the pseudonym key.",
+)
+def trace_anonymize(
+    path: Path, output: Path, secret_env: str | None, secret_file: Path | None
+) -> None:
+    """Scrub PII and secrets (emails, also full-width or look-alike ones; phones, IPs, cards,
+    also split across a line; IBANs, keys, JWTs, PEM blocks, credentials in URLs, query strings
+    and password=/token: text, and fragments of them where a field was cut) from a v1 trace, in
+    messages, tool arguments and checks alike, with consistent pseudonyms keyed by a secret;
+    then re-scan the output."""
+
+    def run() -> int:
+        from replay.tools.anonymize import anonymize_file, scan_file
+
+        counts = anonymize_file(path, output, _secret(secret_env, secret_file))
+        found = {k: n for k, n in counts.items() if n}
+        click.echo(f"wrote {output}: replaced {sum(found.values())} item(s) {found or ''}")
+        lines, left = scan_file(output)
+        if left:
+            for lineno, f in left[:20]:
+                click.echo(f"{output}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
+            return 1
+        click.echo(f"scan of {output}: {lines} line(s), nothing left")
+        return EXIT_OK
+
+    guard(run)
+
+
+@trace.command("scan")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+def trace_scan(path: Path) -> None:
+    """Report PII and secrets left in a trace; exit 1 when anything is found."""
+
+    def run() -> int:
+        from replay.tools.anonymize import scan_file
+
+        lines, found = scan_file(path)
+        for lineno, f in found:
+            click.echo(f"{path}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
+        click.echo(f"{path}: {lines} line(s) scanned, {len(found)} finding(s)")
+        return 1 if found else EXIT_OK
+
+    guard(run)
