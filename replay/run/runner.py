@@ -71,7 +71,9 @@ from replay.serving.introspect import (
     introspect,
     served_model,
 )
-from replay.serving.targets import LocalServer, TargetSpec, check_served_dtype, scale_lines
+from replay.serving.local_server import LocalServer
+from replay.serving.scale_log import scale_lines
+from replay.serving.targets import TargetSpec, check_served_dtype
 
 Schedule = ClosedLoop | OpenLoop
 T = TypeVar("T")
