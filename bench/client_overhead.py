@@ -643,7 +643,13 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def client_version() -> dict[str, Any]:
     """Which kvcanary client was measured: file digests and the git commit (tree may differ)."""
-    files = ("replay/serving/client.py", "replay/serving/sse.py", "replay/core/records.py")
+    files = (
+        "replay/serving/client.py",
+        "replay/serving/accumulator.py",
+        "replay/serving/error_answers.py",
+        "replay/serving/sse.py",
+        "replay/core/records.py",
+    )
     out: dict[str, Any] = {
         f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest()[:12] for f in files
     }

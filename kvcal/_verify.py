@@ -25,14 +25,13 @@ import aiohttp
 from replay.core.errors import ServerStartError
 from replay.run.teacher import TFScore, score
 from replay.serving.introspect import introspect
-from replay.serving.scale_log import EMULATED_FP8, UNKNOWN, scale_evidence
+from replay.serving.local_server import LocalServer
+from replay.serving.scale_log import EMULATED_FP8, UNKNOWN, scale_evidence, scale_lines
 from replay.serving.targets import (
     DEFAULT_MODEL_ARGS,
     EMULATION_MARKER,
-    LocalServer,
     TargetSpec,
     cache_dtype_matches,
-    scale_lines,
 )
 
 from ._sample import Sample

@@ -12,7 +12,8 @@ from typing import TypeVar
 
 import pytest
 
-from replay.serving.targets import DEFAULT_MODEL_ARGS, EMULATED_FP8, LocalServer, TargetSpec
+from replay.serving.local_server import LocalServer
+from replay.serving.targets import DEFAULT_MODEL_ARGS, EMULATED_FP8, TargetSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data" / "traces"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from replay.core.records import Result
-from replay.serving.client import _Accumulator
+from replay.serving.accumulator import StreamAccumulator
 
 
 class Ticks:
@@ -17,7 +17,7 @@ class Ticks:
 
 def fold(events: list[dict]) -> Result:  # type: ignore[type-arg]
     r = Result(request_id="r", target="t", phase="p", bucket="b", scheduled=0.0, sent=0.0)
-    acc = _Accumulator(r, Ticks())
+    acc = StreamAccumulator(r, Ticks())
     for ev in events:
         acc.add(ev)
     acc.finish()

@@ -6,9 +6,9 @@ import pytest
 
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError, InputError
+from replay.serving.local_server import failure_reason
 from replay.serving.targets import (
     cache_dtype_matches,
-    failure_reason,
     load_targets_config,
     parse_targets,
 )

@@ -17,7 +17,8 @@ from replay.core.importers import load
 from replay.core.schedule import ClosedLoop
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import RunConfig, Runner
-from replay.serving.targets import LocalServer, TargetSpec
+from replay.serving.local_server import LocalServer
+from replay.serving.targets import TargetSpec
 
 from .conftest import ROOT
 from .fault_server import describe, fault_server

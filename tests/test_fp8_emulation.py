@@ -8,12 +8,10 @@ from typing import Any
 import pytest
 
 from replay.core.errors import ServingMismatch
+from replay.serving.local_server import EMULATION_ENV, EMULATION_SKIP_ENV, LocalServer
 from replay.serving.targets import (
     EMULATED_FP8,
-    EMULATION_ENV,
     EMULATION_MARKER,
-    EMULATION_SKIP_ENV,
-    LocalServer,
     TargetSpec,
     check_served_dtype,
     emulate_fp8,
@@ -136,7 +134,7 @@ def test_an_overlay_is_emulated_on_its_own_dtype_not_auto(tmp_path: Path) -> Non
     its emulated server names the model's dtype so that it really stores BF16."""
     import json
 
-    from replay.serving.targets import unquantized_cache_dtype
+    from replay.serving.local_server import unquantized_cache_dtype
 
     plain, overlay = tmp_path / "plain", tmp_path / "overlay"
     for folder, config in (

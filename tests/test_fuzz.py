@@ -241,13 +241,13 @@ def test_sse_events_of_any_shape_are_results(events: list[object], done: bool) -
 
     from replay.analysis.summary import summarize_results
     from replay.core.records import Result
-    from replay.serving.client import _Accumulator
+    from replay.serving.accumulator import StreamAccumulator
     from replay.serving.sse import DONE, ProtocolError, SSEDecoder
 
     body = b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in events)
     body += b"data: [DONE]\n\n" if done else b""
     result = Result(request_id="r", target="t", phase="c1", bucket="b", scheduled=0.0, sent=0.0)
-    acc = _Accumulator(result, lambda: 1.0)
+    acc = StreamAccumulator(result, lambda: 1.0)
     try:
         decoder = SSEDecoder()
         for ev in [*decoder.feed(body), *decoder.close()]:

@@ -20,8 +20,9 @@ import pytest
 from replay.analysis.summary import summarize_results
 from replay.core.records import Result
 from replay.core.trace import Request
-from replay.serving import client as _client
-from replay.serving.client import MAX_ANSWER_CHARS, Client, _Accumulator
+from replay.serving import accumulator as _accumulator
+from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
+from replay.serving.client import Client
 from replay.serving.sse import MAX_EVENT_BYTES, SSEDecoder
 
 from .fault_server import PIECE, fault_server
@@ -243,7 +244,7 @@ def test_a_refused_connection_says_so() -> None:
 
 def fold(events: list[dict[str, Any]], max_chars: int = MAX_ANSWER_CHARS) -> Result:
     r = Result(request_id="r", target="t", phase="p", bucket="b", scheduled=0.0, sent=0.0)
-    acc = _Accumulator(r, Ticks(), max_chars)
+    acc = StreamAccumulator(r, Ticks(), max_chars)
     for ev in events:
         acc.add(ev)
     acc.finish()
@@ -273,12 +274,12 @@ def test_tool_call_text_shares_the_answer_cap() -> None:
 
 
 def test_tool_calls_beyond_the_cap_are_dropped_and_recorded() -> None:
-    r = fold([tool(i, name="f") for i in range(_client.MAX_TOOL_CALLS + 50)])
-    assert len(r.tool_calls) == _client.MAX_TOOL_CALLS and r.output_truncated
+    r = fold([tool(i, name="f") for i in range(_accumulator.MAX_TOOL_CALLS + 50)])
+    assert len(r.tool_calls) == _accumulator.MAX_TOOL_CALLS and r.output_truncated
 
 
 def test_arrivals_and_ids_are_capped_but_still_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_client, "MAX_STORED_TOKENS", 5)
+    monkeypatch.setattr(_accumulator, "MAX_STORED_TOKENS", 5)
     r = fold([content("a", n, ids=[n]) for n in range(1, 11)])
     assert r.output_tokens == 10 and r.output_text == "a" * 10
     assert len(r.chunk_times) == 5 and r.output_ids == [1, 2, 3, 4, 5]
@@ -302,7 +303,7 @@ def test_tokens_on_a_chunk_without_content_go_to_the_next_arrival() -> None:
 
 
 def test_content_with_zero_completion_tokens_is_impossible() -> None:
-    with pytest.raises(_client.ProtocolError, match="completion_tokens 0"):
+    with pytest.raises(_accumulator.ProtocolError, match="completion_tokens 0"):
         fold([content("a", 0), content("b", 0)])
 
 

@@ -29,7 +29,8 @@ from replay.core.buckets import Buckets
 from replay.core.trace import Request
 from replay.run.teacher import TFScore, score
 from replay.serving.introspect import introspect
-from replay.serving.targets import DEFAULT_MODEL_ARGS, LocalServer, TargetSpec
+from replay.serving.local_server import LocalServer
+from replay.serving.targets import DEFAULT_MODEL_ARGS, TargetSpec
 
 from .conftest import cpu_can_serve_fp8_kv, fp8_emulated
 from .test_kvcal import _requests, build_test_model

@@ -35,7 +35,7 @@ if importlib.util.find_spec("locust") is None:
     pytest.skip("Locust comes with the load (or dev) extra", allow_module_level=True)
 
 from replay.core.importers import load
-from replay.serving.targets import LocalServer, free_port
+from replay.serving.local_server import LocalServer, free_port
 
 from .conftest import ARTIFACTS, ROOT
 

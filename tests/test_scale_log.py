@@ -23,8 +23,8 @@ from replay.serving.scale_log import (
     SCALE_ONE_WARNING,
     UNKNOWN,
     scale_evidence,
+    scale_lines,
 )
-from replay.serving.targets import scale_lines
 
 LOGS = Path(__file__).parent / "data" / "vllm_logs"
 ORIGINAL = (LOGS / "fp8_scale_one_original.log").read_text()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from replay.serving.targets import LocalServer
+from replay.serving.local_server import LocalServer
 from replay.testmodel.tasks import BANDS, FAMILIES
 from replay.testmodel.train import served_accuracy
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from replay.serving.targets import DEFAULT_MODEL_ARGS, LocalServer
+from replay.serving.local_server import LocalServer
+from replay.serving.targets import DEFAULT_MODEL_ARGS
 
 from .conftest import ROOT
 

@@ -19,7 +19,8 @@ from replay.core.schedule import ClosedLoop  # noqa: E402
 from replay.run.rundir import new_run_dir, read_results  # noqa: E402
 from replay.run.runner import RunConfig, Runner  # noqa: E402
 from replay.serving.introspect import introspect  # noqa: E402
-from replay.serving.targets import LocalServer, TargetSpec  # noqa: E402
+from replay.serving.local_server import LocalServer  # noqa: E402
+from replay.serving.targets import TargetSpec  # noqa: E402
 
 from .conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated  # noqa: E402
 

@@ -54,8 +54,10 @@ from replay.serving.introspect import (
     introspect,
     served_model,
 )
+from replay.serving.local_server import LocalServer
 from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_pool
-from replay.serving.targets import LocalServer, TargetSpec, check_served_dtype, scale_lines
+from replay.serving.scale_log import scale_lines
+from replay.serving.targets import TargetSpec, check_served_dtype
 
 __all__ = ["Progress", "QuietProgress", "RunConfig", "Runner", "TargetRun"]
 

@@ -339,7 +339,9 @@ async def fetch_metrics(session: aiohttp.ClientSession, base_url: str) -> str:
 
 class Scraper:
     """Scrapes /metrics every ``interval_s`` into ``sink`` until stopped. A failed scrape is
-    a gap in the series (counted, the first reason kept), never an error of the run."""
+    a gap in the series (counted, the first reason kept), never an error of the run.
+    Snapshots go to ``sink`` (and ``scrape_once`` returns its own); none are held here, so a
+    long run's memory does not grow with its scrapes."""
 
     def __init__(
         self,
@@ -353,7 +355,6 @@ class Scraper:
         self.interval_s = interval_s
         self.failures = 0
         self.first_failure: str | None = None
-        self.snapshots: list[MetricsSnapshot] = []
         self._task: asyncio.Task[None] | None = None
 
     async def scrape_once(self) -> MetricsSnapshot | None:
@@ -369,7 +370,6 @@ class Scraper:
                     else f"GET /metrics: not Prometheus text: {exc}"
                 )
             return None
-        self.snapshots.append(snap)
         self.sink(snap)
         return snap
 

@@ -99,3 +99,24 @@ def is_emulated(target_info: Mapping[str, object]) -> bool:
     if not isinstance(spec, Mapping):
         return False
     return EMULATED_FP8 in (spec.get("kv_cache_dtype"), spec.get("expect_cache_dtype"))
+
+
+def scale_lines(log_text: str) -> list[str]:
+    """Server-log lines about KV-cache dtype, scales and quantization (what actually ran)."""
+    keys = (
+        "scaling factor",
+        "k_scale",
+        "v_scale",
+        "kv_cache_scheme",
+        "quantization=",
+        "fp8 data type",
+        "kv cache dtype",
+        "compressed-tensors",
+        "kvcanary fp8 emulation",
+    )
+    out = []
+    for line in log_text.splitlines():
+        low = line.lower()
+        if any(k in low for k in keys) and "non-default args" not in low:
+            out.append(line.strip()[:500])
+    return out[:50]

@@ -31,7 +31,7 @@ with atheris.instrument_imports(include=["replay"]):
     from replay.core.importers import load
     from replay.core.records import Result
     from replay.core.trace import parse_line
-    from replay.serving.client import _Accumulator
+    from replay.serving.accumulator import StreamAccumulator
     from replay.serving.sse import DONE, ProtocolError, SSEDecoder
     from replay.serving.targets import load_targets_config
 
@@ -76,7 +76,7 @@ def _trace_file(fmt: str) -> Callable[[bytes], None]:
 def sse(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     decoder = SSEDecoder()
-    acc = _Accumulator(
+    acc = StreamAccumulator(
         Result(request_id="r", target="t", phase="p", bucket="b", scheduled=0.0, sent=0.0),
         lambda: 1.0,
     )

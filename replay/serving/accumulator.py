@@ -1,0 +1,261 @@
+"""Folding a streamed answer into its Result: text, tool calls, token arrivals and usage.
+
+Tokens, by how the server reports usage (a chunk with no content and no tool call is never a
+token arrival; its tokens go to the next content chunk, or only to ``output_tokens`` when
+none follows, as vLLM's EOS does):
+
+* on every chunk (``continuous_usage_stats``, what we ask for): a content chunk carries the
+  growth of ``completion_tokens`` since the tokens already given to earlier arrivals, so a
+  chunk of several tokens spreads its gap over them;
+* only at the end (``include_usage`` alone, as many gateways send it): every content chunk is
+  one arrival of one token, so ITL is the gap between content chunks, ``output_tokens`` is
+  the final usage and ``chunk_tokens_estimated`` says the split was not reported;
+* not at all: the same per chunk, and ``output_tokens`` counts content chunks
+  (``tokens_estimated``).
+
+What a result stores is capped (``MAX_ANSWER_CHARS``, ``MAX_STORED_TOKENS``,
+``MAX_TOOL_CALLS``, flagged ``output_truncated``) so that an endless answer neither fills
+memory nor goes whole into ``results.jsonl``; timing and token counts still run to the end.
+A stream that breaks these rules (impossible usage, no content, no ``[DONE]``) is the
+server's ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from replay.core.records import Result, ToolCall
+from replay.serving.error_answers import fail
+from replay.serving.sse import ProtocolError
+
+# Answer text kept per result (text and tool-call names and arguments together): about 250k
+# tokens, past any max_tokens a trace asks for; the rest is counted, not kept.
+MAX_ANSWER_CHARS = 1 << 20
+# Arrival times and output token ids kept per result (memory and results.jsonl line size).
+MAX_STORED_TOKENS = 1 << 18
+MAX_TOOL_CALLS = 128
+# A token count past this is no count a server made (and past 2**64 none that orjson could
+# write to results.jsonl).
+_MAX_COUNT = 1 << 40
+
+
+class StreamAccumulator:
+    """Folds streamed chunks into a Result."""
+
+    __slots__ = (
+        "_arrivals",
+        "_attributed",
+        "_calls",
+        "_estimated",
+        "_id_room",
+        "_reported",
+        "_room",
+        "_stamps_left",
+        "_text",
+        "_usage_seen",
+        "now",
+        "r",
+    )
+
+    def __init__(
+        self, result: Result, now: Callable[[], float], max_chars: int = MAX_ANSWER_CHARS
+    ) -> None:
+        self.r = result
+        self.now = now
+        self._usage_seen = False
+        self._reported = 0  # the server's last completion_tokens
+        self._attributed = 0  # completion_tokens given to arrivals so far (usage per chunk)
+        self._arrivals = 0  # content chunks counted as one token each (usage not per chunk)
+        self._estimated = False  # an arrival's token count was not reported
+        self._room = max_chars  # answer characters that may still be kept
+        self._id_room = MAX_STORED_TOKENS
+        self._stamps_left = MAX_STORED_TOKENS
+        self._text: list[str] = []
+        self._calls: dict[int, ToolCall] = {}
+
+    def add(self, ev: Any, t: float | None = None) -> None:
+        """One event: its usage, its choices' content, and the token arrival it makes.
+
+        Runs once per streamed chunk: lookups are done once and the usual keys checked first
+        (bench/: this was the client's largest own cost per token). The choices are folded
+        in ``_choices``, the one call made per chunk besides this one.
+        """
+        # A well-formed JSON event of the wrong shape (a choice that is a number, a token
+        # count that is a string) is the server's protocol error, recorded on the request;
+        # it must not escape as a TypeError that stops the whole run.
+        try:
+            r = self.r
+            if not isinstance(ev, dict):
+                raise ProtocolError(f"SSE event is not a JSON object: {str(ev)[:200]}")
+            choices = ev.get("choices")
+            if not choices and "error" in ev:
+                err = ev["error"]
+                msg = err.get("message", err) if isinstance(err, dict) else err
+                fail(r, "server_error", str(msg)[:2000])
+                return
+            if r.prompt_ids is None and ev.get("prompt_token_ids"):
+                r.prompt_ids = list(ev["prompt_token_ids"])
+            usage = ev.get("usage")
+            ct = None
+            if isinstance(usage, dict):
+                pt = usage.get("prompt_tokens")
+                if pt != r.prompt_tokens and isinstance(pt, int):  # checked when it changes
+                    if not 0 <= pt <= _MAX_COUNT:
+                        raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
+                    r.prompt_tokens = pt
+                ct = usage.get("completion_tokens")
+                if isinstance(ct, int):
+                    if ct < self._reported:  # below 0 too; too large is checked at the end
+                        after = f" after {self._reported}" if ct >= 0 else ""
+                        raise ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
+                    self._reported = ct
+                    self._usage_seen = True
+                else:
+                    ct = None
+            if not (choices and self._choices(choices)):
+                return  # no content: never a token arrival (its tokens go to the next one)
+            if ct is None or self._estimated:
+                # Usage only at the end, or none: one token per content chunk, so ITL is the
+                # gap between content chunks.
+                self._estimated = True
+                self._arrivals += 1
+                n = 1
+            else:
+                n = ct - self._attributed
+                if n <= 0 and r.first_token is not None:
+                    return  # content without a new token belongs to the last arrival
+                self._attributed = ct
+            if t is None:
+                t = self.now()
+            if r.first_token is None:
+                r.first_token = t
+            if self._stamps_left:
+                self._stamps_left -= 1
+                r.chunk_times.append(t)
+                r.chunk_tokens.append(n)
+            else:
+                r.output_truncated = True
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            raise ProtocolError(f"malformed SSE event ({exc}): {str(ev)[:200]}") from None
+
+    def _choices(self, choices: Any) -> bool:
+        """Keep the choices' token ids, text and tool calls; whether any produced content."""
+        r = self.r
+        produced = False
+        for choice in choices:
+            ids = choice.get("token_ids")
+            if ids:
+                room = self._id_room - len(ids)
+                self._id_room = room
+                if room >= 0:
+                    r.output_ids.extend(ids)
+                else:
+                    r.output_truncated = True
+            if r.prompt_ids is None and choice.get("prompt_token_ids"):
+                r.prompt_ids = list(choice["prompt_token_ids"])
+            delta = choice.get("delta")
+            if delta is not None or "delta" in choice:
+                delta = delta or {}
+                content = delta.get("content")
+                if content and isinstance(content, str):
+                    room = self._room - len(content)
+                    if room >= 0:
+                        self._room = room
+                        self._text.append(content)
+                    else:
+                        self._cut(content)
+                    produced = True
+                for frag in delta.get("tool_calls") or ():
+                    if self._tool_fragment(frag):
+                        produced = True
+            else:
+                text = choice.get("text")
+                if text and isinstance(text, str):
+                    room = self._room - len(text)
+                    if room >= 0:
+                        self._room = room
+                        self._text.append(text)
+                    else:
+                        self._cut(text)
+                    produced = True
+            finish = choice.get("finish_reason")
+            if finish:
+                if not isinstance(finish, str):
+                    raise TypeError(f"finish_reason {str(finish)[:50]} is not a string")
+                r.finish_reason = finish[:100]
+        return produced
+
+    def _cut(self, text: str) -> None:
+        """Keep what of ``text`` still fits under the answer cap."""
+        part = self._fit(text)
+        if part:
+            self._text.append(part)
+
+    def _fit(self, text: str) -> str:
+        """What of ``text`` fits under the answer cap; a cut is recorded on the result."""
+        room = self._room - len(text)
+        if room >= 0:
+            self._room = room
+            return text
+        self.r.output_truncated = True
+        room, self._room = self._room, 0
+        return text[:room]
+
+    def _tool_fragment(self, frag: dict[str, Any]) -> bool:
+        """Join one streamed tool-call fragment; whether it carried anything."""
+        idx = frag.get("index", 0)
+        if type(idx) is not int:
+            raise TypeError(f"tool call index {idx!r} is not an integer")
+        call = self._calls.get(idx)
+        if call is None:
+            if len(self._calls) >= MAX_TOOL_CALLS:
+                self.r.output_truncated = True
+                return False
+            call = self._calls[idx] = ToolCall(index=idx)
+        carried = False
+        if frag.get("id"):
+            call.id = str(frag["id"])[:200]
+            carried = True
+        fn = frag.get("function") or {}
+        name, args = fn.get("name"), fn.get("arguments")
+        if name:
+            call.name += self._fit(name)
+            carried = True
+        if args:
+            call.arguments += self._fit(args)
+            carried = True
+        return carried
+
+    def finish(self, *, done: bool = True, head: bytes = b"") -> None:
+        """Fill in the result; a stream that ended without ``[DONE]``, without content, or
+        with usage no answer can have is the server's protocol error."""
+        r = self.r
+        r.done = self.now()
+        r.output_text = "".join(self._text)
+        r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
+        too_many = self._reported > _MAX_COUNT  # kept out of the result: no JSON integer
+        if self._usage_seen:
+            r.output_tokens = 0 if too_many else self._reported
+        else:
+            r.output_tokens = self._arrivals
+            r.tokens_estimated = True
+        r.chunk_tokens_estimated = self._estimated
+        if r.status != "ok":  # the server already said what went wrong
+            return
+        if too_many:
+            raise ProtocolError(f"impossible usage: completion_tokens {self._reported}")
+        # An answer of no text is real when the server says it generated tokens and why it
+        # stopped (a first token that was EOS); anything else without content is not one.
+        empty = r.first_token is None and not (r.finish_reason and self._reported > 0)
+        quoted = f"; the body starts: {head[:200]!r}" if empty and head else ""
+        if not done:
+            raise ProtocolError(
+                "stream ended without [DONE]"
+                + (" and without any content" if empty else "")
+                + quoted
+            )
+        if empty:
+            raise ProtocolError("stream ended without any content (no text, no tool call)" + quoted)
+        if self._usage_seen and self._reported == 0 and r.first_token is not None:
+            raise ProtocolError("impossible usage: completion_tokens 0 for an answer with content")
