@@ -230,7 +230,7 @@ def test_facts_without_counts_are_never_a_match() -> None:
 
 
 def _row(n: int, lost: int, gained: int) -> dict[str, object]:
-    from replay.analysis.stats import mcnemar_exact
+    from replay.analysis.stats.exact_tests import mcnemar_exact
 
     a = [True] * lost + [False] * gained + [True] * (n - lost - gained)
     b = [False] * lost + [True] * gained + [True] * (n - lost - gained)

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from replay.analysis import stats
 from replay.analysis.schemas import (
     OMITTED,
     Agreement,
@@ -52,6 +51,10 @@ from replay.analysis.schemas import (
     VsControl,
     VsReference,
 )
+from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
+from replay.analysis.stats.evidence import evidence as pairs_evidence
+from replay.analysis.stats.exact_tests import mcnemar_exact, stratified_shift
+from replay.analysis.stats.intervals import PairedDiff, paired_bootstrap, wilson
 from replay.checkers import Answer, Grader, derived_record, normalize
 from replay.core.records import Result
 
@@ -307,8 +310,8 @@ class _Rule:
     min_pairs: int
 
     def evidence(self, a: Sequence[bool], b: Sequence[bool]) -> EvidenceSummary:
-        mc = stats.mcnemar_exact(a, b)
-        ev = stats.evidence(
+        mc = mcnemar_exact(a, b)
+        ev = pairs_evidence(
             len(a),
             mc.a_only,
             mc.b_only,
@@ -330,8 +333,8 @@ class _Rule:
         )
 
 
-def _bootstrap(a: Sequence[bool], b: Sequence[bool], seed: int) -> stats.PairedDiff | None:
-    return stats.paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+def _bootstrap(a: Sequence[bool], b: Sequence[bool], seed: int) -> PairedDiff | None:
+    return paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
 
 
 def _comparison(
@@ -343,7 +346,7 @@ def _comparison(
     graded = rows["passed"].dropna()
     k, n = int(graded.astype(bool).sum()), len(graded)
     a, b = _paired(rows, ref, "passed")
-    diff, mc = _bootstrap(a, b, seed), stats.mcnemar_exact(a, b)
+    diff, mc = _bootstrap(a, b, seed), mcnemar_exact(a, b)
     agree = rows[rows["agreed"]]
     divs = agree["divergence"].dropna().tolist()
     return {
@@ -352,7 +355,7 @@ def _comparison(
         "graded": n,
         "passed": k,
         "pass_rate": k / n if n else None,
-        "wilson": stats.wilson(k, n),
+        "wilson": wilson(k, n),
         "vs_reference": None
         if diff is None
         else VsReference(
@@ -402,7 +405,7 @@ def compare_derived(
     vs = None
     if control is not None:
         a, b = _paired(recs, control, "d_passed")
-        diff, mc = _bootstrap(a, b, seed), stats.mcnemar_exact(a, b)
+        diff, mc = _bootstrap(a, b, seed), mcnemar_exact(a, b)
         vs = (
             None
             if diff is None
@@ -422,7 +425,7 @@ def compare_derived(
         graded=n,
         passed=k,
         pass_rate=k / n if n else None,
-        wilson=stats.wilson(k, n),
+        wilson=wilson(k, n),
         ungraded=len(recs) - n,
         checker_errors=int(recs["d_error"].sum()),
         by_rule={
@@ -468,7 +471,7 @@ def compare_combined(
     diff = _bootstrap(a, b, seed)
     if diff is None:
         return None
-    mc = stats.mcnemar_exact(a, b)
+    mc = mcnemar_exact(a, b)
     return Combined(
         pairs=diff.n,
         explicit=diff.n - derived,
@@ -509,8 +512,8 @@ def teacher_forced(
         if d:
             per_request.append(float(np.mean(d)))
             top1_per_request.append(sum(map(bool, s["top1"])) / len(s["top1"]))
-    nll_ci = stats.paired_bootstrap([0.0] * len(per_request), per_request, seed=seed)
-    top1_ci = stats.paired_bootstrap([0.0] * len(top1_per_request), top1_per_request, seed=seed)
+    nll_ci = paired_bootstrap([0.0] * len(per_request), per_request, seed=seed)
+    top1_ci = paired_bootstrap([0.0] * len(top1_per_request), top1_per_request, seed=seed)
     return TeacherForced(
         tokens=len(deltas),
         requests=len(per_request),
@@ -593,7 +596,7 @@ def _target_quality(
         )
         # The shift test pools what the verdict decides on: explicit and derived.
         strata.append(combined_pairs(sub, ref, floor)[:2])
-    shift = stats.stratified_shift(strata) if name != reference else None
+    shift = stratified_shift(strata) if name != reference else None
     return TargetQuality(
         buckets=buckets,
         all=QualityTotals(
@@ -617,11 +620,11 @@ def assess_quality(
     tf_rows: Sequence[Mapping[str, Any]],
     reference: str,
     bucket_order: Sequence[str],
-    tolerance: float = stats.TOLERANCE,
+    tolerance: float = TOLERANCE,
     seed: int = 0,
     *,
-    alpha: float = stats.ALPHA,
-    min_pairs: int = stats.MIN_PAIRS,
+    alpha: float = ALPHA,
+    min_pairs: int = MIN_PAIRS,
 ) -> Quality:
     """phase -> target -> buckets, all and shift, plus notes. ``tolerance``, ``alpha`` and
     ``min_pairs`` are the verdict's, so the evidence column says what it says."""
@@ -683,11 +686,11 @@ def quality(
     tf_rows: Sequence[Mapping[str, Any]],
     reference: str,
     bucket_order: Sequence[str],
-    tolerance: float = stats.TOLERANCE,
+    tolerance: float = TOLERANCE,
     seed: int = 0,
     *,
-    alpha: float = stats.ALPHA,
-    min_pairs: int = stats.MIN_PAIRS,
+    alpha: float = ALPHA,
+    min_pairs: int = MIN_PAIRS,
 ) -> dict[str, Any]:
     """``assess_quality`` as JSON, for callers outside the pipeline."""
     return assess_quality(

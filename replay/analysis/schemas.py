@@ -130,8 +130,8 @@ class EvidenceRule(Record):
 
 @record
 class EvidenceSummary(Record):
-    """``stats.Evidence.to_json()``: what a bucket's pairs settle (summaries written before
-    the exact rule carry no ``status`` or ``short``)."""
+    """``stats.evidence.Evidence.to_json()``: what a bucket's pairs settle (summaries written
+    before the exact rule carry no ``status`` or ``short``)."""
 
     status: str | None
     sufficient: bool

@@ -1,7 +1,7 @@
 """The stop rule: one verdict with its evidence, and an exit code a pipeline can act on.
 
     KEEP           FP8 at scale 1.0 matches the reference in every bucket (an exact one-sided
-                   bound at alpha puts the drop below the tolerance: ``stats.equivalent``) and
+                   bound at alpha puts the drop below the tolerance: ``stats.equivalence``) and
                    pays for itself (capacity, or latency).
     CALIBRATE      the scale-1.0 gap is repeatable (significant in a bucket, or a consistent
                    downward shift across buckets); or a calibrated target fixes it.
@@ -41,7 +41,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from replay.analysis import stats
 from replay.analysis.roles import Roles
 from replay.analysis.schemas import (
     OMITTED,
@@ -51,6 +50,9 @@ from replay.analysis.schemas import (
     TargetSummary,
     Verdict,
 )
+from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE, equivalent
+from replay.analysis.stats.evidence import Evidence
+from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.serving.scale_log import (
     EMULATED_FP8,
     SCALE_ONE_WARNING,
@@ -70,9 +72,9 @@ VERDICTS: dict[str, tuple[int, str]] = {
 
 @dataclass(frozen=True)
 class Thresholds:
-    tolerance: float = stats.TOLERANCE  # largest acceptable pass-rate drop per bucket (/100)
-    alpha: float = stats.ALPHA  # level of a loss and of the bound that shows a match
-    min_pairs: int = stats.MIN_PAIRS  # graded pairs a bucket needs to count as evidence
+    tolerance: float = TOLERANCE  # largest acceptable pass-rate drop per bucket (/100)
+    alpha: float = ALPHA  # level of a loss and of the bound that shows a match
+    min_pairs: int = MIN_PAIRS  # graded pairs a bucket needs to count as evidence
     required_capacity_ratio: float = 1.5  # FP8 / BF16 KV-cache tokens that count as the gain
     capacity_needed_usage: float = 0.5  # peak KV usage of the reference that means "needed"
     max_error_rate: float = 0.05  # failed requests above this make a target "failed"
@@ -109,12 +111,12 @@ class BucketFacts:
     tf_floor_nll_hi: float | None = None
     tf_floor_top1_lo: float | None = None
 
-    def evidence(self, th: Thresholds, phases: int = 1) -> stats.Evidence | None:
+    def evidence(self, th: Thresholds, phases: int = 1) -> Evidence | None:
         """What these pairs settle under ``th`` (a loss at alpha / phases); None without the
         discordant counts."""
         if self.ref_only is None or self.target_only is None:
             return None
-        return stats.evidence(
+        return pairs_evidence(
             self.pairs,
             self.ref_only,
             self.target_only,
@@ -240,7 +242,7 @@ def _shown(b: BucketFacts, th: Thresholds) -> bool:
     return (
         b.ref_only is not None
         and b.target_only is not None
-        and stats.equivalent(
+        and equivalent(
             b.pairs,
             b.ref_only,
             b.target_only,
@@ -254,10 +256,10 @@ def _shown(b: BucketFacts, th: Thresholds) -> bool:
 def matches(arm: ArmFacts, th: Thresholds) -> tuple[bool, list[BucketFacts]]:
     """(every bucket, in every phase, shown within tolerance; the buckets not shown yet).
 
-    Shown means :func:`stats.equivalent`: at least ``min_pairs`` pairs and an exact one-sided
-    bound at alpha that puts the drop below the tolerance. The noise floor does not widen it:
-    the bound already carries the pairs' own disagreement, and a KEEP must mean "the drop is
-    below the tolerance at alpha"."""
+    Shown means ``stats.equivalence.equivalent``: at least ``min_pairs`` pairs and an exact
+    one-sided bound at alpha that puts the drop below the tolerance. The noise floor does not
+    widen it: the bound already carries the pairs' own disagreement, and a KEEP must mean "the
+    drop is below the tolerance at alpha"."""
     open_ = [b for b in arm.buckets if not _shown(b, th)]
     return bool(arm.buckets) and not open_, open_
 
