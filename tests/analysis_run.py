@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from replay.analysis.grading import grading_spec
-from replay.analysis.verdict import Thresholds
+from replay.analysis.verdict.facts import Thresholds
 from replay.core.records import Result, ToolCall
 from replay.core.trace import Request
 from replay.run.rundir import TEACHER_FORCED

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from replay.analysis.stats import equivalence, evidence, exact_tests, power
-from replay.analysis.verdict import ArmFacts, BucketFacts, Facts, decide
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
+from replay.analysis.verdict.rule import decide
 
 CANARIES = 10_000
 SEED = 20240516

@@ -28,7 +28,7 @@ from rich.progress import (
 
 from replay import __version__
 from replay.analysis.schemas import Summary
-from replay.analysis.verdict import Thresholds
+from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError, KvcanaryError, TraceError
 from replay.core.importers import IMPORTERS, LengthPolicy, StreamedTrace, scan, sniff_format, stream

@@ -28,7 +28,7 @@ import aiohttp
 
 from replay import __version__
 from replay.analysis.grading import grading_spec
-from replay.analysis.verdict import Thresholds
+from replay.analysis.verdict.facts import Thresholds
 from replay.checkers import Answer, Grader
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError

@@ -45,7 +45,8 @@ from replay.analysis.schemas import (
     TargetSummary,
     VsReference,
 )
-from replay.analysis.verdict import VERDICTS, serving_problems
+from replay.analysis.verdict.serving_path import serving_problems
+from replay.analysis.verdict.wording import VERDICTS
 from replay.run.rundir import GRADES, MANIFEST, RESULTS, SUMMARY, file_digest
 from replay.serving.scale_log import is_emulated
 

@@ -35,7 +35,8 @@ from replay.analysis.roles import resolve as resolve_roles
 from replay.analysis.schemas import Summary
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
-from replay.analysis.verdict import Thresholds, decide, facts_from_run
+from replay.analysis.verdict.facts import Thresholds, facts_from_run
+from replay.analysis.verdict.rule import decide
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError, ServerStartError, TargetError
 from replay.core.importers import LengthPolicy, stream
