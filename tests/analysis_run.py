@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from replay.analysis.grading import grading_spec
+from replay.analysis.grading.rows import grading_spec
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.records import Result, ToolCall
 from replay.core.trace import Request

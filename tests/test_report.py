@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from replay.analysis.grading import quality
+from replay.analysis.grading.quality import quality
 from replay.analysis.summary import build_summary
 from replay.analysis.systems import compare_systems, throughput_ratio
 from replay.analysis.verdict.facts import facts_from_run

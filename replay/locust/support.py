@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from replay import __version__
-from replay.analysis.grading import grading_spec
+from replay.analysis.grading.rows import grading_spec
 from replay.analysis.verdict.facts import Thresholds
 from replay.checkers import Answer, Grader
 from replay.core.buckets import Buckets

@@ -22,14 +22,8 @@ import aiohttp
 import orjson
 
 from replay import __version__
-from replay.analysis.grading import (
-    CONTROL_SUFFIX,
-    Gradable,
-    GradingSpec,
-    assess_quality,
-    grade_rows,
-    grading_spec,
-)
+from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
+from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
 from replay.analysis.roles import Roles
 from replay.analysis.roles import resolve as resolve_roles
 from replay.analysis.schemas import Summary
