@@ -148,7 +148,7 @@ def tf_summary(
 
 
 def greedy_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    from replay.analysis.stats import wilson
+    from replay.analysis.stats.intervals import wilson
 
     if not rows:
         return None

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from replay.analysis.grading import grading_spec
-from replay.analysis.verdict import Thresholds
+from replay.analysis.grading.rows import grading_spec
+from replay.analysis.verdict.facts import Thresholds
 from replay.core.records import Result, ToolCall
 from replay.core.trace import Request
 from replay.run.analyze import Analysis

@@ -179,7 +179,7 @@ def test_lenient_reading_keeps_everything_else() -> None:
 
 
 def test_the_verdict_and_report_read_records_and_json_alike(tmp_path: Path) -> None:
-    from replay.analysis.verdict import facts_from_run
+    from replay.analysis.verdict.facts import facts_from_run
 
     doc = _golden("run_summary.json")
     typed = Summary.from_json(doc)

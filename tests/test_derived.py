@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from replay.analysis.grading import (
+from replay.analysis.grading.quality import quality
+from replay.analysis.grading.rows import (
     PROMPT_KEEP_CHARS,
     GradingSpec,
     grade_rows,
     grading_spec,
     prompt_text,
-    quality,
 )
 from replay.checkers import Answer, Grader, derive, derived_record
 from replay.checkers._derived import facts_of, reference_label

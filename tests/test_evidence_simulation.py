@@ -4,14 +4,14 @@ Each simulated canary is one bucket of n requests graded on both targets: BF16 p
 request with probability ``P_REF``; FP8 fails a request BF16 passed with probability
 ``p10 / P_REF`` and passes one BF16 failed with probability ``p01 / (1 - P_REF)``, so the
 true drop is ``p10 - p01`` and the discordance ``p10 + p01``. Each canary shows equivalence
-exactly where the stop rule's ``matches`` does (``stats.equivalent``, through the same
-region as ``stats.critical_regressions``, checked on a sample here). Two questions:
+exactly where the stop rule's ``matches`` does (``equivalence.equivalent``, through the same
+region as ``power.critical_regressions``, checked on a sample here). Two questions:
 
 * size: with a true drop of exactly the tolerance, equivalence may be shown in at most alpha
   of the canaries (Monte Carlo allowance: 3 standard errors; the exact figure from
-  ``stats.equivalence_power`` must be at most alpha outright);
+  ``power.equivalence_power`` must be at most alpha outright);
 * power: with no true drop, at the N that "need N" names for a pilot bucket with the same
-  rates, equivalence must be shown in at least ``stats.POWER`` of them (same allowance).
+  rates, equivalence must be shown in at least ``power.POWER`` of them (same allowance).
 
 ``python -m tests.test_evidence_simulation`` prints the table the README quotes.
 """
@@ -24,13 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from replay.analysis import stats
-from replay.analysis.verdict import ArmFacts, BucketFacts, Facts, decide
+from replay.analysis.stats import equivalence, evidence, exact_tests, power
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
+from replay.analysis.verdict.rule import decide
 
 CANARIES = 10_000
 SEED = 20240516
 P_REF = 0.8  # BF16 pass rate: leaves room for discordance both ways
-TOL, ALPHA, MIN_PAIRS = stats.TOLERANCE, stats.ALPHA, stats.MIN_PAIRS
+TOL, ALPHA, MIN_PAIRS = equivalence.TOLERANCE, equivalence.ALPHA, equivalence.MIN_PAIRS
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def shown(n: int, lost: np.ndarray, gained: np.ndarray) -> np.ndarray:
     """Per canary: does the stop rule's per-bucket equivalence hold?"""
     m = lost + gained
     values, index = np.unique(m, return_inverse=True)
-    crit = stats.critical_regressions(n, values, tolerance=TOL, alpha=ALPHA)[index]
+    crit = power.critical_regressions(n, values, tolerance=TOL, alpha=ALPHA)[index]
     return (lost <= crit) & (n >= MIN_PAIRS)
 
 
@@ -79,7 +80,7 @@ def bucket_size(case: Case) -> int:
     if case.n is not None:
         return case.n
     assert case.pilot is not None
-    ev = stats.evidence(*case.pilot, tolerance=TOL, alpha=ALPHA, min_pairs=MIN_PAIRS)
+    ev = evidence.evidence(*case.pilot, tolerance=TOL, alpha=ALPHA, min_pairs=MIN_PAIRS)
     assert ev.status == "open" and ev.needed is not None, ev.reason
     return ev.needed
 
@@ -91,10 +92,10 @@ def run(case: Case, seed: int) -> tuple[int, float, float]:
     keep = shown(n, lost, gained)
     # The vectorized region is the scalar rule, on a sample of the simulated outcomes.
     for i in range(0, CANARIES, CANARIES // 25):
-        assert bool(keep[i]) == stats.equivalent(
+        assert bool(keep[i]) == equivalence.equivalent(
             n, int(lost[i]), int(gained[i]), tolerance=TOL, alpha=ALPHA, min_pairs=MIN_PAIRS
         )
-    exact = stats.equivalence_power(n, case.p10, case.p01, tolerance=TOL, alpha=ALPHA)
+    exact = power.equivalence_power(n, case.p10, case.p01, tolerance=TOL, alpha=ALPHA)
     return n, float(keep.mean()), exact
 
 
@@ -114,8 +115,8 @@ def test_a_drop_of_exactly_the_tolerance_is_rarely_kept(i: int) -> None:
 def test_need_n_delivers_its_power(i: int) -> None:
     case = POWER[i]
     n, share, exact = run(case, SEED + 100 + i)
-    assert exact >= stats.POWER, (case, n, exact)
-    assert share >= stats.POWER - allowance(stats.POWER), (case, n, share)
+    assert exact >= power.POWER, (case, n, exact)
+    assert share >= power.POWER - allowance(power.POWER), (case, n, share)
     assert abs(share - exact) <= allowance(exact) + 1e-3
 
 
@@ -130,7 +131,7 @@ def test_the_stop_rule_keeps_exactly_where_the_bound_holds() -> None:
     assert {k for *_, k in outcomes} == {True, False}
     for x, y, k in outcomes[:: max(1, len(outcomes) // 40)]:
         d = (y - x) / n
-        mc = stats.mcnemar_exact([True] * x + [False] * y, [False] * x + [True] * y).p_value
+        mc = exact_tests.mcnemar_exact([True] * x + [False] * y, [False] * x + [True] * y).p_value
         b = BucketFacts("<8K", n, d, d, d, mc, None, None, x, y)
         v = decide(Facts("bf16", ArmFacts("fp8", buckets=(b,)), capacity_ratio=2.0))
         assert (v.verdict == "keep") == k, (x, y, v.reasons)
@@ -151,7 +152,7 @@ def table() -> str:
             )
         )
         rows.append(
-            f"| {case.name}{pilot} | {n} | {share:.4f} | {exact:.4f} | >= {stats.POWER:g} |"
+            f"| {case.name}{pilot} | {n} | {share:.4f} | {exact:.4f} | >= {power.POWER:g} |"
         )
     return "\n".join(rows)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay.analysis.grading import GradingSpec, agreement, first_divergence, grade_rows, quality
+from replay.analysis.grading.quality import quality
+from replay.analysis.grading.rows import GradingSpec, agreement, first_divergence, grade_rows
 from replay.core.records import Result
 from replay.core.trace import Request
 from replay.run.teacher import parse_scores

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from replay.analysis.grading import grade_rows
+from replay.analysis.grading.rows import grade_rows
 from replay.checkers import Answer, Grade, Grader, JsonSchema, grade_safely, parse_check
 from replay.cli import main
 from replay.core.buckets import Buckets
@@ -286,7 +286,7 @@ def test_grading_a_run_never_raises_and_notes_checker_errors() -> None:
         "timeout",
         "size",
     }
-    from replay.analysis.grading import quality
+    from replay.analysis.grading.quality import quality
 
     notes = quality(rows, [], "a", ["<256"])["notes"]
     assert any(n.startswith("b: 3 answer(s) failed with a checker error") for n in notes), notes

@@ -16,10 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
-from replay.analysis.grading import quality
+from replay.analysis.grading.quality import quality
 from replay.analysis.summary import build_summary
 from replay.analysis.systems import compare_systems, throughput_ratio
-from replay.analysis.verdict import decide, facts_from_run
+from replay.analysis.verdict.facts import facts_from_run
+from replay.analysis.verdict.rule import decide
 from replay.core.records import Result
 from replay.present import charts, formatting, markdown, report, request_views
 from replay.run.rundir import write_json

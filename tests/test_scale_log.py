@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvcal._verify import APPLIED, NOT_APPLIED, ServerCheck, _decide, _from_log, compare_scores
-from replay.analysis.verdict import serving_problems
+from replay.analysis.verdict.serving_path import serving_problems
 from replay.run.teacher import TFScore
 from replay.serving.introspect import engine_config_from_log
 from replay.serving.scale_log import (

@@ -11,23 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.analysis.stats import (
-    EXACT_MAX,
+from replay.analysis.stats.binomial import EXACT_MAX, binom_cdf_half
+from replay.analysis.stats.equivalence import MIN_PAIRS, drop_upper_bound, equivalence_p, equivalent
+from replay.analysis.stats.evidence import evidence
+from replay.analysis.stats.exact_tests import mcnemar_exact, stratified_shift, stratified_sign_test
+from replay.analysis.stats.intervals import paired_bootstrap, wilson
+from replay.analysis.stats.power import (
     MAX_NEEDED,
-    MIN_PAIRS,
-    _binom_cdf_half,
     critical_regressions,
-    drop_upper_bound,
-    equivalence_p,
     equivalence_power,
-    equivalent,
-    evidence,
-    mcnemar_exact,
-    paired_bootstrap,
     pairs_needed,
-    stratified_shift,
-    stratified_sign_test,
-    wilson,
     zero_discordance_pairs,
 )
 
@@ -134,7 +127,7 @@ def test_binomial_tail_large_n_matches_exact() -> None:
         cdf.append(total / (1 << n))
         term = term * (n - k) // (k + 1)
     for m in (n // 2 - 80, n // 2, n // 2 + 30):
-        assert _binom_cdf_half(m, n) == pytest.approx(cdf[m], rel=1e-9)
+        assert binom_cdf_half(m, n) == pytest.approx(cdf[m], rel=1e-9)
 
 
 # --- planted shift --------------------------------------------------------------------------
@@ -327,7 +320,7 @@ def test_tolerance_zero_is_one_sided_mcnemar() -> None:
 
 
 def test_quadrature_is_converged() -> None:
-    from replay.analysis.stats import _equivalence_ps
+    from replay.analysis.stats.equivalence import equivalence_ps
 
     for n, m, x, t in (
         (200, 4, 2, 0.05),
@@ -336,7 +329,7 @@ def test_quadrature_is_converged() -> None:
         (3000, 500, 240, 0.02),
         (80, 79, 40, 0.1),
     ):
-        fine = float(_equivalence_ps(n, m, x, t, panels=64)[x])
+        fine = float(equivalence_ps(n, m, x, t, panels=64)[x])
         assert equivalence_p(n, x, m - x, t) == pytest.approx(fine, rel=1e-7, abs=1e-12)
 
 

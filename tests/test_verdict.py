@@ -6,7 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from replay.analysis.verdict import VERDICTS, ArmFacts, BucketFacts, Facts, Thresholds, decide
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
+from replay.analysis.verdict.rule import decide
+from replay.analysis.verdict.wording import VERDICTS
 
 BUCKETS = ("<8K", "8K-32K", "32K-64K")
 
@@ -230,7 +232,7 @@ def test_facts_without_counts_are_never_a_match() -> None:
 
 
 def _row(n: int, lost: int, gained: int) -> dict[str, object]:
-    from replay.analysis.stats import mcnemar_exact
+    from replay.analysis.stats.exact_tests import mcnemar_exact
 
     a = [True] * lost + [False] * gained + [True] * (n - lost - gained)
     b = [False] * lost + [True] * gained + [True] * (n - lost - gained)
@@ -276,7 +278,7 @@ def _sweep(cells: dict[str, dict[str, tuple[int, int, int]]]) -> dict[str, objec
 
 def test_a_loss_in_a_loaded_phase_counts() -> None:
     """Before, only the first phase was read: c16's loss was ignored and the verdict KEEP."""
-    from replay.analysis.verdict import facts_from_run
+    from replay.analysis.verdict.facts import facts_from_run
 
     fine = {"<8K": (200, 2, 2), "8K-32K": (200, 2, 2)}
     summary = _sweep({"c1": fine, "c16": {"<8K": (200, 2, 2), "8K-32K": (200, 30, 2)}})
@@ -294,7 +296,7 @@ def test_a_loss_in_a_loaded_phase_counts() -> None:
 
 
 def test_every_phase_must_show_the_match() -> None:
-    from replay.analysis.verdict import facts_from_run
+    from replay.analysis.verdict.facts import facts_from_run
 
     summary = _sweep({"c1": {"<8K": (200, 2, 2)}, "c4": {"<8K": (40, 0, 0)}})
     v = decide(facts_from_run(summary, {}, candidate="fp8"))
@@ -304,7 +306,7 @@ def test_every_phase_must_show_the_match() -> None:
 
 def test_phases_are_not_pooled_into_more_evidence() -> None:
     """Three phases of the same 40 agreeing requests are still 40 requests, not 120 pairs."""
-    from replay.analysis.verdict import facts_from_run
+    from replay.analysis.verdict.facts import facts_from_run
 
     summary = _sweep({ph: {"<8K": (40, 0, 0)} for ph in ("c1", "c4", "c16")})
     assert decide(facts_from_run(summary, {}, candidate="fp8")).verdict == "insufficient_evidence"
@@ -323,7 +325,7 @@ def test_loss_tests_share_alpha_across_phases() -> None:
 
 
 def test_thresholds_reach_the_facts() -> None:
-    from replay.analysis.verdict import facts_from_run
+    from replay.analysis.verdict.facts import facts_from_run
 
     summary = _sweep({"c1": {"<8K": (30, 0, 0)}})
     facts = facts_from_run(summary, {}, candidate="fp8", thresholds=Thresholds(tolerance=0.2))
@@ -396,14 +398,14 @@ def _manifest(**fp8: object) -> dict[str, object]:
 def test_serving_path_problems(
     target: dict[str, object], manifest: dict[str, object], calibrated: bool, problem: str
 ) -> None:
-    from replay.analysis.verdict import serving_problems
+    from replay.analysis.verdict.serving_path import serving_problems
 
     problems = serving_problems("fp8", target, manifest, calibrated)
     assert any(problem in p for p in problems), problems
 
 
 def test_clean_serving_path_has_no_problems() -> None:
-    from replay.analysis.verdict import serving_problems
+    from replay.analysis.verdict.serving_path import serving_problems
 
     ok = {"status": "ok", "cache_dtype": "fp8_e4m3"}
     assert serving_problems("fp8", ok, _manifest(), False) == []
@@ -506,7 +508,8 @@ def test_an_accepted_emulated_match_keeps_on_quality_alone() -> None:
 
 
 def test_emulated_target_serves_bf16_without_a_fallback_problem() -> None:
-    from replay.analysis.verdict import facts_from_run, serving_problems
+    from replay.analysis.verdict.facts import facts_from_run
+    from replay.analysis.verdict.serving_path import serving_problems
 
     manifest = _manifest(
         spec={"kv_cache_dtype": "fp8-emulated", "expect_cache_dtype": "fp8-emulated"}

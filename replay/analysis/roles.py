@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replay.analysis.grading import CONTROL_SUFFIX
+from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.core.errors import ConfigError
 
 ROLES = ("reference", "candidate", "calibrated")

@@ -11,7 +11,7 @@
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
     │                            pairs the verdict decides on, teacher-forced scores, floor
     ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit)
-    └── Verdict                  the stop rule's outcome (``verdict.decide``)
+    └── Verdict                  the stop rule's outcome (``verdict.rule.decide``)
 
 Every record is a frozen dataclass (``record_json``): ``to_json()`` gives exactly the JSON
 summary.json has always held, field order being key order, and ``from_json(data)`` reads it
@@ -130,8 +130,8 @@ class EvidenceRule(Record):
 
 @record
 class EvidenceSummary(Record):
-    """``stats.Evidence.to_json()``: what a bucket's pairs settle (summaries written before
-    the exact rule carry no ``status`` or ``short``)."""
+    """``stats.evidence.Evidence.to_json()``: what a bucket's pairs settle (summaries written
+    before the exact rule carry no ``status`` or ``short``)."""
 
     status: str | None
     sufficient: bool
@@ -360,7 +360,7 @@ class Systems(Record):
 
 @record
 class Verdict(Record):
-    """``_verdict.decide``'s outcome. Each evidence entry is the verdict's own JSON object:
+    """``verdict.rule.decide``'s outcome. Each evidence entry is the verdict's own JSON object:
     its keys depend on its kind (a serving finding has kind and text, a quality finding the
     bucket's facts and evidence as well), and the decision reads them by key."""
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from replay.analysis import stats
 from replay.analysis.schemas import Fit, LatencyDelta, Summary, Systems, SystemsBucket
+from replay.analysis.stats.intervals import paired_bootstrap
 from replay.core.records import Result
 
 Metric = Callable[[Result], float | None]
@@ -79,7 +79,7 @@ def systems(
                 per_bucket[ref[rid].bucket][0].append(a)
                 per_bucket[ref[rid].bucket][1].append(b)
         for bucket, (xs, ys) in per_bucket.items():
-            d = stats.paired_bootstrap(xs, ys, seed=seed)
+            d = paired_bootstrap(xs, ys, seed=seed)
             if d is not None:  # never None: a bucket here has a pair
                 buckets[bucket][name] = LatencyDelta(
                     reference_median=float(np.median(xs)),

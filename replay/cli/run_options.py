@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from replay.analysis.verdict import Thresholds
+from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import DEFAULT_BOUNDS
 from replay.core.errors import InputError
 from replay.core.importers import IMPORTERS, LengthPolicy

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from replay.analysis.grading import grading_spec
-from replay.analysis.verdict import Thresholds
+from replay.analysis.grading.rows import grading_spec
+from replay.analysis.verdict.facts import Thresholds
 from replay.checkers import Answer, Grader
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError

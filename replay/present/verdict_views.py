@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from replay.analysis.schemas import TargetSummary
-from replay.analysis.verdict import VERDICTS, serving_problems
+from replay.analysis.verdict.serving_path import serving_problems
+from replay.analysis.verdict.wording import VERDICTS
 from replay.present.formatting import f_est, f_int, f_p, f_pts, f_ratio, num, text
 from replay.present.reading import CONTROL_SUFFIX, Run, dig, lst, obj, to_float
 from replay.present.views import Cell, Table

@@ -14,19 +14,14 @@ from typing import Any
 
 import orjson
 
-from replay.analysis.grading import (
-    CONTROL_SUFFIX,
-    Gradable,
-    GradingSpec,
-    assess_quality,
-    grade_rows,
-    grading_spec,
-)
+from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
+from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
 from replay.analysis.roles import Roles
 from replay.analysis.schemas import Summary
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
-from replay.analysis.verdict import Thresholds, decide, facts_from_run
+from replay.analysis.verdict.facts import Thresholds, facts_from_run
+from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
 from replay.core.importers import stream
 from replay.core.records import Result

@@ -21,9 +21,10 @@ from typing import Any
 
 import aiohttp
 
-from replay.analysis.grading import CONTROL_SUFFIX, GradingSpec, grading_spec
+from replay.analysis.grading.quality import CONTROL_SUFFIX
+from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
-from replay.analysis.verdict import Thresholds
+from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.errors import ServerStartError, TargetError
 from replay.core.importers import LengthPolicy

@@ -1,0 +1,248 @@
+"""One target against its baseline in one bucket (or phase): explicit checks against the
+reference, derived grades against the A/A control, both pooled (what the verdict decides on),
+and the teacher-forced scores beside them.
+
+Each comparison applies the paired statistics (``stats``) to pairs from ``pairing`` under the
+verdict's evidence rule (``Rule``), so grading's evidence column says what the verdict says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from replay.analysis.grading.pairing import combined_pairs, outcomes, paired_outcomes
+from replay.analysis.schemas import (
+    Agreement,
+    Combined,
+    DerivedComparison,
+    EvidenceRule,
+    EvidenceSummary,
+    RuleCounts,
+    TeacherForced,
+    VsControl,
+    VsReference,
+)
+from replay.analysis.stats.evidence import evidence as pairs_evidence
+from replay.analysis.stats.exact_tests import mcnemar_exact
+from replay.analysis.stats.intervals import PairedDiff, paired_bootstrap, wilson
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _rate(values: Iterable[bool]) -> float | None:
+    v = list(values)
+    return sum(v) / len(v) if v else None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The verdict's evidence rule, which grading's evidence column applies too."""
+
+    tolerance: float
+    alpha: float
+    min_pairs: int
+
+    def evidence(self, a: Sequence[bool], b: Sequence[bool]) -> EvidenceSummary:
+        """What the pairs (a: baseline, b: target) settle, as summary.json records it."""
+        mc = mcnemar_exact(a, b)
+        ev = pairs_evidence(
+            len(a),
+            mc.a_only,
+            mc.b_only,
+            tolerance=self.tolerance,
+            alpha=self.alpha,
+            min_pairs=self.min_pairs,
+        )
+        return EvidenceSummary(
+            status=ev.status,
+            sufficient=ev.sufficient,
+            needed=ev.needed,
+            p_value=ev.p_value,
+            drop_bound=ev.drop_bound,
+            rule=EvidenceRule(
+                tolerance=ev.tolerance, alpha=ev.alpha, min_pairs=ev.min_pairs, power=ev.power
+            ),
+            short=ev.short,
+            reason=ev.reason,
+        )
+
+
+def _bootstrap(a: Sequence[bool], b: Sequence[bool], seed: int) -> PairedDiff | None:
+    return paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+
+
+def compare_explicit(
+    rows: pd.DataFrame, ref: pd.DataFrame | None, rule: Rule, seed: int
+) -> dict[str, Any]:
+    """``Comparison``'s fields: pass rate, paired difference to the reference, McNemar,
+    agreement, and ``evidence`` (whether the pairs show a loss or a drop bounded below the
+    tolerance, and only while they show neither, how many pairs would)."""
+    graded = rows["passed"].dropna()
+    k, n = int(graded.astype(bool).sum()), len(graded)
+    a, b = paired_outcomes(rows, ref, "passed")
+    diff, mc = _bootstrap(a, b, seed), mcnemar_exact(a, b)
+    agree = rows[rows["agreed"]]
+    divs = agree["divergence"].dropna().tolist()
+    return {
+        "answered": int(rows["answered"].sum()),
+        "requests": len(rows),
+        "graded": n,
+        "passed": k,
+        "pass_rate": k / n if n else None,
+        "wilson": wilson(k, n),
+        "vs_reference": None
+        if diff is None
+        else VsReference(
+            pairs=diff.n,
+            diff=diff.diff,
+            lo=diff.lo,
+            hi=diff.hi,
+            mcnemar_p=mc.p_value,
+            ref_only=mc.a_only,
+            target_only=mc.b_only,
+        ),
+        "agreement": Agreement(
+            compared=len(agree),
+            exact=_rate(agree["exact"].tolist()),
+            normalized=_rate(agree["normalized"].tolist()),
+            first_divergence_median=float(np.median(divs)) if divs else None,
+        ),
+        "evidence": rule.evidence(a, b),
+    }
+
+
+def compare_derived(
+    rows: pd.DataFrame, control: pd.DataFrame | None, seed: int
+) -> DerivedComparison:
+    """Derived grades of one target: pass rate, counts (by rule, ungraded, checker errors), the
+    normalized exact rate beside them, and ``vs_control``: the paired comparison with the A/A
+    control's derived grades of the same requests, its floor (None for the control itself, the
+    reference, or when no control ran)."""
+    import pandas as pd
+
+    recs = rows[rows["rule"].notna()]
+    outcome = recs["d_passed"]
+    graded = outcome.dropna()
+    k, n = int(graded.astype(bool).sum()), len(graded)
+    counts = (
+        pd.DataFrame(
+            {
+                "rule": recs["rule"],
+                "graded": outcome.notna(),
+                "passed": outcome.eq(True),
+                "ungraded": outcome.isna(),
+            }
+        )
+        .groupby("rule")
+        .sum()
+    )
+    vs = None
+    if control is not None:
+        a, b = paired_outcomes(recs, control, "d_passed")
+        diff, mc = _bootstrap(a, b, seed), mcnemar_exact(a, b)
+        vs = (
+            None
+            if diff is None
+            else VsControl(
+                pairs=diff.n,
+                control_pass_rate=diff.mean_a,
+                pass_rate=diff.mean_b,
+                diff=diff.diff,
+                lo=diff.lo,
+                hi=diff.hi,
+                mcnemar_p=mc.p_value,
+                control_only=mc.a_only,
+                target_only=mc.b_only,
+            )
+        )
+    return DerivedComparison(
+        graded=n,
+        passed=k,
+        pass_rate=k / n if n else None,
+        wilson=wilson(k, n),
+        ungraded=len(recs) - n,
+        checker_errors=int(recs["d_error"].sum()),
+        by_rule={
+            str(r): RuleCounts(
+                graded=int(c["graded"]), passed=int(c["passed"]), ungraded=int(c["ungraded"])
+            )
+            for r, c in counts.iterrows()
+        },
+        exact_rate=_rate(outcomes(recs["d_exact"].dropna())),
+        vs_control=vs,
+    )
+
+
+def compare_combined(
+    rows: pd.DataFrame,
+    ref: pd.DataFrame | None,
+    control: pd.DataFrame | None,
+    rule: Rule,
+    seed: int,
+) -> Combined | None:
+    """The paired comparison the verdict decides on: ``combined_pairs`` under the same
+    statistics and evidence rule as the explicit grades alone."""
+    a, b, derived = combined_pairs(rows, ref, control)
+    diff = _bootstrap(a, b, seed)
+    if diff is None:
+        return None
+    mc = mcnemar_exact(a, b)
+    return Combined(
+        pairs=diff.n,
+        explicit=diff.n - derived,
+        derived=derived,
+        baseline="control" if control is not None else "pass",
+        diff=diff.diff,
+        lo=diff.lo,
+        hi=diff.hi,
+        mcnemar_p=mc.p_value,
+        ref_only=mc.a_only,
+        target_only=mc.b_only,
+        evidence=rule.evidence(a, b),
+    )
+
+
+def teacher_forced(
+    tf: Mapping[str, Mapping[str, Any]],
+    tf_ref: Mapping[str, Mapping[str, Any]],
+    ids: Iterable[str],
+    seed: int = 0,
+) -> TeacherForced:
+    """Mean NLL difference per token to the reference's own scores, and top-1 agreement, with
+    intervals over requests (each request's mean, resampled: tokens of one answer are not
+    independent), the early warning the verdict reports beside the outcomes."""
+    deltas: list[float] = []
+    top1: list[bool] = []
+    per_request: list[float] = []
+    top1_per_request: list[float] = []
+    errors = 0
+    for rid in ids:
+        s, base = tf.get(rid), tf_ref.get(rid)
+        if not s or not base or s["error"] or base["error"] or s["n"] != base["n"]:
+            errors += s is not None
+            continue
+        d = [x - y for x, y in zip(s["nll"], base["nll"], strict=True)]
+        deltas.extend(d)
+        top1.extend(s["top1"])
+        if d:
+            per_request.append(float(np.mean(d)))
+            top1_per_request.append(sum(map(bool, s["top1"])) / len(s["top1"]))
+    nll_ci = paired_bootstrap([0.0] * len(per_request), per_request, seed=seed)
+    top1_ci = paired_bootstrap([0.0] * len(top1_per_request), top1_per_request, seed=seed)
+    return TeacherForced(
+        tokens=len(deltas),
+        requests=len(per_request),
+        errors=errors,
+        nll_delta_mean=float(np.mean(deltas)) if deltas else None,
+        nll_delta_lo=None if nll_ci is None else nll_ci.lo,
+        nll_delta_hi=None if nll_ci is None else nll_ci.hi,
+        top1_agreement=_rate(top1),
+        top1_lo=None if top1_ci is None else top1_ci.lo,
+        top1_hi=None if top1_ci is None else top1_ci.hi,
+        identical_to_reference=bool(deltas) and all(d == 0.0 for d in deltas),
+    )

@@ -1,0 +1,110 @@
+"""The grades as a table, and the pairs quality is computed from.
+
+``grades_frame`` flattens grade rows (``rows.grade_rows``) into one row per answer, indexed by
+request id. A target's requests are paired with the reference's (or the A/A control's) by
+request id, in the target's own order, which the seeded bootstrap depends on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GRADE_COLUMNS = (
+    "phase",
+    "target",
+    "request_id",
+    "bucket",
+    "answered",
+    "passed",
+    "rule",
+    "d_passed",
+    "d_exact",
+    "d_error",
+    "agreed",
+    "exact",
+    "normalized",
+    "divergence",
+)
+KEY = ["phase", "target", "request_id"]
+
+
+def grades_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per graded answer (``grade_rows``), flattened: ``passed`` is the check's
+    outcome (None: no check graded it), ``rule``/``d_passed`` the derived grade's (None: none,
+    or ungraded), ``agreed`` whether it was compared with the reference's answer. A request
+    answered twice in one phase (a looping Locust test) keeps its last grade, in the place of
+    its first."""
+    import pandas as pd
+
+    flat = []
+    for row in rows:
+        g, d, ag = row["grade"], row.get("derived"), row["agreement"]
+        flat.append(
+            (
+                row["phase"],
+                row["target"],
+                row["request_id"],
+                row["bucket"],
+                bool(row["answered"]),
+                None if g is None else bool(g["passed"]),
+                str(d["rule"]) if d else None,
+                None if not d or d["passed"] is None else bool(d["passed"]),
+                None if not d or d.get("exact") is None else bool(d["exact"]),
+                bool(d and (d.get("detail") or {}).get("checker_error")),
+                ag is not None,
+                ag and ag["exact"],
+                ag and ag["normalized"],
+                ag and ag["first_divergence"],
+            )
+        )
+    frame = pd.DataFrame.from_records(flat, columns=GRADE_COLUMNS)
+    first = frame.groupby(KEY, sort=False).ngroup()
+    return (
+        frame.assign(first=first)
+        .drop_duplicates(KEY, keep="last")
+        .sort_values("first")
+        .drop(columns="first")
+        .set_index("request_id", drop=False)
+    )
+
+
+def outcomes(values: pd.Series) -> list[bool]:
+    """A column's graded outcomes as plain booleans."""
+    return [bool(v) for v in values]
+
+
+def paired_outcomes(
+    rows: pd.DataFrame,
+    base: pd.DataFrame | None,
+    column: str,
+) -> tuple[list[bool], list[bool]]:
+    """``column``'s outcomes of the requests graded in both, in ``rows``' order: (base,
+    rows)."""
+    if base is None or rows.empty:
+        return [], []
+    theirs = base[column].reindex(rows.index)
+    both = rows[column].notna() & theirs.notna()
+    return outcomes(theirs[both]), outcomes(rows.loc[both, column])
+
+
+def combined_pairs(
+    rows: pd.DataFrame, ref: pd.DataFrame | None, control: pd.DataFrame | None
+) -> tuple[list[bool], list[bool], int]:
+    """Every graded pair of one target and bucket, explicit and derived pooled, and how many
+    are derived. A request is one pair at most: with a check, its grade against the
+    reference's (explicit checks win); without one, its derived grade (agreement with the
+    reference's answer) against the A/A control's derived grade of the same request, the
+    reference agreeing with itself. Without a control the baseline is a pass: every
+    disagreement with the reference counts against the candidate, the conservative reading
+    (no noise floor)."""
+    a, b = paired_outcomes(rows, ref, "passed")
+    derived = rows[rows["passed"].isna() & rows["d_passed"].notna()]
+    if control is None:
+        base, mine = [True] * len(derived), outcomes(derived["d_passed"])
+    else:
+        base, mine = paired_outcomes(derived, control, "d_passed")
+    return a + base, b + mine, len(base)

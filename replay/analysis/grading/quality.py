@@ -1,0 +1,211 @@
+"""Quality per phase, target and bucket: the ``Quality`` record summary.json holds.
+
+Each target is compared bucket by bucket (``compare``) with the reference, and with the A/A
+control (the reference replayed a second time, named ``<reference>-control``), whose own
+comparison with the reference is every bucket's noise floor. The notes say what the numbers
+cannot: derived grades without a floor, answers a checker could not grade, and teacher-forced
+scores identical to the reference's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from replay.analysis.grading.compare import (
+    Rule,
+    compare_combined,
+    compare_derived,
+    compare_explicit,
+    teacher_forced,
+)
+from replay.analysis.grading.pairing import combined_pairs, grades_frame
+from replay.analysis.schemas import (
+    OMITTED,
+    BucketQuality,
+    NoiseFloor,
+    Quality,
+    QualityTotals,
+    Shift,
+    TargetQuality,
+)
+from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
+from replay.analysis.stats.exact_tests import stratified_shift
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The A/A control is the reference replayed under its name plus this suffix.
+CONTROL_SUFFIX = "-control"
+
+
+def checker_error_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One note per target (and kind of grade) whose answers could not all be graded (they
+    count as failed)."""
+    import pandas as pd
+
+    rows = list(rows)
+    notes = []
+    for key, what in (("grade", "answer(s)"), ("derived", "derived grade(s)")):
+        failed = [
+            (row["target"], kind, f"{row['request_id']}: {row[key]['reason']}")
+            for row in rows
+            if (kind := ((row.get(key) or {}).get("detail") or {}).get("checker_error"))
+        ]
+        if not failed:
+            continue
+        frame = pd.DataFrame.from_records(failed, columns=["target", "kind", "first"])
+        for target, errors in frame.groupby("target", sort=False):
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(errors["kind"].value_counts().items()))
+            notes.append(
+                f"{target}: {len(errors)} {what} failed with a checker error ({kinds}); "
+                f"first: {errors['first'].iloc[0]}"
+            )
+    return notes
+
+
+def _noise_floor(floor: BucketQuality | None) -> NoiseFloor | None:
+    if floor is None:
+        return None
+    vs, tf = floor.vs_reference, floor.teacher_forced
+    return NoiseFloor(
+        diff=None if vs is None else vs.diff,
+        lo=None if vs is None else vs.lo,
+        hi=None if vs is None else vs.hi,
+        agreement_exact=floor.agreement.exact,
+        nll_delta_mean=tf.nll_delta_mean,
+        nll_delta_hi=tf.nll_delta_hi,
+        top1_lo=tf.top1_lo,
+    )
+
+
+def _target_quality(
+    name: str,
+    rows: pd.DataFrame,
+    targets: Mapping[str, pd.DataFrame],
+    tf: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    reference: str,
+    bucket_order: Sequence[str],
+    rule: Rule,
+    seed: int,
+) -> TargetQuality:
+    control = reference + CONTROL_SUFFIX
+    compared = name not in (reference, control)
+    ref, floor = targets.get(reference), targets.get(control) if compared else None
+    mine, theirs = tf.get(name, {}), tf.get(reference, {})
+    buckets, strata = {}, []
+    by_bucket = dict(iter(rows.groupby("bucket", sort=False)))
+    for b in sorted(
+        by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order else 99, b)
+    ):
+        sub = by_bucket[b]
+        buckets[str(b)] = BucketQuality(
+            **compare_explicit(sub, ref, rule, seed),
+            derived=compare_derived(sub, floor, seed),
+            combined=compare_combined(sub, ref, floor, rule, seed) if compared else OMITTED,
+            teacher_forced=teacher_forced(mine, theirs, sub.index, seed),
+        )
+        # The shift test pools what the verdict decides on: explicit and derived.
+        strata.append(combined_pairs(sub, ref, floor)[:2])
+    shift = stratified_shift(strata) if name != reference else None
+    return TargetQuality(
+        buckets=buckets,
+        all=QualityTotals(
+            **compare_explicit(rows, ref, rule, seed), derived=compare_derived(rows, floor, seed)
+        ),
+        shift=None
+        if shift is None
+        else Shift(
+            p_value=shift.p_value,
+            direction=shift.direction,
+            ref_only=shift.a_only,
+            target_only=shift.b_only,
+            pairs=shift.n,
+        ),
+        teacher_forced=teacher_forced(mine, theirs, rows.index),
+    )
+
+
+def assess_quality(
+    rows: Sequence[Mapping[str, Any]],
+    tf_rows: Sequence[Mapping[str, Any]],
+    reference: str,
+    bucket_order: Sequence[str],
+    tolerance: float = TOLERANCE,
+    seed: int = 0,
+    *,
+    alpha: float = ALPHA,
+    min_pairs: int = MIN_PAIRS,
+) -> Quality:
+    """phase -> target -> buckets, all and shift, plus notes. ``tolerance``, ``alpha`` and
+    ``min_pairs`` are the verdict's, so the evidence column says what it says."""
+    tf: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
+    for t in tf_rows:
+        tf[t["target"]][t["request_id"]] = t
+    rule, control = Rule(tolerance, alpha, min_pairs), reference + CONTROL_SUFFIX
+    phases: dict[str, dict[str, TargetQuality]] = {}
+    notes = []
+    frame = grades_frame(rows)
+    for phase, in_phase in frame.groupby("phase", sort=False):
+        targets = dict(iter(in_phase.groupby("target", sort=False)))
+        out = {
+            str(t): _target_quality(
+                str(t), t_rows, targets, tf, reference, bucket_order, rule, seed
+            )
+            for t, t_rows in targets.items()
+        }
+        if control not in targets and in_phase["rule"].notna().any():
+            notes.append(
+                f"{phase}: derived grades have no noise floor: no A/A control ({control}) ran, "
+                "so every disagreement with the reference's answer counts against the "
+                "candidate (--control gives the floor)"
+            )
+        if control in out:
+            floors = out[control].buckets
+            out = {
+                t: replace(
+                    q,
+                    buckets={
+                        b: replace(row, noise_floor=_noise_floor(floors.get(b)))
+                        for b, row in q.buckets.items()
+                    },
+                )
+                for t, q in out.items()
+            }
+        phases[str(phase)] = out
+    notes += checker_error_notes(rows)
+    notes += [
+        f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: this "
+        "path does not exercise a different KV cache on this backend; it is not evidence "
+        "of no loss"
+        for phase, out in phases.items()
+        for target, q in out.items()
+        if target not in (reference, control) and q.teacher_forced.identical_to_reference
+    ]
+    return Quality(
+        reference=reference,
+        tolerance=tolerance,
+        alpha=alpha,
+        min_pairs=min_pairs,
+        phases=phases,
+        notes=tuple(notes),
+    )
+
+
+def quality(
+    rows: Sequence[Mapping[str, Any]],
+    tf_rows: Sequence[Mapping[str, Any]],
+    reference: str,
+    bucket_order: Sequence[str],
+    tolerance: float = TOLERANCE,
+    seed: int = 0,
+    *,
+    alpha: float = ALPHA,
+    min_pairs: int = MIN_PAIRS,
+) -> dict[str, Any]:
+    """``assess_quality`` as JSON, for callers outside the pipeline."""
+    return assess_quality(
+        rows, tf_rows, reference, bucket_order, tolerance, seed, alpha=alpha, min_pairs=min_pairs
+    ).to_json()

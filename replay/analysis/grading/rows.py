@@ -1,0 +1,174 @@
+"""Grade rows: one per answer, with its checker's grade, its agreement with the reference's
+answer to the same request in the same phase, and, for a request without a check, its derived
+grade against that answer (``checkers._derived``).
+
+Grading keeps little of each trace record (``GradingSpec``): its id, task and check, and the
+prompt's text only where a derived grade reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from replay.checkers import Answer, Grader, derived_record, normalize
+from replay.core.records import Result
+
+# Derived grades read the prompt for facts and code examples; a longer prompt keeps its first
+# three quarters and its last quarter of this many characters.
+PROMPT_KEEP_CHARS = 131_072
+
+
+class Gradable(Protocol):
+    """What grading needs of a trace record (a ``Request`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def check(self) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GradingSpec:
+    """What grading keeps of a trace record: a long run keeps one per request it sent, so the
+    prompt's text is kept only where derived grading reads it (no check), capped at
+    ``PROMPT_KEEP_CHARS`` and zlib-compressed (``grading_spec`` builds one)."""
+
+    id: str
+    task: str
+    check: dict[str, Any] | None
+    prompt_z: bytes = b""
+
+    @property
+    def prompt_text(self) -> str:
+        if not self.prompt_z:
+            return ""
+        return zlib.decompress(self.prompt_z).decode("utf-8", "surrogatepass")
+
+
+def _cap(text: str) -> str:
+    if len(text) <= PROMPT_KEEP_CHARS:
+        return text
+    head = PROMPT_KEEP_CHARS * 3 // 4
+    return text[:head] + "\n" + text[len(text) - (PROMPT_KEEP_CHARS - head) :]
+
+
+def prompt_text(record: Any) -> str:
+    """The text a record's prompt shows the model (capped): its messages' contents and the
+    calls earlier turns made, or a completions prompt; "" for token ids, synthetic prompts and
+    records that carry no prompt."""
+    if isinstance(record, GradingSpec):
+        return record.prompt_text
+    messages = getattr(record, "messages", None)
+    parts: list[str] = []
+    for m in messages or ():
+        if not isinstance(m, Mapping):
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [
+                p["text"]
+                for p in content
+                if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+            ]
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(fn, Mapping):
+                args = fn.get("arguments", "")
+                args = args if isinstance(args, str) else json.dumps(args, default=str)
+                parts.append(f"{fn.get('name', '')}({args})")
+    prompt = getattr(record, "prompt", None)
+    if not messages and isinstance(prompt, str):
+        parts.append(prompt)
+    return _cap("\n".join(parts))
+
+
+def grading_spec(record: Gradable) -> GradingSpec:
+    """A record's ``GradingSpec``: with its prompt's text only when it has no check."""
+    text = prompt_text(record) if record.check is None else ""
+    return GradingSpec(
+        record.id,
+        record.task,
+        record.check,
+        zlib.compress(text.encode("utf-8", "surrogatepass"), 6) if text else b"",
+    )
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token; None when identical."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def agreement(r: Result, ref: Result) -> dict[str, Any]:
+    """How an answer agrees with the reference's: exactly, after normalizing, and where their
+    tokens first differ (0 for different texts without token ids)."""
+    calls = [(c.name, c.arguments) for c in r.tool_calls]
+    ref_calls = [(c.name, c.arguments) for c in ref.tool_calls]
+    exact = r.output_text == ref.output_text and calls == ref_calls
+    return {
+        "exact": exact,
+        "normalized": exact
+        or (normalize(r.output_text) == normalize(ref.output_text) and calls == ref_calls),
+        "first_divergence": first_divergence(r.output_ids, ref.output_ids)
+        if r.output_ids or ref.output_ids
+        else (None if exact else 0),
+    }
+
+
+def grade_rows(
+    results: Sequence[Result],
+    requests: Mapping[str, Gradable],
+    reference: str,
+    grader: Grader | None = None,
+) -> list[dict[str, Any]]:
+    """One row per result: checker grade, agreement with the reference, and, for a request
+    without a check, the derived grade against the reference's answer (every target but the
+    reference; the A/A control is graded like a candidate)."""
+    if grader is None:
+        with Grader() as own:
+            return grade_rows(results, requests, reference, own)
+    refs = {(r.phase, r.request_id): r for r in results if r.target == reference}
+    rows = []
+    for r in results:
+        req = requests.get(r.request_id)
+        row: dict[str, Any] = {
+            "target": r.target,
+            "phase": r.phase,
+            "request_id": r.request_id,
+            "bucket": r.bucket,
+            "answered": r.status == "ok",
+            "task": req.task if req else None,
+            "grade": None,
+            "agreement": None,
+            "derived": None,
+        }
+        if r.status != "ok":
+            row["error"] = f"{r.error_kind}: {r.error}"
+        else:
+            if req is not None and req.check is not None:
+                answer = Answer(r.output_text, tuple(r.tool_calls))
+                row["grade"] = grader.grade(req.check, answer).to_json()
+            ref = refs.get((r.phase, r.request_id))
+            if r.target != reference and ref is not None and ref.status == "ok":
+                row["agreement"] = agreement(r, ref)
+                if req is not None and req.check is None:
+                    grade = grader.grade_derived(
+                        Answer(ref.output_text, tuple(ref.tool_calls)),
+                        Answer(r.output_text, tuple(r.tool_calls)),
+                        prompt_text(req),
+                    )
+                    row["derived"] = derived_record(grade, row["agreement"]["normalized"])
+        rows.append(row)
+    return rows

@@ -1,0 +1,108 @@
+"""Intervals: a pass rate's for one target in one bucket (Wilson), and the paired FP8 - BF16
+mean difference's (percentile bootstrap over pairs).
+
+The bootstrap is deterministic: its resamples come from ``np.random.default_rng(seed)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from replay.analysis.stats.pairs import paired_arrays
+
+Z95 = 1.959963984540054
+"""Two-sided 95% normal quantile, the default for Wilson intervals."""
+
+_BOOT_CHUNK = 1 << 20  # resampled indices held in memory at once by the bootstrap
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """Wilson score interval for k passes out of n graded requests; ``None`` when n == 0.
+
+    Unlike the normal (Wald) interval it stays inside [0, 1] and is honest at 0/n and n/n,
+    which matter here: a bucket where BF16 passes 10/10 still has an upper-tail doubt, and a
+    bucket where FP8 passes 0/10 is not "certainly 0%".
+    """
+    if n < 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson: need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return None
+    p, z2 = k / n, z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    lo = 0.0 if k == 0 else max(0.0, min(p, centre - half))
+    hi = 1.0 if k == n else min(1.0, max(p, centre + half))
+    return lo, hi
+
+
+# --- paired difference ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PairedDiff:
+    """Mean FP8 - BF16 difference over paired requests, with a bootstrap interval.
+
+    ``diff`` < 0 means the candidate (b, FP8) scores lower than the reference (a, BF16).
+    An interval that excludes 0 says the shift is larger than resampling noise.
+    """
+
+    n: int
+    mean_a: float
+    mean_b: float
+    diff: float
+    lo: float
+    hi: float
+
+
+def _boot_means(d: npt.NDArray[np.float64], n_boot: int, seed: int) -> npt.NDArray[np.float64]:
+    """Means of n_boot resamples (with replacement) of the pair differences d."""
+    rng = np.random.default_rng(seed)
+    n = d.size
+    rows = max(1, _BOOT_CHUNK // n)
+    out = [
+        d[rng.integers(0, n, size=(min(rows, n_boot - i), n))].mean(axis=1)
+        for i in range(0, n_boot, rows)
+    ]
+    return np.concatenate(out)
+
+
+def paired_bootstrap(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    n_boot: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> PairedDiff | None:
+    """Mean of ``b - a`` with a paired percentile-bootstrap (1 - alpha) interval.
+
+    Pairs (request i on BF16, request i on FP8) are resampled together, so the interval
+    reflects only how the *difference* varies across requests. Values may be 0/1 grades or
+    continuous scores. ``None`` when there are no pairs. The percentile interval is widened,
+    if needed, to contain the point estimate (this only matters for last-digit rounding or
+    tiny samples at extreme alphas).
+    """
+    if n_boot < 1 or not 0.0 < alpha < 1.0:
+        raise ValueError(
+            f"paired_bootstrap: need n_boot >= 1 and 0 < alpha < 1 (got {n_boot}, {alpha})"
+        )
+    xa, xb = paired_arrays(a, b, "paired_bootstrap")
+    if xa.size == 0:
+        return None
+    d = xb - xa
+    diff = float(d.mean())
+    lo, hi = np.percentile(_boot_means(d, n_boot, seed), [50 * alpha, 100 - 50 * alpha])
+    return PairedDiff(
+        n=int(d.size),
+        mean_a=float(xa.mean()),
+        mean_b=float(xb.mean()),
+        diff=diff,
+        lo=min(float(lo), diff),
+        hi=max(float(hi), diff),
+    )

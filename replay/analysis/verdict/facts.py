@@ -1,0 +1,261 @@
+"""What a run shows, as plain facts the stop rule decides on (``rule.decide``).
+
+``Facts`` name the reference and the FP8 arms (``ArmFacts``), each with its serving-path
+problems (``serving_path``) and one ``BucketFacts`` per bucket and phase, plus the systems
+side (capacity, latency). ``facts_from_run`` builds them from a run's ``Summary`` record
+(``schemas``) and manifest; the table tests of the rule build them by hand. ``Thresholds`` are
+the rule's parameters, the same that grading's evidence column applies
+(``stats.evidence.evidence``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from replay.analysis.roles import Roles
+from replay.analysis.schemas import (
+    OMITTED,
+    BucketQuality,
+    Combined,
+    Shift,
+    Summary,
+    TargetQuality,
+    TargetSummary,
+)
+from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
+from replay.analysis.stats.evidence import Evidence
+from replay.analysis.stats.evidence import evidence as pairs_evidence
+from replay.analysis.verdict.serving_path import error_problem, serving_problems
+from replay.serving.scale_log import is_emulated
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    tolerance: float = TOLERANCE  # largest acceptable pass-rate drop per bucket (/100)
+    alpha: float = ALPHA  # level of a loss and of the bound that shows a match
+    min_pairs: int = MIN_PAIRS  # graded pairs a bucket needs to count as evidence
+    required_capacity_ratio: float = 1.5  # FP8 / BF16 KV-cache tokens that count as the gain
+    capacity_needed_usage: float = 0.5  # peak KV usage of the reference that means "needed"
+    max_error_rate: float = 0.05  # failed requests above this make a target "failed"
+    # Teacher-forced divergence that warns (never decides): a per-token NLL increase whose
+    # interval lies above this and above the A/A floor, or a top-1 agreement whose interval
+    # lies below 1 - this and below the floor's.
+    tf_warn_nll: float = 0.05
+    tf_warn_top1: float = 0.05
+    # Decide on emulated FP8 arms (quality only) instead of refusing to.
+    accept_emulated: bool = False
+
+
+@dataclass(frozen=True)
+class BucketFacts:
+    bucket: str
+    pairs: int
+    diff: float | None = None  # candidate - reference pass rate
+    lo: float | None = None
+    hi: float | None = None
+    mcnemar_p: float | None = None
+    floor_lo: float | None = None  # A/A control's interval low end (noise floor)
+    needed: int | None = None
+    ref_only: int | None = None  # pairs the reference passed and the candidate failed
+    target_only: int | None = None  # pairs the candidate passed and the reference failed
+    phase: str | None = None  # named only when the run has several phases
+    derived: int = 0  # of ``pairs``, those graded by the reference's answer
+    # Teacher-forced scores of the reference's answers under the candidate (the early warning):
+    # per-token NLL increase and top-1 agreement with intervals over requests; the A/A floor.
+    tf_nll: float | None = None
+    tf_nll_lo: float | None = None
+    tf_nll_hi: float | None = None
+    tf_top1: float | None = None
+    tf_top1_hi: float | None = None
+    tf_floor_nll_hi: float | None = None
+    tf_floor_top1_lo: float | None = None
+
+    def evidence(self, th: Thresholds, phases: int = 1) -> Evidence | None:
+        """What these pairs settle under ``th`` (a loss at alpha / phases); None without the
+        discordant counts."""
+        if self.ref_only is None or self.target_only is None:
+            return None
+        return pairs_evidence(
+            self.pairs,
+            self.ref_only,
+            self.target_only,
+            tolerance=th.tolerance,
+            alpha=th.alpha,
+            min_pairs=th.min_pairs,
+            loss_alpha=th.alpha / max(1, phases),
+        )
+
+
+@dataclass(frozen=True)
+class ArmFacts:
+    """One FP8 target compared with the reference."""
+
+    name: str
+    serving_problems: tuple[str, ...] = ()
+    buckets: tuple[BucketFacts, ...] = ()  # one per bucket and phase
+    shift_p: float | None = None  # the phase with the strongest downward shift
+    shift_direction: str | None = None
+    phases: int = 1  # loss and shift tests run at alpha / phases
+    emulated: bool = False  # FP8 emulated in a BF16 server (no systems facts)
+
+
+@dataclass(frozen=True)
+class Facts:
+    reference: str
+    candidate: ArmFacts | None
+    calibrated: ArmFacts | None = None
+    capacity_ratio: float | None = None
+    latency_better: bool | None = None  # FP8 faster (TTFT or E2E) somewhere that matters
+    capacity_needed: bool | None = None  # the reference's cache ran close to full
+    below_break_even: bool | None = None
+    per_head_supported: bool = False
+    outlier_layers: tuple[int, ...] = ()
+
+
+# -- from a run -----------------------------------------------------------------------------
+
+
+def _cell(
+    bucket: str, row: BucketQuality, phase: str | None, th: Thresholds, phases: int
+) -> BucketFacts:
+    # Every graded pair: explicit checks and, for requests without one, derived grades
+    # (``grading.combined_pairs``: one pair per request, explicit checks win). Summaries
+    # written before derived grading have only the explicit comparison.
+    vs = row.combined if isinstance(row.combined, Combined) else row.vs_reference
+    floor = row.noise_floor if row.noise_floor is not OMITTED else None
+    tf = row.teacher_forced
+    b = BucketFacts(
+        bucket,
+        pairs=vs.pairs if vs else 0,
+        diff=vs.diff if vs else None,
+        lo=vs.lo if vs else None,
+        hi=vs.hi if vs else None,
+        mcnemar_p=vs.mcnemar_p if vs else None,
+        floor_lo=floor.lo if floor else None,
+        ref_only=vs.ref_only if vs else None,
+        target_only=vs.target_only if vs else None,
+        phase=phase,
+        derived=vs.derived if isinstance(vs, Combined) else 0,
+        tf_nll=tf.nll_delta_mean,
+        tf_nll_lo=tf.nll_delta_lo,
+        tf_nll_hi=tf.nll_delta_hi,
+        tf_top1=tf.top1_agreement,
+        tf_top1_hi=tf.top1_hi,
+        tf_floor_nll_hi=floor.nll_delta_hi if floor else None,
+        tf_floor_top1_lo=floor.top1_lo if floor else None,
+    )
+    ev = b.evidence(th, phases)
+    if ev is None:  # no discordant counts: the evidence column's word, if it has one
+        return replace(b, needed=row.evidence.needed if row.evidence else None)
+    return replace(b, needed=ev.needed)
+
+
+def facts_from_run(
+    summary: Summary | Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    *,
+    candidate: str | None = None,
+    calibrated: str | None = None,
+    thresholds: Thresholds = Thresholds(),
+) -> Facts:
+    """The verdict's facts from a run's summary (a JSON one is read first): every phase's
+    paired grades, per bucket and phase (see ``replay.analysis.verdict`` for how phases
+    combine), judged under ``thresholds``."""
+    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+    targets = s.targets
+    roles = Roles.from_manifest(manifest, list(targets))
+    reference = (s.quality.reference if s.quality else None) or roles.reference
+    cal = calibrated or roles.calibrated
+    cand = candidate or roles.candidate
+    phases = s.quality.phases if s.quality else {}
+    ref_t = targets.get(reference)
+    ref_problem = (
+        None if ref_t is None else error_problem(reference, ref_t, thresholds.max_error_rate)
+    )
+    cand_emulated = is_emulated(manifest.get("targets", {}).get(cand or "") or {})
+    usage = [
+        ph.server.peak_kv_usage
+        for ph in (ref_t.phases.values() if ref_t else ())
+        if ph.server.peak_kv_usage is not None
+    ]
+    candidate_arm = _arm_facts(cand, False, targets, phases, manifest, thresholds)
+    if ref_problem and candidate_arm is not None:
+        # Without a working reference there is nothing to compare with.
+        candidate_arm = replace(
+            candidate_arm,
+            serving_problems=(
+                f"the reference {reference}: {ref_problem}",
+                *candidate_arm.serving_problems,
+            ),
+        )
+    return Facts(
+        reference=reference,
+        candidate=candidate_arm,
+        calibrated=_arm_facts(cal, True, targets, phases, manifest, thresholds),
+        capacity_ratio=_capacity_ratio(ref_t, targets.get(cand or ""), cand_emulated),
+        latency_better=s.systems.latency_better if s.systems and not cand_emulated else None,
+        capacity_needed=(max(usage) >= thresholds.capacity_needed_usage) if usage else None,
+        below_break_even=s.systems.below_break_even if s.systems else None,
+    )
+
+
+def _capacity_ratio(
+    ref: TargetSummary | None, cand: TargetSummary | None, cand_emulated: bool
+) -> float | None:
+    """The candidate's KV-cache tokens over the reference's; an emulated cache's capacity is
+    BF16's, never FP8's."""
+    if (
+        ref
+        and cand
+        and ref.kv_cache_size_tokens
+        and cand.kv_cache_size_tokens
+        and not cand_emulated
+    ):
+        return cand.kv_cache_size_tokens / ref.kv_cache_size_tokens
+    return None
+
+
+def _arm_facts(
+    name: str | None,
+    is_cal: bool,
+    targets: Mapping[str, TargetSummary],
+    phases: Mapping[str, Mapping[str, TargetQuality]],
+    manifest: Mapping[str, Any],
+    thresholds: Thresholds,
+) -> ArmFacts | None:
+    """One FP8 target's facts: its serving problems, and its cells (bucket by bucket, each
+    in every phase that graded it; a phase is named only when there are several)."""
+    if name is None or name not in targets:
+        return None
+    problems = serving_problems(name, targets[name], manifest, is_cal, thresholds.max_error_rate)
+    per_phase = [
+        (ph, rows[name]) for ph, rows in phases.items() if name in rows and rows[name].buckets
+    ]
+    several = len(per_phase) > 1
+    order = list(dict.fromkeys(b for _, q in per_phase for b in q.buckets))
+    cells = [
+        _cell(b, q.buckets[b], ph if several else None, thresholds, len(per_phase))
+        for b in order
+        for ph, q in per_phase
+        if b in q.buckets
+    ]
+    shift = _strongest_shift([q.shift for _, q in per_phase])
+    return ArmFacts(
+        name,
+        tuple(problems),
+        tuple(cells),
+        shift.p_value if shift else None,
+        shift.direction if shift else None,
+        max(1, len(per_phase)),
+        is_emulated(manifest.get("targets", {}).get(name) or {}),
+    )
+
+
+def _strongest_shift(shifts: Sequence[Shift | None]) -> Shift | None:
+    """The phase with the strongest downward shift, else the first phase's shift."""
+    down = [
+        sh for sh in shifts if sh is not None and sh.direction == "down" and sh.p_value is not None
+    ]
+    return min(down, key=lambda sh: sh.p_value or 0.0) if down else (shifts[0] if shifts else None)

@@ -1,0 +1,280 @@
+"""The stop rule: from a run's ``Facts`` to one ``Verdict`` (``replay.analysis.verdict`` says
+what each verdict means and how the phases of a sweep combine).
+
+:func:`decide` goes in order: the serving path (a fallback rejects the path; an emulated FP8
+arm gets no rollout decision unless accepted), then a calibrated arm if there is one, else
+scale 1.0 against the reference (:func:`losses`, a consistent shift, :func:`matches`), and
+last whether FP8 pays for itself. Teacher-forced divergence only warns (:func:`tf_warnings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from replay.analysis.schemas import Verdict
+from replay.analysis.stats.equivalence import equivalent
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
+from replay.analysis.verdict.wording import (
+    bucket_text,
+    evidence_entry,
+    points,
+    quality_evidence,
+    verdict_record,
+    where,
+)
+
+
+def _level(arm: ArmFacts, th: Thresholds) -> float:
+    return th.alpha / max(1, arm.phases)
+
+
+def losses(arm: ArmFacts, th: Thresholds) -> list[BucketFacts]:
+    """Buckets (per phase) with a real loss: significant (at alpha / phases) and below the
+    noise floor, or an interval that lies wholly below -tolerance."""
+    out = []
+    for b in arm.buckets:
+        if b.diff is None or b.lo is None or b.hi is None:
+            continue
+        beyond_floor = b.floor_lo is None or b.diff < b.floor_lo
+        significant = b.mcnemar_p is not None and b.mcnemar_p < _level(arm, th) and b.diff < 0
+        if (significant and beyond_floor) or b.hi < -th.tolerance:
+            out.append(b)
+    return out
+
+
+def _shown(b: BucketFacts, th: Thresholds) -> bool:
+    # The bound itself, not the evidence's status: a significant drop that stays inside the
+    # noise floor (so no loss) and is bounded below the tolerance is a match.
+    return (
+        b.ref_only is not None
+        and b.target_only is not None
+        and equivalent(
+            b.pairs,
+            b.ref_only,
+            b.target_only,
+            tolerance=th.tolerance,
+            alpha=th.alpha,
+            min_pairs=th.min_pairs,
+        )
+    )
+
+
+def matches(arm: ArmFacts, th: Thresholds) -> tuple[bool, list[BucketFacts]]:
+    """(every bucket, in every phase, shown within tolerance; the buckets not shown yet).
+
+    Shown means ``stats.equivalence.equivalent``: at least ``min_pairs`` pairs and an exact
+    one-sided bound at alpha that puts the drop below the tolerance. The noise floor does not
+    widen it: the bound already carries the pairs' own disagreement, and a KEEP must mean "the
+    drop is below the tolerance at alpha"."""
+    open_ = [b for b in arm.buckets if not _shown(b, th)]
+    return bool(arm.buckets) and not open_, open_
+
+
+def _shifted(arm: ArmFacts, th: Thresholds) -> bool:
+    return (
+        arm.shift_p is not None and arm.shift_p < _level(arm, th) and arm.shift_direction == "down"
+    )
+
+
+def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
+    """The stop rule (``replay.analysis.verdict``), with the teacher-forced warnings added to its
+    evidence: perplexity warns, it never decides (the outcomes do)."""
+    v = _decide(f, th)
+    warnings = [
+        w for arm in (f.candidate, f.calibrated) if arm is not None for w in tf_warnings(arm, th)
+    ]
+    return replace(v, evidence=(*v.evidence, *warnings)) if warnings else v
+
+
+def tf_warnings(arm: ArmFacts, th: Thresholds) -> list[dict[str, Any]]:
+    """Buckets whose teacher-forced divergence lies beyond the A/A floor (or, without a
+    control, beyond zero) by more than the warning thresholds."""
+    out = []
+    for b in arm.buckets:
+        nll_up = b.tf_nll_lo is not None and b.tf_nll_lo > max(
+            th.tf_warn_nll, b.tf_floor_nll_hi or 0.0
+        )
+        top1_down = b.tf_top1_hi is not None and b.tf_top1_hi < min(
+            1.0 - th.tf_warn_top1, b.tf_floor_top1_lo if b.tf_floor_top1_lo is not None else 1.0
+        )
+        if not (nll_up or top1_down):
+            continue
+        floor = (
+            "no A/A control"
+            if b.tf_floor_nll_hi is None
+            else f"A/A floor ΔNLL up to {b.tf_floor_nll_hi:+.3f}"
+        )
+        text = (
+            f"{arm.name} in {where(b)}: teacher-forced ΔNLL {b.tf_nll:+.3f}/token "
+            f"[{b.tf_nll_lo:+.3f}, {b.tf_nll_hi:+.3f}], top-1 agreement "
+            f"{100 * (b.tf_top1 or 0):.0f}% ({floor}): the reference's answers are less "
+            "likely under this target. An early warning only: the verdict rests on the "
+            "graded outcomes"
+        )
+        out.append(evidence_entry("warning", text, b))
+    return out
+
+
+def _decide(f: Facts, th: Thresholds) -> Verdict:
+    """The stop rule itself, its steps in order; each step's evidence is kept in ``ev``."""
+    ev: list[dict[str, Any]] = []
+    # 1. The serving path: a fallback means this path cannot be tested, so it is rejected.
+    for arm in (f.candidate, f.calibrated):
+        if arm is not None and arm.serving_problems:
+            ev += [evidence_entry("serving", p) for p in arm.serving_problems]
+            return verdict_record("reject", [f"{arm.name}: {arm.serving_problems[0]}"], ev)
+    if f.candidate is None:
+        return verdict_record("insufficient_evidence", ["no FP8 target to compare"], ev)
+    emulated = [arm.name for arm in (f.candidate, f.calibrated) if arm is not None and arm.emulated]
+    if emulated and not th.accept_emulated:
+        for arm in (f.calibrated, f.candidate):
+            if arm is not None:
+                ev += quality_evidence(arm, f.reference, th)
+        return verdict_record(
+            "emulated",
+            [
+                f"{', '.join(emulated)} emulated FP8 (a BF16 server rounding K/V through E4M3): "
+                "its quality evidence is below, but a rollout decision needs a server that serves "
+                "FP8 (or --accept-emulated to decide on quality alone)"
+            ],
+            ev,
+        )
+    # 2. With a calibrated target, judge the calibration.
+    if f.calibrated is not None:
+        return _calibration(f, f.calibrated, th, ev)
+    # 3. Scale 1.0 against the reference.
+    return _scale_one(f, f.candidate, th, ev)
+
+
+def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+    """A calibrated arm: it fixes the gap, fixes it but for one bucket, or still misses."""
+    cal_loss = losses(cal, th)
+    ev += quality_evidence(cal, f.reference, th)
+    if not cal_loss and not _shifted(cal, th):
+        ok, thin = matches(cal, th)
+        if ok:
+            return verdict_record(
+                "calibrate",
+                [f"{cal.name} matches {f.reference} in every bucket: ship the calibrated scales"],
+                ev,
+            )
+        return _insufficient(cal, thin, ev, th)
+    # One bucket, in however many phases: a localized problem, not a broad miss.
+    if len({b.bucket for b in cal_loss}) == 1 and len({b.bucket for b in cal.buckets}) > 1:
+        b = min(cal_loss, key=lambda c: c.diff if c.diff is not None else 0.0)
+        how = (
+            "per-head scales (the backend supports them)"
+            if f.per_head_supported
+            else "BF16 for the outlier layers (--kv-cache-dtype-skip-layers "
+            f"{' '.join(map(str, f.outlier_layers)) or 'LAYERS'}); per-head scales "
+            "need FlashAttention"
+        )
+        return verdict_record(
+            "per_head_or_skip_layers",
+            [
+                f"after calibration only {where(b)} still loses ({points(b.diff)} points): try "
+                + how
+            ],
+            ev,
+        )
+    lost_in = ", ".join(where(b) for b in cal_loss) or "across buckets"
+    return verdict_record("reject", [f"calibrated quality still misses ({lost_in})"], ev)
+
+
+def _scale_one(f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+    """FP8 at scale 1.0: a repeatable loss asks for calibration; a match in every bucket is
+    kept if FP8 pays for itself (:func:`_gain`)."""
+    ev += quality_evidence(arm, f.reference, th)
+    lost = losses(arm, th)
+    if lost or _shifted(arm, th):
+        if lost:
+            b = lost[0]
+            reason = f"repeatable loss in {where(b)}: {bucket_text(arm.name, f.reference, b, th)}"
+        else:
+            reason = (
+                f"consistent downward shift across buckets (stratified p="
+                f"{arm.shift_p:.3g}) although no single bucket is significant"
+            )
+        return verdict_record("calibrate", [reason], ev)
+    ok, thin = matches(arm, th)
+    if not ok:
+        return _insufficient(arm, thin, ev, th)
+    return _gain(f, th, ev)
+
+
+def _insufficient(
+    arm: ArmFacts, thin: Sequence[BucketFacts], ev: list[dict[str, Any]], th: Thresholds
+) -> Verdict:
+    need = []
+    for b in thin:
+        e = b.evidence(th, arm.phases)
+        if e is None:
+            what = f"about {b.needed or '?'} needed"
+        elif e.status == "loss":  # not counted as one: it stays inside the noise floor
+            what = (
+                f"a drop inside the noise floor, bounded only below {100 * e.drop_bound:.1f} points"
+            )
+        else:
+            what = e.short
+        need.append(f"{where(b)}: {b.pairs} graded pairs, {what}")
+    need = need or [f"{arm.name}: no bucket graded"]
+    return verdict_record(
+        "insufficient_evidence", [f"no loss shown, but too little evidence ({'; '.join(need)})"], ev
+    )
+
+
+def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+    if f.candidate is not None and f.candidate.emulated:
+        ev.append(
+            evidence_entry(
+                "systems",
+                f"{f.candidate.name} is emulated: its capacity and speed "
+                "are a BF16 server's, so FP8's gain is not measured here",
+            )
+        )
+        return verdict_record(
+            "keep",
+            [
+                f"matches {f.reference} in every bucket (emulated FP8, quality "
+                "only: capacity and speed not measured)"
+            ],
+            ev,
+        )
+    cap_ok = f.capacity_ratio is not None and f.capacity_ratio >= th.required_capacity_ratio
+    if f.capacity_ratio is not None:
+        ev.append(
+            evidence_entry(
+                "systems",
+                f"KV-cache capacity {f.capacity_ratio:.2f}x the reference "
+                f"(required {th.required_capacity_ratio:g}x)",
+            )
+        )
+    if cap_ok and f.capacity_needed is not False:
+        return verdict_record(
+            "keep",
+            [
+                f"matches {f.reference} in every bucket and holds "
+                f"{f.capacity_ratio:.2f}x the KV cache"
+            ],
+            ev,
+        )
+    if f.latency_better:
+        return verdict_record("keep", [f"matches {f.reference} in every bucket and is faster"], ev)
+    if cap_ok:
+        # Capacity is there but this workload does not need it and pays FP8's overhead.
+        why = (
+            "the workload sits below the latency break-even"
+            if f.below_break_even
+            else "FP8 is slower here"
+        )
+        return verdict_record(
+            "reject",
+            [
+                f"too short or prefill-heavy to pay off: {why}, and the "
+                "reference's cache never ran close to full"
+            ],
+            ev,
+        )
+    return verdict_record("reject", ["no memory or latency gain on this backend"], ev)

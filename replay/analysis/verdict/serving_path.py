@@ -1,0 +1,115 @@
+"""What the serving path says before any quality does: a target that does not run the FP8
+path it is meant to test, or not the engine and model of the reference, or whose requests
+fail, cannot be judged on its answers (the stop rule rejects the path instead)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replay.analysis.schemas import TargetSummary
+from replay.serving.scale_log import EMULATED_FP8, SCALE_ONE_WARNING, from_engine_config
+
+
+def _target(name: str, target: TargetSummary | Mapping[str, Any]) -> TargetSummary:
+    """A target's summary; a JSON one (a caller outside the pipeline) is read first."""
+    if isinstance(target, TargetSummary):
+        return target
+    return TargetSummary.from_json(target, where=f"summary of target {name}")
+
+
+def error_problem(
+    name: str, target: TargetSummary | Mapping[str, Any], max_rate: float
+) -> str | None:
+    """A target whose requests fail is a failed target, not a quality result."""
+    total, kinds = 0, dict[str, int]()
+    for ph in _target(name, target).phases.values():
+        total += ph.all.requests
+        for k, n in ph.all.errors_by_kind.items():
+            kinds[k] = kinds.get(k, 0) + n
+    failed = sum(kinds.values())
+    if total and failed / total > max_rate:
+        detail = ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items()))
+        return f"{failed} of {total} requests failed ({detail})"
+    return None
+
+
+def serving_problems(
+    name: str,
+    target: TargetSummary | Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    calibrated: bool,
+    max_error_rate: float = 0.05,
+) -> list[str]:
+    """What says this target does not run the FP8 path it is meant to test, or not the same
+    engine and model as the reference."""
+    out = []
+    summary = _target(name, target)
+    if summary.status != "ok":
+        out.append(f"target failed: {summary.reason}")
+        return out
+    dtype = summary.cache_dtype
+    info = manifest.get("targets", {}).get(name, {}) or {}
+    spec = info.get("spec") or {}
+    meant = spec.get("expect_cache_dtype") or spec.get("kv_cache_dtype")
+    # A candidate whose spec says BF16 is a deliberate BF16 comparison (another checkpoint,
+    # other server flags); one meant to be FP8, or of unknown kind, must serve FP8. An
+    # emulated one stores BF16 by design (the runner checked its plugin ran).
+    meant_fp8 = (meant is None or str(meant).startswith("fp8")) and meant != EMULATED_FP8
+    if meant_fp8 and dtype is not None and not str(dtype).startswith("fp8"):
+        out.append(f"served cache_dtype is '{dtype}', not FP8 (the backend fell back)")
+    ref = manifest.get("targets", {}).get(manifest.get("reference", ""), {}) or {}
+    for key, what in (("engine_version", "engine version"), ("max_model_len", "max_model_len")):
+        if info.get(key) is not None and ref.get(key) is not None and info[key] != ref[key]:
+            out.append(f"{what} {info[key]} differs from the reference's {ref[key]}")
+    if (
+        not calibrated
+        and info.get("model_root")
+        and ref.get("model_root")
+        and info["model_root"] != ref["model_root"]
+    ):
+        out.append(f"serves model {info['model_root']}, the reference {ref['model_root']}")
+    skip = _skip_layers_problem(
+        list(spec.get("args") or []),
+        str((info.get("cache_config") or {}).get("kv_cache_dtype_skip_layers", "")),
+    )
+    if skip and meant != EMULATED_FP8:  # an emulated target's plugin does the skipping
+        out.append(skip)
+    failing = error_problem(name, summary, max_error_rate)
+    if failing:
+        out.append(failing)
+    lines = info.get("scale_log_lines") or []
+    scales = from_engine_config(
+        info.get("engine_config") or {}, any(SCALE_ONE_WARNING in ln for ln in lines)
+    )
+    if calibrated and scales.runs_at_scale_one:
+        out.append(f"{scales.explain()}: the calibrated scales were not applied")
+    if any(
+        "per-head" in ln.lower() and ("not supported" in ln.lower() or "reject" in ln.lower())
+        for ln in lines
+    ):
+        out.append("the backend rejected per-head scales")
+    return out
+
+
+def _skip_layers_problem(args: Sequence[str], served: str) -> str | None:
+    """``--kv-cache-dtype-skip-layers 0 3`` against the server's ``['0', '3']``. vLLM 0.32
+    takes one pattern per word, so ``0,3`` is a single pattern that matches no layer."""
+    flag = "--kv-cache-dtype-skip-layers"
+    if flag not in args:
+        return None
+    i = list(args).index(flag) + 1
+    words = []
+    while i < len(args) and not args[i].startswith("-"):
+        words.append(args[i])
+        i += 1
+    if any("," in w for w in words):
+        return (
+            f"{flag} {' '.join(words)}: vLLM takes one layer index per word ("
+            f"{' '.join(w for word in words for w in word.split(',') if w)}); a "
+            "comma-separated value is one pattern that matches no layer"
+        )
+    if not set(words) <= set(re.findall(r"\w+", served)):
+        return f"skip-layers configured as {' '.join(words)!r} but the server reports {served!r}"
+    return None
