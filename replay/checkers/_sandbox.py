@@ -1,19 +1,19 @@
 """Run untrusted, model-written Python against a test snippet, in a sandbox.
 
 The code and the tests go into ``solution.py`` and ``test_solution.py``; a fixed harness,
-``kvc_harness.py`` (the source of ``_sandbox_harness``, whose docstring has the details), runs
-them in two processes: a solution server imports ``solution`` and answers calls, and a test
-runner, which never imports or runs the solution's code, runs the tests and then every ``test_*``
-function they define, as pytest would, against a module ``solution`` of proxies: ``from solution
-import *`` gives the tests one proxy per public callable, which calls into the server through a
-pipe of its own. Arguments and results cross as literal values only (numbers, strings, bytes,
-None, and lists, tuples, dicts and sets of them, nested); a builtin exception comes back as the
-same type with the same arguments, any other as a ``SolutionError`` subclass of the same name. So
-there is no object identity across the boundary, no objects or classes (``Stack().push(1)``
-fails with a reason), and of in-place changes to arguments only the final contents of top-level
-lists, dicts and sets come back. The tests pass iff the runner ran to its end *and* the process
-exited 0; when the server dies (at import, or in a call: ``sys.exit``, ``os._exit``, a signal, a
-limit), the runner ends the same way, so the reasons read as they would for one process.
+``kvc_harness.py`` (one script joined from ``_harness_runner``, whose docstring has the details, and
+its parts), runs them in two processes: a solution server imports ``solution`` and answers calls,
+and a test runner, which never imports or runs the solution's code, runs the tests and then every
+``test_*`` function they define, as pytest would, against a module ``solution`` of proxies: ``from
+solution import *`` gives the tests one proxy per public callable, which calls into the server
+through a pipe of its own. Arguments and results cross as literal values only (numbers, strings,
+bytes, None, and lists, tuples, dicts and sets of them, nested); a builtin exception comes back as
+the same type with the same arguments, any other as a ``SolutionError`` subclass of the same name.
+So there is no object identity across the boundary, no objects or classes (``Stack().push(1)`` fails
+with a reason), and of in-place changes to arguments only the final contents of top-level lists,
+dicts and sets come back. The tests pass iff the runner ran to its end *and* the process exited 0;
+when the server dies (at import, or in a call: ``sys.exit``, ``os._exit``, a signal, a limit), the
+runner ends the same way, so the reasons read as they would for one process.
 
 The verdict's channel. "Ran to its end" must not be something the solution can say: it can print
 anything, exit with any status at any time, and read every file beside it (the harness, the
@@ -90,6 +90,7 @@ runner's memory in the moment before it turns non-dumpable.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import grp
@@ -181,10 +182,66 @@ _CHANNEL_MAX = 65536  # bytes read back from the result pipe (the harness writes
 _HARNESS_PROCS = 2  # the test runner and the solution server
 
 
+# The harness's modules in the order the script defines them: what one defines at import time
+# another may use, and the runner, whose docstring the script takes, ends it with ``main()``.
+_HARNESS_PARTS = (
+    "_harness_wire",
+    "_harness_lock",
+    "_harness_server",
+    "_harness_proxy",
+    "_harness_runner",
+)
+
+
 @functools.cache
 def _harness() -> str:
-    """The trusted harness's source (``_sandbox_harness``), run in the sandbox as a script."""
-    return Path(__file__).with_name("_sandbox_harness.py").read_text(encoding="utf-8")
+    """The trusted harness's source, run in the sandbox as one script: the runner's docstring,
+    then each part without its docstring, ``from __future__`` and imports of the other parts
+    (the script defines them all in one namespace)."""
+    here = Path(__file__).parent
+    sources = [(here / f"{name}.py").read_text(encoding="utf-8") for name in _HARNESS_PARTS]
+    doc = ast.parse(sources[-1]).body[0]
+    assert isinstance(doc, ast.Expr) and doc.end_lineno is not None
+    head = "".join(sources[-1].splitlines(keepends=True)[doc.lineno - 1 : doc.end_lineno])
+    bound: dict[str, tuple[str, str]] = {}
+    parts = [_harness_part(n, src, bound) for n, src in zip(_HARNESS_PARTS, sources, strict=True)]
+    return "\n\n".join([head + "\nfrom __future__ import annotations\n", *parts])
+
+
+def _harness_part(name: str, source: str, bound: dict[str, tuple[str, str]]) -> str:
+    """One part's source as the script holds it. A name that two parts bind would silently be
+    the later one's in the script: refused (but for the same import), as is a relative import
+    of anything but a part."""
+    lines = source.splitlines(keepends=True)
+    tree = ast.parse(source, filename=f"{name}.py")
+    drop: set[int] = set()
+    for i, node in enumerate(tree.body):
+        if isinstance(node, ast.ImportFrom) and (node.level or node.module == "__future__"):
+            if node.level and (node.level != 1 or node.module not in _HARNESS_PARTS):
+                raise RuntimeError(f"{name}: the harness imports only its own parts")
+        elif not (i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            for new, how in _binds(node):
+                if new in bound and (not how or bound[new][1] != how):
+                    raise RuntimeError(f"{name}: {new} is bound in {bound[new][0]} too")
+                bound[new] = (name, how)
+            continue
+        assert node.end_lineno is not None
+        drop.update(range(node.lineno - 1, node.end_lineno))
+    return "".join(line for n, line in enumerate(lines) if n not in drop).strip("\n") + "\n"
+
+
+def _binds(node: ast.stmt) -> list[tuple[str, str]]:
+    """(name, the import that binds it, or "") for each module-level name a statement binds."""
+    if isinstance(node, ast.Import):
+        return [(a.asname or a.name.split(".")[0], f"import {a.name}") for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [(a.asname or a.name, f"from {node.module} import {a.name}") for a in node.names]
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [(node.name, "")]
+    targets = node.targets if isinstance(node, ast.Assign) else []
+    if isinstance(node, ast.AnnAssign | ast.AugAssign):
+        targets = [node.target]
+    return [(n.id, "") for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
 @dataclass(frozen=True, slots=True)
