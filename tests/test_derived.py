@@ -22,7 +22,7 @@ from replay.analysis.grading import (
 from replay.checkers import Answer, Grader, derive, derived_record
 from replay.checkers._derived import reference_label
 from replay.checkers._derived_facts import facts_of
-from replay.checkers._sandbox import SandboxLimits
+from replay.checkers._sandbox_types import SandboxLimits
 from replay.core.records import Result, ToolCall
 from replay.core.trace import Request
 

@@ -26,7 +26,8 @@ import pytest
 
 from replay.checkers import _harness_wire as _harness
 from replay.checkers import _sandbox
-from replay.checkers._sandbox import SandboxLimits, run_python
+from replay.checkers._sandbox import run_python
+from replay.checkers._sandbox_types import SandboxLimits
 
 HOSTILE = SandboxLimits(wall_s=3, cpu_s=2, memory_mb=256, max_procs=2)
 

@@ -98,7 +98,7 @@ from ._derived_facts import Fact, facts_of, missing_facts
 from ._derived_rules import CODE, CODE_TEXT, FACTS, JSON_VALUE, TOOL_ARGS, _detail
 from ._derived_run import CODE_LIMITS, finish
 from ._derived_values import Calls, answer_text, json_difference, json_of, tool_calls_of
-from ._sandbox import SandboxLimits
+from ._sandbox_types import SandboxLimits
 from ._structured import _loads
 
 # -- the label and the grade ------------------------------------------------------------------

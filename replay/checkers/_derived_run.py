@@ -13,7 +13,8 @@ from typing import Any
 from ._base import Grade
 from ._bounded import checker_error
 from ._derived_rules import CODE, CODE_TEXT, _detail
-from ._sandbox import SandboxLimits, run_python
+from ._sandbox import run_python
+from ._sandbox_types import SandboxLimits
 
 CALL_TIME_S = 0.5
 CODE_LIMITS = SandboxLimits(wall_s=15.0, cpu_s=10, memory_mb=512)
