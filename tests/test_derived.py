@@ -20,8 +20,9 @@ from replay.analysis.grading.rows import (
     prompt_text,
 )
 from replay.checkers import Answer, Grader, derive, derived_record
-from replay.checkers._derived import facts_of, reference_label
-from replay.checkers._sandbox import SandboxLimits
+from replay.checkers._derived import reference_label
+from replay.checkers._derived_facts import facts_of
+from replay.checkers._sandbox_types import SandboxLimits
 from replay.core.records import Result, ToolCall
 from replay.core.trace import Request
 

@@ -7,6 +7,7 @@ a failure leaves behind is killed by the test.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import secrets
@@ -23,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from replay.checkers import _harness_wire as _harness
 from replay.checkers import _sandbox
-from replay.checkers import _sandbox_harness as _harness
-from replay.checkers._sandbox import SandboxLimits, run_python
+from replay.checkers._sandbox import run_python
+from replay.checkers._sandbox_types import SandboxLimits
 
 HOSTILE = SandboxLimits(wall_s=3, cpu_s=2, memory_mb=256, max_procs=2)
 
@@ -813,6 +815,21 @@ def test_a_solution_process_that_cannot_start_fails_the_run_with_a_reason(tmp_pa
         "cannot start the solution's process: FileNotFoundError"
     ), proc.stderr
     assert channel.startswith(b"lock ") and channel.endswith(b"\n"), channel  # no nonce
+
+
+def test_the_harness_is_one_script_of_its_parts() -> None:
+    """The sandbox runs the harness's parts as one script, their imports of each other dropped;
+    a part that binds a name another binds (the later would silently win there) is refused."""
+    tree = ast.parse(_sandbox._harness())
+    runner = ast.parse(Path(_sandbox.__file__).with_name("_harness_runner.py").read_text())
+    assert ast.get_docstring(tree) == ast.get_docstring(runner)
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+    with pytest.raises(RuntimeError, match="encode is bound in _harness_wire too"):
+        _sandbox._harness_part(
+            "_harness_proxy", "def encode(v):\n    return v\n", {"encode": ("_harness_wire", "")}
+        )
+    with pytest.raises(RuntimeError, match="imports only its own parts"):
+        _sandbox._harness_part("_harness_proxy", "from ._base import Answer\n", {})
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ derived:tool_args, derived:json, derived:code, derived:code_text, derived:facts)
 
 from ._base import REGISTRY, Answer, Checker, Grade, SpecError, normalize, parse_check
 from ._bounded import GRADE_TIME_S, MAX_ANSWER_CHARS, Grader, grade_safely
-from ._derived import DERIVED_RULES, derive, derived_record
+from ._derived import derive
+from ._derived_rules import DERIVED_RULES, derived_record
 from ._structured import Code, JsonSchema, ToolCallCheck
 from ._text import Contains, Exact, Number, Regex, Retrieval
 

@@ -127,7 +127,8 @@ class Grader:
     def grade_derived(self, reference: Answer, answer: Answer, prompt: str = "") -> Grade:
         """``answer`` graded against the reference's answer to the same request (``_derived``);
         the grade's ``detail["rule"]`` names the rule (absent when none could be chosen)."""
-        from ._derived import derived_spec, finish
+        from ._derived import derived_spec
+        from ._derived_run import finish
 
         for who, a in (("the reference's answer", reference), ("the answer", answer)):
             size = answer_size(a)

@@ -284,7 +284,8 @@ class Code:
         return cls(tests, timeout, memory)
 
     def grade(self, answer: Answer) -> Grade:
-        from ._sandbox import SandboxLimits, run_python
+        from ._sandbox import run_python
+        from ._sandbox_types import SandboxLimits
 
         res = run_python(
             extract_code(answer.text),

@@ -3,7 +3,7 @@
 ``replay trace anonymize`` rewrites every string of every record (messages, prompt text, tools,
 tool-call arguments, checker specs, ``meta``); ``replay trace scan`` reports what remains.
 
-What is detected (``Finding.kind``) is the table in ``pii_detectors``: PEM blocks, credentials in
+What is detected (``Finding.kind``) is the table in ``replay.tools.pii``: PEM blocks, credentials in
 URLs, JWTs, API keys, labelled secrets (``?token=``, ``password=``, ``"client_secret": …``),
 emails, IBANs, card numbers, IPv6 and IPv4 addresses, phone numbers and high-entropy tokens,
 read through a fold of full-width and look-alike characters, including what a truncated field
@@ -47,7 +47,7 @@ from typing import Any
 import orjson
 
 from replay.core.errors import TraceError
-from replay.tools.pii_detectors import KINDS, PLACEHOLDER, PREFIX, detect, fold
+from replay.tools.pii import KINDS, PLACEHOLDER, PREFIX, detect, fold
 
 __all__ = [
     "KINDS",
@@ -145,7 +145,7 @@ def _regex_view(pattern: str) -> tuple[str, list[int] | None]:
 
 
 def _folded(shown: str, where: list[int] | None) -> tuple[str, list[int] | None]:
-    """A view read through the fold of look-alike characters (``pii_detectors.fold``)."""
+    """A view read through the fold of look-alike characters (``pii.fold``)."""
     folded, fwhere = fold(shown)
     if fwhere is None:
         return folded, where
