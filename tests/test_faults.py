@@ -15,8 +15,9 @@ import pytest
 from replay.core.buckets import Buckets
 from replay.core.importers import load
 from replay.core.schedule import ClosedLoop
+from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_results
-from replay.run.runner import RunConfig, Runner
+from replay.run.runner import Runner
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import TargetSpec
 

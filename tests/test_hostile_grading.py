@@ -29,8 +29,9 @@ from replay.core.importers import load
 from replay.core.records import Result, ToolCall
 from replay.core.schedule import ClosedLoop
 from replay.run.analyze import reanalyse
+from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_json
-from replay.run.runner import RunConfig, Runner
+from replay.run.runner import Runner
 from replay.serving.targets import TargetSpec
 
 from .conftest import within

@@ -16,8 +16,9 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed: these tests st
 from replay.core.buckets import Buckets  # noqa: E402
 from replay.core.importers import LengthPolicy, load  # noqa: E402
 from replay.core.schedule import ClosedLoop  # noqa: E402
+from replay.run.config import RunConfig  # noqa: E402
 from replay.run.rundir import new_run_dir, read_results  # noqa: E402
-from replay.run.runner import RunConfig, Runner  # noqa: E402
+from replay.run.runner import Runner  # noqa: E402
 from replay.serving.introspect import introspect  # noqa: E402
 from replay.serving.local_server import LocalServer  # noqa: E402
 from replay.serving.targets import TargetSpec  # noqa: E402

@@ -37,9 +37,10 @@ from replay.core.errors import InputError
 from replay.core.importers import StreamedTrace, scan, sniff_format
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
 from replay.present.table import quality_table, summary_table
+from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.rundir import MANIFEST, file_digest, new_run_dir, read_json
-from replay.run.runner import RunConfig, Runner
+from replay.run.runner import Runner
 from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
 
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -24,16 +22,13 @@ import aiohttp
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
-from replay.analysis.verdict.facts import Thresholds
-from replay.core.buckets import Buckets
 from replay.core.errors import ServerStartError, TargetError
-from replay.core.importers import LengthPolicy
 from replay.core.records import Result
 from replay.core.schedule import MonotonicClock
-from replay.core.trace import TraceSource
 from replay.run.analyze import Analysis, analyse
 from replay.run.budget import ErrorBudget
-from replay.run.manifest import build_manifest, target_entry, trace_facts
+from replay.run.config import RunConfig, TargetRun
+from replay.run.manifest import build_manifest, trace_facts
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import Progress, QuietProgress
 from replay.run.resume import ResumeState
@@ -58,67 +53,9 @@ from replay.serving.introspect import (
 from replay.serving.local_server import LocalServer
 from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_pool
 from replay.serving.scale_log import scale_lines
-from replay.serving.targets import TargetSpec, check_served_dtype
+from replay.serving.targets import check_served_dtype
 
-__all__ = ["Progress", "QuietProgress", "RunConfig", "Runner", "TargetRun"]
-
-
-@dataclass
-class RunConfig:
-    # A ``StreamedTrace`` (the CLI) is re-read for each pass; the runner never holds all of
-    # the requests, only what is in flight and what its results need.
-    trace: TraceSource
-    trace_path: Path
-    trace_format: str
-    targets: Sequence[TargetSpec]
-    schedules: Sequence[Schedule]
-    buckets: Buckets
-    run_dir: Path
-    length_policy: LengthPolicy = field(default_factory=LengthPolicy)
-    parallel_targets: bool = False
-    timeout_s: float = 600.0
-    phase_timeout_s: float = 3600.0
-    startup_timeout_s: float = 900.0
-    seed: int = 0
-    # A prefix-cache salt per phase, so a phase does not reuse the cache a previous phase
-    # filled with the same prompts (that would flatter TTFT). Sharing within a phase stays.
-    salt_phases: bool = True
-    # Quality: the target others are compared with (default: bf16, else the first), an A/A
-    # replay of it for the noise floor, and teacher-forced scoring of its answers.
-    reference: str | None = None
-    candidate: str | None = None
-    calibrated: str | None = None
-    control: bool = False
-    teacher_forced: bool = True
-    tolerance: float = 0.05
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    # Interrupts: in-flight requests get this long to finish before they are cancelled.
-    drain_s: float = 30.0
-    # Continue an interrupted or killed run in ``run_dir``: send only what has no final result.
-    resume: bool = False
-    # Each target's error budget (replay/run/budget.py): past it the target gets no more requests.
-    max_errors: int | None = None
-    max_error_rate: float | None = 0.05
-    cli_options: dict[str, Any] = field(default_factory=dict)
-    command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
-
-
-@dataclass
-class TargetRun:
-    """What happened to one target; goes into the manifest."""
-
-    spec: TargetSpec
-    status: str = "pending"  # ok | failed
-    reason: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
-    budget: ErrorBudget = field(default_factory=ErrorBudget)
-
-    def manifest(self) -> dict[str, Any]:
-        return target_entry(self.spec, self.status, self.reason, self.info, self.phases)
-
-    def fail(self, reason: str) -> None:
-        self.status, self.reason = "failed", reason
+__all__ = ["Runner", "interrupts"]
 
 
 @contextmanager
@@ -548,14 +485,7 @@ class Runner:
         await score_answers(name, answers, replace(scoring, salt=salt))
 
     def _budget_spent(self, run: TargetRun) -> None:
-        """The target failed by its error budget; later phases sent it nothing (their rows
-        were written as not sent, so every request is still accounted for)."""
-        run.fail(f"error budget spent: {run.budget.reason}")
-        run.info["error_budget"] = {
-            "finished": run.budget.finished,
-            "errors": run.budget.errors,
-            "reason": run.budget.reason,
-        }
+        run.spend_budget()
         self.save_manifest()
 
     def _record_unavailable(self, run: TargetRun) -> None:
@@ -564,14 +494,4 @@ class Runner:
         for sched in self.cfg.schedules:
             run.phases.setdefault(sched.label, {"start": now, "end": now})
             for req in self.cfg.trace.iter_requests():
-                res = Result(
-                    request_id=req.id,
-                    target=run.spec.name,
-                    phase=sched.label,
-                    bucket="unknown",
-                    scheduled=now,
-                    status="error",
-                    error_kind="unavailable",
-                    error=run.reason,
-                )
-                self.writer.write(res.to_json())
+                self.writer.write(run.unavailable(req.id, sched.label, now).to_json())

@@ -1,0 +1,101 @@
+"""What a run is asked to do (``RunConfig``) and what happened to each target (``TargetRun``,
+which the manifest shows)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replay.analysis.verdict.facts import Thresholds
+from replay.core.buckets import Buckets
+from replay.core.importers import LengthPolicy
+from replay.core.records import Result
+from replay.core.trace import TraceSource
+from replay.run.budget import ErrorBudget
+from replay.run.manifest import target_entry
+from replay.run.phase import Schedule
+from replay.serving.targets import TargetSpec
+
+
+@dataclass
+class RunConfig:
+    # A ``StreamedTrace`` (the CLI) is re-read for each pass; the runner never holds all of
+    # the requests, only what is in flight and what its results need.
+    trace: TraceSource
+    trace_path: Path
+    trace_format: str
+    targets: Sequence[TargetSpec]
+    schedules: Sequence[Schedule]
+    buckets: Buckets
+    run_dir: Path
+    length_policy: LengthPolicy = field(default_factory=LengthPolicy)
+    parallel_targets: bool = False
+    timeout_s: float = 600.0
+    phase_timeout_s: float = 3600.0
+    startup_timeout_s: float = 900.0
+    seed: int = 0
+    # A prefix-cache salt per phase, so a phase does not reuse the cache a previous phase
+    # filled with the same prompts (that would flatter TTFT). Sharing within a phase stays.
+    salt_phases: bool = True
+    # Quality: the target others are compared with (default: bf16, else the first), an A/A
+    # replay of it for the noise floor, and teacher-forced scoring of its answers.
+    reference: str | None = None
+    candidate: str | None = None
+    calibrated: str | None = None
+    control: bool = False
+    teacher_forced: bool = True
+    tolerance: float = 0.05
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    # Interrupts: in-flight requests get this long to finish before they are cancelled.
+    drain_s: float = 30.0
+    # Continue an interrupted or killed run in ``run_dir``: send only what has no final result.
+    resume: bool = False
+    # Each target's error budget (replay/run/budget.py): past it the target gets no more requests.
+    max_errors: int | None = None
+    max_error_rate: float | None = 0.05
+    cli_options: dict[str, Any] = field(default_factory=dict)
+    command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
+
+
+@dataclass
+class TargetRun:
+    """What happened to one target; goes into the manifest."""
+
+    spec: TargetSpec
+    status: str = "pending"  # ok | failed
+    reason: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budget: ErrorBudget = field(default_factory=ErrorBudget)
+
+    def manifest(self) -> dict[str, Any]:
+        return target_entry(self.spec, self.status, self.reason, self.info, self.phases)
+
+    def fail(self, reason: str) -> None:
+        self.status, self.reason = "failed", reason
+
+    def spend_budget(self) -> None:
+        """The target failed by its error budget; later phases sent it nothing (their rows
+        were written as not sent, so every request is still accounted for)."""
+        self.fail(f"error budget spent: {self.budget.reason}")
+        self.info["error_budget"] = {
+            "finished": self.budget.finished,
+            "errors": self.budget.errors,
+            "reason": self.budget.reason,
+        }
+
+    def unavailable(self, request_id: str, phase: str, at: float) -> Result:
+        """A request this target could not be sent, being unusable (``reason`` says why)."""
+        return Result(
+            request_id=request_id,
+            target=self.spec.name,
+            phase=phase,
+            bucket="unknown",
+            scheduled=at,
+            status="error",
+            error_kind="unavailable",
+            error=self.reason,
+        )
