@@ -51,6 +51,7 @@ from replay.analysis.schemas import (
     TargetSummary,
     Verdict,
 )
+from replay.core.exit_codes import ExitCode
 from replay.serving.scale_log import (
     EMULATED_FP8,
     SCALE_ONE_WARNING,
@@ -59,12 +60,15 @@ from replay.serving.scale_log import (
 )
 
 VERDICTS: dict[str, tuple[int, str]] = {
-    "keep": (0, "KEEP FP8 at scale 1.0"),
-    "calibrate": (10, "CALIBRATE the FP8 K/V scales"),
-    "per_head_or_skip_layers": (11, "TRY PER-HEAD SCALES OR BF16 FOR SOME LAYERS"),
-    "reject": (12, "REJECT FP8 for this path"),
-    "insufficient_evidence": (13, "INSUFFICIENT EVIDENCE"),
-    "emulated": (14, "NO VERDICT ON EMULATED FP8"),
+    "keep": (ExitCode.OK, "KEEP FP8 at scale 1.0"),
+    "calibrate": (ExitCode.VERDICT_CALIBRATE, "CALIBRATE the FP8 K/V scales"),
+    "per_head_or_skip_layers": (
+        ExitCode.VERDICT_PER_HEAD_OR_SKIP_LAYERS,
+        "TRY PER-HEAD SCALES OR BF16 FOR SOME LAYERS",
+    ),
+    "reject": (ExitCode.VERDICT_REJECT, "REJECT FP8 for this path"),
+    "insufficient_evidence": (ExitCode.VERDICT_INSUFFICIENT_EVIDENCE, "INSUFFICIENT EVIDENCE"),
+    "emulated": (ExitCode.VERDICT_EMULATED_FP8, "NO VERDICT ON EMULATED FP8"),
 }
 
 

@@ -31,6 +31,7 @@ from replay.analysis.schemas import Summary
 from replay.analysis.verdict import Thresholds
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError, KvcanaryError, TraceError
+from replay.core.exit_codes import ExitCode
 from replay.core.importers import IMPORTERS, LengthPolicy, StreamedTrace, scan, sniff_format, stream
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
 from replay.core.trace import CheckStats
@@ -40,10 +41,6 @@ from replay.run.rundir import file_digest, new_run_dir
 from replay.run.runner import RunConfig, Runner
 from replay.serving.targets import emulate_fp8, load_targets_config, parse_targets
 
-EXIT_OK, EXIT_INPUT, EXIT_TARGET_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
-# A target that ran but answered none of its requests, more than --max-error-rate of them,
-# or was stopped by its error budget: a CI step must not mistake that run for a good one.
-EXIT_TARGET_ERRORS = 4
 T = TypeVar("T")
 
 console = Console(stderr=True)
@@ -135,13 +132,13 @@ def _guard(fn: Callable[[], int]) -> NoReturn:
         code = fn()
     except InputError as exc:
         console.print(f"[red]error:[/red] {exc}")
-        code = EXIT_INPUT
+        code = ExitCode.INPUT
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: results so far are in the run directory")
-        code = EXIT_INTERRUPTED
+        code = ExitCode.INTERRUPTED
     except KvcanaryError as exc:
         console.print(f"[red]error:[/red] {exc}")
-        code = EXIT_TARGET_FAILED
+        code = ExitCode.TARGET_FAILED
     sys.exit(code)
 
 
@@ -379,7 +376,7 @@ def main(ctx: click.Context, /, **opts: Any) -> None:
         return
     if opts["trace_path"] is None and opts["resume_dir"] is None:
         click.echo(ctx.get_help())
-        ctx.exit(EXIT_INPUT)
+        ctx.exit(ExitCode.INPUT)
     _install_sigterm()
     _guard(lambda: _run(opts, canary=False))
 
@@ -567,7 +564,7 @@ def _run(o: dict[str, Any], canary: bool) -> int:
             f"[yellow]interrupted[/yellow]: partial summary and report written; "
             f"continue with: replay --resume {run_dir}"
         )
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     if o["markdown_path"]:
         Path(o["markdown_path"]).write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
     verdict = summary.verdict
@@ -595,8 +592,8 @@ def _run(o: dict[str, Any], canary: bool) -> int:
     console.print(f"results: {run_dir}  report: {html}")
     erring_names = {n for n, _ in erring}
     if any(n not in erring_names for n, _ in failed):
-        return EXIT_TARGET_FAILED
-    return EXIT_TARGET_ERRORS if erring else EXIT_OK
+        return ExitCode.TARGET_FAILED
+    return ExitCode.TARGET_ERRORS if erring else ExitCode.OK
 
 
 def target_errors(
@@ -612,7 +609,7 @@ def target_errors(
             out.append((name, reason))
             continue
         if t.status != "ok":
-            continue  # could not be used at all: EXIT_TARGET_FAILED says so
+            continue  # could not be used at all: ExitCode.TARGET_FAILED says so
         phases = [p.all for p in t.phases.values()]
         # Requests a time limit or an interrupt left unsent are not the target's failures.
         total = sum(p.requests - p.errors_by_kind.get("cancelled", 0) for p in phases)
@@ -669,7 +666,7 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
             console.print(f"graded and summarized {run_dir} from its results")
         for path in _write_reports(run_dir):
             click.echo(str(path))
-        return EXIT_OK
+        return ExitCode.OK
 
     _guard(run)
 
@@ -699,7 +696,7 @@ def export_cmd(run_dir: Path, fmt: str, output: Path | None) -> None:
 
         for path in export_run(run_dir, output or run_dir / "export", fmt):
             click.echo(str(path))
-        return EXIT_OK
+        return ExitCode.OK
 
     _guard(run)
 
@@ -722,7 +719,7 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
         if not out.is_terminal:
             out = Console(width=170)
         out.print(compare_table(summaries[0], summaries[1], str(run_a), str(run_b)))
-        return EXIT_OK
+        return ExitCode.OK
 
     _guard(run)
 
@@ -747,7 +744,7 @@ def trace_validate(path: Path, fmt: str) -> None:
 
         valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report))
         click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s)")
-        return EXIT_INPUT if bad[0] else EXIT_OK
+        return ExitCode.INPUT if bad[0] else ExitCode.OK
 
     _guard(run)
 
@@ -792,7 +789,7 @@ def trace_import(
         finally:
             tmp.unlink(missing_ok=True)
         click.echo(f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped")
-        return EXIT_OK
+        return ExitCode.OK
 
     _guard(run)
 
@@ -847,9 +844,9 @@ def trace_anonymize(
         if left:
             for lineno, f in left[:20]:
                 click.echo(f"{output}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
-            return 1
+            return ExitCode.FINDINGS
         click.echo(f"scan of {output}: {lines} line(s), nothing left")
-        return EXIT_OK
+        return ExitCode.OK
 
     _guard(run)
 
@@ -866,7 +863,7 @@ def trace_scan(path: Path) -> None:
         for lineno, f in found:
             click.echo(f"{path}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
         click.echo(f"{path}: {lines} line(s) scanned, {len(found)} finding(s)")
-        return 1 if found else EXIT_OK
+        return ExitCode.FINDINGS if found else ExitCode.OK
 
     _guard(run)
 
