@@ -21,23 +21,48 @@ reported as Locust request events named per context bucket:
 
 Every test writes a ``replay`` run directory (``--kvc-run-dir``), which ``replay report``
 renders. How concepts map, why one asyncio loop per process, and how the trace is sharded
-across workers: see ``kvc_runtime.py``; the shapes: ``kvc_shapes.py``.
+across workers: see the ``kvc`` package beside this file; the shapes: ``kvc/shapes.py``.
+This file only wires Locust's events to kvcanary's roles: a ``Master`` on a master, a
+``Worker`` on a worker, both on a standalone process.
 
 Exit code (headless): 0, or ``--exit-code-on-error`` when a request failed (checker failures
 alone do not count: they are the answers' quality, in the report), 2 for bad options, 3 when
-the target cannot be used.
+the target cannot be used, 4 when its error budget stopped the test, 143 on SIGTERM
+(``replay.core.exit_codes.ExitCode``). A bug in kvcanary is not blamed on the target: its
+traceback is logged and listed among Locust's exceptions (exit ``--exit-code-on-error``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import signal
+from typing import Any, ClassVar
 
-from kvc_runtime import KVC, add_arguments
-from kvc_shapes import KvcShape, StepSweep, TraceTimes  # the first is the default shape
+import gevent
+from kvc.bridge import AsyncBridge
+from kvc.master import Master
+from kvc.options import add_arguments
+from kvc.protocol import MSG_DONE, MSG_PHASE, MSG_PLAN, MSG_READY, MSG_RESULTS, MSG_STOP
+from kvc.shapes import KvcShape, StepSweep, TraceTimes  # the first is the default shape
+from kvc.worker import Worker
 from locust import User, constant, events, task
+from locust.env import Environment
 from locust.exception import StopUser
+from locust.runners import MasterRunner, Runner, WorkerRunner
 
 __all__ = ["KvcShape", "LLMUser", "StepSweep", "TraceTimes"]
+
+
+class LLMUser(User):
+    """One concurrent client replaying the trace: takes the next request of this process's
+    shard, sends it (streaming), reports it, and stops when the shard is exhausted."""
+
+    wait_time = constant(0)  # a closed loop: the next request as soon as one completes
+    worker: ClassVar[Worker | None] = None  # this process's worker role, once wired
+
+    @task
+    def replay(self) -> None:
+        if self.worker is None or not self.worker.user_step():
+            raise StopUser()
 
 
 @events.init_command_line_parser.add_listener
@@ -46,17 +71,51 @@ def _arguments(parser: Any, **_: Any) -> None:
 
 
 @events.init.add_listener
-def _install(environment: Any, runner: Any, **_: Any) -> None:
-    KVC.install(environment, runner)
+def _install(environment: Environment, runner: Runner | None, **_: Any) -> None:
+    if runner is None:
+        return
+    bridge = AsyncBridge()  # one asyncio loop per process, shared by both roles
+    master = None if isinstance(runner, WorkerRunner) else _master(environment, runner, bridge)
+    worker = None if isinstance(runner, MasterRunner) else _worker(environment, runner, bridge)
+
+    def quitting(**_: Any) -> None:
+        # The shard's client closes first, then the master completes the run directory; the
+        # loop they both use stops last.
+        if worker is not None:
+            worker.close()
+        if master is not None:
+            master.quitting()
+        bridge.close()
+
+    environment.events.quitting.add_listener(quitting)
 
 
-class LLMUser(User):
-    """One concurrent client replaying the trace: takes the next request of this process's
-    shard, sends it (streaming), reports it, and stops when the shard is exhausted."""
+def _master(env: Environment, runner: Runner, bridge: AsyncBridge) -> Master:
+    master = Master(env, bridge)
+    runner.register_message(MSG_READY, master.on_ready)
+    runner.register_message(MSG_RESULTS, master.on_results)
+    runner.register_message(MSG_DONE, master.on_done)
+    env.events.test_start.add_listener(lambda **_: master.begin())
+    env.events.test_stopping.add_listener(lambda **_: master.stopping())
+    env.events.test_stop.add_listener(lambda **_: master.end())
+    # Locust installs its SIGTERM handler only after a headless run with a load shape
+    # (kvcanary's default) has ended, so a container stop killed the master with no
+    # summary. Until Locust's handler replaces this one, a SIGTERM stops the test the
+    # normal way: users end at once and the run directory is completed.
+    gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(master.sigterm))
+    for shape in {env.shape_class, *(env.available_shape_classes or {}).values()}:
+        if isinstance(shape, KvcShape):
+            shape.master = master
+    master.on_init()
+    return master
 
-    wait_time = constant(0)  # a closed loop: the next request as soon as one completes
 
-    @task
-    def replay(self) -> None:
-        if not KVC.user_step():
-            raise StopUser()
+def _worker(env: Environment, runner: Runner, bridge: AsyncBridge) -> Worker:
+    worker = LLMUser.worker = Worker(env, bridge)
+    runner.register_message(MSG_PLAN, worker.on_plan)
+    runner.register_message(MSG_PHASE, worker.on_phase)
+    runner.register_message(MSG_STOP, worker.on_stop)
+    env.events.test_stop.add_listener(
+        lambda **_: worker.stop_shard("cancelled", "not sent: the test stopped")
+    )
+    return worker

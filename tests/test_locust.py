@@ -322,7 +322,7 @@ import locust  # monkey-patches this process, as in a Locust run
 import json, sys
 import gevent
 sys.path.insert(0, sys.argv[2])
-from kvc_runtime import AsyncBridge
+from kvc.bridge import AsyncBridge
 from replay.serving.client import Client
 from replay.core.records import Result
 from replay.core.trace import Request

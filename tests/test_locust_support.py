@@ -20,6 +20,7 @@ from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
 from replay.core.importers import load
 from replay.core.records import Result
+from replay.core.trace import Request
 from replay.locust.support import (
     Constant,
     LocustEvent,
@@ -31,6 +32,7 @@ from replay.locust.support import (
     check_event,
     locust_events,
     parse_levels,
+    read_shard,
     resolve_target,
     sample_evenly,
     shard_indices,
@@ -102,6 +104,21 @@ def test_shards_cover_every_position_exactly_once(n: int, count: int) -> None:
 def test_shard_that_does_not_exist() -> None:
     with pytest.raises(ValueError):
         shard_indices(10, 2, 2)
+    with pytest.raises(ValueError):
+        read_shard([], 2, 2)
+
+
+@given(st.lists(st.one_of(st.none(), st.floats(0, 1e6)), max_size=40), st.integers(1, 7))
+def test_a_shard_read_from_the_stream_is_its_positions_on_the_traces_clock(
+    times: list[float | None], count: int
+) -> None:
+    reqs = [Request(id=f"r{i}", api="completions", prompt="x", t=t) for i, t in enumerate(times)]
+    for k in range(count):
+        shard = read_shard(iter(reqs), k, count)  # one pass, as over a file
+        assert [i for i, _ in shard.items] == list(shard_indices(len(reqs), k, count))
+        assert all(reqs[i] is req for i, req in shard.items)
+        # Every shard's clock starts at the whole trace's first timestamp, not its own.
+        assert shard.t0 == min((t for t in times if t is not None), default=0.0)
 
 
 # -- Results as Locust events -----------------------------------------------------------------

@@ -12,11 +12,12 @@ import click
 
 from replay import __version__
 from replay.analysis.schemas import Summary
-from replay.cli.common import EXIT_INPUT, EXIT_OK, console, guard, install_sigterm, table_console
+from replay.cli.common import console, guard, install_sigterm, table_console
 from replay.cli.replay_run import replay_run, write_reports
 from replay.cli.run_options import run_options
 from replay.cli.trace_commands import trace
 from replay.core.errors import InputError
+from replay.core.exit_codes import ExitCode
 from replay.present.table import compare_table
 
 
@@ -35,7 +36,7 @@ def main(ctx: click.Context, /, **opts: Any) -> None:
         return
     if opts["trace_path"] is None and opts["resume_dir"] is None:
         click.echo(ctx.get_help())
-        ctx.exit(EXIT_INPUT)
+        ctx.exit(ExitCode.INPUT)
     install_sigterm()
     guard(lambda: replay_run(opts, canary=False))
 
@@ -84,7 +85,7 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
             console.print(f"graded and summarized {run_dir} from its results")
         for path in write_reports(run_dir):
             click.echo(str(path))
-        return EXIT_OK
+        return ExitCode.OK
 
     guard(run)
 
@@ -114,7 +115,7 @@ def export_cmd(run_dir: Path, fmt: str, output: Path | None) -> None:
 
         for path in export_run(run_dir, output or run_dir / "export", fmt):
             click.echo(str(path))
-        return EXIT_OK
+        return ExitCode.OK
 
     guard(run)
 
@@ -134,7 +135,7 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
                 raise InputError(f"{d}: cannot read summary.json: {exc}") from None
             summaries.append(Summary.from_json(doc, where=str(d / "summary.json")))
         table_console().print(compare_table(summaries[0], summaries[1], str(run_a), str(run_b)))
-        return EXIT_OK
+        return ExitCode.OK
 
     guard(run)
 

@@ -1,9 +1,10 @@
 """What every ``replay`` command shares: the console, the exit codes, and the guard that turns
 our errors into a one-line message and an exit code (a traceback is a bug, not a message).
 
-Exit codes: 0 every target served the whole run; 2 bad input or usage; 3 at least one target
-failed (did not start, or serves something other than its spec); 4 a target ran but failed more
-requests than its error budget allows; 130 interrupted. ``replay canary`` exits by its verdict.
+Exit codes are ``replay.core.exit_codes.ExitCode``: 0 every target served the whole run; 2 bad
+input or usage; 3 at least one target failed (did not start, or serves something other than its
+spec); 4 a target ran but failed more requests than its error budget allows (a CI step must not
+mistake that run for a good one); 130 interrupted. ``replay canary`` exits by its verdict.
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ from typing import Any, NoReturn, TypeVar
 from rich.console import Console
 
 from replay.core.errors import InputError, KvcanaryError
+from replay.core.exit_codes import ExitCode
 
-EXIT_OK, EXIT_INPUT, EXIT_TARGET_FAILED, EXIT_INTERRUPTED = 0, 2, 3, 130
-# A target that ran but answered none of its requests, more than --max-error-rate of them,
-# or was stopped by its error budget: a CI step must not mistake that run for a good one.
-EXIT_TARGET_ERRORS = 4
 T = TypeVar("T")
 
 console = Console(stderr=True)
@@ -59,11 +57,11 @@ def guard(fn: Callable[[], int]) -> NoReturn:
         code = fn()
     except InputError as exc:
         console.print(f"[red]error:[/red] {exc}")
-        code = EXIT_INPUT
+        code = ExitCode.INPUT
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: results so far are in the run directory")
-        code = EXIT_INTERRUPTED
+        code = ExitCode.INTERRUPTED
     except KvcanaryError as exc:
         console.print(f"[red]error:[/red] {exc}")
-        code = EXIT_TARGET_FAILED
+        code = ExitCode.TARGET_FAILED
     sys.exit(code)

@@ -22,18 +22,11 @@ from rich.progress import (
 )
 
 from replay.analysis.schemas import Summary
-from replay.cli.common import (
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_TARGET_ERRORS,
-    EXIT_TARGET_FAILED,
-    console,
-    run_loop,
-    table_console,
-)
+from replay.cli.common import console, run_loop, table_console
 from replay.cli.run_options import RunOptions
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.core.exit_codes import ExitCode
 from replay.core.importers import StreamedTrace, scan, sniff_format
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
 from replay.present.table import quality_table, summary_table
@@ -280,7 +273,7 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
             f"[yellow]interrupted[/yellow]: partial summary and report written; "
             f"continue with: replay --resume {run_dir}"
         )
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     if o.markdown_path:
         o.markdown_path.write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
     if canary:
@@ -330,8 +323,8 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
     console.print(f"results: {run_dir}  report: {html}")
     erring_names = {n for n, _ in erring}
     if any(n not in erring_names for n, _ in failed):
-        return EXIT_TARGET_FAILED
-    return EXIT_TARGET_ERRORS if erring else EXIT_OK
+        return ExitCode.TARGET_FAILED
+    return ExitCode.TARGET_ERRORS if erring else ExitCode.OK
 
 
 def target_errors(
@@ -347,7 +340,7 @@ def target_errors(
             out.append((name, reason))
             continue
         if t.status != "ok":
-            continue  # could not be used at all: EXIT_TARGET_FAILED says so
+            continue  # could not be used at all: ExitCode.TARGET_FAILED says so
         phases = [p.all for p in t.phases.values()]
         # Requests a time limit or an interrupt left unsent are not the target's failures.
         total = sum(p.requests - p.errors_by_kind.get("cancelled", 0) for p in phases)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from replay.cli.common import EXIT_INPUT, EXIT_OK, guard
+from replay.cli.common import guard
 from replay.core.errors import InputError, TraceError
+from replay.core.exit_codes import ExitCode
 from replay.core.importers import IMPORTERS, LengthPolicy, stream
 from replay.core.trace import CheckStats
 
@@ -32,7 +33,7 @@ def trace_validate(path: Path, fmt: str) -> None:
 
         valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report))
         click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s)")
-        return EXIT_INPUT if bad[0] else EXIT_OK
+        return ExitCode.INPUT if bad[0] else ExitCode.OK
 
     guard(run)
 
@@ -77,7 +78,7 @@ def trace_import(
         finally:
             tmp.unlink(missing_ok=True)
         click.echo(f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped")
-        return EXIT_OK
+        return ExitCode.OK
 
     guard(run)
 
@@ -132,9 +133,9 @@ def trace_anonymize(
         if left:
             for lineno, f in left[:20]:
                 click.echo(f"{output}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
-            return 1
+            return ExitCode.FINDINGS
         click.echo(f"scan of {output}: {lines} line(s), nothing left")
-        return EXIT_OK
+        return ExitCode.OK
 
     guard(run)
 
@@ -151,6 +152,6 @@ def trace_scan(path: Path) -> None:
         for lineno, f in found:
             click.echo(f"{path}:{lineno}: {f.kind} in {f.field}: {f.excerpt}")
         click.echo(f"{path}: {lines} line(s) scanned, {len(found)} finding(s)")
-        return 1 if found else EXIT_OK
+        return ExitCode.FINDINGS if found else ExitCode.OK
 
     guard(run)

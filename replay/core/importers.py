@@ -309,7 +309,7 @@ def stream(
     on_bad_line: OnBadLine = "fail",
     bad: Callable[[int, TraceError], None] | None = None,
     stats: CheckStats | None = None,
-) -> Iterator[Request]:
+) -> Generator[Request, None, None]:
     """The valid requests of a trace of any known format, one at a time (bad lines raise, or
     go to ``bad``). Nothing is kept: what a trace import writes as it reads."""
     fmt = resolve_format(path, fmt)

@@ -5,7 +5,7 @@ Nothing here imports Locust or gevent: these are plain functions and classes ove
 usable by any other load driver. The adapter adds only the Locust and gevent glue.
 
     LoadPlan (Constant, StepSweep, TraceTimes)   users over time, as pure functions of time
-    shard_indices()                              which trace requests one worker sends
+    shard_indices(), read_shard()                which trace requests one worker sends
     locust_events(), check_event()               one Result as Locust request events
     prepare(), send_one(), MetricsTap            the target, through the core's async client
     RunPlan                                      what the master tells each worker
@@ -185,12 +185,40 @@ class TraceTimes:
 # -- sharding ---------------------------------------------------------------------------------
 
 
-def shard_indices(n: int, index: int, count: int) -> list[int]:
+def shard_indices(n: int, index: int, count: int) -> range:
     """Trace positions worker ``index`` of ``count`` sends: ``i % count == index``. Over all
     workers every position appears exactly once, and the split depends on nothing else."""
+    _check_shard(index, count)
+    return range(index, n, count)
+
+
+def _check_shard(index: int, count: int) -> None:
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"shard {index} of {count} does not exist")
-    return list(range(index, n, count))
+
+
+@dataclass
+class TraceShard:
+    """One worker's part of the trace: its ``(position, request)`` pairs, in trace order, and
+    the earliest timestamp of the whole trace replayed (the zero of the trace's clock, which
+    every shard must share for their due times to agree)."""
+
+    items: list[tuple[int, Request]]
+    t0: float
+
+
+def read_shard(requests: Iterable[Request], index: int, count: int) -> TraceShard:
+    """Worker ``index`` of ``count``'s requests (``shard_indices``' positions), kept as the
+    trace streams past: the other shards' requests are read and dropped, never held."""
+    _check_shard(index, count)
+    items: list[tuple[int, Request]] = []
+    t0: float | None = None
+    for i, req in enumerate(requests):
+        if req.t is not None and (t0 is None or req.t < t0):
+            t0 = req.t
+        if i % count == index:
+            items.append((i, req))
+    return TraceShard(items, 0.0 if t0 is None else t0)
 
 
 # -- Results as Locust request events ---------------------------------------------------------

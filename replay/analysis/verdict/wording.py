@@ -14,14 +14,18 @@ from typing import Any
 
 from replay.analysis.schemas import Verdict
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Thresholds
+from replay.core.exit_codes import ExitCode
 
 VERDICTS: dict[str, tuple[int, str]] = {
-    "keep": (0, "KEEP FP8 at scale 1.0"),
-    "calibrate": (10, "CALIBRATE the FP8 K/V scales"),
-    "per_head_or_skip_layers": (11, "TRY PER-HEAD SCALES OR BF16 FOR SOME LAYERS"),
-    "reject": (12, "REJECT FP8 for this path"),
-    "insufficient_evidence": (13, "INSUFFICIENT EVIDENCE"),
-    "emulated": (14, "NO VERDICT ON EMULATED FP8"),
+    "keep": (ExitCode.OK, "KEEP FP8 at scale 1.0"),
+    "calibrate": (ExitCode.VERDICT_CALIBRATE, "CALIBRATE the FP8 K/V scales"),
+    "per_head_or_skip_layers": (
+        ExitCode.VERDICT_PER_HEAD_OR_SKIP_LAYERS,
+        "TRY PER-HEAD SCALES OR BF16 FOR SOME LAYERS",
+    ),
+    "reject": (ExitCode.VERDICT_REJECT, "REJECT FP8 for this path"),
+    "insufficient_evidence": (ExitCode.VERDICT_INSUFFICIENT_EVIDENCE, "INSUFFICIENT EVIDENCE"),
+    "emulated": (ExitCode.VERDICT_EMULATED_FP8, "NO VERDICT ON EMULATED FP8"),
 }
 
 

@@ -18,14 +18,18 @@ each of ``--kvc-levels`` at ``--kvc-ramp`` users/s and holds it ``--kvc-hold`` s
 ``trace`` keeps ``--kvc-max-in-flight`` users that send each request at its trace timestamp
 (gaps times ``--kvc-time-scale``). The time of a shape counts from when every worker has
 prepared the trace (token counts for the buckets), so the first level is not eaten by setup.
+
+Locust makes the shape objects; ``locustfile.py`` gives each one the process's ``Master``,
+which holds the test the shape ticks for (only a master or standalone process ticks).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from kvc_runtime import KVC
 from locust import LoadTestShape
+
+from kvc.master import Master
 
 
 class KvcShape(LoadTestShape):
@@ -33,12 +37,13 @@ class KvcShape(LoadTestShape):
 
     use_common_options = True  # users: -u/-r/--run-time; every shape: --run-time as a cap
     mode: ClassVar[str | None] = None
+    master: Master | None = None  # given when the master role is wired (locustfile.py)
 
     def kvc_mode(self, opts: Any) -> str:
         return self.mode or str(getattr(opts, "kvc_shape", "users"))
 
     def tick(self) -> tuple[int, float] | None:
-        return KVC.tick(self)
+        return None if self.master is None else self.master.tick()
 
 
 class StepSweep(KvcShape):

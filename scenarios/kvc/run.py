@@ -1,0 +1,115 @@
+"""One test as the master holds it: the ``Test`` (its state between start and run
+directory), the ``RunPlan`` every worker gets and the ``RunRecorder`` that writes the run
+directory, made from the test's ``Config``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gevent.event import Event
+from locust import __version__ as locust_version
+
+from kvc.options import Config
+from replay.core.trace import Request, TraceLoad
+from replay.locust.support import MetricsTap, RunPlan, RunRecorder, target_message
+
+
+@dataclass
+class Test:
+    cfg: Config
+    base: RunPlan
+    recorder: RunRecorder
+    requests: list[Request]  # the recorder's: RunRecorder takes the requests themselves
+    shards: int
+    epoch: float
+    ready: dict[int, str | None] = field(default_factory=dict)
+    internal: dict[int, tuple[str, str]] = field(default_factory=dict)  # node, traceback
+    done: set[int] = field(default_factory=set)
+    go_at: float | None = None
+    label: str | None = None
+    failed: str | None = None
+    stopping: bool = False
+    closed: bool = False
+    late: bool = False
+    finished: Event = field(default_factory=Event)
+    ending: bool = False  # an end() is under way (it waits, so another greenlet may run)
+    ended: Event = field(default_factory=Event)  # end() has written the run directory
+    tap: MetricsTap | None = None
+
+    def now(self) -> float:
+        return time.perf_counter() - self.epoch
+
+
+def run_plan(cfg: Config, run_id: str, epoch_wall: float, shards: int) -> RunPlan:
+    """What every worker is told (each with its own ``shard``)."""
+    return RunPlan(
+        run_id=run_id,
+        trace_path=str(cfg.trace_path),
+        trace_sha256=cfg.sha256,
+        limit=cfg.limit,
+        buckets=cfg.buckets.spec(),
+        target=target_message(cfg.spec),
+        mode=cfg.mode,
+        first_label=cfg.plan.labels[0],
+        time_scale=cfg.time_scale,
+        loop=cfg.loop,
+        checkers=cfg.checkers,
+        seed=cfg.seed,
+        timeout_s=cfg.timeout_s,
+        itl_events=cfg.itl_events,
+        epoch_wall=epoch_wall,
+        shards=shards,
+        max_errors=cfg.max_errors,
+        max_error_rate=cfg.max_error_rate,
+    )
+
+
+def recorder(
+    cfg: Config,
+    opts: Any,
+    run_dir: Path,
+    trace: TraceLoad,
+    requests: list[Request],
+    driver: dict[str, Any],
+) -> RunRecorder:
+    """The run directory's writer, with the manifest's options and ``driver`` (the Locust
+    process that ran the test)."""
+    return RunRecorder(
+        run_dir=run_dir,
+        trace=trace,
+        trace_path=cfg.trace_path,
+        trace_format=cfg.trace_format,
+        trace_sha256=cfg.sha256,
+        requests=requests,
+        buckets=cfg.buckets,
+        spec=cfg.spec,
+        schedules=cfg.plan.labels,
+        options={
+            "driver": "locust",
+            "shape": cfg.mode,
+            "timeout_s": cfg.timeout_s,
+            "seed": cfg.seed,
+            "salt_phases": True,
+            "loop": cfg.loop,
+            "limit": cfg.limit,
+            "checkers": cfg.checkers,
+            "time_scale": cfg.time_scale,
+            "levels": str(opts.kvc_levels),
+            "hold_s": float(opts.kvc_hold),
+            "ramp": float(opts.kvc_ramp),
+            "max_in_flight": int(opts.kvc_max_in_flight),
+            "itl_events": cfg.itl_events,
+            "max_errors": cfg.max_errors,
+            "max_error_rate": cfg.max_error_rate,
+            "max_results": cfg.max_results,
+        },
+        driver={"name": "locust", "version": locust_version, **driver},
+        command=list(sys.argv),
+        checkers=cfg.checkers,
+        seed=cfg.seed,
+        max_results=cfg.max_results,
+    )
