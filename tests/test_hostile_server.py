@@ -499,7 +499,7 @@ def test_token_pool_names_what_tokenize_answered() -> None:
 def test_locust_preparation_and_metrics_tap_carry_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Locust adapter's sessions toward the target (preparation, the metrics tap)."""
     from replay.core.buckets import Buckets
-    from replay.locust.support import MetricsTap, prepare
+    from replay.locust.target import MetricsTap, prepare
     from replay.serving.targets import TargetSpec
 
     monkeypatch.setenv(KEY_ENV, KEY)
@@ -523,7 +523,7 @@ def test_locust_preparation_and_metrics_tap_carry_the_key(monkeypatch: pytest.Mo
 
 def test_locust_preparation_fails_with_the_endpoint_named() -> None:
     from replay.core.buckets import Buckets
-    from replay.locust.support import prepare
+    from replay.locust.target import prepare
     from replay.serving.targets import TargetSpec
 
     reqs = load(ROOT / "traces" / "sample.jsonl").requests[:2]

@@ -1,4 +1,4 @@
-"""The Locust adapter's core side (``replay.locust.support``), without Locust or a server:
+"""The Locust adapter's core side (``replay.locust``), without Locust or a server:
 load plans, sharding, Results as Locust events, target resolution, the run directory.
 
 Nothing here imports Locust: importing it monkey-patches the whole test process (gevent).
@@ -18,26 +18,21 @@ from hypothesis import strategies as st
 from replay.checkers import Grader
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
-from replay.core.importers import load
+from replay.core.importers import load, scan
 from replay.core.records import Result
 from replay.core.trace import Request
-from replay.locust.support import (
+from replay.locust.events import LocustEvent, check_event, locust_events, sample_evenly
+from replay.locust.messages import RunPlan
+from replay.locust.plans import (
     Constant,
-    LocustEvent,
-    RunPlan,
-    RunRecorder,
     StepSweep,
     TraceTimes,
-    cancelled_result,
-    check_event,
-    locust_events,
     parse_levels,
     read_shard,
-    resolve_target,
-    sample_evenly,
     shard_indices,
-    trace_requests,
 )
+from replay.locust.recorder import RunRecorder, cancelled_result
+from replay.locust.target import resolve_target
 from replay.present.report import write_reports
 from replay.run.rundir import file_digest
 from replay.serving.targets import TargetSpec
@@ -277,8 +272,8 @@ def test_run_plan_round_trip_and_salt() -> None:
 
 
 def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Path) -> None:
-    trace = load(SAMPLE)
-    reqs = trace_requests(trace, 12)
+    trace = scan(SAMPLE, "v1", limit=12)
+    reqs = list(trace.iter_requests())
     spec = TargetSpec(name="bf16", url="http://127.0.0.1:1", expect_cache_dtype="auto")
     buckets = Buckets.parse("256,1K")
     rec = RunRecorder(
@@ -287,7 +282,6 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
         trace_path=SAMPLE,
         trace_format="v1",
         trace_sha256=file_digest(SAMPLE),
-        requests=reqs,
         buckets=buckets,
         spec=spec,
         schedules=["c1", "c4"],
@@ -340,15 +334,14 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
 
 
 def test_recorder_gives_a_window_to_a_phase_without_one(tmp_path: Path) -> None:
-    trace = load(SAMPLE)
-    reqs = trace_requests(trace, 2)
+    trace = scan(SAMPLE, "v1", limit=2)
+    reqs = list(trace.iter_requests())
     rec = RunRecorder(
         run_dir=tmp_path / "run",
         trace=trace,
         trace_path=SAMPLE,
         trace_format="v1",
         trace_sha256="x",
-        requests=reqs,
         buckets=Buckets.parse("256"),
         spec=TargetSpec(name="t", url="http://x:1"),
         schedules=["c1"],

@@ -1,2 +1,15 @@
-"""What the Locust adapter (``scenarios/locustfile.py``) needs from replay, without importing
-Locust or gevent: load plans, sharding, Locust events from results, the run recorder."""
+"""What kvcanary's Locust adapter (``scenarios/locustfile.py``) needs from replay.
+
+Nothing here imports Locust or gevent: these are plain functions and classes over the core
+(trace, client, buckets, run directory, summary, grading), so they are typed, unit-tested and
+usable by any other load driver. The adapter adds only the Locust and gevent glue.
+
+    plans      LoadPlan (Constant, StepSweep, TraceTimes): users over time, as pure functions
+               of time; shard_indices(), read_shard(): which trace requests one worker sends
+    events     locust_events(), check_event(): one Result as Locust request events
+    target     resolve_target(), prepare(), send_one(), MetricsTap: the target, through the
+               core's async client
+    messages   RunPlan: what the master tells each worker
+    recorder   RunRecorder: the run directory, as ``replay`` writes it (one manifest builder,
+               one analysis)
+"""

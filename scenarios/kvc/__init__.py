@@ -10,7 +10,7 @@ How kvcanary's concepts map onto Locust's
   ``trace-x<scale>``), exactly as ``replay`` names its schedules, and results carry it.
 * A result (``replay.core.records.Result``) is reported as Locust request events per context
   bucket: ``ttft <b>``, ``itl <b>``, ``e2e <b>``, ``output_tokens <b>`` and, with checkers
-  on, ``check <b>`` (see ``replay.locust.support.locust_events``). Locust's own statistics,
+  on, ``check <b>`` (see ``replay.locust.events.locust_events``). Locust's own statistics,
   charts, CSV and distributed stats merging work on those unchanged.
 * The run directory is ``replay``'s: results go to the master (Locust messages), which writes
   ``results.jsonl`` as they arrive and ``manifest.json``/``summary.json``/``grades.jsonl``

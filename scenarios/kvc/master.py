@@ -27,14 +27,9 @@ from kvc.protocol import MSG_PHASE, MSG_PLAN, MSG_STOP, STOP_WAIT_S
 from kvc.run import Test, recorder, run_plan
 from replay.core.errors import KvcanaryError
 from replay.core.exit_codes import ExitCode
-from replay.core.importers import load
-from replay.locust.support import (
-    MetricsTap,
-    RunPlan,
-    cancelled_result,
-    resolve_target,
-    trace_requests,
-)
+from replay.locust.messages import RunPlan
+from replay.locust.recorder import cancelled_result
+from replay.locust.target import MetricsTap, resolve_target
 from replay.run.rundir import read_results
 
 log = logging.getLogger("kvcanary")
@@ -101,10 +96,9 @@ class Master:
             self.end()
         try:
             cfg = read_config(self.env, *self.shape_mode())
+            # The trace is streamed: the recorder re-reads it for grading, each worker
+            # keeps only its shard.
             run_dir = self._run_dir(cfg.run_dir)
-            # The one copy of the trace in memory, for the run directory's recorder (its
-            # requests' grading specs); workers stream theirs from the file.
-            trace = load(cfg.trace_path, cfg.trace_format)
         except KvcanaryError as exc:
             self.broken = str(exc)
             log.error("kvcanary: cannot start: %s", exc)
@@ -117,15 +111,14 @@ class Master:
         clients = self._workers()
         epoch_wall, epoch = time.time(), time.perf_counter()
         base = run_plan(cfg, run_dir.name, epoch_wall, max(1, len(clients)))
-        requests = trace_requests(trace, cfg.limit)
         driver = {
             "role": type(self.runner).__name__,
             "workers": len(clients),
             "shards": base.shards,
             "shape": cfg.mode,
         }
-        rec = recorder(cfg, parsed_options(self.env), run_dir, trace, requests, driver)
-        test = self.test = Test(cfg, base, rec, requests, base.shards, epoch)
+        rec = recorder(cfg, parsed_options(self.env), run_dir, driver)
+        test = self.test = Test(cfg, base, rec, base.shards, epoch)
         rec.save_manifest()
         log.info(
             "kvcanary: run directory %s: %d requests in %d shard(s), shape %s",
@@ -384,7 +377,7 @@ class Master:
                 "unavailable",
                 f"no result came back from worker shard {i % test.shards}",
             ).to_json()
-            for i, req in enumerate(test.requests)
+            for i, req in enumerate(test.cfg.trace.iter_requests())
             if req.id not in seen
         ]
         if rows:

@@ -14,16 +14,10 @@ from locust.env import Environment
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import KvcanaryError
 from replay.core.importers import StreamedTrace, scan, sniff_format
-from replay.locust.support import (
-    DEFAULT_ITL_EVENTS,
-    DEFAULT_MAX_RESULTS,
-    Constant,
-    LoadPlan,
-    StepSweep,
-    TraceTimes,
-    parse_levels,
-    resolve_target,
-)
+from replay.locust.events import DEFAULT_ITL_EVENTS
+from replay.locust.plans import Constant, LoadPlan, StepSweep, TraceTimes, parse_levels
+from replay.locust.recorder import DEFAULT_MAX_RESULTS
+from replay.locust.target import resolve_target
 from replay.run.rundir import file_digest
 from replay.serving.targets import TargetSpec
 

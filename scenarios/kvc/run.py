@@ -14,8 +14,9 @@ from gevent.event import Event
 from locust import __version__ as locust_version
 
 from kvc.options import Config
-from replay.core.trace import Request, TraceLoad
-from replay.locust.support import MetricsTap, RunPlan, RunRecorder, target_message
+from replay.locust.messages import RunPlan, target_message
+from replay.locust.recorder import RunRecorder
+from replay.locust.target import MetricsTap
 
 
 @dataclass
@@ -23,7 +24,6 @@ class Test:
     cfg: Config
     base: RunPlan
     recorder: RunRecorder
-    requests: list[Request]  # the recorder's: RunRecorder takes the requests themselves
     shards: int
     epoch: float
     ready: dict[int, str | None] = field(default_factory=dict)
@@ -72,19 +72,16 @@ def recorder(
     cfg: Config,
     opts: Any,
     run_dir: Path,
-    trace: TraceLoad,
-    requests: list[Request],
     driver: dict[str, Any],
 ) -> RunRecorder:
     """The run directory's writer, with the manifest's options and ``driver`` (the Locust
     process that ran the test)."""
     return RunRecorder(
         run_dir=run_dir,
-        trace=trace,
+        trace=cfg.trace,
         trace_path=cfg.trace_path,
         trace_format=cfg.trace_format,
         trace_sha256=cfg.sha256,
-        requests=requests,
         buckets=cfg.buckets,
         spec=cfg.spec,
         schedules=cfg.plan.labels,

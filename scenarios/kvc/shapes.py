@@ -1,6 +1,6 @@
 """Load shapes for kvcanary's Locust scenario: concurrency sweeps and the trace's own clock.
 
-The schedules themselves are the core's pure plans (``replay.locust.support``: ``Constant``,
+The schedules themselves are the core's pure plans (``replay.locust.plans``: ``Constant``,
 ``StepSweep``, ``TraceTimes``); these classes only hand them to Locust. Every shape also ends
 the test when the trace is exhausted (unless ``--kvc-loop on``), names each load level as a
 phase (``c1``, ``c4``, ... or ``trace-x1``), and tells the workers when a new phase starts.

@@ -33,16 +33,11 @@ from replay.core.importers import stream
 from replay.core.records import Result
 from replay.core.schedule import TraceOffsets
 from replay.core.trace import Request
-from replay.locust.support import (
-    Prepared,
-    RunPlan,
-    cancelled_result,
-    check_event,
-    locust_events,
-    prepare,
-    read_shard,
-    send_one,
-)
+from replay.locust.events import check_event, locust_events
+from replay.locust.messages import RunPlan
+from replay.locust.plans import read_shard
+from replay.locust.recorder import cancelled_result
+from replay.locust.target import Prepared, prepare, send_one
 from replay.run.rundir import file_digest
 from replay.serving.client import Client
 

@@ -1,0 +1,196 @@
+"""The run directory of one Locust test, written as ``replay`` writes it, through the same
+manifest builder and analysis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replay.analysis.grading.rows import grading_spec
+from replay.analysis.verdict.facts import Thresholds
+from replay.core.buckets import Buckets
+from replay.core.importers import LengthPolicy
+from replay.core.records import Result
+from replay.core.trace import Request, TraceSource
+from replay.run.analyze import Analysis, analyse
+from replay.run.manifest import build_manifest, target_entry, trace_facts
+from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, read_results, write_json
+from replay.serving.targets import (
+    TargetSpec,
+)
+
+
+def cancelled_result(
+    req: Request, target: str, phase: str, bucket: str, at: float, kind: str, reason: str
+) -> Result:
+    """A request the test will not send (stopped, or the target is unavailable): a result
+    too, so every trace request is accounted for."""
+    return Result(
+        request_id=req.id,
+        target=target,
+        phase=phase,
+        bucket=bucket,
+        scheduled=at,
+        status="cancelled" if kind == "cancelled" else "error",
+        error_kind="cancelled" if kind == "cancelled" else "unavailable",
+        error=reason,
+    )
+
+
+# -- the run directory ------------------------------------------------------------------------
+
+
+DEFAULT_MAX_RESULTS = 250_000
+
+
+@dataclass
+class RunRecorder:
+    """The run directory of one Locust test, in ``replay``'s format: ``manifest.json``,
+    ``results.jsonl`` (appended as results arrive), ``metrics/<target>.jsonl``,
+    ``grades.jsonl`` (with checkers on) and ``summary.json``, so ``replay report`` renders it."""
+
+    run_dir: Path
+    # Streamed: counted for the manifest, re-read for the grading specs (never held).
+    trace: TraceSource
+    trace_path: Path
+    trace_format: str
+    trace_sha256: str
+    buckets: Buckets
+    spec: TargetSpec
+    schedules: list[str]
+    options: dict[str, Any]
+    driver: dict[str, Any]
+    command: list[str]
+    checkers: bool = True
+    seed: int = 0
+    status: str = "ok"
+    reason: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    # A looping test (--kvc-loop on) has no natural end: past this many result rows, results
+    # are counted, not stored, so no test can fill the disk (Locust's statistics still see
+    # every request). 0: no cap.
+    max_results: int = DEFAULT_MAX_RESULTS
+
+    def __post_init__(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "metrics").mkdir(exist_ok=True)
+        self._results = JsonlWriter(self.run_dir / RESULTS)
+        self._metrics = JsonlWriter(self.run_dir / "metrics" / f"{self.spec.name}.jsonl")
+        self._open: tuple[str, float] | None = None
+        self.received = 0
+        self.dropped = 0
+
+    # results and metrics arrive as they happen
+    def add_results(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            if self.max_results and self.received >= self.max_results:
+                if not self.dropped:
+                    self.info.setdefault("problems", []).append(
+                        f"results past --kvc-max-results {self.max_results} were counted, "
+                        "not stored"
+                    )
+                self.dropped += 1
+                continue
+            self._results.write(row)
+            self.received += 1
+
+    def add_snapshot(self, row: dict[str, Any]) -> None:
+        self._metrics.write(row)
+
+    # phases: the windows results are grouped in
+    def open_phase(self, label: str, t: float) -> None:
+        self.close_phase(t)
+        self._open = (label, t)
+        self.phases.setdefault(label, {"start": t, "end": t})
+
+    def close_phase(self, t: float) -> None:
+        if self._open is not None:
+            label, _ = self._open
+            self.phases[label]["end"] = max(self.phases[label]["end"], t)
+            self._open = None
+
+    def fail(self, reason: str) -> None:
+        self.status, self.reason = "failed", reason
+
+    def manifest(self) -> dict[str, Any]:
+        """The CLI's manifest (replay/run/manifest.py), with what drove the test."""
+        return build_manifest(
+            driver=self.driver,
+            command=self.command,
+            started_at=self.started_at,
+            # Locust replays the trace's own lengths: no length policy applies.
+            trace=trace_facts(
+                self.trace_path,
+                self.trace_format,
+                self.trace_sha256,
+                self.trace.lines,
+                self.trace.count,
+                self.trace.bad_count,
+                LengthPolicy(),
+            ),
+            buckets=self.buckets,
+            schedules=self.schedules,
+            options=self.options,
+            reference=self.spec.name,
+            results_not_stored=self.dropped,
+            targets={
+                self.spec.name: target_entry(
+                    self.spec, self.status, self.reason, self.info, self.phases
+                )
+            },
+        )
+
+    def save_manifest(self) -> None:
+        write_json(self.run_dir / MANIFEST, self.manifest())
+
+    def finish(self, tolerance: float = 0.05) -> dict[str, Any]:
+        """Write manifest, grades and summary from everything received (callable again when
+        late results arrive: each call rewrites them)."""
+        results = list(read_results(self.run_dir))
+        # A phase some result names but no window covers (e.g. the target failed before the
+        # first phase opened) gets the span of its results, so the summary counts them.
+        for r in results:
+            if r.phase not in self.phases:
+                times = [x for x in (r.scheduled, r.sent, r.done) if x is not None]
+                self.phases[r.phase] = {"start": min(times), "end": max(times)}
+        self.save_manifest()
+        name = self.spec.name
+        targets = {
+            name: {
+                "status": self.status,
+                "reason": self.reason,
+                "cache_config": self.info.get("cache_config") or {},
+                "phases": self.phases,
+            }
+        }
+        ids = {r.request_id for r in results}
+        specs = {r.id: grading_spec(r) for r in self.trace.iter_requests() if r.id in ids}
+        # The CLI's own analysis (replay/run/analyze.py): one pipeline for both drivers.
+        return analyse(
+            Analysis(
+                run_dir=self.run_dir,
+                targets=targets,
+                reference=name,
+                candidate=None,
+                first_phase=next(iter(self.phases), ""),
+                bucket_labels=self.buckets.labels,
+                tolerance=tolerance,
+                seed=self.seed,
+                thresholds=Thresholds(tolerance=tolerance),
+                manifest=self.manifest(),
+                grading_specs=lambda ids: specs,
+                verdict=False,
+                grading=self.checkers,
+                results=results,
+                driver=self.driver,
+            )
+        ).to_json()
+
+    def close(self) -> None:
+        self._results.close()
+        self._metrics.close()
