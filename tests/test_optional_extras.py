@@ -142,6 +142,20 @@ def test_kvcal_names_the_missing_extra(
     assert not (tmp_path / "overlay").exists() and not (tmp_path / "samples").exists()
 
 
+def test_trainer_names_the_missing_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from replay.testmodel.train import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    proc = _python(code, "--out", str(tmp_path / "model"))
+    assert _one_line_error(proc) == (
+        f"python -m replay.testmodel.train needs torch: pip install torch {SETUP}"
+    )
+    assert not (tmp_path / "model").exists()
+
+
 def test_sample_needs_no_torch(tmp_path: Path) -> None:
     """Drawing samples renders prompts with the tokenizer alone."""
     pytest.importorskip("transformers", reason="kvcal sample needs the model extra")
