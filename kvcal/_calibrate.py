@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from ._backend import per_head_backend_support
 from ._checkpoint import (
     LEGACY_SCALES,
     MANIFEST,
@@ -20,7 +21,7 @@ from ._checkpoint import (
     write_overlay,
 )
 from ._sample import CALIBRATION_IDS, SAMPLES, Sample
-from ._scales import advise, per_head_backend_support, tensor_reports
+from ._scales import advise, tensor_reports
 
 REPORT = "kvcal_report.json"
 

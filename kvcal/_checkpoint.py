@@ -16,13 +16,15 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import InputError
 from replay.run.rundir import file_digest
 
 from . import __version__
-from ._scales import TensorReport
+
+if TYPE_CHECKING:  # _scales computes with torch; the manifest and digests need none
+    from ._scales import TensorReport
 
 SCALES_SHARD = "kv_scales.safetensors"
 SINGLE_FILE = "model.safetensors"

@@ -29,22 +29,16 @@ from typing import Any
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError
 
-from ._emulate import (
-    Drawn,
-    Item,
+from ._emulate import Setting, uniform
+from ._emulate_overlay import carries_scales, overlay_setting, read_overlay
+from ._emulate_requests import Drawn, Item, draw_from_run, draw_from_trace
+from ._emulate_score import (
     Reference,
     Score,
-    Setting,
     bf16_answers,
-    carries_scales,
-    draw_from_run,
-    draw_from_trace,
     greedy_agreement,
-    overlay_setting,
-    read_overlay,
     reference_scores,
     score_setting,
-    uniform,
 )
 
 Track = Callable[[str, int], Callable[[int], None]]  # (description, total) -> advance(n)

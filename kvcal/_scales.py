@@ -211,28 +211,3 @@ def advise(
         f"--kv-cache-dtype-skip-layers {flag}" if flag else None,
         tuple(reasons),
     )
-
-
-def per_head_backend_support() -> tuple[bool, str]:
-    """Whether the attention backend vLLM uses here accepts per-head scales, in vLLM's own
-    words (``supports_per_head_quant_scales``): only FlashAttention 3 does."""
-    try:
-        if torch.cuda.is_available():
-            from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-
-            ok = bool(FlashAttentionBackend.supports_per_head_quant_scales())
-            return ok, (
-                "FlashAttention "
-                + ("3 supports" if ok else "< 3 does not support")
-                + " per-head scales"
-            )
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        ok = bool(CPUAttentionBackend.supports_per_head_quant_scales())
-        return ok, (
-            "the CPU attention backend "
-            + ("supports" if ok else "does not support")
-            + " per-head scales (only FlashAttention 3 does)"
-        )
-    except ImportError as exc:
-        return False, f"unknown: vLLM is not importable here ({exc})"

@@ -20,9 +20,9 @@ pytest.importorskip("torch", reason="kvcal needs torch (installed with vLLM)")
 if importlib.util.find_spec("vllm") is None:  # found, not imported: the servers import it
     pytest.skip("vLLM is not installed: these tests start vLLM servers", allow_module_level=True)
 
+from kvcal._backend import per_head_backend_support
 from kvcal._calibrate import Recipe, calibrate
 from kvcal._sample import PromptRenderer, Sample, draw, read_samples
-from kvcal._scales import per_head_backend_support
 from kvcal._verify import split_for_scoring
 from kvcal.cli import main as kvcal_main
 from replay.core.buckets import Buckets

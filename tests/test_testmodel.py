@@ -38,8 +38,8 @@ def training_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The tokenizer the trainer builds, wrapped with the chat template (no weights needed)."""
     from transformers import PreTrainedTokenizerFast
 
+    from replay.testmodel.curriculum import VOCAB_SIZE, tokenizer_corpus
     from replay.testmodel.factory import CHAT_TEMPLATE, build_tokenizer
-    from replay.testmodel.train import VOCAB_SIZE, tokenizer_corpus
 
     tok = build_tokenizer(tokenizer_corpus(), VOCAB_SIZE)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
@@ -53,7 +53,7 @@ def training_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_training_tokenizer_makes_every_key_and_value_one_token(
     training_tokenizer: Any,
 ) -> None:
-    from replay.testmodel.train import check_single_tokens
+    from replay.testmodel.curriculum import check_single_tokens
 
     tok = training_tokenizer.raw
     check_single_tokens(tok)  # a lookup is then one copied token
@@ -68,7 +68,7 @@ def test_built_induction_circuit_copies_before_any_training() -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from replay.testmodel.train import ARCH, build_induction_circuit
+    from replay.testmodel.circuit import ARCH, build_induction_circuit
 
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from replay.serving.local_server import LocalServer
+from replay.testmodel.heldout import served_accuracy
 from replay.testmodel.tasks import BANDS, FAMILIES
-from replay.testmodel.train import served_accuracy
 
 from .conftest import ROOT, _serve, fp8_flags
 

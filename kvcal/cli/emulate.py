@@ -1,0 +1,274 @@
+"""``kvcal emulate``: FP8 KV-cache quality predicted offline, E4M3 at the cache write.
+
+The options, their checks and the run with its progress bars; the work is
+:mod:`kvcal._emulate_report`'s, the tables :mod:`kvcal.cli.tables`'.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import InputError
+
+from .common import EXIT_OK, console, guard, with_options
+from .tables import emulation_table, sensitivity_table
+
+if TYPE_CHECKING:  # torch comes with _emulate_report, imported once torch is known to be there
+    from .._emulate_report import EmulateArgs
+
+# transformers runs the model (torch); safetensors reads the k/v scales a checkpoint carries.
+EMULATE_NEEDS = ("torch", "transformers", "safetensors")
+
+EMULATE_OPTIONS = [
+    click.option(
+        "--trace",
+        "trace_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Trace to draw requests from (any format replay reads).",
+    ),
+    click.option(
+        "--answers",
+        "answers_dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        help="A replay run directory: score its reference target's answers instead.",
+    ),
+    click.option("--trace-format", default="auto", show_default=True),
+    click.option(
+        "--buckets",
+        "bucket_spec",
+        default=DEFAULT_BOUNDS,
+        show_default=True,
+        help="Context-length bucket bounds, as in replay --buckets.",
+    ),
+    click.option("--per-bucket", default=16, show_default=True, help="Requests per bucket."),
+    click.option("--seed", default=0, show_default=True, help="Draw seed (hash of id + seed)."),
+    click.option(
+        "--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail", show_default=True
+    ),
+    click.option(
+        "--overlay",
+        "overlay_dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        help="A calibrated overlay (kvcal calibrate): also emulate its k/v scales.",
+    ),
+    click.option(
+        "--skip-layers",
+        "skip_text",
+        help="Also emulate with these layers kept BF16, "
+        "e.g. 0,3 (vLLM: --kv-cache-dtype-skip-layers 0 3).",
+    ),
+    click.option(
+        "--rounding",
+        type=click.Choice(["cpu", "cuda"]),
+        default="cpu",
+        show_default=True,
+        help="vLLM's CPU kernel (truncates) or CUDA's (nearest).",
+    ),
+    click.option(
+        "--max-new-tokens",
+        default=32,
+        show_default=True,
+        help="Longest BF16 answer generated (capped by each request's max_tokens).",
+    ),
+    click.option(
+        "--greedy-sample",
+        default=4,
+        show_default=True,
+        help="Requests per bucket also decoded greedily under each setting (0: none).",
+    ),
+    click.option(
+        "--sensitivity",
+        is_flag=True,
+        help="Per-layer sensitivity and the skip-layers value that recovers the loss.",
+    ),
+    click.option(
+        "--recover",
+        default=0.8,
+        show_default=True,
+        help="--sensitivity: share of the FP8 loss the skip layers must recover.",
+    ),
+    click.option(
+        "--min-loss",
+        default=0.01,
+        show_default=True,
+        help="--sensitivity: ΔNLL/token below which no layer needs BF16.",
+    ),
+    click.option(
+        "--chunk-tokens",
+        default=2048,
+        show_default=True,
+        help="Prefill chunk: bounds activation memory on long prompts.",
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(["auto", "bfloat16", "float16", "float32"]),
+        default="auto",
+        show_default=True,
+        help="Compute dtype (auto: the checkpoint's).",
+    ),
+    click.option(
+        "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
+    ),
+    click.option(
+        "--json",
+        "json_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Write everything (settings, per bucket, per request, sensitivity) here.",
+    ),
+]
+
+
+@click.command("emulate")
+@click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@with_options(EMULATE_OPTIONS)
+def emulate_cmd(
+    model_dir: Path,
+    trace_path: Path | None,
+    answers_dir: Path | None,
+    trace_format: str,
+    bucket_spec: str,
+    per_bucket: int,
+    seed: int,
+    on_bad_line: str,
+    overlay_dir: Path | None,
+    skip_text: str | None,
+    rounding: str,
+    max_new_tokens: int,
+    greedy_sample: int,
+    sensitivity: bool,
+    recover: float,
+    min_loss: float,
+    chunk_tokens: int,
+    dtype: str,
+    device: str,
+    json_path: Path | None,
+) -> None:
+    """Predict FP8 KV-cache quality offline: K/V round-tripped through E4M3 where they enter
+    the cache (transformers, CPU or GPU), scored against BF16 on the trace's requests. An
+    emulation: it says nothing of capacity or kernel speed."""
+
+    def run() -> int:
+        _check_options(
+            trace_path,
+            answers_dir,
+            per_bucket,
+            greedy_sample,
+            max_new_tokens,
+            chunk_tokens,
+            recover,
+            device,
+            bucket_spec,
+        )
+        from .._emulate_report import EmulateArgs
+
+        args = EmulateArgs(
+            model_dir,
+            trace_path,
+            answers_dir,
+            trace_format,
+            bucket_spec,
+            per_bucket,
+            seed,
+            on_bad_line,
+            overlay_dir,
+            _parse_layers(skip_text),
+            rounding,
+            max_new_tokens,
+            greedy_sample,
+            sensitivity,
+            recover,
+            min_loss,
+            chunk_tokens,
+            dtype,
+            device,
+        )
+        _emulate(args, json_path)
+        return EXIT_OK
+
+    guard("emulate", run, EMULATE_NEEDS)
+
+
+def _check_options(
+    trace_path: Path | None,
+    answers_dir: Path | None,
+    per_bucket: int,
+    greedy_sample: int,
+    max_new_tokens: int,
+    chunk_tokens: int,
+    recover: float,
+    device: str,
+    bucket_spec: str,
+) -> None:
+    """Refuse what the emulation cannot run with, before the model loads."""
+    if (trace_path is None) == (answers_dir is None):
+        raise InputError("give exactly one of --trace TRACE and --answers RUN_DIR")
+    for name, value, low in (
+        ("--per-bucket", per_bucket, 1),
+        ("--greedy-sample", greedy_sample, 0),
+        ("--max-new-tokens", max_new_tokens, 1),
+        ("--chunk-tokens", chunk_tokens, 16),
+    ):
+        if value < low:
+            raise InputError(f"{name} must be at least {low}")
+    if not 0 < recover <= 1:
+        raise InputError("--recover must be in (0, 1]")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: torch sees no CUDA device here")
+    Buckets.parse(bucket_spec)
+
+
+def _parse_layers(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        layers = tuple(sorted({int(p) for p in text.replace(",", " ").split()}))
+    except ValueError:
+        raise InputError(f"--skip-layers {text!r}: expected layer indices such as 0,3") from None
+    if any(i < 0 for i in layers):
+        raise InputError(f"--skip-layers {text!r}: layer indices start at 0")
+    return layers
+
+
+def _emulate(args: EmulateArgs, json_path: Path | None) -> None:
+    """Run the emulation with transient progress bars on stderr; print the report's tables
+    (stdout), notes and advice (stderr); write it all as JSON where asked."""
+    from .._emulate_report import emulate
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+
+        def track(what: str, total: int) -> Callable[[int], None]:
+            task = bar.add_task(what, total=total)
+            return lambda n: bar.advance(task, n)
+
+        report = emulate(args, track)
+    out = Console()
+    out.print(emulation_table(report))
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    sens = report["sensitivity"]
+    if sens is not None:
+        out.print(sensitivity_table(sens))
+        console.print(f"[yellow]advice:[/yellow] {sens['advice']}")
+    console.print(f"[dim]{report['caveat']}; intervals: {report['interval']}[/dim]")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {json_path}")

@@ -1,0 +1,186 @@
+"""``kvcal sample``: calibration requests drawn from a trace, stratified by context-length
+bucket; and the sampling options and the draw that ``kvcal calibrate --trace`` shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.errors import InputError
+
+from .common import EXIT_OK, console, guard, with_options
+from .tables import bucket_table
+
+# transformers renders the prompts (the model's tokenizer and chat template).
+SAMPLE_NEEDS = ("transformers",)
+
+SAMPLING_OPTIONS = [
+    click.option(
+        "--trace",
+        "trace_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Trace to draw from (any format replay reads).",
+    ),
+    click.option("--trace-format", default="auto", show_default=True),
+    click.option(
+        "--buckets",
+        "bucket_spec",
+        default=DEFAULT_BOUNDS,
+        show_default=True,
+        help="Context-length bucket bounds, as in replay --buckets.",
+    ),
+    click.option(
+        "--per-bucket", default=64, show_default=True, help="Calibration requests per bucket."
+    ),
+    click.option(
+        "--max-share",
+        default=0.5,
+        show_default=True,
+        help="At most this share of a bucket calibrates; the rest evaluates.",
+    ),
+    click.option("--seed", default=0, show_default=True, help="Split seed (hash of id + seed)."),
+    click.option(
+        "--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail", show_default=True
+    ),
+]
+sampling_options = with_options(SAMPLING_OPTIONS)
+
+
+@dataclass(frozen=True)
+class TraceDraw:
+    """The sampling options: the trace and how its calibration split is drawn."""
+
+    trace: Path | None
+    trace_format: str
+    bucket_spec: str
+    per_bucket: int
+    max_share: float
+    seed: int
+    on_bad_line: str
+
+
+def _tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    if not (model_dir / "config.json").is_file():
+        raise InputError(f"{model_dir}: no config.json; give the model folder the server loads")
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def draw_split(model_dir: Path, opts: TraceDraw) -> tuple[Any, dict[str, Any]]:
+    """Load the trace (replay's importers) and draw the stratified split."""
+    from replay.core.errors import TraceError
+    from replay.core.importers import stream
+
+    from .._sample import PromptRenderer, draw
+
+    trace = opts.trace
+    if trace is None:
+        raise InputError("--trace is required")
+    if not trace.is_file():
+        raise InputError(f"--trace {trace}: no such file")
+    bad: list[TraceError] = []  # the first bad line only: a trace may have many
+    n_bad = [0]
+
+    def on_bad(_k: int, err: TraceError) -> None:
+        n_bad[0] += 1
+        bad[:] = bad or [err]
+
+    buckets = Buckets.parse(opts.bucket_spec)
+    requests = stream(
+        trace,
+        opts.trace_format,
+        on_bad_line=opts.on_bad_line,  # type: ignore[arg-type]
+        bad=on_bad,
+    )
+    renderer = PromptRenderer(_tokenizer(model_dir))
+    split = draw(requests, renderer, buckets, opts.per_bucket, opts.seed, opts.max_share)
+    if n_bad[0]:
+        console.print(
+            f"[yellow]skipped {n_bad[0]} bad line(s)[/yellow] (first: {bad[0]}); "
+            "`replay trace validate` lists them all"
+        )
+    info = _sampling_info(model_dir, trace, buckets, opts, n_bad[0])
+    _note_short_buckets(split, opts)
+    return split, info
+
+
+def _sampling_info(
+    model_dir: Path, trace: Path, buckets: Buckets, opts: TraceDraw, bad_lines: int
+) -> dict[str, Any]:
+    """What the split was drawn from and how: the sample manifest."""
+    from replay.run.rundir import file_digest
+
+    from .._checkpoint import model_digests
+
+    digests = model_digests(model_dir.resolve())
+    return {
+        "trace": str(trace),
+        "trace_sha256": file_digest(trace),
+        "model": str(model_dir.resolve()),
+        "tokenizer": digests["tokenizer"],
+        "chat_template": digests["chat_template"],
+        "bucket_bounds": buckets.spec(),
+        "per_bucket": opts.per_bucket,
+        "max_share": opts.max_share,
+        "seed": opts.seed,
+        "bad_lines": bad_lines,
+    }
+
+
+def _note_short_buckets(split: Any, opts: TraceDraw) -> None:
+    for label, row in split.buckets.items():
+        if row["calibration"] < opts.per_bucket and row["available"]:
+            console.print(
+                f"[yellow]note:[/yellow] bucket {label}: {row['calibration']} of "
+                f"{opts.per_bucket} asked ({row['available']} requests; at most "
+                f"{opts.max_share:.0%} of a bucket calibrates, the rest evaluates)"
+            )
+
+
+@click.command("sample")
+@click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@sampling_options
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder for calibration_ids.txt, evaluation_ids.txt, samples.jsonl.",
+)
+def sample_cmd(
+    model_dir: Path,
+    trace_path: Path | None,
+    trace_format: str,
+    bucket_spec: str,
+    per_bucket: int,
+    max_share: float,
+    seed: int,
+    on_bad_line: str,
+    out_dir: Path,
+) -> None:
+    """Draw calibration requests from a trace, stratified by context-length bucket."""
+    opts = TraceDraw(
+        trace_path, trace_format, bucket_spec, per_bucket, max_share, seed, on_bad_line
+    )
+    guard("sample", lambda: _sample(model_dir, opts, out_dir), SAMPLE_NEEDS)
+
+
+def _sample(model_dir: Path, opts: TraceDraw, out_dir: Path) -> int:
+    from .._sample import write_split
+
+    split, info = draw_split(model_dir, opts)
+    write_split(out_dir, split, info)
+    Console().print(bucket_table(split))
+    click.echo(
+        f"wrote {out_dir}: {len(split.calibration)} calibration, "
+        f"{len(split.evaluation_ids)} evaluation request(s); replay with "
+        f"--exclude-ids {out_dir / 'calibration_ids.txt'}"
+    )
+    return EXIT_OK

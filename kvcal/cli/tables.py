@@ -1,0 +1,150 @@
+"""The rich tables kvcal prints: samples per bucket, the scales calibrated, emulated quality
+and per-layer sensitivity; and the number formats they share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+
+def _pct(x: float) -> str:
+    return "0" if x == 0 else f"{100 * x:.3g}%"
+
+
+def _pct1(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def nll(x: float) -> str:
+    """A ΔNLL per token, signed; tiny ones in scientific notation rather than as +0.0000."""
+    return f"{x:+.1e}" if x and abs(x) < 5e-4 else f"{x:+.4f}"
+
+
+def _ci(
+    mean: float | None, lo: float | None, hi: float | None, fmt: Callable[[float], str] = nll
+) -> str:
+    if mean is None:
+        return "-"
+    if lo is None or hi is None:
+        return fmt(mean)
+    return f"{fmt(mean)}\n[{fmt(lo)}, {fmt(hi)}]"
+
+
+def bucket_table(split: Any) -> Table:
+    table = Table(title="calibration samples per bucket")
+    for col in ("bucket", "requests", "calibration", "evaluation"):
+        table.add_column(col, justify="right")
+    for label, row in split.buckets.items():
+        table.add_row(
+            label,
+            str(row["available"]),
+            str(row["calibration"]),
+            str(row["available"] - row["calibration"]),
+        )
+    return table
+
+
+def scale_table(report: dict[str, Any]) -> Table:
+    search = any(t["mse_scale"] is not None for t in report["tensors"])
+    table = Table(title=f"K/V scales ({report['samples']} samples, {report['tokens']} tokens)")
+    cols = [
+        "layer",
+        "tensor",
+        "amax",
+        "scale",
+        "heads amax",
+        "clip@1",
+        "zero@1",
+        "zero@s",
+        "subnormal@s",
+    ] + (["mse scale", "mse gain"] if search else [])
+    for col in cols:
+        table.add_column(col, justify="right")
+    for t in report["tensors"]:
+        row = [
+            str(t["layer"]),
+            t["which"].upper(),
+            f"{t['amax']:.4g}",
+            f"{t['scale']:.4g}",
+            " ".join(f"{h:.3g}" for h in t["head_amax"][:8]),
+            _pct(t["clip_at_1"]),
+            _pct(t["zero_at_1"]),
+            _pct(t["zero_at_scale"]),
+            _pct(t["subnormal_at_scale"]),
+        ]
+        if search:
+            row += [f"{t['mse_scale']:.4g}", f"{t['mse_gain']:.3g}x"]
+        table.add_row(*row)
+    return table
+
+
+def advice_lines(report: dict[str, Any]) -> list[str]:
+    adv = report["advice"]
+    out = list(adv["reasons"]) or ["no layer or head range stands out: per-tensor scales fit"]
+    if adv["skip_layers_flag"]:
+        out.append(f"to keep the outlier layers in BF16: {adv['skip_layers_flag']}")
+    out.append(f"per-head scales here: {report['per_head_backend']}")
+    return out
+
+
+def emulation_table(report: dict[str, Any]) -> Table:
+    ref = report["reference"]
+    table = Table(
+        title=f"EMULATED FP8 E4M3 ({report['rounding']} rounding) vs BF16: "
+        f"{ref['requests']} requests, {ref['tokens']} answer tokens "
+        "teacher-forced (95% intervals)",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in (
+        "setting",
+        "bucket",
+        "req",
+        "ΔNLL/token",
+        "top-1",
+        "greedy\nexact",
+        "common\nprefix",
+    ):
+        table.add_column(col, justify="left" if col == "setting" else "right")
+    for row in report["results"]:
+        g = row["greedy"]
+        table.add_row(
+            row["setting"],
+            row["bucket"],
+            str(row["requests"]),
+            _ci(row["nll_delta_mean"], row["nll_delta_lo"], row["nll_delta_hi"]),
+            _ci(row["top1_agreement"], row["top1_lo"], row["top1_hi"], _pct1),
+            f"{g['exact']}/{g['requests']}" if g else "-",
+            f"{g['mean_common_prefix']:.1f}/{g['mean_tokens']:.1f}" if g else "-",
+            end_section=row["bucket"] == "all",
+        )
+    return table
+
+
+def sensitivity_table(sens: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"per-layer sensitivity on {sens['base']} (every layer FP8: ΔNLL "
+        f"{nll(sens['loss'])}/token)",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in (
+        "layer",
+        "ΔNLL/token,\nonly this layer FP8",
+        "ΔNLL/token,\nthis layer BF16",
+        "recovered",
+        "share",
+    ):
+        table.add_column(col, justify="right")
+    for r in sens["layers"]:
+        only, kept = r["only_fp8"], r["kept_bf16"]
+        share = r["recovered_share"]
+        table.add_row(
+            str(r["layer"]),
+            _ci(only["nll_delta_mean"], only["nll_delta_lo"], only["nll_delta_hi"]),
+            _ci(kept["nll_delta_mean"], kept["nll_delta_lo"], kept["nll_delta_hi"]),
+            nll(r["recovered"]),
+            "-" if share is None else f"{share:.0%}",
+        )
+    return table

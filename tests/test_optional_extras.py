@@ -1,0 +1,169 @@
+"""torch, transformers, safetensors and vLLM are optional: the paths that need none of them
+import none of them, and a command that needs one it cannot import stops with one line naming
+what to install (exit 2), not a traceback.
+
+Each check runs in a fresh interpreter where the optional modules cannot be imported (a
+``sys.meta_path`` finder that refuses them, or ``sys.modules[name] = None``), so it holds
+whether or not they are installed here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "replay" / "testmodel" / "models" / "kvcanary-tiny-llama"
+TRACE = ROOT / "traces" / "sample.jsonl"
+OPTIONAL = ("torch", "transformers", "safetensors", "tokenizers", "vllm")
+
+# Refuses every optional module and records each attempt; runs each CLI call in turn, then
+# prints the exit codes and the attempts as the last line of stdout.
+LIGHT_PATHS = textwrap.dedent(
+    """
+    import json, sys
+
+    OPTIONAL = set(sys.argv[1].split(","))
+    tried = []
+
+    class Refuse:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in OPTIONAL:
+                tried.append(name)
+                raise ModuleNotFoundError(f"No module named {name!r} (refused)", name=name)
+            return None
+
+    sys.meta_path.insert(0, Refuse())
+    from kvcal.cli import main as kvcal
+    from replay.cli import main as replay
+
+    codes = []
+    for line in sys.argv[2:]:
+        prog, *args = json.loads(line)
+        try:
+            (kvcal if prog == "kvcal" else replay)(args)
+        except SystemExit as exc:
+            codes.append(exc.code or 0)
+    print(json.dumps({"codes": codes, "tried": tried}))
+    """
+)
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_help_and_trace_validation_import_no_optional_module() -> None:
+    calls = [
+        ["kvcal", "--help"],
+        *(["kvcal", cmd, "--help"] for cmd in ("sample", "calibrate", "verify", "inspect")),
+        ["kvcal", "emulate", "--help"],
+        ["replay", "--help"],
+        ["replay", "trace", "validate", str(TRACE)],
+    ]
+    proc = _python(LIGHT_PATHS, ",".join(OPTIONAL), *map(json.dumps, calls))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result == {"codes": [0] * len(calls), "tried": []}, proc.stderr
+
+
+def _kvcal_without(blocked: str, *args: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import sys\n"
+        f"for name in {blocked.split(',')!r}:\n"
+        "    sys.modules[name] = None\n"
+        "from kvcal.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    return _python(code, *args)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+SETUP = "(scripts/setup installs vLLM and torch built for this machine)"
+
+
+@pytest.mark.parametrize(
+    ("blocked", "args", "message"),
+    [
+        (
+            "torch",
+            ["calibrate", str(MODEL), "--trace", str(TRACE), "-o", "{tmp}/overlay"],
+            f"kvcal calibrate needs torch: pip install torch {SETUP}",
+        ),
+        (
+            "torch,transformers",
+            ["emulate", str(MODEL), "--trace", str(TRACE)],
+            f"kvcal emulate needs torch and transformers: pip install torch 'kvcanary[model]' "
+            f"{SETUP}",
+        ),
+        (
+            "transformers",
+            ["sample", str(MODEL), "--trace", str(TRACE), "-o", "{tmp}/samples"],
+            "kvcal sample needs transformers: pip install 'kvcanary[model]'",
+        ),
+        (
+            "safetensors",
+            ["inspect", str(MODEL)],
+            "kvcal inspect needs safetensors to read *.safetensors: pip install 'kvcanary[model]'",
+        ),
+        (
+            "vllm",
+            ["verify", "{tmp}"],
+            f"kvcal verify needs vllm to start its FP8 servers: pip install vllm {SETUP}, "
+            "or give --url and --baseline-url",
+        ),
+    ],
+)
+def test_kvcal_names_the_missing_extra(
+    blocked: str, args: list[str], message: str, tmp_path: Path
+) -> None:
+    proc = _kvcal_without(blocked, *(a.format(tmp=tmp_path) for a in args))
+    assert _one_line_error(proc) == f"error: {message}"
+    assert not (tmp_path / "overlay").exists() and not (tmp_path / "samples").exists()
+
+
+def test_trainer_names_the_missing_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from replay.testmodel.train import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    proc = _python(code, "--out", str(tmp_path / "model"))
+    assert _one_line_error(proc) == (
+        f"python -m replay.testmodel.train needs torch: pip install torch {SETUP}"
+    )
+    assert not (tmp_path / "model").exists()
+
+
+def test_sample_needs_no_torch(tmp_path: Path) -> None:
+    """Drawing samples renders prompts with the tokenizer alone."""
+    pytest.importorskip("transformers", reason="kvcal sample needs the model extra")
+    out = tmp_path / "samples"
+    proc = _kvcal_without(
+        "torch",
+        *("sample", str(MODEL), "--trace", str(TRACE), "--buckets", "256,1K"),
+        *("--per-bucket", "2", "-o", str(out)),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "samples.jsonl").read_text().strip()
