@@ -6,6 +6,7 @@
     │       ├── PhaseTotals      ResultStats of the whole phase, with output throughput
     │       ├── ServerStats      figures from the scraped /metrics over the phase
     │       └── BucketStats      ResultStats of one bucket, with the KV-cache capacity
+    │                            (ResultStats hold SloStats when the run has --slo)
     ├── Quality                  phase -> target -> TargetQuality, and notes
     │   └── TargetQuality        buckets (BucketQuality), all (QualityTotals), shift, TF
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
@@ -54,6 +55,20 @@ class Capacity(Record):
 
 
 @record
+class SloStats(Record):
+    """A group of results against the run's SLOs (``replay/core/slo.py``). ``attainment`` is
+    the share of the requests sent (cancelled ones left out) that succeeded within every bound;
+    ``goodput_rps`` those requests per second of the phase."""
+
+    bounds_ms: Mapping[str, float]  # the bounds that applied: ttft_ms, itl_ms, e2e_ms
+    sent: int
+    met: int
+    attainment: float | None
+    met_by_metric: Mapping[str, int]  # requests within each bound, whatever the others
+    goodput_rps: float | None
+
+
+@record
 class ResultStats(Record):
     """Client-side figures of a group of results (a phase, or one bucket of it)."""
 
@@ -71,6 +86,7 @@ class ResultStats(Record):
     e2e_ms: Percentiles
     decode_tok_s_median: float | None
     tokens_estimated: bool
+    slo: SloStats | None = absent_if_none()  # only with --slo
 
 
 @record

@@ -21,9 +21,11 @@ from replay.analysis.schemas import (
     PhaseTotals,
     ResultStats,
     ServerStats,
+    SloStats,
     TargetSummary,
 )
 from replay.core.records import Result
+from replay.core.slo import SloSpec
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +48,8 @@ COLUMNS = (
     "itl",
     "decode_rate",
     "estimated",
+    "tpot",
+    "cancelled",
 )
 
 
@@ -62,6 +66,13 @@ def pct(values: Iterable[float] | pd.Series, scale: float = 1000.0) -> Percentil
 def _median(values: pd.Series) -> float | None:
     arr = values.dropna().to_numpy(dtype=float)
     return float(np.median(arr)) if arr.size else None
+
+
+def _tpot(r: Result) -> float | None:
+    """Mean time per output token after the first (``vllm bench serve``'s TPOT)."""
+    if r.done is None or r.first_token is None or r.output_tokens <= 1:
+        return None
+    return (r.done - r.first_token) / (r.output_tokens - 1)
 
 
 def _decode_rate(r: Result) -> float | None:
@@ -91,15 +102,56 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
             r.itl(),
             _decode_rate(r),
             r.tokens_estimated,
+            _tpot(r),
+            r.status == "cancelled",
         )
         for r in results
     ]
     frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
-    return frame.astype({"ok": bool, "estimated": bool, "output_tokens": "int64"})
+    return frame.astype(
+        {"ok": bool, "estimated": bool, "cancelled": bool, "output_tokens": "int64"}
+    )
 
 
-def _figures(group: pd.DataFrame) -> dict[str, Any]:
-    """``ResultStats``' fields of one group of results."""
+def with_slo(frame: pd.DataFrame, slo: SloSpec) -> pd.DataFrame:
+    """The frame with, per result, whether it met its bucket's SLOs (``met``) and each bound
+    on its own (``met_ttft``, ``met_itl``, ``met_e2e``)."""
+    frame = frame.copy()
+    ok = frame["ok"].to_numpy(dtype=bool)
+    met = ok.copy()
+    for metric, column in (("ttft", "ttft"), ("itl", "tpot"), ("e2e", "e2e")):
+        bound = frame["bucket"].map(lambda b, m=metric: getattr(slo.for_bucket(str(b)), m))
+        values = frame[column].to_numpy(dtype=float, na_value=np.nan)
+        limit = bound.to_numpy(dtype=float, na_value=np.nan)
+        no_bound = np.isnan(limit)
+        # A one-token answer has no TPOT: its ITL bound holds; a missing TTFT/E2E does not.
+        missing_ok = metric == "itl"
+        within = np.where(np.isnan(values), missing_ok, values <= limit)
+        hit = ok & (no_bound | within)
+        frame[f"met_{metric}"] = hit
+        met &= hit
+    frame["met"] = met
+    return frame
+
+
+def _slo_stats(group: pd.DataFrame, bounds: Mapping[str, float], dur: float | None) -> SloStats:
+    sent = group[~group["cancelled"]]
+    met = int(sent["met"].sum())
+    return SloStats(
+        bounds_ms=dict(bounds),
+        sent=len(sent),
+        met=met,
+        attainment=met / len(sent) if len(sent) else None,
+        met_by_metric={m: int(sent[f"met_{m}"].sum()) for m in ("ttft", "itl", "e2e")},
+        goodput_rps=met / dur if dur and dur > 0 else None,
+    )
+
+
+def _figures(
+    group: pd.DataFrame, slo: tuple[Mapping[str, float], float | None] | None = None
+) -> dict[str, Any]:
+    """``ResultStats``' fields of one group of results; with ``slo`` (the bounds that apply
+    and the phase's duration), how the group did against them."""
     ok = group[group["ok"]]
     errors = group.loc[~group["ok"], "error_kind"].value_counts()
     return {
@@ -117,6 +169,7 @@ def _figures(group: pd.DataFrame) -> dict[str, Any]:
         "e2e_ms": pct(ok["e2e"]),
         "decode_tok_s_median": _median(ok["decode_rate"]),
         "tokens_estimated": bool(ok["estimated"].any()),
+        **({"slo": _slo_stats(group, *slo)} if slo is not None else {}),
     }
 
 
@@ -186,6 +239,7 @@ def _phase(
     cache: Mapping[str, str],
     series: Sequence[Mapping[str, Any]],
     bucket_order: Sequence[str],
+    slo: SloSpec | None = None,
 ) -> PhaseSummary:
     import pandas as pd
 
@@ -194,12 +248,17 @@ def _phase(
     by_bucket = dict(iter(group.groupby("bucket", sort=False)))
     # The phase's results bucket by bucket, as the summary has always taken them: a mean's
     # last digit depends on the order it adds in.
-    totals = _figures(pd.concat(by_bucket.values()) if by_bucket else group)
+    totals = _figures(
+        pd.concat(by_bucket.values()) if by_bucket else group,
+        (slo.default.to_json(), dur) if slo is not None else None,
+    )
     buckets = {}
     for b in sorted(
         by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order else 99, b)
     ):
-        figures = _figures(by_bucket[b])
+        figures = _figures(
+            by_bucket[b], (slo.for_bucket(str(b)).to_json(), dur) if slo is not None else None
+        )
         ctx = None
         if figures["prompt_tokens_median"] is not None:
             ctx = figures["prompt_tokens_median"] + (figures["output_tokens_median"] or 0)
@@ -220,9 +279,13 @@ def summarize_targets(
     targets: Mapping[str, Mapping[str, Any]],
     series: Mapping[str, Sequence[Mapping[str, Any]]],
     bucket_order: Sequence[str],
+    slo: SloSpec | None = None,
 ) -> dict[str, TargetSummary]:
-    """Each target's phases (its windows) and, in each, its buckets in the run's order."""
+    """Each target's phases (its windows) and, in each, its buckets in the run's order; with
+    ``slo``, each group's SLO attainment and goodput."""
     frame = results_frame(results)
+    if slo is not None:
+        frame = with_slo(frame, slo)
     groups = dict(iter(frame.groupby(["target", "phase"], sort=False)))
     out = {}
     for name, info in targets.items():
@@ -239,6 +302,7 @@ def summarize_targets(
                     cache,
                     series.get(name, ()),
                     bucket_order,
+                    slo,
                 )
                 for label, window in (info.get("phases") or {}).items()
             },
