@@ -1,13 +1,17 @@
-"""Importers on the real public traces, unchanged; and synthesis of exact-length prompts."""
+"""Importers on the real public traces, unchanged; every format's rows as published, their
+bad rows, format recognition that never guesses; and synthesis of exact-length prompts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from replay.core.errors import TraceError
-from replay.core.importers import LengthPolicy, load, sniff_format
+from replay.cli import main
+from replay.core.errors import InputError, TraceError
+from replay.core.importers import LengthPolicy, load, scan, sniff_format
 from replay.core.synth import TokenPool, synthesize
 
 from .conftest import SHARED_DATA
@@ -138,3 +142,187 @@ def test_synth_without_hash_ids_is_unique_per_request() -> None:
     a = synthesize(synth_req("x", 50, []), POOL)
     b = synthesize(synth_req("y", 50, []), POOL)
     assert len(a) == 50 and a[:16] != b[:16]
+
+
+# -- Qwen-Bailian ----------------------------------------------------------------------------
+
+# Four rows in the published format (alibaba-edu/qwen-bailian-usagetraces-anon README): two
+# conversations, 16-token blocks, seconds since the trace began.
+BAILIAN_ROWS: list[dict[str, object]] = [
+    {
+        "chat_id": 0,
+        "parent_chat_id": -1,
+        "timestamp": 0.0,
+        "input_length": 40,
+        "output_length": 12,
+        "type": "text",
+        "turn": 1,
+        "hash_ids": [1, 2, 3],
+    },
+    {
+        "chat_id": 1,
+        "parent_chat_id": -1,
+        "timestamp": 0.75,
+        "input_length": 20,
+        "output_length": 5,
+        "type": "search",
+        "turn": 1,
+        "hash_ids": [9, 10],
+    },
+    {
+        "chat_id": 2,
+        "parent_chat_id": 0,
+        "timestamp": 61.114,
+        "input_length": 70,
+        "output_length": 8,
+        "type": "text",
+        "turn": 2,
+        "hash_ids": [1, 2, 3, 4, 5],
+    },
+    {
+        "chat_id": 3,
+        "parent_chat_id": 2,
+        "timestamp": 90.5,
+        "input_length": 90,
+        "output_length": 3,
+        "type": "image",
+        "turn": 3,
+        "hash_ids": [1, 2, 3, 4, 5, 6],
+    },
+]
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_bailian_sessions_seconds_and_16_token_blocks(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "qwen_traceA_blksz_16.jsonl", list(BAILIAN_ROWS))
+    assert sniff_format(path) == "bailian"
+    loaded = load(path)
+    assert not loaded.bad and [r.id for r in loaded.requests] == [f"bailian-{i}" for i in range(4)]
+    assert [r.session for r in loaded.requests] == ["0", "1", "0", "0"]  # root of each chain
+    assert [r.t for r in loaded.requests] == [0.0, 0.75, 61.114, 90.5]  # seconds, as given
+    third = loaded.requests[2]
+    assert third.synth is not None and third.synth.block_tokens == 16
+    assert third.synth.hash_ids == (1, 2, 3, 4, 5) and third.synth.input_tokens == 70
+    assert third.max_tokens == 8 and third.params == {"ignore_eos": True}
+    assert {k: third.meta[k] for k in ("chat_id", "parent_chat_id", "turn", "type")} == {
+        "chat_id": 2,
+        "parent_chat_id": 0,
+        "turn": 2,
+        "type": "text",
+    }
+    scanned = scan(path)  # a re-read finds the same sessions
+    assert [r.session for r in scanned.iter_requests()] == ["0", "1", "0", "0"]
+
+
+def test_bailian_is_not_taken_for_mooncake(tmp_path: Path) -> None:
+    """Regression: Bailian rows have Mooncake's length fields, and were read as Mooncake
+    (t / 1000, 512-token blocks, chat_id, parent_chat_id, type and turn dropped)."""
+    path = write_jsonl(tmp_path / "qwen.jsonl", list(BAILIAN_ROWS))
+    assert sniff_format(path) == "bailian"
+    out = CliRunner().invoke(main, ["trace", "validate", str(path)])
+    assert out.exit_code == 0 and out.output.strip() == f"{path}: 4 valid request(s), 0 bad line(s)"
+    assert all(r.synth and r.synth.block_tokens == 16 for r in load(path).requests)
+    # Named as Mooncake, every row is refused by its first field Mooncake does not have.
+    forced = load(path, "mooncake", on_bad_line="skip")
+    assert not forced.requests and [(e.line, e.field) for e in forced.bad] == [
+        (i, "chat_id") for i in range(1, 5)
+    ]
+    assert "not a Mooncake field" in forced.bad[0].reason
+    assert "--trace-format bailian" in forced.bad[0].reason
+    assert "parent_chat_id" in forced.bad[0].reason and "turn" in forced.bad[0].reason
+
+
+def test_bailian_child_of_a_missing_parent_is_a_bad_row(tmp_path: Path) -> None:
+    orphan = {**BAILIAN_ROWS[3], "chat_id": 7, "parent_chat_id": 42}
+    path = write_jsonl(tmp_path / "cut.jsonl", [*BAILIAN_ROWS[:2], orphan])
+    with pytest.raises(TraceError) as info:
+        load(path)
+    assert (info.value.line, info.value.field) == (3, "parent_chat_id")
+    assert "chat 42 is not an earlier valid record" in info.value.reason
+    loaded = load(path, on_bad_line="skip")
+    assert len(loaded.requests) == 2 and [e.line for e in loaded.bad] == [3]
+
+
+def test_bailian_malformed_rows_name_the_field(tmp_path: Path) -> None:
+    root = BAILIAN_ROWS[0]
+    path = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            root,
+            {**root, "chat_id": 5, "timestamp": "soon"},
+            {**root, "chat_id": 6, "turn": 0},
+            {**root, "chat_id": 8, "hash_ids": ["a"]},
+            {**root, "chat_id": 9, "region": "cn"},
+            {**root, "chat_id": 10, "parent_chat_id": 10},
+            {**root},  # chat 0 again
+            "{oops",
+        ],
+    )
+    loaded = load(path, "bailian", on_bad_line="skip")
+    assert [r.id for r in loaded.requests] == ["bailian-0"]
+    assert [(e.line, e.field) for e in loaded.bad] == [
+        (2, "timestamp"),
+        (3, "turn"),
+        (4, "hash_ids"),
+        (5, "region"),
+        (6, "parent_chat_id"),
+        (7, "id"),
+        (8, "(line)"),
+    ]
+    assert "duplicate id 'bailian-0'" in loaded.bad[5].reason
+
+
+# -- recognising a format -------------------------------------------------------------------
+
+
+def test_a_record_that_fits_two_formats_is_not_guessed(tmp_path: Path) -> None:
+    both = {**BAILIAN_ROWS[0], "region": "cn"}  # Mooncake's and Bailian's fields, and one more
+    path = write_jsonl(tmp_path / "t.jsonl", [both])
+    with pytest.raises(InputError) as info:
+        sniff_format(path)
+    msg = str(info.value)
+    assert "mooncake (timestamp in milliseconds" in msg and "bailian (timestamp in seconds" in msg
+    assert "--trace-format" in msg
+    with pytest.raises(InputError, match="fit more than one format"):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("first_line", "want"),
+    [
+        ('{"when": 1, "prompt_tokens": 3}', "match no known format"),
+        ("ts,prompt_tokens,completion_tokens", "match no known format"),
+        ("TIMESTAMP,ContextTokens", "match no known format"),
+    ],
+)
+def test_a_file_of_no_known_format_says_so(tmp_path: Path, first_line: str, want: str) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text(first_line + "\n1,2,3\n")
+    with pytest.raises(InputError) as info:
+        sniff_format(path)
+    assert str(info.value).startswith(f"{path}: ") and want in str(info.value)
+    assert "--trace-format" in str(info.value)
+
+
+def test_unknown_fields_and_columns_are_refused(tmp_path: Path) -> None:
+    mc = write_jsonl(
+        tmp_path / "m.jsonl",
+        [{"timestamp": 0, "input_length": 10, "output_length": 5, "priority": 1}],
+    )
+    assert sniff_format(mc) == "mooncake"  # the only format with all its fields
+    with pytest.raises(TraceError) as info:
+        load(mc)
+    assert (info.value.line, info.value.field) == (1, "priority")
+    az = tmp_path / "a.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,Region\n2023-11-16 18:15:46,10,5,eu\n")
+    with pytest.raises(TraceError, match=r"column\(s\) \['Region'\]") as info:
+        load(az)
+    assert (info.value.line, info.value.field) == (1, "(header)")
+    wide = tmp_path / "w.csv"
+    wide.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5,9\n")
+    with pytest.raises(TraceError, match="4 fields; the header has 3"):
+        load(wide)

@@ -152,7 +152,8 @@ class TraceLoad:
         return iter(self.bad)
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str]:
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """The field and reason of a failed validation's first error, as a trace error names them."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "(record)"
     msg = err["msg"]
@@ -183,7 +184,7 @@ def parse_line(raw: bytes | str, path: str, lineno: int) -> Request:
     try:
         return Request.model_validate(obj)
     except ValidationError as exc:
-        fld, reason = _first_error(exc)
+        fld, reason = first_error(exc)
     # Raised outside the handler: an error kept in a bad-line list must not pin the failed
     # validation's frames (and the half-built record in them) through ``__context__``.
     raise TraceError(path, lineno, fld, reason)
@@ -201,6 +202,9 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 raw = raw.removeprefix(UTF8_BOM)
             if raw.strip():
                 yield lineno, raw
+
+
+Parsed = tuple[int, Request | TraceError]
 
 
 def parse_line_or_error(raw: bytes, path: str, lineno: int) -> Request | TraceError:
@@ -269,6 +273,14 @@ class IdIndex:
             self._tmp.cleanup()
             self._tmp = None
 
+    def get(self, rid: str) -> int | None:
+        """The number recorded for ``rid``, or None if it was never seen (records nothing)."""
+        if self._mem is not None:
+            return self._mem.get(rid)
+        assert self._db is not None
+        row = self._db.execute("SELECT line FROM ids WHERE id = ?", (rid,)).fetchone()
+        return None if row is None else int(row[0])
+
     def __enter__(self) -> IdIndex:
         return self
 
@@ -286,7 +298,7 @@ class CheckStats:
 
 def check(
     path: str,
-    items: Iterable[tuple[int, Request | TraceError]],
+    items: Iterable[Parsed],
     on_bad_line: OnBadLine,
     bad: Callable[[int, TraceError], None],
     stats: CheckStats | None = None,
@@ -317,9 +329,7 @@ def check(
         raise TraceError(path, 0, "(file)", "the trace is empty")
 
 
-def collect(
-    path: str, items: Iterable[tuple[int, Request | TraceError]], on_bad_line: OnBadLine
-) -> TraceLoad:
+def collect(path: str, items: Iterable[Parsed], on_bad_line: OnBadLine) -> TraceLoad:
     """Gather parsed records in memory, applying the bad-line policy and the unique-id rule."""
     out = TraceLoad(path)
     stats = CheckStats()

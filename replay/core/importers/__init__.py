@@ -1,0 +1,30 @@
+"""Importers: every trace format kvcanary reads, into trace v1 ``Request`` records.
+
+Formats (``IMPORTERS``; ``--trace-format``): ``v1`` (kvcanary's own) and the length-only
+production traces ``mooncake``, ``azure`` and ``bailian`` (Qwen-Bailian), one module each.
+``sniff_format`` recognises a file's format from its first record and never guesses between
+formats whose units differ. Each importer streams: ``importer(path, LengthPolicy)`` yields
+``(line, Request | TraceError)`` and never holds the file. ``load``, ``stream`` and ``scan``
+read a trace of any format (``scan`` in bounded memory for any length).
+"""
+
+from replay.core.importers.lengths import LengthPolicy
+from replay.core.importers.registry import (
+    IMPORTERS,
+    get_importer,
+    resolve_format,
+    sniff_format,
+)
+from replay.core.importers.scan import StreamedTrace, load, scan, stream
+
+__all__ = [
+    "IMPORTERS",
+    "LengthPolicy",
+    "StreamedTrace",
+    "get_importer",
+    "load",
+    "resolve_format",
+    "scan",
+    "sniff_format",
+    "stream",
+]
