@@ -326,3 +326,137 @@ def test_unknown_fields_and_columns_are_refused(tmp_path: Path) -> None:
     wide.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5,9\n")
     with pytest.raises(TraceError, match="4 fields; the header has 3"):
         load(wide)
+
+
+# -- BurstGPT -------------------------------------------------------------------------------
+
+BURSTGPT = (
+    "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+    "5,ChatGPT,472,18,490,Conversation log\n"
+    "45,GPT-4,1021,0,1021,API log\n"  # failed: no response tokens
+    "47.5,ChatGPT,88,120,208,API log\n"
+    "48,ChatGPT,many,3,3,API log\n"  # malformed
+)
+
+
+def test_burstgpt_failed_rows_are_counted_not_replayed(tmp_path: Path) -> None:
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text(BURSTGPT)
+    assert sniff_format(path) == "burstgpt"
+    loaded = load(path, on_bad_line="skip")
+    assert [r.id for r in loaded.requests] == ["burstgpt-2", "burstgpt-4"]
+    assert loaded.skipped == {"failed": 1} and loaded.lines == 4
+    assert [(e.line, e.field) for e in loaded.bad] == [(5, "Request tokens")]
+    a, b = loaded.requests
+    assert (a.t, a.input_tokens, a.max_tokens, b.t) == (5.0, 472, 18, 47.5)
+    assert a.synth is not None and a.synth.hash_ids == ()
+    assert a.meta["model"] == "ChatGPT" and b.meta["log_type"] == "API log"
+    scanned = scan(path, on_bad_line="skip")
+    assert scanned.skipped == {"failed": 1} and scanned.count == 2
+    assert [r.id for r in scanned.iter_requests()] == ["burstgpt-2", "burstgpt-4"]
+    out = CliRunner().invoke(main, ["trace", "validate", str(path)])
+    assert out.output.splitlines()[-1] == (
+        f"{path}: 2 valid request(s), 1 bad line(s), not replayed: 1 failed request(s)"
+    )
+
+
+# -- OpenAI-style request logs --------------------------------------------------------------
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+TOOL_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+}
+OPENAI_LOG: list[dict[str, object]] = [
+    {
+        "id": "req-7",
+        "timestamp": "2025-01-31T12:00:00.250Z",
+        "request": {
+            "model": "prod-model",
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+            "tools": [WEATHER_TOOL],
+            "tool_choice": "auto",
+            "max_completion_tokens": 64,
+            "temperature": 0,
+            "seed": 3,
+            "stream": True,
+        },
+        "response": {
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        },
+    },
+    {
+        "timestamp": "2025-01-31T13:00:02.750+01:00",  # 2.5 s after the first
+        "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": None},
+        "response": {"choices": [{"message": {"role": "assistant", "content": "Hello!"}}]},
+        "meta": {"tenant": "t1"},
+    },
+    {
+        "t": 1738324805.25,  # POSIX seconds: 5 s after the first
+        "request": {"messages": [{"role": "user", "content": "x"}]},
+        "response": {"error": {"message": "upstream timeout"}},
+    },
+]
+
+
+def test_openai_log_becomes_chat_requests_with_reference_answers(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "gateway.jsonl", list(OPENAI_LOG))
+    assert sniff_format(path) == "openai-log"
+    loaded = load(path)
+    assert not loaded.bad and loaded.skipped == {"failed": 1}
+    a, b = loaded.requests
+    assert (a.id, a.api, a.t, b.id, b.t) == ("req-7", "chat", 0.0, "openai-2", 2.5)
+    assert a.messages == ({"role": "user", "content": "Weather in Oslo?"},)
+    assert a.tools == (WEATHER_TOOL,) and a.tool_choice == "auto" and a.max_tokens == 64
+    assert a.params == {"temperature": 0, "seed": 3}  # stream: the replay always streams
+    assert a.meta["reference"] == {"content": None, "tool_calls": [TOOL_CALL]}
+    assert a.meta["model"] == "prod-model"
+    assert b.meta["reference"] == {"content": "Hello!", "tool_calls": []}
+    assert b.max_tokens == 128 and b.meta["log"] == {"tenant": "t1"}
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "reason"),
+    [
+        ({"status": 200}, "status", "not a request-log field"),
+        ({"request": {"messages": [{"role": "user", "content": "x"}], "functions": []}},
+         "functions", "not a chat/completions request field"),
+        ({"request": {"messages": []}}, "request.messages", "non-empty"),
+        ({"request": {"messages": [{"content": "x"}]}}, "request.messages.0.role", "role"),
+        ({"timestamp": 1738324800250}, "timestamp", "milliseconds"),
+        ({"timestamp": "yesterday"}, "timestamp", "ISO-8601"),
+        ({"t": 1.0}, "t", "not both"),
+        ({"response": {"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}},
+         "response.choices.0.message.tool_calls.0.function", "name"),
+    ],
+)  # fmt: skip
+def test_openai_log_malformed_rows_name_the_field(
+    tmp_path: Path, change: dict[str, object], field: str, reason: str
+) -> None:
+    first = {k: v for k, v in OPENAI_LOG[0].items() if k != "response"}
+    path = write_jsonl(tmp_path / "log.jsonl", [first, {**OPENAI_LOG[0], "id": "b", **change}])
+    with pytest.raises(TraceError) as info:
+        load(path, "openai-log")
+    assert (info.value.line, info.value.field) == (2, field)
+    assert reason in info.value.reason
+
+
+def test_openai_log_earlier_than_the_first_record_is_a_bad_row(tmp_path: Path) -> None:
+    late = {**OPENAI_LOG[0], "id": "late", "timestamp": "2025-01-31T11:59:59Z"}
+    path = write_jsonl(tmp_path / "log.jsonl", [OPENAI_LOG[0], late])
+    with pytest.raises(TraceError, match=r"1\.250 s before the first record's"):
+        load(path)

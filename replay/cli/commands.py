@@ -31,7 +31,15 @@ from replay.analysis.schemas import Summary
 from replay.analysis.verdict import Thresholds
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError, KvcanaryError, TraceError
-from replay.core.importers import IMPORTERS, LengthPolicy, StreamedTrace, scan, sniff_format, stream
+from replay.core.importers import (
+    IMPORTERS,
+    LengthPolicy,
+    StreamedTrace,
+    scan,
+    skipped_note,
+    sniff_format,
+    stream,
+)
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
 from replay.core.trace import CheckStats
 from replay.present.table import compare_table, quality_table, summary_table
@@ -150,7 +158,7 @@ RUN_OPTIONS = [
         "--trace",
         "trace_path",
         type=click.Path(path_type=Path),
-        help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV).",
+        help="Trace file: kvcanary v1 JSONL, or a production trace (see --trace-format).",
     ),
     click.option(
         "--trace-format",
@@ -453,6 +461,8 @@ def _run(o: dict[str, Any], canary: bool) -> int:
             f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
             f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl"
         )
+    if trace.skipped:
+        console.print(f"[yellow]{skipped_note(trace.skipped)}[/yellow] (counted in the manifest)")
     if not trace.count:
         raise InputError(f"{trace_path}: no valid requests to replay")
     _warn_unscanned(trace_path, trace.has_text)
@@ -740,13 +750,15 @@ def trace_validate(path: Path, fmt: str) -> None:
 
     def run() -> int:
         bad: list[int] = [0]  # streamed: each bad line is printed as it is found
+        stats = CheckStats()
 
         def report(_k: int, err: TraceError) -> None:
             bad[0] += 1
             click.echo(str(err))
 
-        valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report))
-        click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s)")
+        valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report, stats=stats))
+        note = f", {skipped_note(stats.skipped)}" if stats.skipped else ""
+        click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s){note}")
         return EXIT_INPUT if bad[0] else EXIT_OK
 
     _guard(run)
@@ -769,7 +781,7 @@ def trace_import(
     max_output_tokens: int | None,
     on_bad_line: str,
 ) -> None:
-    """Convert a Mooncake or Azure trace into kvcanary's v1 format."""
+    """Convert a production trace (any --format) into kvcanary's v1 format."""
 
     def run() -> int:
         policy = LengthPolicy(length_scale, max_input_tokens, max_output_tokens)
@@ -791,7 +803,10 @@ def trace_import(
             tmp.replace(output)
         finally:
             tmp.unlink(missing_ok=True)
-        click.echo(f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped")
+        note = f"; {skipped_note(stats.skipped)}" if stats.skipped else ""
+        click.echo(
+            f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped{note}"
+        )
         return EXIT_OK
 
     _guard(run)

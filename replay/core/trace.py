@@ -119,6 +119,9 @@ class TraceSource(Protocol):
     @property
     def has_synth(self) -> bool: ...
 
+    @property
+    def skipped(self) -> dict[str, int]: ...
+
     def iter_requests(self) -> Iterator[Request]: ...
 
     def iter_bad(self) -> Iterator[TraceError]: ...
@@ -132,6 +135,7 @@ class TraceLoad:
     requests: list[Request] = field(default_factory=list)
     bad: list[TraceError] = field(default_factory=list)
     lines: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -204,7 +208,16 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield lineno, raw
 
 
-Parsed = tuple[int, Request | TraceError]
+@dataclass(frozen=True)
+class Skip:
+    """A row the trace itself marks as not to be replayed (BurstGPT's failed requests, whose
+    response has no tokens): neither a request nor a bad line. ``check`` counts it under its
+    ``category`` in ``CheckStats.skipped``, so what was left out is reported, never silent."""
+
+    category: str
+
+
+Parsed = tuple[int, Request | TraceError | Skip]
 
 
 def parse_line_or_error(raw: bytes, path: str, lineno: int) -> Request | TraceError:
@@ -290,10 +303,12 @@ class IdIndex:
 
 @dataclass
 class CheckStats:
-    """What a streaming check counted: non-blank lines, and valid unique requests."""
+    """What a streaming check counted: non-blank lines, valid unique requests, and the rows
+    the trace marks as not to be replayed, by category (``Skip``)."""
 
     lines: int = 0
     requests: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 def check(
@@ -307,12 +322,16 @@ def check(
 
     Yields the valid requests with unique ids, in trace order; a bad line (or a repeated id)
     raises with ``on_bad_line="fail"``, else goes to ``bad(k, error)`` where ``k`` is its
-    position among the records (what a re-read uses to skip it again). Holds no request.
+    position among the records (what a re-read uses to skip it again). A ``Skip`` is counted
+    in ``stats.skipped``. Holds no request.
     """
     stats = stats if stats is not None else CheckStats()
     with IdIndex() as seen:
         for k, (lineno, item) in enumerate(items):
             stats.lines += 1
+            if isinstance(item, Skip):
+                stats.skipped[item.category] = stats.skipped.get(item.category, 0) + 1
+                continue
             if isinstance(item, Request):
                 first = seen.first(item.id, lineno)
                 if first is None:
@@ -334,5 +353,5 @@ def collect(path: str, items: Iterable[Parsed], on_bad_line: OnBadLine) -> Trace
     out = TraceLoad(path)
     stats = CheckStats()
     out.requests.extend(check(path, items, on_bad_line, lambda _k, err: out.bad.append(err), stats))
-    out.lines = stats.lines
+    out.lines, out.skipped = stats.lines, stats.skipped
     return out

@@ -579,6 +579,7 @@ class RunRecorder:
                 "lines": self.trace.lines,
                 "requests": len(self.requests),
                 "bad_lines": len(self.trace.bad),
+                "skipped_rows": dict(self.trace.skipped),
                 "length_policy": {
                     "scale": 1.0,
                     "max_input_tokens": None,

@@ -217,6 +217,7 @@ class Runner:
                 "lines": c.trace.lines,
                 "requests": c.trace.count,
                 "bad_lines": c.trace.bad_count,
+                "skipped_rows": dict(c.trace.skipped),
                 "length_policy": c.length_policy.as_dict(),
             },
             "buckets": {"bounds": c.buckets.spec(), "labels": c.buckets.labels},

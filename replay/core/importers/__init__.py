@@ -1,11 +1,12 @@
 """Importers: every trace format kvcanary reads, into trace v1 ``Request`` records.
 
-Formats (``IMPORTERS``; ``--trace-format``): ``v1`` (kvcanary's own) and the length-only
-production traces ``mooncake``, ``azure`` and ``bailian`` (Qwen-Bailian), one module each.
-``sniff_format`` recognises a file's format from its first record and never guesses between
-formats whose units differ. Each importer streams: ``importer(path, LengthPolicy)`` yields
-``(line, Request | TraceError)`` and never holds the file. ``load``, ``stream`` and ``scan``
-read a trace of any format (``scan`` in bounded memory for any length).
+Formats (``IMPORTERS``; ``--trace-format``): ``v1`` (kvcanary's own), the length-only
+production traces ``mooncake``, ``azure``, ``bailian`` (Qwen-Bailian) and ``burstgpt``, and
+the request logs ``openai-log``, one module each. ``sniff_format`` recognises a file's format
+from its first record and never guesses between formats whose units differ. Each importer
+streams: ``importer(path, LengthPolicy)`` yields ``(line, Request | TraceError | Skip)`` and
+never holds the file. ``load``, ``stream`` and ``scan`` read a trace of any format (``scan`` in
+bounded memory for any length).
 """
 
 from replay.core.importers.lengths import LengthPolicy
@@ -15,7 +16,7 @@ from replay.core.importers.registry import (
     resolve_format,
     sniff_format,
 )
-from replay.core.importers.scan import StreamedTrace, load, scan, stream
+from replay.core.importers.scan import StreamedTrace, load, scan, skipped_note, stream
 
 __all__ = [
     "IMPORTERS",
@@ -25,6 +26,7 @@ __all__ = [
     "load",
     "resolve_format",
     "scan",
+    "skipped_note",
     "sniff_format",
     "stream",
 ]

@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 
 from replay.core.errors import InputError
-from replay.core.importers import azure, bailian, mooncake
+from replay.core.importers import azure, bailian, burstgpt, mooncake, openai_log
 from replay.core.importers.lengths import LengthPolicy
 from replay.core.importers.rows import Importer, Records
 from replay.core.trace import UTF8_BOM, Request, iter_lines, parse_line_or_error
@@ -34,6 +34,8 @@ IMPORTERS: dict[str, Importer] = {
     "mooncake": mooncake.import_mooncake,
     "azure": azure.import_azure,
     "bailian": bailian.import_bailian,
+    "burstgpt": burstgpt.import_burstgpt,
+    "openai-log": openai_log.import_openai_log,
 }
 
 
@@ -61,9 +63,24 @@ JSON_SIGNATURES = (
         frozenset(bailian.FIELDS),
         "timestamp in seconds, 16-token hash blocks, sessions from parent_chat_id",
     ),
+    *(
+        Signature(
+            "openai-log",
+            frozenset({body}),
+            frozenset(openai_log.TOP_KEYS),
+            "chat request bodies, ISO-8601 or POSIX-second timestamps",
+        )
+        for body in ("request", "body")
+    ),
 )
 CSV_SIGNATURES = (
     Signature("azure", frozenset(azure.COLUMNS), frozenset(azure.COLUMNS), "TIMESTAMP a date-time"),
+    Signature(
+        "burstgpt",
+        frozenset(burstgpt.REQUIRED),
+        frozenset(burstgpt.COLUMNS),
+        "Timestamp in seconds, failed requests counted",
+    ),
 )
 # The first record is read whole to be recognised; one longer than this is not guessed at.
 SNIFF_LIMIT = 16 * 1024 * 1024
@@ -147,7 +164,7 @@ def _sniff_columns(path: Path, columns: list[str]) -> str:
 
 
 def _needs(signatures: tuple[Signature, ...]) -> str:
-    """'mooncake has input_length, ...; bailian has chat_id, ...'."""
+    """'mooncake has input_length, ...; openai-log has body or request'."""
     needs: dict[str, list[str]] = {}
     for s in signatures:
         needs.setdefault(s.fmt, []).append(", ".join(sorted(s.required)))

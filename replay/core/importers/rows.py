@@ -1,8 +1,8 @@
 """Reading a trace's rows, for every importer: JSON lines and CSV, streamed, and the field
 checks they share.
 
-An importer is ``importer(path, LengthPolicy)``: a generator of ``(line, Request |
-TraceError)``, one per non-blank line, that never holds the file. A row it cannot read is a
+An importer is ``importer(path, LengthPolicy)``: a generator of ``(line, Request | TraceError |
+Skip)``, one per non-blank line, that never holds the file. A row it cannot read is a
 ``TraceError`` naming file, line and field, and a field it does not understand is one too:
 nothing a trace says is dropped without a word. Field checks raise ``ValueError("FIELD:
 reason")``; ``as_trace_error`` turns that into the row's error.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Collection, Generator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,18 @@ def csv_seconds(row: dict[str, Any], key: str, unit: str = "seconds") -> float:
     if not math.isfinite(v) or v < 0:
         raise ValueError(f"{key}: must be {unit} >= 0, got {raw!r}")
     return v
+
+
+def iso_seconds(value: Any, key: str) -> float:
+    """POSIX seconds of an ISO-8601 date-time string (``datetime.fromisoformat``: e.g.
+    ``2025-01-31T12:00:00.250Z``, ``2025-01-31 12:00:00+02:00``); without a zone it is UTC."""
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: must be an ISO-8601 date-time string, got {value!r}")
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(f"{key}: not an ISO-8601 date-time: {value!r}") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def as_trace_error(src: str, lineno: int, exc: Exception) -> TraceError:

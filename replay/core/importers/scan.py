@@ -3,7 +3,8 @@ checked in one pass and re-read for every pass a replay makes (``scan``, ``Strea
 bounded memory for any length).
 
 Every way applies the same rules (``replay.core.trace.check``): a bad line fails or is skipped
-and listed and a repeated id is a bad line.
+and listed, a repeated id is a bad line, and a row the trace marks as not to be replayed (a
+``Skip``, e.g. a failed request) is counted by category.
 """
 
 from __future__ import annotations
@@ -24,10 +25,17 @@ from replay.core.trace import (
     CheckStats,
     OnBadLine,
     Request,
+    Skip,
     TraceLoad,
     check,
     collect,
 )
+
+
+def skipped_note(skipped: dict[str, int]) -> str:
+    """What a trace left out, for a person: ``not replayed: 3 failed request(s)``."""
+    parts = [f"{n} {category} request(s)" for category, n in sorted(skipped.items())]
+    return "not replayed: " + ", ".join(parts)
 
 
 def load(
@@ -64,7 +72,8 @@ class StreamedTrace:
     """A checked trace that is not held in memory (``TraceSource``).
 
     ``scan`` reads the file once: it validates every line, finds repeated ids (``IdIndex``:
-    bounded memory), counts, and spools the bad lines to a temporary file. Each
+    bounded memory), counts (``skipped``: the rows the trace marks as not to be replayed, by
+    category), and spools the bad lines to a temporary file. Each
     ``iter_requests`` reads the file again, skipping the bad records by their position, and
     stops after ``count`` requests (``--limit``). Only the counts and the facts the replay
     decides on up front are kept, not the requests. ``keep`` (optional) picks the requests a
@@ -83,6 +92,7 @@ class StreamedTrace:
     has_text: bool = False
     unlabeled: int = 0  # requests without a check: graded against the reference's answers
     t_min: float | None = None
+    skipped: dict[str, int] = field(default_factory=dict)  # rows not replayed, by category
     keep: Callable[[Request], bool] | None = field(default=None, repr=False)
     _spool: Path | None = field(default=None, repr=False)
 
@@ -116,6 +126,8 @@ class StreamedTrace:
                 if next_bad is not None and next_bad[0] == k:
                     next_bad = next(bad, None)
                     continue  # a bad line or a repeated id, listed by the scan
+                if isinstance(item, Skip):
+                    continue  # counted by the scan
                 if isinstance(item, TraceError):
                     raise TraceError(
                         self.path,
@@ -169,5 +181,5 @@ def scan(
             out.unlabeled += req.check is None
             if req.t is not None:
                 out.t_min = req.t if out.t_min is None else min(out.t_min, req.t)
-    out.lines = stats.lines
+    out.lines, out.skipped = stats.lines, stats.skipped
     return out
