@@ -75,6 +75,8 @@ IMPORTER_HEADERS = {
     "bailian": b"",
     "burstgpt": b"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n",
     "openai-log": b"",
+    "csv:t=a,in=b,out=c,session=d,t_unit=ms": b"a,b,c,d\n",
+    "jsonl:t=a,in=b,out=c,id=d,t_unit=iso": b"",
 }
 
 
@@ -376,6 +378,8 @@ def test_importer_timestamps(tmp_path_factory, fmt: str, ts: object) -> None:  #
         ("burstgpt", b""),
         ("burstgpt", IMPORTER_HEADERS["burstgpt"]),
         ("openai-log", b""),
+        ("csv:t=a,in=b,out=c", b"a,b\n1,2\n"),
+        ("jsonl:t=a,in=b,out=c", b" \n"),
     ],
 )
 def test_empty_or_headless_files_name_the_file(tmp_path: Path, fmt: str, data: bytes) -> None:

@@ -295,7 +295,7 @@ def test_a_record_that_fits_two_formats_is_not_guessed(tmp_path: Path) -> None:
     ("first_line", "want"),
     [
         ('{"when": 1, "prompt_tokens": 3}', "match no known format"),
-        ("ts,prompt_tokens,completion_tokens", "match no known format"),
+        ("ts,prompt_tokens,completion_tokens", "csv:t=COL,in=COL,out=COL"),
         ("TIMESTAMP,ContextTokens", "match no known format"),
     ],
 )
@@ -460,3 +460,73 @@ def test_openai_log_earlier_than_the_first_record_is_a_bad_row(tmp_path: Path) -
     path = write_jsonl(tmp_path / "log.jsonl", [OPENAI_LOG[0], late])
     with pytest.raises(TraceError, match=r"1\.250 s before the first record's"):
         load(path)
+
+
+# -- column mappings ------------------------------------------------------------------------
+
+
+def test_a_csv_column_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text(
+        "ts,sid,prompt_tokens,completion_tokens,region\n"
+        "1000,a,30,4,eu\n1250,,12,7,us\n3000,a,40,2,eu\n"
+    )
+    spec = "csv:t=ts,in=prompt_tokens,out=completion_tokens,session=sid,t_unit=ms"
+    loaded = load(path, spec)
+    assert [(r.id, r.t, r.session, r.input_tokens, r.max_tokens) for r in loaded.requests] == [
+        ("csv-2", 0.0, "a", 30, 4),
+        ("csv-3", 0.25, None, 12, 7),
+        ("csv-4", 2.0, "a", 40, 2),
+    ]
+    v1 = tmp_path / "v1.jsonl"
+    out = CliRunner().invoke(main, ["trace", "import", str(path), "--format", spec, "-o", str(v1)])
+    assert out.exit_code == 0 and "wrote 3 request(s)" in out.output, out.output
+    assert [r.id for r in load(v1).requests] == ["csv-2", "csv-3", "csv-4"]
+
+
+def test_a_jsonl_column_mapping(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "mine.jsonl",
+        [
+            {"at": "2025-01-31T12:00:00Z", "n_in": 5, "n_out": 2, "rid": "x"},
+            {"at": "2025-01-31T12:00:03Z", "n_in": 6, "n_out": 2, "rid": 9},
+            {"at": "2025-01-31T12:00:04Z", "n_out": 2, "rid": "z"},
+        ],
+    )
+    spec = "jsonl:t=at,in=n_in,out=n_out,id=rid,t_unit=iso"
+    loaded = load(path, spec, on_bad_line="skip")
+    assert [(r.id, r.t) for r in loaded.requests] == [("x", 0.0), ("9", 3.0)]
+    assert [(e.line, e.field, e.reason) for e in loaded.bad] == [
+        (3, "n_in", "missing (mapped as in=n_in)")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ("csv:t=ts,in=a,out=b,colour=c", "unknown key 'colour'"),
+        ("csv:t=ts,in=a", "missing mapping for out"),
+        ("csv:t=ts,in=a,out=b,t_unit=days", "t_unit=days"),
+        ("csv:t=ts,in,out=b", "'in' is not KEY=COLUMN"),
+        ("csv:t=ts,in=a,out=b,in=c", "'in' is mapped twice"),
+        ("tsv:t=ts,in=a,out=b", "unknown format 'tsv:t=ts,in=a,out=b'"),
+    ],
+)
+def test_bad_column_mappings_say_what_is_wrong(tmp_path: Path, spec: str, want: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("ts,a,b\n1,2,3\n")
+    with pytest.raises(InputError) as info:
+        load(path, spec)
+    assert want in str(info.value)
+    out = CliRunner().invoke(main, ["trace", "validate", str(path), "--format", spec])
+    assert out.exit_code == 2 and want in out.output
+
+
+def test_a_mapped_column_missing_from_the_header_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("ts,prompt,completion\n1,2,3\n")
+    with pytest.raises(TraceError) as info:
+        load(path, "csv:t=ts,in=prompt_tokens,out=completion")
+    err = info.value
+    assert (err.path, err.line, err.field) == (str(path), 1, "(header)")
+    assert "['prompt_tokens']" in err.reason and "csv:t=ts,in=prompt_tokens" in err.reason

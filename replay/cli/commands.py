@@ -32,7 +32,7 @@ from replay.analysis.verdict import Thresholds
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError, KvcanaryError, TraceError
 from replay.core.importers import (
-    IMPORTERS,
+    FORMAT_HELP,
     LengthPolicy,
     StreamedTrace,
     scan,
@@ -164,8 +164,7 @@ RUN_OPTIONS = [
         "--trace-format",
         default="auto",
         show_default=True,
-        type=click.Choice(["auto", *IMPORTERS]),
-        help="Format of --trace.",
+        help=FORMAT_HELP,
     ),
     click.option(
         "--targets",
@@ -744,7 +743,7 @@ def trace() -> None:
 
 @trace.command("validate")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+@click.option("--format", "fmt", default="auto", show_default=True, help=FORMAT_HELP)
 def trace_validate(path: Path, fmt: str) -> None:
     """Check every line of a trace; list each bad one with its field and reason."""
 
@@ -766,7 +765,7 @@ def trace_validate(path: Path, fmt: str) -> None:
 
 @trace.command("import")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+@click.option("--format", "fmt", default="auto", show_default=True, help=FORMAT_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--length-scale", default=1.0, show_default=True)
 @click.option("--max-input-tokens", type=int)

@@ -19,6 +19,7 @@ import orjson
 from replay.core.errors import InputError
 from replay.core.importers import azure, bailian, burstgpt, mooncake, openai_log
 from replay.core.importers.lengths import LengthPolicy
+from replay.core.importers.mapped import GRAMMAR, is_mapping, mapped_importer
 from replay.core.importers.rows import Importer, Records
 from replay.core.trace import UTF8_BOM, Request, iter_lines, parse_line_or_error
 
@@ -37,6 +38,10 @@ IMPORTERS: dict[str, Importer] = {
     "burstgpt": burstgpt.import_burstgpt,
     "openai-log": openai_log.import_openai_log,
 }
+FORMAT_HELP = (
+    f"Format of the trace: auto (recognised from its first record), {', '.join(IMPORTERS)}, "
+    f"or a column mapping {GRAMMAR}."
+)
 
 
 @dataclass(frozen=True)
@@ -87,11 +92,14 @@ SNIFF_LIMIT = 16 * 1024 * 1024
 
 
 def get_importer(name: str) -> Importer:
+    if is_mapping(name):
+        return mapped_importer(name)
     try:
         return IMPORTERS[name]
     except KeyError:
         raise InputError(
-            f"--trace-format: unknown format '{name}'. Available: {', '.join(IMPORTERS)}"
+            f"--trace-format: unknown format '{name}'. Available: {', '.join(IMPORTERS)}, "
+            f"or a column mapping {GRAMMAR}"
         ) from None
 
 
@@ -149,7 +157,8 @@ def _sniff_fields(path: Path, keys: set[str]) -> str:
         return "v1"  # a v1 record with a missing or misspelt field: its parser names it
     raise InputError(
         f"{path}: the first record's fields ({', '.join(sorted(keys))}) match no known format "
-        f"({_needs(JSON_SIGNATURES)}). Pass --trace-format."
+        f"({_needs(JSON_SIGNATURES)}). Pass --trace-format, or map the fields you need: "
+        "--trace-format jsonl:t=FIELD,in=FIELD,out=FIELD"
     )
 
 
@@ -159,7 +168,8 @@ def _sniff_columns(path: Path, columns: list[str]) -> str:
         return fmt
     raise InputError(
         f"{path}: the CSV header's columns ({', '.join(columns)}) match no known format "
-        f"({_needs(CSV_SIGNATURES)}). Pass --trace-format."
+        f"({_needs(CSV_SIGNATURES)}). Pass --trace-format, or map the columns you need: "
+        "--trace-format csv:t=COL,in=COL,out=COL"
     )
 
 

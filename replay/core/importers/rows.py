@@ -29,6 +29,8 @@ Records = Generator[Parsed, None, None]
 Importer = Callable[[Path, LengthPolicy], Records]
 Rows = Generator[tuple[int, dict[str, Any] | TraceError], None, None]
 
+MAPPING_HINT = "to read another layout, map its columns: --trace-format csv:t=COL,in=COL,out=COL"
+
 
 def json_objects(path: Path, what: str) -> Rows:
     """The JSON object of every non-blank line (``what`` names one in the error for a line
@@ -74,7 +76,9 @@ def csv_rows(path: Path, need: Sequence[str], known: Collection[str] | None, exp
             )
         extra = [c for c in header if known is not None and c not in known]
         if extra:
-            raise TraceError(src, 1, "(header)", f"column(s) {extra} are not part of {expected}")
+            raise TraceError(
+                src, 1, "(header)", f"column(s) {extra} are not part of {expected}; {MAPPING_HINT}"
+            )
         while True:
             at = reader.line_num
             try:
