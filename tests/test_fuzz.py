@@ -68,12 +68,23 @@ def test_trace_lines(tmp_path_factory, lines: list[bytes]) -> None:  # type: ign
         _names_place(err, path)
 
 
+# Every importer but v1 (fuzzed above), with the header a CSV one needs to get to its rows.
+IMPORTER_HEADERS = {
+    "mooncake": b"",
+    "azure": b"TIMESTAMP,ContextTokens,GeneratedTokens\n",
+    "bailian": b"",
+    "burstgpt": b"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n",
+    "openai-log": b"",
+    "csv:t=a,in=b,out=c,session=d,t_unit=ms": b"a,b,c,d\n",
+    "jsonl:t=a,in=b,out=c,id=d,t_unit=iso": b"",
+}
+
+
 @FAST
-@given(st.binary(max_size=400), st.sampled_from(["mooncake", "azure"]))
+@given(st.binary(max_size=400), st.sampled_from(list(IMPORTER_HEADERS)))
 def test_importers(tmp_path_factory, data: bytes, fmt: str) -> None:  # type: ignore[no-untyped-def]
-    path = tmp_path_factory.mktemp("f") / ("t.csv" if fmt == "azure" else "t.jsonl")
-    header = b"TIMESTAMP,ContextTokens,GeneratedTokens\n" if fmt == "azure" else b""
-    path.write_bytes(header + data)
+    path = tmp_path_factory.mktemp("f") / "t"
+    path.write_bytes(IMPORTER_HEADERS[fmt] + data)
     try:
         loaded = load(path, fmt, on_bad_line="skip")
     except TraceError as err:
@@ -363,6 +374,12 @@ def test_importer_timestamps(tmp_path_factory, fmt: str, ts: object) -> None:  #
         ("azure", b""),
         ("azure", b"TIMESTAMP,ContextTokens,GeneratedTokens\n"),
         ("azure", b"\xff\xfe,\x00\n1,2,3\n"),
+        ("bailian", b"\n"),
+        ("burstgpt", b""),
+        ("burstgpt", IMPORTER_HEADERS["burstgpt"]),
+        ("openai-log", b""),
+        ("csv:t=a,in=b,out=c", b"a,b\n1,2\n"),
+        ("jsonl:t=a,in=b,out=c", b" \n"),
     ],
 )
 def test_empty_or_headless_files_name_the_file(tmp_path: Path, fmt: str, data: bytes) -> None:
@@ -372,6 +389,56 @@ def test_empty_or_headless_files_name_the_file(tmp_path: Path, fmt: str, data: b
         with pytest.raises(TraceError) as info:
             load(path, fmt, on_bad_line=mode)  # type: ignore[arg-type]
         _names_place(info.value, path)
+
+
+LOG_FIELDS = st.fixed_dictionaries(
+    {"timestamp": st.sampled_from([0, "2025-01-31T12:00:00Z"]) | JSONISH},
+    optional={
+        "id": JSONISH,
+        "t": JSONISH,
+        "request": st.fixed_dictionaries(
+            {"messages": st.just([{"role": "user", "content": "x"}]) | JSONISH},
+            optional={k: JSONISH for k in ("tools", "tool_choice", "max_tokens", "n", "seed")},
+        )
+        | JSONISH,
+        "response": st.fixed_dictionaries(
+            {"choices": st.lists(st.fixed_dictionaries({"message": JSONISH}), max_size=2)}
+        )
+        | JSONISH,
+        "meta": JSONISH,
+    },
+)
+BAILIAN_FIELDS = st.fixed_dictionaries(
+    {
+        "chat_id": st.integers(-2, 3) | JSONISH,
+        "parent_chat_id": st.integers(-2, 3) | JSONISH,
+        "timestamp": st.floats(0, 10) | JSONISH,
+        "input_length": st.integers(1, 40) | JSONISH,
+        "output_length": st.integers(1, 4) | JSONISH,
+    },
+    optional={"type": JSONISH, "turn": JSONISH, "hash_ids": JSONISH},
+)
+
+
+@FAST
+@given(
+    st.sampled_from(["openai-log", "bailian"]),
+    st.data(),
+)
+def test_structured_rows_of_request_logs_and_bailian(tmp_path_factory, fmt: str, data) -> None:  # type: ignore[no-untyped-def]
+    """Rows with the right keys and arbitrary values: a request or a named bad row, never a
+    crash (the fields' checks, not the JSON parser, are what is exercised)."""
+    rows = data.draw(st.lists(LOG_FIELDS if fmt == "openai-log" else BAILIAN_FIELDS, max_size=5))
+    path = tmp_path_factory.mktemp("f") / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) or "\n")
+    try:
+        loaded = load(path, fmt, on_bad_line="skip")
+    except TraceError as err:
+        assert "empty" in err.reason
+        return
+    for err in loaded.bad:
+        _names_place(err, path)
+    assert len(loaded.requests) + len(loaded.bad) + sum(loaded.skipped.values()) == len(rows)
 
 
 def test_huge_and_undecodable_rows_in_importers(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from replay.cli.run_options import RunOptions
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
 from replay.core.exit_codes import ExitCode
-from replay.core.importers import StreamedTrace, scan, sniff_format
+from replay.core.importers import StreamedTrace, scan, skipped_note, sniff_format
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
 from replay.present.table import quality_table, summary_table
 from replay.run.config import RunConfig
@@ -147,6 +147,8 @@ def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
             f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
             f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl"
         )
+    if trace.skipped:
+        console.print(f"[yellow]{skipped_note(trace.skipped)}[/yellow] (counted in the manifest)")
     if not trace.count:
         raise InputError(f"{path}: no valid requests to replay")
     _warn_unscanned(path, trace.has_text)

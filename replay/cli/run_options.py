@@ -18,7 +18,7 @@ import click
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import DEFAULT_BOUNDS
 from replay.core.errors import InputError
-from replay.core.importers import IMPORTERS, LengthPolicy
+from replay.core.importers import FORMAT_HELP, LengthPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -145,14 +145,13 @@ RUN_OPTIONS = [
         "--trace",
         "trace_path",
         type=click.Path(path_type=Path),
-        help="Trace file (kvcanary v1 JSONL, Mooncake JSONL or Azure CSV).",
+        help="Trace file: kvcanary v1 JSONL, or a production trace (see --trace-format).",
     ),
     click.option(
         "--trace-format",
         default="auto",
         show_default=True,
-        type=click.Choice(["auto", *IMPORTERS]),
-        help="Format of --trace.",
+        help=FORMAT_HELP,
     ),
     click.option(
         "--targets",

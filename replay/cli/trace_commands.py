@@ -9,7 +9,7 @@ import click
 from replay.cli.common import guard
 from replay.core.errors import InputError, TraceError
 from replay.core.exit_codes import ExitCode
-from replay.core.importers import IMPORTERS, LengthPolicy, stream
+from replay.core.importers import FORMAT_HELP, LengthPolicy, skipped_note, stream
 from replay.core.trace import CheckStats
 
 
@@ -20,19 +20,21 @@ def trace() -> None:
 
 @trace.command("validate")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+@click.option("--format", "fmt", default="auto", show_default=True, help=FORMAT_HELP)
 def trace_validate(path: Path, fmt: str) -> None:
     """Check every line of a trace; list each bad one with its field and reason."""
 
     def run() -> int:
         bad: list[int] = [0]  # streamed: each bad line is printed as it is found
+        stats = CheckStats()
 
         def report(_k: int, err: TraceError) -> None:
             bad[0] += 1
             click.echo(str(err))
 
-        valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report))
-        click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s)")
+        valid = sum(1 for _ in stream(path, fmt, on_bad_line="skip", bad=report, stats=stats))
+        note = f", {skipped_note(stats.skipped)}" if stats.skipped else ""
+        click.echo(f"{path}: {valid} valid request(s), {bad[0]} bad line(s){note}")
         return ExitCode.INPUT if bad[0] else ExitCode.OK
 
     guard(run)
@@ -40,7 +42,7 @@ def trace_validate(path: Path, fmt: str) -> None:
 
 @trace.command("import")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default="auto", type=click.Choice(["auto", *IMPORTERS]))
+@click.option("--format", "fmt", default="auto", show_default=True, help=FORMAT_HELP)
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
 @click.option("--length-scale", default=1.0, show_default=True)
 @click.option("--max-input-tokens", type=int)
@@ -55,7 +57,7 @@ def trace_import(
     max_output_tokens: int | None,
     on_bad_line: str,
 ) -> None:
-    """Convert a Mooncake or Azure trace into kvcanary's v1 format."""
+    """Convert a production trace (any --format) into kvcanary's v1 format."""
 
     def run() -> int:
         policy = LengthPolicy(length_scale, max_input_tokens, max_output_tokens)
@@ -77,7 +79,10 @@ def trace_import(
             tmp.replace(output)
         finally:
             tmp.unlink(missing_ok=True)
-        click.echo(f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped")
+        note = f"; {skipped_note(stats.skipped)}" if stats.skipped else ""
+        click.echo(
+            f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped{note}"
+        )
         return ExitCode.OK
 
     guard(run)

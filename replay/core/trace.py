@@ -119,6 +119,9 @@ class TraceSource(Protocol):
     @property
     def has_synth(self) -> bool: ...
 
+    @property
+    def skipped(self) -> dict[str, int]: ...
+
     def iter_requests(self) -> Iterator[Request]: ...
 
     def iter_bad(self) -> Iterator[TraceError]: ...
@@ -132,6 +135,7 @@ class TraceLoad:
     requests: list[Request] = field(default_factory=list)
     bad: list[TraceError] = field(default_factory=list)
     lines: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -152,7 +156,8 @@ class TraceLoad:
         return iter(self.bad)
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str]:
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """The field and reason of a failed validation's first error, as a trace error names them."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "(record)"
     msg = err["msg"]
@@ -183,7 +188,7 @@ def parse_line(raw: bytes | str, path: str, lineno: int) -> Request:
     try:
         return Request.model_validate(obj)
     except ValidationError as exc:
-        fld, reason = _first_error(exc)
+        fld, reason = first_error(exc)
     # Raised outside the handler: an error kept in a bad-line list must not pin the failed
     # validation's frames (and the half-built record in them) through ``__context__``.
     raise TraceError(path, lineno, fld, reason)
@@ -201,6 +206,18 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 raw = raw.removeprefix(UTF8_BOM)
             if raw.strip():
                 yield lineno, raw
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A row the trace itself marks as not to be replayed (BurstGPT's failed requests, whose
+    response has no tokens): neither a request nor a bad line. ``check`` counts it under its
+    ``category`` in ``CheckStats.skipped``, so what was left out is reported, never silent."""
+
+    category: str
+
+
+Parsed = tuple[int, Request | TraceError | Skip]
 
 
 def parse_line_or_error(raw: bytes, path: str, lineno: int) -> Request | TraceError:
@@ -269,6 +286,14 @@ class IdIndex:
             self._tmp.cleanup()
             self._tmp = None
 
+    def get(self, rid: str) -> int | None:
+        """The number recorded for ``rid``, or None if it was never seen (records nothing)."""
+        if self._mem is not None:
+            return self._mem.get(rid)
+        assert self._db is not None
+        row = self._db.execute("SELECT line FROM ids WHERE id = ?", (rid,)).fetchone()
+        return None if row is None else int(row[0])
+
     def __enter__(self) -> IdIndex:
         return self
 
@@ -278,15 +303,17 @@ class IdIndex:
 
 @dataclass
 class CheckStats:
-    """What a streaming check counted: non-blank lines, and valid unique requests."""
+    """What a streaming check counted: non-blank lines, valid unique requests, and the rows
+    the trace marks as not to be replayed, by category (``Skip``)."""
 
     lines: int = 0
     requests: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 def check(
     path: str,
-    items: Iterable[tuple[int, Request | TraceError]],
+    items: Iterable[Parsed],
     on_bad_line: OnBadLine,
     bad: Callable[[int, TraceError], None],
     stats: CheckStats | None = None,
@@ -295,12 +322,16 @@ def check(
 
     Yields the valid requests with unique ids, in trace order; a bad line (or a repeated id)
     raises with ``on_bad_line="fail"``, else goes to ``bad(k, error)`` where ``k`` is its
-    position among the records (what a re-read uses to skip it again). Holds no request.
+    position among the records (what a re-read uses to skip it again). A ``Skip`` is counted
+    in ``stats.skipped``. Holds no request.
     """
     stats = stats if stats is not None else CheckStats()
     with IdIndex() as seen:
         for k, (lineno, item) in enumerate(items):
             stats.lines += 1
+            if isinstance(item, Skip):
+                stats.skipped[item.category] = stats.skipped.get(item.category, 0) + 1
+                continue
             if isinstance(item, Request):
                 first = seen.first(item.id, lineno)
                 if first is None:
@@ -317,12 +348,10 @@ def check(
         raise TraceError(path, 0, "(file)", "the trace is empty")
 
 
-def collect(
-    path: str, items: Iterable[tuple[int, Request | TraceError]], on_bad_line: OnBadLine
-) -> TraceLoad:
+def collect(path: str, items: Iterable[Parsed], on_bad_line: OnBadLine) -> TraceLoad:
     """Gather parsed records in memory, applying the bad-line policy and the unique-id rule."""
     out = TraceLoad(path)
     stats = CheckStats()
     out.requests.extend(check(path, items, on_bad_line, lambda _k, err: out.bad.append(err), stats))
-    out.lines = stats.lines
+    out.lines, out.skipped = stats.lines, stats.skipped
     return out

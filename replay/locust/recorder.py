@@ -132,6 +132,7 @@ class RunRecorder:
                 self.trace.count,
                 self.trace.bad_count,
                 LengthPolicy(),
+                self.trace.skipped,
             ),
             buckets=self.buckets,
             schedules=self.schedules,

@@ -48,8 +48,10 @@ def trace_facts(
     requests: int,
     bad_lines: int,
     policy: LengthPolicy,
+    skipped: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Which trace ran: its digest ties a resume or a re-analysis to the same file."""
+    """Which trace ran: its digest ties a resume or a re-analysis to the same file.
+    ``skipped``: rows the trace itself marks as not to replay (failed requests), by kind."""
     return {
         "path": str(path),
         "format": fmt,
@@ -57,6 +59,7 @@ def trace_facts(
         "lines": lines,
         "requests": requests,
         "bad_lines": bad_lines,
+        "skipped_rows": dict(skipped or {}),
         "length_policy": policy.as_dict(),
     }
 

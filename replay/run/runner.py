@@ -125,6 +125,7 @@ class Runner:
                 c.trace.count,
                 c.trace.bad_count,
                 c.length_policy,
+                c.trace.skipped,
             ),
             buckets=c.buckets,
             schedules=[s.label for s in c.schedules],
