@@ -29,6 +29,7 @@ from replay.core.errors import InputError
 from replay.core.exit_codes import ExitCode
 from replay.core.importers import StreamedTrace, scan, skipped_note, sniff_format
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
+from replay.core.slo import SloSpec, parse_slo
 from replay.present.table import quality_table, summary_table
 from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
@@ -210,17 +211,19 @@ class Plan:
     buckets: Buckets
     schedules: list[ClosedLoop | OpenLoop]
     targets: list[TargetSpec]
+    slo: SloSpec | None
 
     @classmethod
     def of(cls, o: RunOptions) -> Plan:
         trace, fmt = load_trace(o)
         buckets = Buckets.parse(o.bucket_spec)
+        slo = parse_slo(o.slo, buckets.labels) if o.slo else None
         schedules = build_schedules(
             trace, o.concurrency, o.rate, o.trace_times, o.time_scale, o.max_in_flight, o.seed
         )
         specs = resolve_targets(o)
         refuse_overlap(trace.iter_requests(), specs, o.trace_path)
-        return cls(trace, fmt, buckets, schedules, specs)
+        return cls(trace, fmt, buckets, schedules, specs, slo)
 
 
 def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunConfig:
@@ -231,6 +234,7 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         targets=plan.targets,
         schedules=plan.schedules,
         buckets=plan.buckets,
+        slo=plan.slo,
         run_dir=run_dir,
         length_policy=o.length_policy,
         parallel_targets=o.parallel_targets,

@@ -70,6 +70,7 @@ class RunOptions:
     control: bool | None = None
     max_errors: int | None = None
     max_error_rate: float = 0.05
+    slo: str | None = None
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -315,6 +316,12 @@ RUN_OPTIONS = [
     ),
     click.option(
         "--alpha", default=0.05, show_default=True, help="Significance level for a repeatable loss."
+    ),
+    click.option(
+        "--slo",
+        help="Service goals, e.g. ttft=2s,itl=80ms,e2e=30s, per bucket after a ';' "
+        "('ttft=2s;>=32K:ttft=8s'): SLO attainment and goodput per bucket, and FP8 pays "
+        "by goodput.",
     ),
     click.option(
         "--max-errors",

@@ -91,8 +91,8 @@ def parse_slo(text: str, bucket_labels: list[str] | None = None) -> SloSpec:
     default = Slo()
     buckets: dict[str, Slo] = {}
     for i, scope in enumerate(scopes):
-        label, sep, rest = scope.partition(":")
-        if sep and "=" not in label:
+        label, sep, rest = scope.partition(":")  # durations hold no ':', bucket labels may '='
+        if sep:
             label = label.strip()
             if bucket_labels is not None and label not in bucket_labels:
                 raise InputError(
@@ -109,13 +109,7 @@ def parse_slo(text: str, bucket_labels: list[str] | None = None) -> SloSpec:
                 f"--slo: '{scope.strip()}' needs a bucket label (e.g. '<8K:ttft=1s'); only "
                 "the first scope is the default"
             )
-    # Scopes inherit the default's bounds they do not override, whatever order they came in.
-    merged = {k: replace(default, **_overrides(v)) for k, v in buckets.items()}
-    return SloSpec(default, merged, text.strip())
-
-
-def _overrides(slo: Slo) -> dict[str, float]:
-    return slo.bounds()
+    return SloSpec(default, buckets, text.strip())
 
 
 def meets(slo: Slo, ok: bool, ttft: float | None, tpot: float | None, e2e: float | None) -> bool:

@@ -14,6 +14,7 @@ from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.importers import LengthPolicy
 from replay.core.records import Result
+from replay.core.slo import SloSpec
 from replay.core.trace import Request, TraceSource
 from replay.run.analyze import Analysis, analyse
 from replay.run.manifest import build_manifest, target_entry, trace_facts
@@ -75,6 +76,7 @@ class RunRecorder:
     # are counted, not stored, so no test can fill the disk (Locust's statistics still see
     # every request). 0: no cap.
     max_results: int = DEFAULT_MAX_RESULTS
+    slo: SloSpec | None = None  # SLO attainment and goodput in the summary
 
     def __post_init__(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -189,6 +191,7 @@ class RunRecorder:
                 grading=self.checkers,
                 results=results,
                 driver=self.driver,
+                slo=self.slo,
             )
         ).to_json()
 

@@ -165,6 +165,8 @@ def _groups(
 
 
 def _latency_table(run: Run, phase: str) -> Table | None:
+    phases = [t.phases.get(phase) for t in run.summary.targets.values()]
+    slo = [b.slo for ph in phases if ph for b in ph.buckets.values() if b.slo is not None]
     t = Table(
         [
             "Target",
@@ -176,12 +178,25 @@ def _latency_table(run: Run, phase: str) -> Table | None:
             "ITL p50 / p90 / p99 (ms)",
             "E2E p50 / p90 (ms)",
             "Queue delay p90 (ms)",
-        ]
+            *(["SLO met", "Goodput (req/s)"] if slo else []),
+        ],
+        caption=_slo_caption(slo[0].bounds_ms) if slo else "",
     )
     for name in run.targets():
         target = run.summary.targets.get(name)
         ph = target.phases.get(phase) if target else None
         for bucket, row in run.in_order(ph.buckets if ph else {}, "bucket"):
+            extra: list[str | Cell] = []
+            if slo:
+                s = row.slo
+                extra = [
+                    Cell(
+                        f_pct(s.attainment) if s else DASH,
+                        "num",
+                        _slo_caption(s.bounds_ms) if s else "",
+                    ),
+                    f_sig(s.goodput_rps) if s else DASH,
+                ]
             kinds = ", ".join(f"{k}: {n}" for k, n in row.errors_by_kind.items())
             t.add(
                 name,
@@ -196,8 +211,16 @@ def _latency_table(run: Run, phase: str) -> Table | None:
                 _f_pcts(row.itl_ms, True),
                 _f_pcts(row.e2e_ms, False),
                 f_sig(row.queue_delay_ms.p90),
+                *extra,
             )
     return t if t.rows else None
+
+
+def _slo_caption(bounds_ms: Mapping[str, float]) -> str:
+    """The SLO bounds as the report states them: 'SLOs: TTFT <= 2000 ms, ITL <= 80 ms'."""
+    names = {"ttft_ms": "TTFT", "itl_ms": "ITL (per-request mean)", "e2e_ms": "E2E"}
+    parts = [f"{names.get(k, k)} <= {f_sig(v)} ms" for k, v in bounds_ms.items()]
+    return "SLOs: " + ", ".join(parts) + " (met: succeeded within every bound)" if parts else ""
 
 
 def _f_pcts(x: Percentiles, p99: bool) -> str:

@@ -24,9 +24,19 @@ def _pct(v: float | None, digits: int = 0) -> str:
     return percent(v, digits, TERMINAL_DASH)
 
 
+def _has_slo(summary: Summary) -> bool:
+    return any(
+        row.slo is not None
+        for tgt in summary.targets.values()
+        for ph in tgt.phases.values()
+        for row in ph.buckets.values()
+    )
+
+
 def summary_table(summary: Summary) -> Table:
     t = Table(title="kvcanary replay: per target x phase x bucket", show_lines=False)
-    for col, just in (
+    slo = _has_slo(summary)
+    columns = [
         ("target", "left"),
         ("phase", "left"),
         ("bucket", "left"),
@@ -41,46 +51,42 @@ def summary_table(summary: Summary) -> Table:
         ("peak KV", "right"),
         ("preempt", "right"),
         ("prefix hit", "right"),
-    ):
+    ]
+    if slo:
+        columns += [("SLO met", "right"), ("goodput/s", "right")]
+    for col, just in columns:
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for name, tgt in summary.targets.items():
         if tgt.status != "ok":
-            t.add_row(
-                name,
-                "",
-                "",
-                "",
-                "all",
-                f"[red]{tgt.status}[/red]",
-                "",
-                "",
-                "",
-                _f(tgt.kv_cache_size_tokens, ",.0f"),
-                "",
-                "",
-                "",
-                "",
-            )
+            row = [name, "", "", "", "all", f"[red]{tgt.status}[/red]", "", "", ""]
+            row += [_f(tgt.kv_cache_size_tokens, ",.0f"), "", "", "", ""]
+            t.add_row(*row, *(["", ""] if slo else []))
         for label, ph in tgt.phases.items():
             srv = ph.server
-            for i, (bucket, row) in enumerate(ph.buckets.items()):
+            for i, (bucket, b) in enumerate(ph.buckets.items()):
                 first = i == 0
-                t.add_row(
+                cells = [
                     name,
                     label,
                     bucket,
-                    str(row.requests),
-                    str(row.errors),
-                    f"{_f(row.ttft_ms.p50)} / {_f(row.ttft_ms.p99)}",
-                    f"{_f(row.itl_ms.p50, '.2f')} / {_f(row.itl_ms.p99, '.2f')}",
-                    _f(row.e2e_ms.p50, ".0f"),
+                    str(b.requests),
+                    str(b.errors),
+                    f"{_f(b.ttft_ms.p50)} / {_f(b.ttft_ms.p99)}",
+                    f"{_f(b.itl_ms.p50, '.2f')} / {_f(b.itl_ms.p99, '.2f')}",
+                    _f(b.e2e_ms.p50, ".0f"),
                     _f(ph.all.throughput_out_tok_s) if first else "",
-                    _f(row.capacity.kv_cache_size_tokens, ",.0f"),
-                    _f(row.capacity.concurrency_at_context, ",.0f"),
+                    _f(b.capacity.kv_cache_size_tokens, ",.0f"),
+                    _f(b.capacity.concurrency_at_context, ",.0f"),
                     _pct(srv.peak_kv_usage, 1) if first else "",
                     _f(srv.preemptions, ".0f") if first else "",
                     _pct(srv.prefix_cache_hit_rate) if first else "",
-                )
+                ]
+                if slo:
+                    cells += [
+                        _pct(b.slo.attainment) if b.slo else "",
+                        _f(b.slo.goodput_rps, ".2f") if b.slo else "",
+                    ]
+                t.add_row(*cells)
     return t
 
 

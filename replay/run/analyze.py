@@ -25,6 +25,7 @@ from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
 from replay.core.importers import stream
 from replay.core.records import Result
+from replay.core.slo import SloSpec, parse_slo
 from replay.run.rundir import (
     GRADES,
     MANIFEST,
@@ -72,6 +73,7 @@ class Analysis:
     driver: Mapping[str, Any] | None = None  # a Locust run: what drove it (its manifest's)
     # Server-side series by target; None: read from the run directory's metrics/ files.
     series: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
+    slo: SloSpec | None = None  # SLO attainment and goodput per group
 
 
 def analyse(a: Analysis) -> Summary:
@@ -87,6 +89,7 @@ def analyse(a: Analysis) -> Summary:
             a.targets,
             a.series if a.series is not None else read_series(a.run_dir, a.targets, a.reference),
             a.bucket_labels,
+            a.slo,
         ),
         run_dir=str(a.run_dir),
         driver=a.driver,
@@ -175,8 +178,17 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
             verdict=not locust,
             results=results,
             driver=manifest["driver"] if locust else None,
+            slo=_saved_slo(manifest),
         )
     ).to_json()
+
+
+def _saved_slo(manifest: Mapping[str, Any]) -> SloSpec | None:
+    """The SLOs the run was started with (``--slo``, or the Locust test's ``--kvc-slo``)."""
+    cli = manifest.get("cli_options") or {}
+    text = cli.get("slo") or (manifest.get("options") or {}).get("slo")
+    labels = list((manifest.get("buckets") or {}).get("labels") or [])
+    return parse_slo(str(text), labels or None) if text else None
 
 
 def _manifest(run_dir: Path) -> dict[str, Any]:

@@ -224,6 +224,7 @@ class Runner:
                 thresholds=self.cfg.thresholds,
                 manifest=self.manifest(),
                 grading_specs=self._grading_specs,
+                slo=self.cfg.slo,
             )
         ).to_json()
 

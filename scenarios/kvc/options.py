@@ -12,8 +12,9 @@ from typing import Any
 from locust.env import Environment
 
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
-from replay.core.errors import KvcanaryError
+from replay.core.errors import InputError, KvcanaryError
 from replay.core.importers import StreamedTrace, scan, sniff_format
+from replay.core.slo import SloSpec, parse_slo
 from replay.locust.events import DEFAULT_ITL_EVENTS
 from replay.locust.plans import Constant, LoadPlan, StepSweep, TraceTimes, parse_levels
 from replay.locust.recorder import DEFAULT_MAX_RESULTS
@@ -121,6 +122,12 @@ def _add_run(add: Callable[..., Any]) -> None:
     add("--kvc-timeout", type=float, default=600.0, help="Per-request timeout, seconds")
     add("--kvc-seed", type=int, default=0, help="Sampling seed")
     add(
+        "--kvc-slo",
+        default="",
+        help="Service goals, as replay's --slo (ttft=2s,itl=80ms,e2e=30s; per bucket after "
+        "a ';'): SLO attainment and goodput in the run directory's summary",
+    )
+    add(
         "--kvc-itl-events",
         type=int,
         default=DEFAULT_ITL_EVENTS,
@@ -175,6 +182,7 @@ class Config:
     max_errors: int
     max_error_rate: float
     max_results: int
+    slo: SloSpec | None = None
 
 
 def load_plan(opts: Any, mode: str, common: bool) -> LoadPlan:
@@ -203,13 +211,14 @@ def read_config(env: Environment, mode: str, common: bool) -> Config:
     spec = resolve_target(str(opts.kvc_target), env.host, str(opts.kvc_targets_file) or None)
     spec.api_key()  # a missing key variable is found before anything is sent
     plan = load_plan(opts, mode, common)
+    buckets = Buckets.parse(opts.kvc_buckets)
     return Config(
         trace_path=path,
         trace_format=fmt,
         trace=trace,
         sha256=file_digest(path),
         limit=limit,
-        buckets=Buckets.parse(opts.kvc_buckets),
+        buckets=buckets,
         spec=spec,
         mode=mode,
         plan=plan,
@@ -223,7 +232,15 @@ def read_config(env: Environment, mode: str, common: bool) -> Config:
         max_errors=_at_least(int(opts.kvc_max_errors), 0, "--kvc-max-errors"),
         max_error_rate=_rate(float(opts.kvc_max_error_rate)),
         max_results=_at_least(int(opts.kvc_max_results), 0, "--kvc-max-results"),
+        slo=_slo(str(opts.kvc_slo), buckets),
     )
+
+
+def _slo(text: str, buckets: Buckets) -> SloSpec | None:
+    try:
+        return parse_slo(text, buckets.labels) if text.strip() else None
+    except InputError as exc:  # the same grammar as replay's --slo, named as this option
+        raise KvcanaryError(str(exc).replace("--slo", "--kvc-slo")) from None
 
 
 def _at_least(value: int, low: int, option: str) -> int:

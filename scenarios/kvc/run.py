@@ -103,10 +103,12 @@ def recorder(
             "max_errors": cfg.max_errors,
             "max_error_rate": cfg.max_error_rate,
             "max_results": cfg.max_results,
+            "slo": cfg.slo.text if cfg.slo else None,
         },
         driver={"name": "locust", "version": locust_version, **driver},
         command=list(sys.argv),
         checkers=cfg.checkers,
         seed=cfg.seed,
         max_results=cfg.max_results,
+        slo=cfg.slo,
     )

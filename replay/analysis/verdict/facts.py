@@ -46,6 +46,9 @@ class Thresholds:
     tf_warn_top1: float = 0.05
     # Decide on emulated FP8 arms (quality only) instead of refusing to.
     accept_emulated: bool = False
+    # With --slo, FP8 pays by goodput when its SLO-meeting requests per second are at least
+    # this multiple of the reference's (over every phase): 2% above what a rerun moves it.
+    goodput_gain: float = 1.02
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ class Facts:
     capacity_ratio: float | None = None
     latency_better: bool | None = None  # FP8 faster (TTFT or E2E) somewhere that matters
     capacity_needed: bool | None = None  # the reference's cache ran close to full
+    # With SLOs: the candidate's goodput over the reference's, and each one's req/s
+    goodput_ratio: float | None = None
+    goodput_rps: tuple[float, float] | None = None  # (reference, candidate)
     below_break_even: bool | None = None
     per_head_supported: bool = False
     outlier_layers: tuple[int, ...] = ()
@@ -198,7 +204,26 @@ def facts_from_run(
         latency_better=s.systems.latency_better if s.systems and not cand_emulated else None,
         capacity_needed=(max(usage) >= thresholds.capacity_needed_usage) if usage else None,
         below_break_even=s.systems.below_break_even if s.systems else None,
+        **_goodput(ref_t, targets.get(cand or ""), cand_emulated),
     )
+
+
+def _goodput(
+    ref: TargetSummary | None, cand: TargetSummary | None, cand_emulated: bool
+) -> dict[str, Any]:
+    """Requests per second that met every SLO, over all phases (met requests over the
+    phases' total time), for the reference and the candidate; nothing without SLOs."""
+
+    def rps(t: TargetSummary | None) -> float | None:
+        phases = [ph for ph in (t.phases.values() if t else ()) if ph.all.slo is not None]
+        time = sum(ph.duration_s or 0.0 for ph in phases)
+        met = sum(ph.all.slo.met for ph in phases if ph.all.slo is not None)
+        return met / time if phases and time > 0 else None
+
+    a, b = rps(ref), rps(cand)
+    if a is None or b is None or cand_emulated:
+        return {}
+    return {"goodput_rps": (a, b), "goodput_ratio": (b / a) if a > 0 else None}
 
 
 def _capacity_ratio(

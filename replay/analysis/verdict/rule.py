@@ -225,6 +225,17 @@ def _insufficient(
     )
 
 
+def _goodput_entry(f: Facts, th: Thresholds) -> dict[str, Any]:
+    assert f.goodput_rps is not None
+    ref_rps, cand_rps = f.goodput_rps
+    ratio = f"{f.goodput_ratio:.2f}x" if f.goodput_ratio is not None else "n/a"
+    return evidence_entry(
+        "systems",
+        f"goodput {cand_rps:.3g} req/s within the SLOs against the reference's "
+        f"{ref_rps:.3g} ({ratio}; FP8 pays from {th.goodput_gain:g}x)",
+    )
+
+
 def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
     if f.candidate is not None and f.candidate.emulated:
         ev.append(
@@ -251,6 +262,8 @@ def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
                 f"(required {th.required_capacity_ratio:g}x)",
             )
         )
+    if f.goodput_rps is not None:
+        ev.append(_goodput_entry(f, th))
     if cap_ok and f.capacity_needed is not False:
         return verdict_record(
             "keep",
@@ -260,7 +273,19 @@ def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
             ],
             ev,
         )
-    if f.latency_better:
+    if f.goodput_rps is not None:
+        ratio = f"{f.goodput_ratio:.2f}x" if f.goodput_ratio is not None else "n/a"
+        # With SLOs the service's own goal decides whether FP8 pays, not raw latency.
+        if f.goodput_ratio is not None and f.goodput_ratio >= th.goodput_gain:
+            return verdict_record(
+                "keep",
+                [
+                    f"matches {f.reference} in every bucket and serves {ratio} its "
+                    "requests per second within the SLOs"
+                ],
+                ev,
+            )
+    elif f.latency_better:
         return verdict_record("keep", [f"matches {f.reference} in every bucket and is faster"], ev)
     if cap_ok:
         # Capacity is there but this workload does not need it and pays FP8's overhead.
@@ -276,5 +301,9 @@ def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
                 "reference's cache never ran close to full"
             ],
             ev,
+        )
+    if f.goodput_rps is not None:
+        return verdict_record(
+            "reject", ["no memory gain, and no more requests per second within the SLOs"], ev
         )
     return verdict_record("reject", ["no memory or latency gain on this backend"], ev)
