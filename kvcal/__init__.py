@@ -9,7 +9,6 @@
     _observe _sample                     K/V at the cache write; stratified samples
     _fp8                                 vLLM's E4M3 cache write (imports torch only)
     _backend                             per-head scales on vLLM's attention backend here
-    _extras                              optional dependencies and what to install
     vllm_plugin                          emulated FP8 inside a BF16 vLLM server
 
 May import replay's trace, bucketing and target code; replay never imports kvcal.

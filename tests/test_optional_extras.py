@@ -167,3 +167,110 @@ def test_sample_needs_no_torch(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert (out / "samples.jsonl").read_text().strip()
+
+
+def _replay_without(blocked: str, *args: str, cache: Path, no_embedded: bool = False) -> str:
+    """``replay ARGS`` with ``blocked`` unimportable and an empty model cache; with
+    ``no_embedded``, as in a tree without the committed checkpoint."""
+    code = (
+        "import sys\n"
+        f"for name in {blocked.split(',')!r}:\n"
+        "    sys.modules[name] = None\n"
+        "from replay.testmodel import factory\n"
+        f"if {no_embedded!r}:\n"
+        f"    factory.EMBEDDED_DIR = factory.Path({str(cache / 'no-embedded')!r})\n"
+        "from replay.cli import main\n"
+        "main(sys.argv[1:], prog_name='replay')\n"
+    )
+    env = {**os.environ, "KVCANARY_CACHE": str(cache)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT), "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return _one_line_error(proc)
+
+
+def test_replay_model_names_the_missing_extra(tmp_path: Path) -> None:
+    """Deriving the twin and building the random model need torch; the message says so
+    before anything is written."""
+    cache = tmp_path / "cache"
+    assert _replay_without("torch", "model", "--twin", cache=cache) == (
+        f"error: replay model --twin needs torch to derive the outlier twin: pip install torch "
+        f"{SETUP}"
+    )
+    assert _replay_without("transformers", "model", "--twin", cache=cache) == (
+        "error: replay model --twin needs transformers to derive the outlier twin: "
+        "pip install 'kvcanary[model]'"
+    )
+    out = tmp_path / "random"
+    assert _replay_without("torch,safetensors", "model", "--random", str(out), cache=cache) == (
+        "error: replay model --random needs torch and safetensors to build the test model: "
+        f"pip install torch 'kvcanary[model]' {SETUP}"
+    )
+    assert not out.exists() and not cache.exists()
+
+
+def test_replay_model_without_a_committed_checkpoint_names_the_missing_extra(
+    tmp_path: Path,
+) -> None:
+    assert _replay_without("torch", "model", cache=tmp_path, no_embedded=True) == (
+        f"error: replay model needs torch to build the test model: pip install torch {SETUP}"
+    )
+
+
+def test_the_run_names_the_extra_its_embedded_model_needs(tmp_path: Path) -> None:
+    """The default run builds the random model when no checkpoint is committed."""
+    args = ("--trace", str(TRACE), "--targets", "bf16", "--out", str(tmp_path / "runs"))
+    assert _replay_without("tokenizers", *args, cache=tmp_path, no_embedded=True) == (
+        "error: replay needs tokenizers to build the test model: pip install 'kvcanary[model]'"
+    )
+
+
+def test_replay_model_prints_the_committed_checkpoint_without_torch(tmp_path: Path) -> None:
+    """The committed checkpoint is served as it is: printing its folder needs no extra."""
+    if not (MODEL / "kvcanary_model.json").exists():
+        pytest.skip("no committed checkpoint in this tree")
+    proc = subprocess.run(
+        [sys.executable, "-c", LIGHT_PATHS, ",".join(OPTIONAL), json.dumps(["replay", "model"])],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "KVCANARY_CACHE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    *printed, last = proc.stdout.splitlines()
+    assert printed == [str(MODEL)]
+    assert json.loads(last) == {"codes": [0], "tried": []}
+
+
+def test_replay_errors_print_brackets_as_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An error message is text, not rich markup: the extra in ``'kvcanary[data]'`` and a
+    folder named ``run[1]`` reach the terminal as written."""
+    from click.testing import CliRunner
+
+    from replay.cli import main
+    from replay.cli.common import guard
+    from replay.core.errors import InputError
+
+    def fails() -> int:
+        raise InputError("replay export needs pyarrow: pip install 'kvcanary[data]'")
+
+    with pytest.raises(SystemExit) as exit_:
+        guard(fails)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: replay export needs pyarrow: pip install 'kvcanary[data]'\n"
+
+    run_dir = tmp_path / "run[1]"
+    run_dir.mkdir()
+    out = CliRunner().invoke(main, ["report", str(run_dir)])
+    assert out.exit_code == 2
+    # However rich wraps it, the folder's name is all there.
+    assert f"{run_dir}:nosummary.json" in "".join(out.output.split())

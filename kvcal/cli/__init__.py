@@ -11,7 +11,7 @@ optional dependency); 3 verify: the FP8 server refused (unsupported on this back
 
 One module per command; ``common`` runs them (errors, exit codes), ``tables`` draws their
 reports. Nothing here imports torch, transformers, safetensors or vLLM at import time: each
-command imports what it needs once it has checked it is installed (:mod:`kvcal._extras`).
+command imports what it needs once it has checked it is installed (:mod:`replay.core.extras`).
 """
 
 from __future__ import annotations

@@ -14,8 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from replay.core.errors import InputError
-
-from .._extras import MissingExtra, as_missing_extra, require
+from replay.core.extras import MissingExtra, as_missing_extra, require
 
 console = Console(stderr=True)
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_INPUT = 0, 1, 2
@@ -37,7 +36,7 @@ def guard(
     except MissingExtra as exc:
         code = _missing(exc)
     except InputError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         code = EXIT_INPUT
     except ModuleNotFoundError as exc:
         extra = as_missing_extra(name, exc)

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from .._extras import require
+from replay.core.extras import require
+
 from .common import EXIT_OK, guard
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from replay import __version__
 from replay.analysis.schemas import Summary
@@ -18,6 +19,7 @@ from replay.cli.run_options import run_options
 from replay.cli.trace_commands import trace
 from replay.core.errors import InputError
 from replay.core.exit_codes import ExitCode
+from replay.core.extras import require
 from replay.present.table import compare_table
 
 
@@ -82,7 +84,7 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
                     "kvcanary run directory?"
                 )
             analyse_again(run_dir, trace_path)
-            console.print(f"graded and summarized {run_dir} from its results")
+            console.print(f"graded and summarized {escape(str(run_dir))} from its results")
         for path in write_reports(run_dir):
             click.echo(str(path))
         return ExitCode.OK
@@ -160,12 +162,24 @@ def model_cmd(twin: bool, random_out: Path | None) -> None:
     replay/testmodel/models/ (python -m replay.testmodel.train
     --out replay/testmodel/models/kvcanary-tiny-llama), else the deterministic random one,
     built on first use."""
-    from replay.testmodel.factory import build, ensure_default_model, ensure_twin_model
+    from replay.testmodel.factory import (
+        BUILD_NEEDS,
+        build,
+        ensure_default_model,
+        ensure_twin_model,
+    )
 
-    if random_out:
-        click.echo(str(build(random_out)))
-    else:
-        click.echo(str(ensure_twin_model() if twin else ensure_default_model()))
+    def run() -> int:
+        if random_out:
+            require("replay model --random", BUILD_NEEDS, " to build the test model")
+            click.echo(str(build(random_out)))
+        elif twin:
+            click.echo(str(ensure_twin_model("replay model --twin")))
+        else:
+            click.echo(str(ensure_default_model("replay model")))
+        return ExitCode.OK
+
+    guard(run)
 
 
 main.add_command(trace)

@@ -16,9 +16,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 
 from replay.core.errors import InputError, KvcanaryError
 from replay.core.exit_codes import ExitCode
+from replay.core.extras import MissingExtra
 
 T = TypeVar("T")
 
@@ -53,15 +55,24 @@ def install_sigterm() -> None:
 
 
 def guard(fn: Callable[[], int]) -> NoReturn:
+    """Run a command's work and exit with its code; our errors become an ``error:`` line on
+    stderr (a traceback is a bug)."""
     try:
         code = fn()
     except InputError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        # A missing extra's hint is one line however narrow the terminal, so it can be copied.
+        _print_error(exc, soft_wrap=isinstance(exc, MissingExtra))
         code = ExitCode.INPUT
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: results so far are in the run directory")
         code = ExitCode.INTERRUPTED
     except KvcanaryError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        _print_error(exc)
         code = ExitCode.TARGET_FAILED
     sys.exit(code)
+
+
+def _print_error(exc: Exception, soft_wrap: bool = False) -> None:
+    """``error: <message>``; the message is text, not rich markup ('kvcanary[data]' is an
+    extra, a path may hold brackets)."""
+    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=soft_wrap)

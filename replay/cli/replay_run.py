@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -47,11 +48,11 @@ class RichProgress:
         self.status_task = progress.add_task("", total=None)
 
     def status(self, message: str) -> None:
-        self.p.update(self.status_task, description=message)
+        self.p.update(self.status_task, description=escape(message))
 
     def phase(self, target: str, label: str, total: int) -> None:
-        self.status(f"[{target}] replaying ({label})")
-        self.tasks[(target, label)] = self.p.add_task(f"{target} {label}", total=total)
+        self.status(f"[{target}] replaying ({label})")  # status() escapes the brackets
+        self.tasks[(target, label)] = self.p.add_task(escape(f"{target} {label}"), total=total)
 
     def advance(self, target: str, label: str, ok: bool) -> None:
         self.p.advance(self.tasks[(target, label)])
@@ -104,7 +105,7 @@ def _warn_unscanned(path: Path, has_text: bool) -> None:
 
     if has_text and path.suffix == ".jsonl" and not is_scanned(path):
         console.print(
-            f"[yellow]warning:[/yellow] {path} was not anonymized by kvcanary; run "
+            f"[yellow]warning:[/yellow] {escape(str(path))} was not anonymized by kvcanary; run "
             "`replay trace anonymize` (and `replay trace scan`) before sharing "
             "production traces"
         )
@@ -142,11 +143,14 @@ def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
     keep = exclusion(o.exclude_ids)
     trace = scan(path, fmt, o.length_policy, o.on_bad_line, o.limit, keep=keep)  # type: ignore[arg-type]
     if keep is not None:
-        console.print(f"--exclude-ids: left out {keep.dropped} request(s) listed in {keep.source}")
+        console.print(
+            f"--exclude-ids: left out {keep.dropped} request(s) listed in "
+            f"{escape(str(keep.source))}"
+        )
     if trace.bad_count:
         console.print(
             f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
-            f"(first: {trace.first_bad}); all are listed in bad_lines.jsonl"
+            f"(first: {escape(str(trace.first_bad))}); all are listed in bad_lines.jsonl"
         )
     if trace.skipped:
         console.print(f"[yellow]{skipped_note(trace.skipped)}[/yellow] (counted in the manifest)")
@@ -166,7 +170,7 @@ def resolve_targets(o: RunOptions) -> list[TargetSpec]:
         from replay.testmodel.factory import ensure_default_model
 
         model_dir = ensure_default_model()
-        console.print(f"using the embedded test model {model_dir}")
+        console.print(f"using the embedded test model {escape(str(model_dir))}")
     specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config)
     if o.emulate_fp8:
         specs = [emulate_fp8(s) for s in specs]
@@ -269,7 +273,7 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
     o = resolve_control(o, canary, plan.trace)
     cfg = run_config(o, plan, run_dir, resume=resuming is not None)
     console.print(
-        f"run directory: [bold]{run_dir}[/bold] - {plan.trace.count} requests, "
+        f"run directory: [bold]{escape(str(run_dir))}[/bold] - {plan.trace.count} requests, "
         f"{len(plan.targets)} target(s), schedules {', '.join(s.label for s in plan.schedules)}"
     )
     runner, summary = _replay(cfg, canary)
@@ -277,7 +281,7 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
     if runner.interrupted:
         console.print(
             f"[yellow]interrupted[/yellow]: partial summary and report written; "
-            f"continue with: replay --resume {run_dir}"
+            f"continue with: replay --resume {escape(str(run_dir))}"
         )
         return ExitCode.INTERRUPTED
     if o.markdown_path:
@@ -286,7 +290,9 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
         verdict = summary.verdict
         assert verdict is not None  # the runner always decides
         click.echo(md.read_text(encoding="utf-8"))
-        console.print(f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {html}")
+        console.print(
+            f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {escape(str(html))}"
+        )
         return verdict.exit_code
     return _conclude(summary, o.max_error_rate, run_dir, html)
 
@@ -317,16 +323,16 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
     if summary.quality and summary.quality.phases:
         out.print(quality_table(summary.quality))
         for note in summary.quality.notes:
-            console.print(f"[yellow]note:[/yellow] {note}")
+            console.print(f"[yellow]note:[/yellow] {escape(note)}")
     failed = [(n, t.reason) for n, t in summary.targets.items() if t.status != "ok"]
     for name, reason in failed:
-        console.print(f"[red]target {name} failed:[/red] {reason}")
+        console.print(f"[red]target {escape(name)} failed:[/red] {escape(str(reason))}")
     erring = target_errors(summary, max_error_rate)
     for name, why in erring:
-        console.print(f"[red]target {name}:[/red] {why}")
+        console.print(f"[red]target {escape(name)}:[/red] {escape(why)}")
     style = "green" if verdict.verdict == "keep" else "yellow"
-    console.print(f"[bold {style}]{verdict.headline}[/bold {style}]")
-    console.print(f"results: {run_dir}  report: {html}")
+    console.print(f"[bold {style}]{escape(verdict.headline)}[/bold {style}]")
+    console.print(f"results: {escape(str(run_dir))}  report: {escape(str(html))}")
     erring_names = {n for n, _ in erring}
     if any(n not in erring_names for n, _ in failed):
         return ExitCode.TARGET_FAILED

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from replay.core.extras import require
+
 DEFAULT_NAME = "kvcanary-tiny-llama"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 
@@ -240,6 +242,11 @@ def checkpoint_digest(model_dir: Path) -> str:
     return h.hexdigest()
 
 
+# The optional modules (the ``model`` extra and torch) that building the random model and
+# deriving the twin import; replay.core.extras says what to install for each.
+BUILD_NEEDS = ("torch", "tokenizers", "safetensors")
+TWIN_NEEDS = ("torch", "transformers", "tokenizers", "safetensors")
+
 # The trained checkpoint ships inside the package (``python -m replay.testmodel.train``
 # regenerates it); the random builder remains for tests of the factory itself.
 EMBEDDED_DIR = Path(__file__).parent / "models" / DEFAULT_NAME
@@ -263,10 +270,12 @@ def default_model_dir() -> Path:
     return cache_dir() / DEFAULT_NAME
 
 
-def ensure_default_model() -> Path:
-    """The embedded default model, ready to serve (the random one is built on first use)."""
+def ensure_default_model(command: str = "replay") -> Path:
+    """The embedded default model, ready to serve (the random one is built on first use;
+    ``command`` is what the message names when building it needs a module not installed)."""
     out = default_model_dir()
     if not (out / "kvcanary_model.json").exists():
+        require(command, BUILD_NEEDS, " to build the test model")
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         build(tmp)
         if out.exists():
@@ -344,13 +353,14 @@ def derive_twin(src: Path, out: Path, factor: int) -> Path:
     return out
 
 
-def ensure_twin_model() -> Path:
+def ensure_twin_model(command: str = "replay model --twin") -> Path:
     """The outlier twin of the embedded model, derived once into the cache folder."""
-    src = ensure_default_model()
-    out = cache_dir() / TWIN_NAME
-    marker = out / "kvcanary_model.json"
-    if marker.exists() and json.loads(marker.read_text())["derived_from"] == checkpoint_digest(src):
+    src, out = default_model_dir(), cache_dir() / TWIN_NAME
+    if _is_twin_of(out, src):
         return out
+    # Checked before the default model is built: deriving needs all that building does.
+    require(command, TWIN_NEEDS, " to derive the outlier twin")
+    src = ensure_default_model(command)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     derive_twin(src, tmp, twin_factor(src))
     if out.exists():
@@ -359,6 +369,14 @@ def ensure_twin_model() -> Path:
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def _is_twin_of(twin: Path, src: Path) -> bool:
+    """Whether ``twin`` holds a twin derived from ``src`` as it is now."""
+    marker, src_marker = twin / "kvcanary_model.json", src / "kvcanary_model.json"
+    if not (marker.exists() and src_marker.exists()):
+        return False
+    return bool(json.loads(marker.read_text())["derived_from"] == checkpoint_digest(src))
 
 
 def _write_json(path: Path, obj: Any) -> None:

