@@ -69,6 +69,17 @@ class SloStats(Record):
 
 
 @record
+class SessionStats(Record):
+    """Later turns of multi-turn sessions in a group: how much of their prompts the previous
+    turn's prompt and answer began with (what a prefix cache could serve), from token ids."""
+
+    later_turns: int
+    measured: int  # later turns whose prompt and previous tokens are known
+    reused_prefix_tokens_mean: float | None
+    reused_prefix_share: float | None  # reused tokens over their prompt tokens
+
+
+@record
 class ResultStats(Record):
     """Client-side figures of a group of results (a phase, or one bucket of it)."""
 
@@ -87,6 +98,7 @@ class ResultStats(Record):
     decode_tok_s_median: float | None
     tokens_estimated: bool
     slo: SloStats | None = absent_if_none()  # only with --slo
+    sessions: SessionStats | None = absent_if_none()  # only for traces with sessions
 
 
 @record

@@ -21,6 +21,7 @@ from replay.analysis.schemas import (
     PhaseTotals,
     ResultStats,
     ServerStats,
+    SessionStats,
     SloStats,
     TargetSummary,
 )
@@ -50,6 +51,8 @@ COLUMNS = (
     "estimated",
     "tpot",
     "cancelled",
+    "turn",
+    "reused",
 )
 
 
@@ -104,6 +107,8 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
             r.tokens_estimated,
             _tpot(r),
             r.status == "cancelled",
+            r.turn,
+            r.reused_prefix_tokens,
         )
         for r in results
     ]
@@ -132,6 +137,19 @@ def with_slo(frame: pd.DataFrame, slo: SloSpec) -> pd.DataFrame:
         met &= hit
     frame["met"] = met
     return frame
+
+
+def _session_stats(group: pd.DataFrame) -> SessionStats:
+    later = group[group["turn"].fillna(1) > 1]
+    known = later.dropna(subset=["reused", "prompt_tokens"])
+    reused = known["reused"].to_numpy(dtype=float)
+    prompt = known["prompt_tokens"].to_numpy(dtype=float)
+    return SessionStats(
+        later_turns=len(later),
+        measured=len(known),
+        reused_prefix_tokens_mean=float(reused.mean()) if reused.size else None,
+        reused_prefix_share=float(reused.sum() / prompt.sum()) if prompt.sum() > 0 else None,
+    )
 
 
 def _slo_stats(group: pd.DataFrame, bounds: Mapping[str, float], dur: float | None) -> SloStats:
@@ -170,6 +188,7 @@ def _figures(
         "decode_tok_s_median": _median(ok["decode_rate"]),
         "tokens_estimated": bool(ok["estimated"].any()),
         **({"slo": _slo_stats(group, *slo)} if slo is not None else {}),
+        **({"sessions": _session_stats(group)} if group["turn"].notna().any() else {}),
     }
 
 

@@ -5,7 +5,7 @@ Each step is a function of the typed ``RunOptions``; the manifest saves those op
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,14 @@ from replay.core.errors import InputError
 from replay.core.exit_codes import ExitCode
 from replay.core.importers import StreamedTrace, scan, skipped_note, sniff_format
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
+from replay.core.sessions import ThinkTime, has_sessions, units
 from replay.core.slo import SloSpec, parse_slo
 from replay.present.table import quality_table, summary_table
 from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.rundir import MANIFEST, file_digest, new_run_dir, read_json
 from replay.run.runner import Runner
+from replay.run.session_history import check_mode
 from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
 
 
@@ -76,20 +78,28 @@ def build_schedules(
     time_scale: float,
     max_in_flight: int,
     seed: int,
+    sessions: bool = False,
 ) -> list[ClosedLoop | OpenLoop]:
+    """The phases. With sessions, a schedule's items are sessions (a session's later turns
+    follow its first), so open-loop arrivals are the sessions' first turns."""
     if rate is not None and trace_times:
         raise InputError("--rate and --trace-times are exclusive: pick one open-loop schedule")
+
+    def arrivals() -> Iterator[float | None]:
+        if sessions:
+            return (u[0][1].t for u in units(enumerate(trace.iter_requests())))
+        return (r.t for r in trace.iter_requests())
+
+    items = sum(1 for _ in units(enumerate(trace.iter_requests()))) if sessions else trace.count
     try:
         # Offsets are computed as the schedule consumes them (no list as long as the trace).
         if trace_times:
-            times = TraceOffsets(
-                lambda: (r.t for r in trace.iter_requests()), trace.t_min or 0.0, time_scale
-            )
+            times = TraceOffsets(arrivals, trace.t_min or 0.0, time_scale)
             return [OpenLoop(times, max_in_flight, name=f"trace-x{time_scale:g}")]
         if rate is not None:
             return [
                 OpenLoop(
-                    PoissonOffsets(trace.count, rate, seed),
+                    PoissonOffsets(items, rate, seed),
                     max_in_flight,
                     name=f"poisson-{rate:g}rps",
                 )
@@ -222,12 +232,34 @@ class Plan:
         trace, fmt = load_trace(o)
         buckets = Buckets.parse(o.bucket_spec)
         slo = parse_slo(o.slo, buckets.labels) if o.slo else None
+        sessions = has_sessions(trace.iter_requests())
         schedules = build_schedules(
-            trace, o.concurrency, o.rate, o.trace_times, o.time_scale, o.max_in_flight, o.seed
+            trace,
+            o.concurrency,
+            o.rate,
+            o.trace_times,
+            o.time_scale,
+            o.max_in_flight,
+            o.seed,
+            sessions,
         )
         specs = resolve_targets(o)
         refuse_overlap(trace.iter_requests(), specs, o.trace_path)
         return cls(trace, fmt, buckets, schedules, specs, slo)
+
+
+def think_time(text: str, time_scale: float) -> ThinkTime:
+    """``--think-time``: 'auto' (the trace's gaps between turns, scaled by --time-scale) or
+    a fixed number of seconds."""
+    if text.strip() == "auto":
+        return ThinkTime(None, time_scale)
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise InputError(f"--think-time: '{text}' is not 'auto' or a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise InputError(f"--think-time: '{text}' must be zero or more seconds")
+    return ThinkTime(seconds, time_scale)
 
 
 def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunConfig:
@@ -239,6 +271,8 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         schedules=plan.schedules,
         buckets=plan.buckets,
         slo=plan.slo,
+        think=think_time(o.think_time, o.time_scale),
+        session_history=check_mode(o.session_history, o.parallel_targets),
         run_dir=run_dir,
         length_policy=o.length_policy,
         parallel_targets=o.parallel_targets,

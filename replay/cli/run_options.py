@@ -71,6 +71,8 @@ class RunOptions:
     max_errors: int | None = None
     max_error_rate: float = 0.05
     slo: str | None = None
+    session_history: str = "trace"
+    think_time: str = "auto"
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -322,6 +324,21 @@ RUN_OPTIONS = [
         help="Service goals, e.g. ttft=2s,itl=80ms,e2e=30s, per bucket after a ';' "
         "('ttft=2s;>=32K:ttft=8s'): SLO attainment and goodput per bucket, and FP8 pays "
         "by goodput.",
+    ),
+    click.option(
+        "--session-history",
+        type=click.Choice(["trace", "reference"]),
+        default="trace",
+        show_default=True,
+        help="Multi-turn sessions: send each turn as the trace has it (its logged history), "
+        "or with the reference target's answers to the earlier turns (every target the same).",
+    ),
+    click.option(
+        "--think-time",
+        default="auto",
+        show_default=True,
+        help="Multi-turn sessions: seconds between a turn's end and the next turn, or auto "
+        "(the trace's gap between their arrivals, times --time-scale).",
     ),
     click.option(
         "--max-errors",

@@ -70,6 +70,12 @@ class Result:
     # True when what is stored was cut at the client's caps (answer text with tool-call names
     # and arguments, arrival times, output token ids): timing and counts still cover it all.
     output_truncated: bool = False
+    # Multi-turn sessions: the session, the turn's number (1-based), and how many of its
+    # prompt tokens the previous turn's prompt and answer began with (what a prefix cache
+    # could serve it; None without token ids).
+    session: str | None = None
+    turn: int | None = None
+    reused_prefix_tokens: int | None = None
 
     @property
     def ttft(self) -> float | None:

@@ -167,6 +167,7 @@ def _groups(
 def _latency_table(run: Run, phase: str) -> Table | None:
     phases = [t.phases.get(phase) for t in run.summary.targets.values()]
     slo = [b.slo for ph in phases if ph for b in ph.buckets.values() if b.slo is not None]
+    sessions = any(b.sessions for ph in phases if ph for b in ph.buckets.values())
     t = Table(
         [
             "Target",
@@ -179,6 +180,7 @@ def _latency_table(run: Run, phase: str) -> Table | None:
             "E2E p50 / p90 (ms)",
             "Queue delay p90 (ms)",
             *(["SLO met", "Goodput (req/s)"] if slo else []),
+            *(["Later turns", "Prefix reused"] if sessions else []),
         ],
         caption=_slo_caption(slo[0].bounds_ms) if slo else "",
     )
@@ -196,6 +198,17 @@ def _latency_table(run: Run, phase: str) -> Table | None:
                         _slo_caption(s.bounds_ms) if s else "",
                     ),
                     f_sig(s.goodput_rps) if s else DASH,
+                ]
+            if sessions:
+                ss = row.sessions
+                extra += [
+                    f_int(ss.later_turns) if ss else DASH,
+                    Cell(
+                        f_pct(ss.reused_prefix_share) if ss else DASH,
+                        "num",
+                        "share of later turns' prompt tokens the previous turn's prompt and "
+                        "answer began with (what a prefix cache can serve)",
+                    ),
                 ]
             kinds = ", ".join(f"{k}: {n}" for k, n in row.errors_by_kind.items())
             t.add(

@@ -13,6 +13,7 @@ from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.importers import LengthPolicy
 from replay.core.records import Result
+from replay.core.sessions import ThinkTime
 from replay.core.slo import SloSpec
 from replay.core.trace import TraceSource
 from replay.run.budget import ErrorBudget
@@ -34,6 +35,9 @@ class RunConfig:
     run_dir: Path
     length_policy: LengthPolicy = field(default_factory=LengthPolicy)
     slo: SloSpec | None = None  # SLO attainment and goodput in the summary
+    # Multi-turn sessions: the wait between turns, and whose history later turns carry.
+    think: ThinkTime = field(default_factory=ThinkTime)
+    session_history: str = "trace"
     parallel_targets: bool = False
     timeout_s: float = 600.0
     phase_timeout_s: float = 3600.0

@@ -18,11 +18,13 @@ from replay.core.buckets import Buckets
 from replay.core.iterate import closing
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock, OpenLoop
+from replay.core.sessions import Unit, common_prefix, units
 from replay.core.synth import TokenPool, synthesize
 from replay.core.trace import Request, TraceSource
 from replay.run.budget import ErrorBudget
 from replay.run.progress import Progress
 from replay.run.rundir import JsonlWriter
+from replay.run.session_turns import Sessions, SessionTurns, TurnContext
 from replay.serving.client import Client
 from replay.serving.introspect import Scraper
 from replay.serving.prompt_tokens import UNKNOWN, known_count
@@ -56,6 +58,8 @@ class Phase:
     timeout_s: float
     salt: str | None
     before_done: set[str] = field(default_factory=set)  # resume: ids with a final result
+    # The trace's sessions (None: it has none, and requests stream one by one).
+    sessions: Sessions | None = None
     # pulled from the trace and not finished: at most what is in flight, plus one waiting
     pending: dict[int, Request] = field(default_factory=dict)
     halt: asyncio.Event = field(default_factory=asyncio.Event)
@@ -82,12 +86,14 @@ class Phase:
         scraper = self.target.scraper
         with closing(self.trace.iter_requests()) as reqs:
             todo = ((i, r) for i, r in enumerate(reqs) if r.id not in self.before_done)
+            # A session's turns are one item: the schedule sends it, its turns follow in order.
+            items = units(todo) if self.sessions is not None else ([t] for t in todo)
             # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
             before = await scraper.scrape_once()
             start = before.t if before is not None else self.clock.now()
             try:
                 await asyncio.wait_for(
-                    self.sched.run(self._pulled(todo), self._send, self.clock, self.halt),
+                    self.sched.run(self._pulled(items), self._send, self.clock, self.halt),
                     self.timeout_s,
                 )
             except TimeoutError:
@@ -97,7 +103,7 @@ class Phase:
             after = await scraper.scrape_once()
             end = after.t if after is not None else self.clock.now()
             if not self.stopping.is_set():
-                self._account_unsent(todo, end)
+                self._account_unsent((t for unit in items for t in unit), end)
         return {
             "start": start,
             "end": end,
@@ -105,20 +111,45 @@ class Phase:
             **({"interrupted": True} if self.stopping.is_set() else {}),
         }
 
-    def _pulled(self, items: Iterator[tuple[int, Request]]) -> Iterator[tuple[int, Request]]:
-        for i, req in items:
-            self.pending[i] = req
-            yield i, req
+    def _pulled(self, items: Iterator[Unit]) -> Iterator[Unit]:
+        for unit in items:
+            for i, req in unit:
+                self.pending[i] = req
+            yield unit
 
-    async def _send(self, item: tuple[int, Request], scheduled: float) -> None:
-        i, req = item
+    async def _send(self, unit: Unit, scheduled: float) -> None:
+        """One request, or a session's turns in order: each once the previous one finished
+        and the think time passed (its own ``scheduled`` is then)."""
+        if len(unit) == 1 and self.sessions is None:
+            await self._send_one(*unit[0], scheduled)
+            return
+        assert self.sessions is not None
+        turns = SessionTurns(self.sessions, self.label)
+        for k, (i, req) in enumerate(unit):
+            if k:
+                await _pause(self.sessions.think.between(unit[k - 1][1], req), self.halt)
+                scheduled = self.clock.now()
+            if self.halt.is_set():
+                return  # this turn and the later ones stay in ``pending``: not sent
+            sent = turns.request(k, req)
+            if sent is None:
+                self._unavailable(unit[k:], f"not sent: {turns.why_not}", scheduled)
+                return
+            res = await self._send_one(i, sent, scheduled, turns.context(k))
+            if res is None:
+                return
+            turns.answered(k, req, res)
+
+    async def _send_one(
+        self, i: int, req: Request, scheduled: float, turn: TurnContext | None = None
+    ) -> Result | None:
         t, budget = self.target, self.target.budget
         # Backoff while the target does not answer; then it is stopped, not spun on.
         wait = budget.delay()
         if wait:
             await _pause(wait, self.halt)
         if self.halt.is_set():
-            return  # left in ``pending``: recorded after the phase as not sent
+            return None  # left in ``pending``: recorded after the phase as not sent
         res = Result(
             request_id=req.id,
             target=t.name,
@@ -127,16 +158,38 @@ class Phase:
             scheduled=scheduled,
             prompt_tokens=known_count(t.counts[i]),
         )
+        if turn is not None:
+            res.session, res.turn = turn.session, turn.number
         ids = synthesize(req, t.pool) if req.synth is not None and t.pool is not None else None
         try:
             await t.client.send(req, res, ids, self.salt)
         finally:
+            if turn is not None and turn.previous_ids is not None and res.prompt_ids:
+                res.reused_prefix_tokens = common_prefix(turn.previous_ids, res.prompt_ids)
             self.writer.write(res.to_json())
             self.pending.pop(i, None)
             self.progress.advance(t.name, self.label, res.status == "ok")
             budget.record(res.status, res.error_kind, res.http_status, res.error)
             if budget.spent:
                 self.halt.set()
+        return res
+
+    def _unavailable(self, turns: Unit, reason: str, at: float) -> None:
+        """Later turns of a session that cannot be built: results too, each one final."""
+        for i, req in turns:
+            self.pending.pop(i, None)
+            res = Result(
+                request_id=req.id,
+                target=self.target.name,
+                phase=self.label,
+                bucket=self.bucket(i),
+                scheduled=at,
+                status="error",
+                error_kind="unavailable",
+                error=reason,
+            )
+            self.writer.write(res.to_json())
+            self.progress.advance(self.target.name, self.label, False)
 
     def _account_unsent(self, todo: Iterator[tuple[int, Request]], at: float) -> None:
         """Requests the phase never sent (time limit, spent budget) are results too."""

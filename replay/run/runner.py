@@ -25,6 +25,7 @@ from replay.analysis.roles import resolve as resolve_roles
 from replay.core.errors import ServerStartError, TargetError
 from replay.core.records import Result
 from replay.core.schedule import MonotonicClock
+from replay.core.sessions import has_sessions
 from replay.run.analyze import Analysis, analyse
 from replay.run.budget import ErrorBudget
 from replay.run.config import RunConfig, TargetRun
@@ -41,6 +42,9 @@ from replay.run.rundir import (
     write_bad_lines,
     write_json,
 )
+from replay.run.servers import launch, stop
+from replay.run.session_history import ReferenceHistory, check_mode
+from replay.run.session_turns import Sessions
 from replay.run.teacher import Scoring, reference_answers, score_answers
 from replay.serving.client import Client
 from replay.serving.introspect import (
@@ -104,6 +108,13 @@ class Runner:
         self.interrupted = False
         self._drain_task: asyncio.Task[None] | None = None
         self.resume = ResumeState.load(cfg.run_dir) if cfg.resume else ResumeState()
+        self.sessions = has_sessions(cfg.trace.iter_requests())
+        self.history = (
+            ReferenceHistory(cfg.run_dir, self.reference)
+            if self.sessions
+            and check_mode(cfg.session_history, cfg.parallel_targets) == "reference"
+            else None
+        )
         self.writer = JsonlWriter(cfg.run_dir / RESULTS)
         self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED)
         self.started_at = time.time()
@@ -135,6 +146,16 @@ class Runner:
                 "phase_timeout_s": c.phase_timeout_s,
                 "seed": c.seed,
                 "salt_phases": c.salt_phases,
+                **(
+                    {
+                        "sessions": {
+                            "history": c.session_history,
+                            "think_time": c.think.describe(),
+                        }
+                    }
+                    if self.sessions
+                    else {}
+                ),
             },
             reference=self.reference,
             roles=self.roles.to_json(),
@@ -169,6 +190,8 @@ class Runner:
                 self._drain_task.cancel()
             self.writer.close()
             self.tf_writer.close()
+            if self.history is not None:
+                self.history.close()
             self.save_manifest()
         return self.write_summary()
 
@@ -277,7 +300,10 @@ class Runner:
                     self.cfg.run_dir / "servers" / f"{spec.name}.log",
                     startup_timeout_s=self.cfg.startup_timeout_s,
                 )
-                if not await self._launch(run, server):
+                self.progress.status(
+                    f"[{spec.name}] starting vLLM ({spec.kv_cache_dtype} KV cache)"
+                )
+                if not await launch(server, run.info, self.save_manifest, self.stopping):
                     return  # interrupted while starting: the finally below stops it
             url = server.url if server is not None else spec.url
             assert url is not None
@@ -288,32 +314,9 @@ class Runner:
             if spec.name == self.reference and self.ref_done is not None:
                 self.ref_done.set()  # also on failure: nobody waits forever
             if server is not None:
-                await self._stop_server(run, server)
+                self.progress.status(f"[{spec.name}] stopping server")
+                await stop(server, run.info)
             self.save_manifest()
-
-    async def _launch(self, run: TargetRun, server: LocalServer) -> bool:
-        """Start a local target's vLLM server and wait until it is healthy; False when the
-        run is interrupted meanwhile. The caller stops the server either way."""
-        self.progress.status(
-            f"[{run.spec.name}] starting vLLM ({run.spec.kv_cache_dtype} KV cache)"
-        )
-        server.start()
-        assert server.proc is not None
-        run.info["server"] = {
-            "pid": server.proc.pid,
-            "url": server.url,
-            "command": server.command(),
-        }
-        self.save_manifest()
-        return await self._healthy_or_stopped(server)
-
-    async def _stop_server(self, run: TargetRun, server: LocalServer) -> None:
-        self.progress.status(f"[{run.spec.name}] stopping server")
-        await asyncio.get_running_loop().run_in_executor(None, server.stop)
-        if "scale_log_lines" in run.info:
-            # again at the end: some lines (the FP8 emulation's scales per layer) come only
-            # with the first cache write
-            run.info["scale_log_lines"] = scale_lines(server.log_text())
 
     def _failed(self, run: TargetRun, exc: TargetError, server: LocalServer | None) -> None:
         """A target that cannot be used: failed, with every planned request unavailable."""
@@ -325,20 +328,6 @@ class Runner:
             run.info["engine_config"] = engine_config_from_log(server.log_text())
             run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
         self._record_unavailable(run)
-
-    async def _healthy_or_stopped(self, server: LocalServer) -> bool:
-        health: asyncio.Future[None] = asyncio.get_running_loop().run_in_executor(
-            None, server.wait_healthy
-        )
-        stop: asyncio.Future[Any] = asyncio.ensure_future(self.stopping.wait())
-        await asyncio.wait([health, stop], return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if health.done():
-            health.result()  # raises ServerStartError when the server died
-            return True
-        # The polling thread ends by itself once the server is stopped.
-        health.add_done_callback(lambda f: f.exception())
-        return False
 
     # -- serving one target ---------------------------------------------------------------
     async def _serve(self, run: TargetRun, url: str, server: LocalServer | None) -> None:
@@ -468,6 +457,11 @@ class Runner:
             salt=salt,
             # Resume: the results of an earlier process are all for this trace's requests.
             before_done=self.resume.finished(arm.name, label),
+            sessions=(
+                Sessions(self.cfg.think, self.history, is_reference=arm.name == self.reference)
+                if self.sessions
+                else None
+            ),
         ).run()
         if window is not None:
             run.phases[label] = window
