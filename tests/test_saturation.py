@@ -1,9 +1,10 @@
-"""Saturation in a load sweep (``replay/analysis/saturation.py``), from hand-made summaries:
-each level is a phase of 100 s whose figures are given here."""
+"""Saturation in a load sweep (``replay/analysis/saturation.py``) and the report's load section,
+from hand-made summaries: each level is a phase of 100 s whose figures are given here."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ from replay.analysis.saturation import (
     sweep_of,
 )
 from replay.analysis.schemas import LoadCurve, Saturation, Summary
+from replay.present import report
 
 DURATION = 100.0
 Level = tuple[str, float | None, float]  # (phase label, TTFT p90 in ms, successful req/s)
@@ -306,3 +308,99 @@ def test_saturation_reads_back_and_stays_out_of_summaries_without_it() -> None:
     assert Saturation.from_json(doc) == sat
     with_sat = Summary.from_json({**summary.to_json(), "saturation": doc})
     assert with_sat.saturation == sat
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def _run_dir(tmp_path: Path, summary: Summary, sat: Saturation | None) -> Path:
+    run = tmp_path / "run1"
+    run.mkdir()
+    doc = summary.to_json()
+    if sat is not None:
+        doc["saturation"] = sat.to_json()
+    manifest = {
+        "schedules": list(sat.phases if sat else ()),
+        "buckets": {"labels": ["<8K", ">=8K"]},
+        "reference": "bf16",
+    }
+    for name, content in (("summary.json", doc), ("manifest.json", manifest)):
+        (run / name).write_bytes(orjson.dumps(content, option=orjson.OPT_SORT_KEYS))
+    return run
+
+
+def _sweep_run(tmp_path: Path) -> Path:
+    fp8 = [*CLEAN_KNEE[:3], ("c64", 640.0, 16.0)]
+    long: list[Level] = [("c1", 900.0, 0.2), ("c4", 3000.0, 0.25), ("c16", 12000.0, 0.26)]
+    short: list[Level] = [("c1", 40.0, 0.8), ("c4", 42.0, 3.6), ("c16", 45.0, 14.0)]
+    summary = _summary(
+        {"bf16": CLEAN_KNEE, "fp8": fp8},
+        attainment={"bf16": [0.99, 0.98, 0.95, 0.5], "fp8": [0.99, 0.97, 0.92, 0.3]},
+        buckets={"fp8": {">=8K": long, "<8K": short}},
+    )
+    sat = saturation_of(summary, _labels(CLEAN_KNEE))
+    return _run_dir(tmp_path, summary, sat)
+
+
+def test_the_report_has_a_load_section_with_the_knee(tmp_path: Path) -> None:
+    from .test_report import sections
+
+    html = report.render_html(_sweep_run(tmp_path))
+    assert '<a href="#load">Load</a>' in html
+    assert html.index('<section id="latency"') < html.index('<section id="load"')
+    assert html.index('<section id="load"') < html.index('<section id="capacity"')
+    s = sections(html)
+    assert "could not be rendered" not in html
+    assert "bf16 knee c16" in s.text["load"] and "fp8 knee c16" in s.text["load"]
+    load = html[html.index('<section id="load"') : html.index('<section id="capacity"')]
+    assert load.count("<svg") == 3  # all requests, and fp8's two buckets
+    rows = s.rows["load"]
+    knees = {(r[0], r[1]): r for r in rows if len(r) == 5}
+    assert knees[("fp8", "all")][2:3] == ["c16 (16)"]
+    assert knees[("fp8", ">=8K")][2] == "c1 (1)" and knees[("fp8", "<8K")][2:] == [
+        "no knee within the sweep",
+        "—",
+        "c16 (16)",
+    ]
+    assert knees[("bf16", "all")][4] == "c16 (16)"
+    levels = [r for r in rows if r[:3] == ["fp8", "16", "c16"]]
+    figures = ["15.0", "960", "33.0 / 55.0", "0.00", "92.0%", "13.8"]
+    assert levels == [["fp8", "16", "c16", *figures, "knee; highest meeting the SLOs"]]
+    # Buckets in the run's order, not the file's sorted keys.
+    assert [r[0] for r in rows if r[0] in ("<8K", ">=8K")][:1] == ["<8K"]
+
+
+def test_the_markdown_report_has_the_load_tables(tmp_path: Path) -> None:
+    text = report.render_markdown(_sweep_run(tmp_path))
+    assert "### Load: knee and SLO ceiling per bucket" in text
+    assert "| fp8 | all | c16 (16) | TTFT p90 rose from 55 to 640 ms, c16 to c64" in text
+    assert "| fp8 | &gt;=8K | c1 (1) |" in text
+    assert "### Load: each level" in text
+    assert "| bf16 | 64 | c64 | 20.0 | 1,280 | 180 / 300 | 0.00 | 50.0% | 10.0 |  |" in text
+
+
+def test_no_sweep_no_load_section(tmp_path: Path) -> None:
+    summary = _summary({"bf16": [("c4", 50.0, 4.0)]})
+    run = _run_dir(tmp_path, summary, saturation_of(summary, ["c4"]))
+    html = report.render_html(run)
+    assert 'id="load"' not in html and "#load" not in html
+    assert "Load" not in report.render_markdown(run)
+
+
+def test_odd_saturation_values_never_crash(tmp_path: Path) -> None:
+    from .test_report import _paths
+
+    run = _sweep_run(tmp_path)
+    doc = orjson.loads((run / "summary.json").read_bytes())
+    rng = random.Random(3)
+    paths = [("saturation", *p) for p in _paths(doc["saturation"])]
+    for _ in range(40):
+        path, junk = rng.choice(paths), rng.choice([None, "x", -1.5, [1, 2], {"x": [None]}])
+        copy = orjson.loads(orjson.dumps(doc))
+        node = copy
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = junk
+        (run / "summary.json").write_bytes(orjson.dumps(copy))
+        assert "could not be rendered" not in report.render_html(run), (path, junk)
+        report.render_markdown(run)
