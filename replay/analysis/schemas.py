@@ -1,6 +1,6 @@
 """The records the analysis passes between its stages, which are also what summary.json holds.
 
-    Summary                      summary.json: version, targets, quality, systems, verdict
+    Summary                      summary.json: targets, quality, systems, saturation, verdict
     ├── TargetSummary            one target: served cache dtype and size, its phases
     │   └── PhaseSummary         one phase: its window, totals, server figures, buckets
     │       ├── PhaseTotals      ResultStats of the whole phase, with output throughput
@@ -12,6 +12,9 @@
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
     │                            pairs the verdict decides on, teacher-forced scores, floor
     ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit)
+    ├── Saturation               a load sweep's curves (``analysis.saturation``), per target
+    │   └── TargetSaturation     the totals' and each bucket's LoadCurve: its points
+    │                            (LoadPoint), its knee (Knee), the SLOs' ceiling (SloCeiling)
     └── Verdict                  the stop rule's outcome (``verdict.rule.decide``)
 
 Every record is a frozen dataclass (``record_json``): ``to_json()`` gives exactly the JSON
@@ -383,6 +386,70 @@ class Systems(Record):
     throughput_ratio: float | None
 
 
+# -- saturation in a load sweep ------------------------------------------------------------
+
+
+@record
+class LoadPoint(Record):
+    """One level of a sweep (a phase) for one target and bucket, or the phase's totals."""
+
+    phase: str
+    load: float | None  # requests in flight (concurrency) or requests per second (rate)
+    requests: int
+    ok: int
+    throughput_rps: float | None  # successful requests per second of the phase
+    throughput_out_tok_s: float | None
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    queue_delay_p50_ms: float | None
+    queue_delay_p90_ms: float | None
+    slo_attainment: float | None = absent_if_none()  # only with --slo
+    goodput_rps: float | None = absent_if_none()
+
+
+@record
+class Knee(Record):
+    """The last level before the curve bends (``saturation.KneeRule``): what bent, and how."""
+
+    phase: str
+    load: float | None
+    metric: str  # the LoadPoint field that bent: ttft_p90_ms, queue_delay_p90_ms, throughput_rps
+    reason: str
+
+
+@record
+class SloCeiling(Record):
+    """The highest level up to which every level met the SLOs; None: not even the first."""
+
+    attainment: float | None  # the share of requests within every bound that counts as met
+    phase: str | None
+    load: float | None
+
+
+@record
+class LoadCurve(Record):
+    points: tuple[LoadPoint, ...]  # in rising load
+    knee: Knee | None  # None: no knee within the sweep
+    max_load_meeting_slo: SloCeiling | None = absent_if_none()  # only with --slo
+
+
+@record
+class TargetSaturation(Record):
+    all: LoadCurve
+    buckets: Mapping[str, LoadCurve]  # in the run's bucket order
+
+
+@record
+class Saturation(Record):
+    """A sweep's phases (``c<N>``: concurrency, ``poisson-<r>rps``: rate) as load curves."""
+
+    kind: str  # "concurrency" or "rate"
+    phases: tuple[str, ...]  # the sweep's phases, in rising load
+    attainment: float | None  # the SLO attainment a level must reach to meet the SLOs
+    rule: Mapping[str, float]  # the knee rule's parameters (``saturation.KneeRule``)
+    targets: Mapping[str, TargetSaturation]
+
+
 # -- the verdict and the whole summary --------------------------------------------------------
 
 
@@ -409,4 +476,5 @@ class Summary(Record):
     driver: Mapping[str, Any] | None = absent_if_none()  # a Locust run: what drove it
     quality: Quality | None = absent_if_none()  # None: not graded (Locust, checkers off)
     systems: Systems | None = absent_if_none()  # None: no candidate compared
+    saturation: Saturation | None = absent_if_none()  # None: the phases are not a load sweep
     verdict: Verdict | None = absent_if_none()  # None: no verdict (a Locust run)

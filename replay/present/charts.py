@@ -1,6 +1,7 @@
-"""Inline SVG charts as lists of plain shapes: box plots, bar charts and a usage line over
-time. A chart is data (``Chart`` of ``Shape``s) that the template draws, so every label in
-it is escaped like any other text; nothing here writes markup.
+"""Inline SVG charts as lists of plain shapes: box plots, bar charts, a usage line over
+time and curves of latency against load. A chart is data (``Chart`` of ``Shape``s) that the
+template draws, so every label in it is escaped like any other text; nothing here writes
+markup.
 """
 
 from __future__ import annotations
@@ -181,22 +182,81 @@ def line_chart(
                     "text", sx(a) + 3, y0 + 11 + 12 * (i % 2), text=name, size=10, color="#475569"
                 ),
             ]
-    for v in (0.0, ytop / 2, ytop):
-        shapes += [
-            Shape("line", left, sy(v), x2=right, y2=sy(v), color="#e2e8f0"),
-            Shape(
-                "text",
-                left - 6,
-                sy(v) + 4,
-                text=f"{100 * v:.3g}%",
-                anchor="end",
-                size=10,
-                color="#64748b",
-            ),
-        ]
+    shapes += _ygrid(left, right, [(sy(v), f"{100 * v:.3g}%") for v in (0.0, ytop / 2, ytop)])
     pts = " ".join(f"{sx(t)},{sy(v)}" for t, v in _thin(points))
     shapes.append(Shape("poly", points=pts, color=color))
     return Chart(width, int(y1 + 36), label, shapes)
+
+
+Curve = tuple[str, str, str, Sequence[tuple[float, float | None]]]  # name, color, dash, (x, y)
+Mark = tuple[float, str, str]  # x, color, label: a dashed vertical line (a knee)
+
+
+def curve_chart(
+    curves: Sequence[Curve], marks: Sequence[Mark], x_unit: str, y_unit: str, label: str
+) -> Chart | None:
+    """Lines of y against x (latency against load), both axes from zero, a dot at each point
+    with its value as a tooltip, a legend on the right, and each mark a labelled dashed
+    vertical line. A missing y leaves its point out. None when there is nothing to draw."""
+    known = [(x, y) for *_, pts in curves for x, y in pts if y is not None]
+    if not known:
+        return None
+    xtop, xticks = _axis(max(x for x, _ in known), 8)
+    ytop, yticks = _axis(max(y for _, y in known), 4)
+    left, right, y0, y1, width = 60.0, 760.0, 10.0, 190.0, 960
+
+    def sx(x: float) -> float:
+        return round(left + (right - left) * max(0.0, min(x / xtop, 1.0)), 1)
+
+    def sy(y: float) -> float:
+        return round(y1 - (y1 - y0) * max(0.0, min(y / ytop, 1.0)), 1)
+
+    shapes = _xaxis(left, right, y1, xtop, xticks, x_unit, y0)
+    top = len(yticks) - 1
+    shapes += _ygrid(
+        left,
+        right,
+        [(sy(t), f"{t:,.6g}" + (f" {y_unit}" if i == top else "")) for i, t in enumerate(yticks)],
+    )
+    for i, (x, color, text) in enumerate(marks):  # labels step down: knees can coincide
+        shapes += [
+            Shape("line", sx(x), y0, x2=sx(x), y2=y1, color=color, dash="4 3"),
+            Shape("text", sx(x) + 3, y0 + 11 + 12 * i, text=text, size=10, color=color),
+        ]
+    for i, (name, color, dash, pts) in enumerate(curves):
+        line = [(x, y) for x, y in pts if y is not None]
+        if len(line) > 1:
+            xy = " ".join(f"{sx(x)},{sy(y)}" for x, y in line)
+            shapes.append(Shape("poly", points=xy, color=color, dash=dash))
+        shapes += [
+            Shape(
+                "rect",
+                sx(x) - 2.5,
+                sy(y) - 2.5,
+                w=5,
+                h=5,
+                color=color,
+                title=f"{name}: {f_sig(y)} {y_unit} at {x:,.6g} {x_unit}",
+            )
+            for x, y in line
+        ]
+        ly = y0 + 6 + 14 * i
+        shapes += [
+            Shape("line", right + 16, ly, x2=right + 36, y2=ly, color=color, dash=dash),
+            Shape("text", right + 42, ly + 4, text=name, size=10, color=color),
+        ]
+    return Chart(width, int(max(y1 + 36, y0 + 14 * len(curves) + 10)), label, shapes)
+
+
+def _ygrid(left: float, right: float, ticks: Sequence[tuple[float, str]]) -> list[Shape]:
+    """Horizontal grid lines at the given heights, labelled left of the plot."""
+    out = []
+    for y, label in ticks:
+        out += [
+            Shape("line", left, y, x2=right, y2=y, color="#e2e8f0"),
+            Shape("text", left - 6, y + 4, text=label, anchor="end", size=10, color="#64748b"),
+        ]
+    return out
 
 
 def _thin(points: Sequence[tuple[float, float]], n: int = 1500) -> list[tuple[float, float]]:

@@ -13,7 +13,7 @@ import jinja2
 
 from replay.present.formatting import DASH, f_int, num, text
 from replay.present.reading import Run, dig, lst, obj
-from replay.present.sections import SECTIONS, build_views
+from replay.present.sections import build_views, shown_sections
 
 TEMPLATE = "report_template.html.j2"
 
@@ -61,5 +61,5 @@ def html_report(run: Run) -> str:
     return (
         _environment()
         .get_template(TEMPLATE)
-        .render(h=_header(run), sections=SECTIONS, v=views, problems=problems)
+        .render(h=_header(run), sections=shown_sections(views), v=views, problems=problems)
     )

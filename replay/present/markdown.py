@@ -1,6 +1,7 @@
 """The Markdown report, for a PR comment: the verdict and its evidence, then the serving-path,
-quality and latency tables, from the same views as the HTML report. Every cell is one line
-with pipes and angle brackets escaped, so a table keeps its shape whatever the text."""
+quality and latency tables and, for a load sweep, its knees and levels, from the same views
+as the HTML report. Every cell is one line with pipes and angle brackets escaped, so a
+table keeps its shape whatever the text."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ MD_QUALITY = tuple(QUALITY_HEADERS[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 11))
 
 def markdown_report(run: Run) -> str:
     """The Markdown summary of a run."""
-    views, problems = build_views(run, ("verdict", "serving", "quality", "systems", "latency"))
+    views, problems = build_views(
+        run, ("verdict", "serving", "quality", "systems", "latency", "load")
+    )
     out = _md_verdict(run, views["verdict"] or {})
     out += _md_section("Serving path", (views["serving"] or {}).get("table"))
     tables = (views["quality"] or {}).get("tables") or [{"table": None}]
@@ -33,6 +36,9 @@ def markdown_report(run: Run) -> str:
             (p["table"] for p in (views["latency"] or {}).get("phases", []) if p["table"]), None
         ),
     )
+    if views["load"]:  # only a load sweep has this section
+        out += _md_section("Load: knee and SLO ceiling per bucket", views["load"]["knees"])
+        out += _md_section("Load: each level", views["load"]["totals"])
     if problems:
         out += ["### Problems reading this run", ""] + [f"- {md(p)}" for p in problems]
     return "\n".join(out).rstrip() + "\n"

@@ -1,11 +1,13 @@
 """The report's sections: their order and titles (the HTML report's navigation) and the
-function that builds each one's view from a ``Run``."""
+function that builds each one's view from a ``Run``. An optional section (``OPTIONAL``) is
+left out altogether, navigation included, when its run has nothing for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from replay.present.load_views import load_view
 from replay.present.quality_views import quality_view
 from replay.present.reading import Run
 from replay.present.request_views import requests_view
@@ -18,6 +20,7 @@ SECTIONS = (
     ("quality", "Quality"),
     ("systems", "Systems"),
     ("latency", "Latency"),
+    ("load", "Load"),
     ("capacity", "Capacity"),
     ("kv-usage", "KV usage"),
     ("requests", "Requests"),
@@ -28,10 +31,14 @@ BUILDERS: dict[str, Callable[[Run], Any]] = {
     "quality": quality_view,
     "systems": systems_view,
     "latency": latency_view,
+    "load": load_view,
     "capacity": capacity_view,
     "kv-usage": kv_view,
     "requests": requests_view,
 }
+
+# Sections only some runs have (a load sweep): absent rather than "not measured".
+OPTIONAL = frozenset({"load"})
 
 
 def build_views(run: Run, keys: Iterable[str] = BUILDERS) -> tuple[dict[str, Any], list[str]]:
@@ -46,3 +53,8 @@ def build_views(run: Run, keys: Iterable[str] = BUILDERS) -> tuple[dict[str, Any
             views[key] = None
             problems.append(f"section '{key}' could not be rendered: {exc!r}")
     return views, problems
+
+
+def shown_sections(views: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The sections the report shows, in order: an optional one only when it has a view."""
+    return [(key, title) for key, title in SECTIONS if key not in OPTIONAL or views.get(key)]
