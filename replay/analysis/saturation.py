@@ -290,11 +290,15 @@ def saturation_of(
     if sweep is None:
         return None
     kind, levels = sweep
+    # A target that ran fewer than two of the levels has no curve (a Locust test of one).
     targets = {
         name: curves
         for name, target in summary.targets.items()
         if (curves := target_saturation(target, levels, attainment, rule)) is not None
+        and len(curves.all.points) >= 2
     }
+    if not targets:
+        return None
     return Saturation(
         kind=kind,
         phases=tuple(label for label, _ in levels),

@@ -273,6 +273,7 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         slo=plan.slo,
         think=think_time(o.think_time, o.time_scale),
         session_history=check_mode(o.session_history, o.parallel_targets),
+        stop_at_saturation=o.stop_at_saturation,
         run_dir=run_dir,
         length_policy=o.length_policy,
         parallel_targets=o.parallel_targets,
@@ -364,6 +365,8 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
     erring = target_errors(summary, max_error_rate)
     for name, why in erring:
         console.print(f"[red]target {escape(name)}:[/red] {escape(why)}")
+    for line in saturation_lines(summary):
+        console.print(escape(line))
     style = "green" if verdict.verdict == "keep" else "yellow"
     console.print(f"[bold {style}]{escape(verdict.headline)}[/bold {style}]")
     console.print(f"results: {escape(str(run_dir))}  report: {escape(str(html))}")
@@ -371,6 +374,23 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
     if any(n not in erring_names for n, _ in failed):
         return ExitCode.TARGET_FAILED
     return ExitCode.TARGET_ERRORS if erring else ExitCode.OK
+
+
+def saturation_lines(summary: Summary) -> list[str]:
+    """A sweep's saturation per target, one line each: its knee and the highest load within
+    the SLOs (the report's Load section has the curves)."""
+    sat = summary.saturation
+    if sat is None:
+        return []
+    out = []
+    for name, t in sat.targets.items():
+        knee = t.all.knee
+        said = f"knee at {knee.phase} ({knee.reason})" if knee else "no knee within the sweep"
+        ceiling = t.all.max_load_meeting_slo
+        if ceiling is not None:
+            said += f"; highest load within the SLOs: {ceiling.phase or 'none'}"
+        out.append(f"saturation {name}: {said}")
+    return out
 
 
 def target_errors(

@@ -73,6 +73,7 @@ class RunOptions:
     slo: str | None = None
     session_history: str = "trace"
     think_time: str = "auto"
+    stop_at_saturation: bool = False
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -324,6 +325,12 @@ RUN_OPTIONS = [
         help="Service goals, e.g. ttft=2s,itl=80ms,e2e=30s, per bucket after a ';' "
         "('ttft=2s;>=32K:ttft=8s'): SLO attainment and goodput per bucket, and FP8 pays "
         "by goodput.",
+    ),
+    click.option(
+        "--stop-at-saturation",
+        is_flag=True,
+        help="Sweeps: stop raising the load for a target once it is saturated (its "
+        "throughput fell, or past its knee it misses the SLOs; without --slo, past its knee).",
     ),
     click.option(
         "--session-history",

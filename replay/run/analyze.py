@@ -17,6 +17,7 @@ import orjson
 from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
 from replay.analysis.roles import Roles
+from replay.analysis.saturation import saturation_of
 from replay.analysis.schemas import Summary
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
@@ -94,6 +95,10 @@ def analyse(a: Analysis) -> Summary:
         run_dir=str(a.run_dir),
         driver=a.driver,
     )
+    labels = [str(x) for x in (a.manifest.get("schedules") or [])]
+    sweep = saturation_of(summary, labels) if labels else None
+    if sweep is not None:
+        summary = replace(summary, saturation=sweep)
     if a.grading:
         rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
         with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:

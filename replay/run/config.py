@@ -17,8 +17,9 @@ from replay.core.sessions import ThinkTime
 from replay.core.slo import SloSpec
 from replay.core.trace import TraceSource
 from replay.run.budget import ErrorBudget
-from replay.run.manifest import target_entry
+from replay.run.manifest import target_entry, trace_facts
 from replay.run.phase import Schedule
+from replay.run.rundir import file_digest
 from replay.serving.targets import TargetSpec
 
 
@@ -38,6 +39,8 @@ class RunConfig:
     # Multi-turn sessions: the wait between turns, and whose history later turns carry.
     think: ThinkTime = field(default_factory=ThinkTime)
     session_history: str = "trace"
+    # A rising load sweep stops for a target once it is saturated (replay/run/sweep.py).
+    stop_at_saturation: bool = False
     parallel_targets: bool = False
     timeout_s: float = 600.0
     phase_timeout_s: float = 3600.0
@@ -64,6 +67,37 @@ class RunConfig:
     max_error_rate: float | None = 0.05
     cli_options: dict[str, Any] = field(default_factory=dict)
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
+
+    def trace_facts(self) -> dict[str, Any]:
+        t = self.trace
+        return trace_facts(
+            self.trace_path,
+            self.trace_format,
+            file_digest(self.trace_path),
+            t.lines,
+            t.count,
+            t.bad_count,
+            self.length_policy,
+            t.skipped,
+        )
+
+    def manifest_options(self, sessions: bool) -> dict[str, Any]:
+        """The run's options as the manifest lists them (the CLI's own are beside them)."""
+        options: dict[str, Any] = {
+            "parallel_targets": self.parallel_targets,
+            "timeout_s": self.timeout_s,
+            "phase_timeout_s": self.phase_timeout_s,
+            "seed": self.seed,
+            "salt_phases": self.salt_phases,
+        }
+        if sessions:
+            options["sessions"] = {
+                "history": self.session_history,
+                "think_time": self.think.describe(),
+            }
+        if self.stop_at_saturation:
+            options["stop_at_saturation"] = True
+        return options
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -29,7 +29,7 @@ from replay.core.sessions import has_sessions
 from replay.run.analyze import Analysis, analyse
 from replay.run.budget import ErrorBudget
 from replay.run.config import RunConfig, TargetRun
-from replay.run.manifest import build_manifest, trace_facts
+from replay.run.manifest import build_manifest
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import Progress, QuietProgress
 from replay.run.resume import ResumeState
@@ -38,13 +38,13 @@ from replay.run.rundir import (
     RESULTS,
     TEACHER_FORCED,
     JsonlWriter,
-    file_digest,
     write_bad_lines,
     write_json,
 )
 from replay.run.servers import launch, stop
 from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
+from replay.run.sweep import stop_rising
 from replay.run.teacher import Scoring, reference_answers, score_answers
 from replay.serving.client import Client
 from replay.serving.introspect import (
@@ -128,35 +128,10 @@ class Runner:
         return build_manifest(
             command=c.command,
             started_at=self.started_at,
-            trace=trace_facts(
-                c.trace_path,
-                c.trace_format,
-                file_digest(c.trace_path),
-                c.trace.lines,
-                c.trace.count,
-                c.trace.bad_count,
-                c.length_policy,
-                c.trace.skipped,
-            ),
+            trace=c.trace_facts(),
             buckets=c.buckets,
             schedules=[s.label for s in c.schedules],
-            options={
-                "parallel_targets": c.parallel_targets,
-                "timeout_s": c.timeout_s,
-                "phase_timeout_s": c.phase_timeout_s,
-                "seed": c.seed,
-                "salt_phases": c.salt_phases,
-                **(
-                    {
-                        "sessions": {
-                            "history": c.session_history,
-                            "think_time": c.think.describe(),
-                        }
-                    }
-                    if self.sessions
-                    else {}
-                ),
-            },
+            options=c.manifest_options(self.sessions),
             reference=self.reference,
             roles=self.roles.to_json(),
             cli_options=c.cli_options,
@@ -270,7 +245,13 @@ class Runner:
     def _complete(self, name: str) -> bool:
         """Resume: every phase has a final result for every request (and scores if due)."""
         names = self._names(name)
-        done = [self.resume.finished(n, s.label) for n in names for s in self.cfg.schedules]
+        skipped = self._skipped_before(name)
+        done = [
+            self.resume.finished(n, s.label)
+            for n in names
+            for s in self.cfg.schedules
+            if s.label not in skipped
+        ]
         phases_done = all(all(req.id in d for d in done) for req in self.cfg.trace.iter_requests())
         tf_due = self.cfg.teacher_forced and any(
             (n, r.request_id) not in self.resume.tf_done
@@ -278,6 +259,11 @@ class Runner:
             for n in names
         )
         return phases_done and not tf_due
+
+    def _skipped_before(self, name: str) -> list[str]:
+        """The levels an earlier process of this run left out when the sweep stopped."""
+        prev = self.resume.previous.get(name) or {}
+        return list((prev.get("sweep_stopped") or {}).get("skipped", []))
 
     def _restore(self, run: TargetRun) -> None:
         run.status, run.reason, run.phases, run.info = self.resume.restore(run.spec.name)
@@ -393,7 +379,7 @@ class Runner:
         scraper.start()
         arm = TargetSession(run.spec.name, client, counts, pool, run.budget, scraper)
         try:
-            if not await self._arm(run, arm):
+            if not await self._arm(run, arm, skip=self._skipped_before(run.spec.name)):
                 return
             if run.spec.name == self.reference:
                 await self._control(run, arm)
@@ -419,15 +405,34 @@ class Runner:
                     f"{scraper.failures} /metrics scrape(s) failed; first: {scraper.first_failure}"
                 )
 
-    async def _arm(self, run: TargetRun, arm: TargetSession) -> bool:
-        """Every phase for one arm; False when it must go no further (its error budget is
-        spent, or the run is being interrupted)."""
-        for sched in self.cfg.schedules:
+    async def _arm(self, run: TargetRun, arm: TargetSession, skip: Sequence[str] = ()) -> bool:
+        """Every phase for one arm (but those in ``skip``, above where its sweep stopped);
+        False when it must go no further (its budget is spent, or the run is interrupted)."""
+        labels = [s.label for s in self.cfg.schedules]
+        for k, sched in enumerate(self.cfg.schedules):
+            if sched.label in skip:
+                continue
             await self._phase(run, arm, sched)
+            rest = [x for x in labels[k + 1 :] if x not in skip]
+            if rest and self._saturated(run, arm.name):
+                run.info["sweep_stopped"] = {**run.info["sweep_stopped"], "skipped": rest}
+                self.save_manifest()
+                break
         if run.budget.spent:
             self._budget_spent(run)
             return False
         return not self.stopping.is_set()
+
+    def _saturated(self, run: TargetRun, name: str) -> bool:
+        """--stop-at-saturation: whether the sweep may stop rising for this target."""
+        if not self.cfg.stop_at_saturation or self.stopping.is_set() or run.budget.spent:
+            return False
+        c = self.cfg
+        why = stop_rising(c.run_dir, name, run.phases, c.buckets.labels, c.slo)
+        if why is not None:
+            run.info["sweep_stopped"] = {"after": list(run.phases)[-1], "reason": why}
+            self.progress.status(f"[{name}] {why}: the sweep stops rising")
+        return why is not None
 
     async def _control(self, ref: TargetRun, arm: TargetSession) -> None:
         """A/A: the same server, the same requests, again (its own cache salt and budget)."""
@@ -435,7 +440,8 @@ class Runner:
         if self.control is not None:
             self.control.info = dict(ref.info)
             control = replace(arm, name=self.control.spec.name, budget=self.control.budget)
-            await self._arm(self.control, control)
+            skipped = (ref.info.get("sweep_stopped") or {}).get("skipped", [])
+            await self._arm(self.control, control, skip=skipped)
             if not self.control.budget.spent:
                 self.control.status = "ok"
         self.ref_done.set()
