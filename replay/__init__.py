@@ -2,14 +2,22 @@
 
 Architecture (imports point one way, downwards; lint-imports checks it, see pyproject.toml):
 
-    cli                                   the ``replay`` command; the only place click lives
-    locust   present   tools   testmodel  Locust adapter support, reports (rich tables), trace
-                                          anonymizer, test model (siblings never import each other)
-    run                                   one replay: targets x schedules, writes the run dir
-    analysis                              summary, grading, systems, stats, roles, verdict
-    serving                               SSE, streaming client, server API, targets, scale log
-    core     checkers                     errors, records, trace + importers, buckets,
-                                          schedules, synth; the answer checkers
+    cli                                   the ``replay`` command: typed options, the run's steps,
+                                          ``trace`` commands; the only place click lives
+    locust   present   tools   testmodel  Locust adapter support (plans, events, target,
+                                          recorder), reports (views, charts, HTML, Markdown,
+                                          tables), trace anonymizer and PII detectors, test model
+                                          (siblings never import each other)
+    run                                   one replay: config, runner (targets x phases), phase
+                                          loop, sessions, resume state, the one manifest builder,
+                                          the one analysis pipeline (analyze), sweeps, the run dir
+    analysis                              schemas, summary (SLOs, sessions), grading, stats,
+                                          systems, saturation, sequential evidence, verdict
+    serving                               SSE, streaming client, server API, prompt tokens,
+                                          targets, local servers, scale log
+    core     checkers                     errors, exit codes, records, trace + importers,
+                                          sessions, SLOs, buckets, schedules, synth, extras;
+                                          the answer checkers
 
 The core and the checkers never import locust, gevent, torch, transformers, vLLM or kvcal.
 kvcal may import replay, never the reverse.
