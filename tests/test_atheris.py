@@ -17,7 +17,18 @@ pytest.importorskip("atheris")
 
 HARNESS = Path(__file__).resolve().parent / "fuzz" / "atheris_targets.py"
 # Not imported from the harness: importing it instruments modules in this process.
-TARGETS = ("azure", "checker", "mooncake", "sse", "targets_toml", "trace_line", "v1_file")
+TARGETS = (
+    "azure",
+    "bailian",
+    "burstgpt",
+    "checker",
+    "mooncake",
+    "openai-log",
+    "sse",
+    "targets_toml",
+    "trace_line",
+    "v1_file",
+)
 SECONDS = 5  # per target: seven targets, about a minute in all with start-up
 
 

@@ -317,6 +317,13 @@ def test_unknown_fields_and_columns_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TraceError) as info:
         load(mc)
     assert (info.value.line, info.value.field) == (1, "priority")
+    # An empty key (found by the fuzzer) is still named: quoted.
+    blank = write_jsonl(
+        tmp_path / "b.jsonl",
+        [{"timestamp": 0, "input_length": 10, "output_length": 5, "": 1}],
+    )
+    bad = load(blank, "mooncake", on_bad_line="skip").bad
+    assert [(e.line, e.field) for e in bad] == [(1, "''")]
     az = tmp_path / "a.csv"
     az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,Region\n2023-11-16 18:15:46,10,5,eu\n")
     with pytest.raises(TraceError, match=r"column\(s\) \['Region'\]") as info:

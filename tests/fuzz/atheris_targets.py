@@ -121,6 +121,9 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "v1_file": _trace_file("v1"),
     "mooncake": _trace_file("mooncake"),
     "azure": _trace_file("azure"),
+    "bailian": _trace_file("bailian"),
+    "burstgpt": _trace_file("burstgpt"),
+    "openai-log": _trace_file("openai-log"),
     "sse": sse,
     "checker": checker,
     "targets_toml": targets_toml,
@@ -149,6 +152,22 @@ SEEDS: dict[str, list[bytes]] = {
     "azure": [
         b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
         b"2023-11-16 18:15:50,396,109\n"
+    ],
+    "bailian": [
+        b'{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, '
+        b'"output_length": 4, "type": "text", "turn": 1, "hash_ids": [1, 2, 3]}\n'
+        b'{"chat_id": 2, "parent_chat_id": 1, "timestamp": 2.0, "input_length": 60, '
+        b'"output_length": 3, "type": "text", "turn": 2, "hash_ids": [1, 2, 3, 4]}\n'
+    ],
+    "burstgpt": [
+        b"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        b"0,ChatGPT,30,5,35,Conversation log\n4,GPT-4,55,0,55,API log\n"
+    ],
+    "openai-log": [
+        b'{"timestamp": 0, "request": {"messages": [{"role": "user", "content": "hi"}], '
+        b'"max_tokens": 8, "tools": [{"type": "function", "function": {"name": "f", '
+        b'"parameters": {"type": "object"}}}]}, "response": {"choices": [{"message": '
+        b'{"role": "assistant", "content": "ok"}}]}}\n'
     ],
     "sse": [
         _CHUNK + b'data: {"choices":[{"index":0,"text":"x"}]}\n\ndata: [DONE]\n\n',

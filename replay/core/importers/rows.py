@@ -105,7 +105,8 @@ def csv_rows(path: Path, need: Sequence[str], known: Collection[str] | None, exp
 def refuse_unknown(obj: dict[str, Any], known: Collection[str], name: str, hint: str = "") -> None:
     """A field outside ``known`` is an error that names it: a trace of another format must not
     pass for this one with its own fields dropped."""
-    extra = [k for k in obj if k not in known]
+    # A key that is empty or holds ':' is quoted, so the error still names its field.
+    extra = [k if k and ":" not in k else repr(k) for k in obj if k not in known]
     if extra:
         also = f" (nor is {', '.join(extra[1:])})" if extra[1:] else ""
         raise ValueError(
