@@ -12,7 +12,7 @@ from typing import Any
 from replay.core.records import Result
 from replay.run.resume import ResumeState
 from replay.run.rundir import MANIFEST, RESULTS, TEACHER_FORCED, JsonlWriter, write_json
-from replay.run.runner import interrupts
+from replay.run.signals import interrupts
 
 
 def result(rid: str, phase: str, status: str = "ok", error: str | None = None) -> dict[str, Any]:

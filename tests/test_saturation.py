@@ -19,7 +19,8 @@ from replay.analysis.saturation import (
     saturation_of,
     sweep_of,
 )
-from replay.analysis.schemas import LoadCurve, Saturation, Summary
+from replay.analysis.schemas import Summary
+from replay.analysis.schemas_load import LoadCurve, Saturation
 from replay.present import report
 
 DURATION = 100.0

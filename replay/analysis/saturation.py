@@ -43,16 +43,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from replay.analysis.schemas import (
+from replay.analysis.schemas import ResultStats, Summary, TargetSummary
+from replay.analysis.schemas_load import (
     Knee,
     LoadCurve,
     LoadPoint,
-    ResultStats,
     Saturation,
     SloCeiling,
-    Summary,
     TargetSaturation,
-    TargetSummary,
 )
 
 CONCURRENCY, RATE = "concurrency", "rate"

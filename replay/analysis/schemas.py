@@ -12,9 +12,8 @@
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
     │                            pairs the verdict decides on, teacher-forced scores, floor
     ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit)
-    ├── Saturation               a load sweep's curves (``analysis.saturation``), per target
-    │   └── TargetSaturation     the totals' and each bucket's LoadCurve: its points
-    │                            (LoadPoint), its knee (Knee), the SLOs' ceiling (SloCeiling)
+    ├── Saturation               a load sweep's curves (``schemas_load``), per target
+    ├── Sequential               a sequential canary's decision, buckets and interval path
     └── Verdict                  the stop rule's outcome (``verdict.rule.decide``)
 
 Every record is a frozen dataclass (``record_json``): ``to_json()`` gives exactly the JSON
@@ -28,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from replay.analysis.schemas_load import Saturation
 from replay.core.record_json import OMITTED as OMITTED
 from replay.core.record_json import Omitted as Omitted
 from replay.core.record_json import Record, absent_if_none, record
@@ -386,68 +386,45 @@ class Systems(Record):
     throughput_ratio: float | None
 
 
-# -- saturation in a load sweep ------------------------------------------------------------
+# -- the sequential canary ------------------------------------------------------------------
 
 
 @record
-class LoadPoint(Record):
-    """One level of a sweep (a phase) for one target and bucket, or the phase's totals."""
+class SequentialBucket(Record):
+    """One bucket (or the pool: ``name`` None) at the end of a sequential canary: its counts,
+    status (open, loss, equivalent), the round that decided it and its drop's interval."""
 
-    phase: str
-    load: float | None  # requests in flight (concurrency) or requests per second (rate)
-    requests: int
-    ok: int
-    throughput_rps: float | None  # successful requests per second of the phase
-    throughput_out_tok_s: float | None
-    ttft_p50_ms: float | None
-    ttft_p90_ms: float | None
-    queue_delay_p50_ms: float | None
-    queue_delay_p90_ms: float | None
-    slo_attainment: float | None = absent_if_none()  # only with --slo
-    goodput_rps: float | None = absent_if_none()
+    name: str | None
+    status: str
+    pairs: int
+    regressions: int
+    improvements: int
+    decided_round: int | None
+    lower: float
+    upper: float
 
 
 @record
-class Knee(Record):
-    """The last level before the curve bends (``saturation.KneeRule``): what bent, and how."""
+class Sequential(Record):
+    """``replay canary --sequential`` (``analysis.sequential_summary``): the decision, why the
+    run stopped, the requests it sent against the fixed design's N, each bucket, what an
+    undecided bucket still needs, and the interval path (one row per round per open bucket,
+    and the pool's: round, bucket, pairs, regressions, improvements, lower, upper, status)."""
 
-    phase: str
-    load: float | None
-    metric: str  # the LoadPoint field that bent: ttft_p90_ms, queue_delay_p90_ms, throughput_rps
-    reason: str
-
-
-@record
-class SloCeiling(Record):
-    """The highest level up to which every level met the SLOs; None: not even the first."""
-
-    attainment: float | None  # the share of requests within every bound that counts as met
-    phase: str | None
-    load: float | None
-
-
-@record
-class LoadCurve(Record):
-    points: tuple[LoadPoint, ...]  # in rising load
-    knee: Knee | None  # None: no knee within the sweep
-    max_load_meeting_slo: SloCeiling | None = absent_if_none()  # only with --slo
-
-
-@record
-class TargetSaturation(Record):
-    all: LoadCurve
-    buckets: Mapping[str, LoadCurve]  # in the run's bucket order
-
-
-@record
-class Saturation(Record):
-    """A sweep's phases (``c<N>``: concurrency, ``poisson-<r>rps``: rate) as load curves."""
-
-    kind: str  # "concurrency" or "rate"
-    phases: tuple[str, ...]  # the sweep's phases, in rising load
-    attainment: float | None  # the SLO attainment a level must reach to meet the SLOs
-    rule: Mapping[str, float]  # the knee rule's parameters (``saturation.KneeRule``)
-    targets: Mapping[str, TargetSaturation]
+    decision: str  # loss | equivalent | open
+    stopped: str  # decided | max_requests | max_time | trace | interrupted
+    rounds: int
+    round_size: int
+    requests_sent: int  # pairs: each request went to every arm
+    fixed_n: int  # pairs the fixed design would have sent (``fixed_method`` says how)
+    fixed_method: str
+    trace_requests: int  # what the trace holds: what a fixed canary sends every arm
+    tolerance: float
+    alpha: float
+    buckets: tuple[SequentialBucket, ...]
+    pool: SequentialBucket | None
+    needs: tuple[str, ...]
+    path: tuple[Mapping[str, Any], ...]
 
 
 # -- the verdict and the whole summary --------------------------------------------------------
@@ -477,4 +454,5 @@ class Summary(Record):
     quality: Quality | None = absent_if_none()  # None: not graded (Locust, checkers off)
     systems: Systems | None = absent_if_none()  # None: no candidate compared
     saturation: Saturation | None = absent_if_none()  # None: the phases are not a load sweep
+    sequential: Sequential | None = absent_if_none()  # None: not a sequential canary
     verdict: Verdict | None = absent_if_none()  # None: no verdict (a Locust run)

@@ -6,7 +6,7 @@ Each step is a function of the typed ``RunOptions``; the manifest saves those op
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +311,7 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
         f"run directory: [bold]{escape(str(run_dir))}[/bold] - {plan.trace.count} requests, "
         f"{len(plan.targets)} target(s), schedules {', '.join(s.label for s in plan.schedules)}"
     )
-    runner, summary = _replay(cfg, canary)
+    runner, summary = _replay(cfg, canary, o)
     html, md = write_reports(run_dir)
     if runner.interrupted:
         console.print(
@@ -332,7 +332,20 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
     return _conclude(summary, o.max_error_rate, run_dir, html)
 
 
-def _replay(cfg: RunConfig, canary: bool) -> tuple[Runner, Summary]:
+def _runner(cfg: RunConfig, o: RunOptions, progress: RichProgress) -> Runner:
+    """The fixed-design runner, or the sequential canary's rounds (--sequential)."""
+    if not o.sequential:
+        return Runner(cfg, progress)
+    from replay.run.sequential_run import RoundLoop, SequentialOptions, SequentialRunner
+
+    if o.rate is not None or o.trace_times:
+        raise InputError("--sequential sends closed-loop rounds: leave out --rate/--trace-times")
+    seq = SequentialOptions(o.round_size, o.max_requests, o.max_time)
+    loop = RoundLoop(_int_list(o.concurrency, "--concurrency")[0])
+    return SequentialRunner(replace(cfg, schedules=[loop]), seq, progress)
+
+
+def _replay(cfg: RunConfig, canary: bool, o: RunOptions) -> tuple[Runner, Summary]:
     """Run with progress bars (none for the canary, whose stdout is its Markdown)."""
     with Progress(
         SpinnerColumn(),
@@ -344,7 +357,7 @@ def _replay(cfg: RunConfig, canary: bool) -> tuple[Runner, Summary]:
         transient=canary,
         disable=canary,
     ) as bar:
-        runner = Runner(cfg, RichProgress(bar))  # may raise ConfigError (--reference)
+        runner = _runner(cfg, o, RichProgress(bar))  # may raise ConfigError (--reference)
         summary = Summary.from_json(run_loop(runner.run()))
     return runner, summary
 

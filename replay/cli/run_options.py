@@ -74,6 +74,10 @@ class RunOptions:
     session_history: str = "trace"
     think_time: str = "auto"
     stop_at_saturation: bool = False
+    sequential: bool = False
+    round_size: int = 20
+    max_requests: int | None = None
+    max_time: float | None = None
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -331,6 +335,30 @@ RUN_OPTIONS = [
         is_flag=True,
         help="Sweeps: stop raising the load for a target once it is saturated (its "
         "throughput fell, or past its knee it misses the SLOs; without --slo, past its knee).",
+    ),
+    click.option(
+        "--sequential",
+        is_flag=True,
+        help="Sequential canary: serve the reference and the candidate at once and send the "
+        "trace in rounds, stopping as soon as every bucket is decided (always-valid evidence "
+        "read after every round; --max-requests and --max-time bound it).",
+    ),
+    click.option(
+        "--round-size",
+        default=20,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="With --sequential: requests per open bucket in each round.",
+    ),
+    click.option(
+        "--max-requests",
+        type=click.IntRange(min=1),
+        help="With --sequential: stop after this many requests (pairs) sent.",
+    ),
+    click.option(
+        "--max-time",
+        type=click.FloatRange(min=0.0, min_open=True),
+        help="With --sequential: stop after this many seconds of rounds.",
     ),
     click.option(
         "--session-history",

@@ -18,7 +18,7 @@ from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
-from replay.analysis.schemas import Summary
+from replay.analysis.schemas import Sequential, Summary
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
 from replay.analysis.verdict.facts import Thresholds, facts_from_run
@@ -38,6 +38,7 @@ from replay.run.rundir import (
     read_results,
     write_json,
 )
+from replay.run.sequential_file import load_record
 
 
 def load_results(run_dir: Path, prompt_ids: bool = True) -> list[Result]:
@@ -75,6 +76,7 @@ class Analysis:
     # Server-side series by target; None: read from the run directory's metrics/ files.
     series: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
     slo: SloSpec | None = None  # SLO attainment and goodput per group
+    sequential: Sequential | None = None  # a sequential canary's block (it decides the verdict)
 
 
 def analyse(a: Analysis) -> Summary:
@@ -118,6 +120,8 @@ def analyse(a: Analysis) -> Summary:
                 min_pairs=a.thresholds.min_pairs,
             ),
         )
+    if a.sequential is not None:
+        summary = replace(summary, sequential=a.sequential)
     if a.verdict:
         if a.candidate is not None:
             compared = systems(results, a.reference, a.candidate, a.first_phase, a.seed)
@@ -184,6 +188,7 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
             results=results,
             driver=manifest["driver"] if locust else None,
             slo=_saved_slo(manifest),
+            sequential=load_record(run_dir),
         )
     ).to_json()
 

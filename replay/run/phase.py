@@ -58,6 +58,8 @@ class Phase:
     timeout_s: float
     salt: str | None
     before_done: set[str] = field(default_factory=set)  # resume: ids with a final result
+    # Only these ids (a sequential canary's round); None: every id not in ``before_done``.
+    only: set[str] | None = None
     # The trace's sessions (None: it has none, and requests stream one by one).
     sessions: Sessions | None = None
     # pulled from the trace and not finished: at most what is in flight, plus one waiting
@@ -75,7 +77,9 @@ class Phase:
     async def run(self) -> dict[str, Any] | None:
         """Send the phase; its window (start, end, flags) for the manifest, or None when there
         is nothing to send (resumed complete, or the run is being interrupted)."""
-        total = self.trace.count - len(self.before_done)
+        total = (
+            len(self.only) if self.only is not None else self.trace.count - len(self.before_done)
+        )
         if total <= 0 or self.stopping.is_set():
             return None
         if self.target.budget.spent:  # in an earlier phase: this one sends nothing
@@ -85,7 +89,7 @@ class Phase:
         self.progress.phase(self.target.name, self.label, total)
         scraper = self.target.scraper
         with closing(self.trace.iter_requests()) as reqs:
-            todo = ((i, r) for i, r in enumerate(reqs) if r.id not in self.before_done)
+            todo = ((i, r) for i, r in enumerate(reqs) if self._wanted(r.id))
             # A session's turns are one item: the schedule sends it, its turns follow in order.
             items = units(todo) if self.sessions is not None else ([t] for t in todo)
             # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
@@ -110,6 +114,11 @@ class Phase:
             **({"resumed": True} if self.before_done else {}),
             **({"interrupted": True} if self.stopping.is_set() else {}),
         }
+
+    def _wanted(self, request_id: str) -> bool:
+        if self.only is not None:
+            return request_id in self.only
+        return request_id not in self.before_done
 
     def _pulled(self, items: Iterator[Unit]) -> Iterator[Unit]:
         for unit in items:

@@ -10,10 +10,9 @@ protocol, so the terminal UI (rich) lives in the CLI, not here.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +43,7 @@ from replay.run.rundir import (
 from replay.run.servers import launch, stop
 from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
+from replay.run.signals import interrupts
 from replay.run.sweep import stop_rising
 from replay.run.teacher import Scoring, reference_answers, score_answers
 from replay.serving.client import Client
@@ -59,25 +59,7 @@ from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_poo
 from replay.serving.scale_log import scale_lines
 from replay.serving.targets import check_served_dtype
 
-__all__ = ["Runner", "interrupts"]
-
-
-@contextmanager
-def interrupts(handler: Callable[[], None]) -> Iterator[None]:
-    """SIGINT and SIGTERM call ``handler`` on the running loop while the run lasts; then the
-    handlers that were there before (the CLI's) are back, not the defaults asyncio leaves."""
-    loop = asyncio.get_running_loop()
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    before = {sig: signal.getsignal(sig) for sig in sigs}
-    for sig in sigs:
-        loop.add_signal_handler(sig, handler)
-    try:
-        yield
-    finally:
-        for sig in sigs:
-            loop.remove_signal_handler(sig)
-            if before[sig] is not None:
-                signal.signal(sig, before[sig])
+__all__ = ["Runner"]
 
 
 class Runner:
@@ -200,31 +182,33 @@ class Runner:
         self._drain_task = asyncio.ensure_future(drain())
 
     def write_summary(self) -> dict[str, Any]:
+        return analyse(self.analysis()).to_json()
+
+    def analysis(self) -> Analysis:
+        """What the analysis at the end of the run reads of the runner."""
         runs = self.all_runs()
-        return analyse(
-            Analysis(
-                run_dir=self.cfg.run_dir,
-                targets={
-                    n: {
-                        "status": r.status,
-                        "reason": r.reason,
-                        "cache_config": r.info.get("cache_config") or {},
-                        "phases": r.phases,
-                    }
-                    for n, r in runs.items()
-                },
-                reference=self.reference,
-                candidate=self.roles.candidate,
-                first_phase=self.cfg.schedules[0].label,
-                bucket_labels=self.cfg.buckets.labels,
-                tolerance=self.cfg.tolerance,
-                seed=self.cfg.seed,
-                thresholds=self.cfg.thresholds,
-                manifest=self.manifest(),
-                grading_specs=self._grading_specs,
-                slo=self.cfg.slo,
-            )
-        ).to_json()
+        return Analysis(
+            run_dir=self.cfg.run_dir,
+            targets={
+                n: {
+                    "status": r.status,
+                    "reason": r.reason,
+                    "cache_config": r.info.get("cache_config") or {},
+                    "phases": r.phases,
+                }
+                for n, r in runs.items()
+            },
+            reference=self.reference,
+            candidate=self.roles.candidate,
+            first_phase=self.cfg.schedules[0].label,
+            bucket_labels=self.cfg.buckets.labels,
+            tolerance=self.cfg.tolerance,
+            seed=self.cfg.seed,
+            thresholds=self.cfg.thresholds,
+            manifest=self.manifest(),
+            grading_specs=self._grading_specs,
+            slo=self.cfg.slo,
+        )
 
     def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
         """Task and checker of each request that has results: what grading needs of the
@@ -353,11 +337,12 @@ class Runner:
         if not run.budget.spent:
             run.status = "ok"
 
-    async def _phases(
+    @asynccontextmanager
+    async def target_session(
         self, run: TargetRun, session: aiohttp.ClientSession, client: Client, url: str
-    ) -> None:
-        """Every phase of one target (then, for the reference, its A/A control on the same
-        server), then teacher-forced scoring, with /metrics scraped throughout."""
+    ) -> AsyncIterator[TargetSession]:
+        """One target's prompt lengths on its tokenizer, and its /metrics scraped while the
+        block lasts (into ``metrics/<target>.jsonl``)."""
         trace = self.cfg.trace
         self.progress.status(f"[{run.spec.name}] counting prompt tokens on the target tokenizer")
         pool = await token_pool(session, url, client.model) if trace.has_synth else None
@@ -377,8 +362,23 @@ class Runner:
 
         scraper = Scraper(session, url, self.clock.now, sink)
         scraper.start()
-        arm = TargetSession(run.spec.name, client, counts, pool, run.budget, scraper)
         try:
+            yield TargetSession(run.spec.name, client, counts, pool, run.budget, scraper)
+        finally:
+            await scraper.stop()
+            series.close()
+            run.info["scrape_failures"] = scraper.failures
+            if scraper.first_failure is not None:
+                run.info["problems"].append(
+                    f"{scraper.failures} /metrics scrape(s) failed; first: {scraper.first_failure}"
+                )
+
+    async def _phases(
+        self, run: TargetRun, session: aiohttp.ClientSession, client: Client, url: str
+    ) -> None:
+        """Every phase of one target (then, for the reference, its A/A control on the same
+        server), then teacher-forced scoring, with /metrics scraped throughout."""
+        async with self.target_session(run, session, client, url) as arm:
             if not await self._arm(run, arm, skip=self._skipped_before(run.spec.name)):
                 return
             if run.spec.name == self.reference:
@@ -396,14 +396,6 @@ class Runner:
                 await self._teacher_forced(run, scoring)
                 if run.spec.name == self.reference and self.control is not None:
                     await self._teacher_forced(self.control, scoring)
-        finally:
-            await scraper.stop()
-            series.close()
-            run.info["scrape_failures"] = scraper.failures
-            if scraper.first_failure is not None:
-                run.info["problems"].append(
-                    f"{scraper.failures} /metrics scrape(s) failed; first: {scraper.first_failure}"
-                )
 
     async def _arm(self, run: TargetRun, arm: TargetSession, skip: Sequence[str] = ()) -> bool:
         """Every phase for one arm (but those in ``skip``, above where its sweep stopped);

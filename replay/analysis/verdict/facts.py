@@ -19,6 +19,7 @@ from replay.analysis.schemas import (
     OMITTED,
     BucketQuality,
     Combined,
+    Sequential,
     Shift,
     Summary,
     TargetQuality,
@@ -118,6 +119,8 @@ class Facts:
     below_break_even: bool | None = None
     per_head_supported: bool = False
     outlier_layers: tuple[int, ...] = ()
+    # A sequential canary: its decision replaces the fixed design's at scale 1.0.
+    sequential: Sequential | None = None
 
 
 # -- from a run -----------------------------------------------------------------------------
@@ -205,6 +208,7 @@ def facts_from_run(
         capacity_needed=(max(usage) >= thresholds.capacity_needed_usage) if usage else None,
         below_break_even=s.systems.below_break_even if s.systems else None,
         **_goodput(ref_t, targets.get(cand or ""), cand_emulated),
+        sequential=s.sequential,
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from replay.analysis.schemas import Verdict
+from replay.analysis.schemas import Sequential, Verdict
 from replay.analysis.stats.equivalence import equivalent
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
 from replay.analysis.verdict.wording import (
@@ -187,6 +187,8 @@ def _scale_one(f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]
     """FP8 at scale 1.0: a repeatable loss asks for calibration; a match in every bucket is
     kept if FP8 pays for itself (:func:`_gain`)."""
     ev += quality_evidence(arm, f.reference, th)
+    if f.sequential is not None:
+        return _sequential(f, f.sequential, th, ev)
     lost = losses(arm, th)
     if lost or _shifted(arm, th):
         if lost:
@@ -202,6 +204,30 @@ def _scale_one(f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]
     if not ok:
         return _insufficient(arm, thin, ev, th)
     return _gain(f, th, ev)
+
+
+def _sequential(f: Facts, seq: Sequential, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+    """A sequential canary decides on its own always-valid evidence: a bucket (or the pool)
+    decided LOSS asks for calibration, every bucket EQUIVALENT is the match (then FP8 must
+    pay), and anything else is too little evidence, with what each open bucket still needs."""
+    sent = f"{seq.requests_sent} requests sent, the fixed design would have sent {seq.fixed_n}"
+    ev.append(evidence_entry("sequential", f"{seq.decision} after {seq.rounds} rounds: {sent}"))
+    if seq.decision == "loss":
+        lost = [b for b in seq.buckets if b.status == "loss"]
+        where_ = f"bucket {lost[0].name}" if lost else "the pool of every bucket"
+        b = lost[0] if lost else seq.pool
+        drop = f" (drop above {100 * b.lower:.1f} points)" if b is not None else ""
+        return verdict_record(
+            "calibrate", [f"sequential canary: a loss in {where_}{drop}; {sent}"], ev
+        )
+    if seq.decision == "equivalent":
+        return _gain(f, th, ev)
+    need = "; ".join(seq.needs) or "no bucket decided"
+    return verdict_record(
+        "insufficient_evidence",
+        [f"sequential canary stopped ({seq.stopped}) undecided: {need}; {sent}"],
+        ev,
+    )
 
 
 def _insufficient(

@@ -1,0 +1,266 @@
+"""``replay canary --sequential``: the reference and the candidate served at once, the trace's
+requests sent to both (and to the A/A control on the reference's server) in rounds, and the
+run stopped as soon as the sequential evidence decides (``analysis.sequential``).
+
+Each round takes up to ``round_size`` requests per open bucket (``sequential_plan.plan_round``;
+buckets by prompt length on the reference's tokenizer), sends them to every arm (each arm a
+``Phase`` limited to the round's requests, a closed loop of ``--concurrency``, phase ``seq``),
+grades the round's pairs as the analysis does (explicit checks, derived grades against the
+A/A control), folds them into the state and saves ``sequential.json``. A decided bucket gets no
+more requests; the run stops once decided, or when ``--max-requests`` pairs are sent,
+``--max-time`` seconds are spent (checked between rounds), the trace runs out or an arm's
+error budget is spent.
+
+Interrupts and resume: Ctrl-C/SIGTERM stops sending; the round in flight is *not* folded into
+the state. ``--resume`` reloads ``sequential.json``, drops from results.jsonl every result of a
+request the state does not list as folded (those of the interrupted round), and *resends*
+them: the state file is the truth, and results.jsonl always matches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+
+from replay.analysis.grading.rows import grade_rows, grading_spec
+from replay.analysis.sequential import Rule, SequentialState
+from replay.analysis.sequential_plan import plan_round
+from replay.core.errors import ConfigError
+from replay.core.records import Result
+from replay.core.schedule import ClosedLoop
+from replay.run.analyze import Analysis
+from replay.run.config import RunConfig, TargetRun
+from replay.run.phase import Phase, TargetSession
+from replay.run.progress import Progress
+from replay.run.rundir import RESULTS, JsonlWriter, read_results, rewrite_jsonl
+from replay.run.runner import Runner
+from replay.run.sequential_file import SequentialRun, load
+from replay.serving.client import Client
+from replay.serving.prompt_tokens import UNKNOWN
+
+SEQ_PHASE = "seq"
+UNKNOWN_BUCKET = "unknown"  # a prompt whose length the tokenizer did not give
+
+
+@dataclass(frozen=True)
+class RoundLoop(ClosedLoop):
+    """A closed loop whose phase is the sequential canary's (``seq``)."""
+
+    @property
+    def label(self) -> str:
+        return SEQ_PHASE
+
+
+@dataclass(frozen=True)
+class SequentialOptions:
+    round_size: int = 20
+    max_requests: int | None = None  # pairs sent (each request goes to every arm)
+    max_time_s: float | None = None
+
+
+class _Tee(JsonlWriter):
+    """results.jsonl, and the round's rows kept for its grading."""
+
+    def __init__(self, inner: JsonlWriter) -> None:
+        self.inner, self.path = inner, inner.path
+        self.rows: list[dict[str, Any]] = []
+        self._fh = None
+
+    def write(self, obj: Any) -> None:
+        self.inner.write(obj)
+        self.rows.append(obj)
+
+    def close(self) -> None:
+        pass
+
+
+def drop_unfolded(cfg: RunConfig) -> None:
+    """Resume: keep only the results of requests the saved state folded in."""
+    saved = load(cfg.run_dir)
+    folded = set(saved[0].sent) if saved is not None else set()
+    if (cfg.run_dir / RESULTS).exists():
+        keep = [r.to_json() for r in read_results(cfg.run_dir) if r.request_id in folded]
+        rewrite_jsonl(cfg.run_dir / RESULTS, keep)
+
+
+class SequentialRunner(Runner):
+    """The runner's targets, servers, manifest and analysis; rounds instead of phases."""
+
+    def __init__(
+        self, cfg: RunConfig, opts: SequentialOptions, progress: Progress | None = None
+    ) -> None:
+        if cfg.resume:
+            drop_unfolded(cfg)
+        super().__init__(replace(cfg, teacher_forced=False, parallel_targets=True), progress)
+        if self.roles.candidate is None or len(self.runs) != 2:
+            raise ConfigError("--sequential: give exactly two targets, a reference and a candidate")
+        self.opts = opts
+        self.candidate = self.roles.candidate
+        self.arms: dict[str, TargetSession] = {}
+        self._ready = {n: asyncio.Event() for n in self.runs}
+        self._over = asyncio.Event()
+        self.seq: SequentialRun | None = None
+        self.queues: dict[str, deque[int]] = {}
+
+    # -- serving: every arm up at once, waiting for the rounds --------------------------------
+    async def _all_targets(self) -> None:
+        tasks = [asyncio.ensure_future(self._serving(r)) for r in self.runs.values()]
+        try:
+            await self._rounds()
+        finally:
+            self._over.set()
+            await asyncio.gather(*tasks)
+
+    async def _serving(self, run: TargetRun) -> None:
+        try:
+            await self._target(run)
+        finally:
+            self._ready[run.spec.name].set()  # also when it failed: the rounds do not wait
+
+    async def _phases(
+        self, run: TargetRun, session: aiohttp.ClientSession, client: Client, url: str
+    ) -> None:
+        async with self.target_session(run, session, client, url) as arm:
+            self.arms[arm.name] = arm
+            if run.spec.name == self.reference and self.control is not None:
+                ctl = replace(arm, name=self.control.spec.name, budget=self.control.budget)
+                self.arms[ctl.name] = ctl
+            self._ready[run.spec.name].set()
+            await self._over.wait()
+        if self.control is not None and run.spec.name == self.reference:
+            self.control.info = dict(run.info)
+            if not self.control.budget.spent:
+                self.control.status = "ok"
+
+    # -- the rounds ---------------------------------------------------------------------------
+    def _start_state(self) -> None:
+        """The buckets of the reference's prompt lengths (those the trace has requests in),
+        the saved state on a resume, and each bucket's queue of requests not sent yet."""
+        counts = self.arms[self.reference].counts
+        labels = [*self.cfg.buckets.labels, UNKNOWN_BUCKET]
+        saved = load(self.cfg.run_dir) if self.cfg.resume else None
+        sent = set(saved[0].sent) if saved is not None else set()
+        pools: Counter[str] = Counter()
+        queues: dict[str, deque[int]] = {b: deque() for b in labels}
+        for i, req in enumerate(self.cfg.trace.iter_requests()):
+            n = counts[i]
+            b = self.cfg.buckets.label(n) if n != UNKNOWN else UNKNOWN_BUCKET
+            pools[b] += 1
+            if req.id not in sent:
+                queues[b].append(i)
+        names = [b for b in labels if pools[b]]
+        self.queues = {b: queues[b] for b in names}
+        if saved is not None:
+            self.seq = saved[0]
+            self.seq.stopped = "running"
+            return
+        th = self.cfg.thresholds
+        rule = Rule(tolerance=th.tolerance, alpha=th.alpha, min_pairs=th.min_pairs)
+        state = SequentialState.start(names, rule)
+        self.seq = SequentialRun(state, self.opts.round_size, {b: pools[b] for b in names})
+
+    def unsent(self) -> dict[str, int]:
+        return {b: len(q) for b, q in self.queues.items()}
+
+    def _why_stop(self, began: float) -> str | None:
+        assert self.seq is not None
+        o, seq = self.opts, self.seq
+        if self.stopping.is_set():
+            return "interrupted"
+        if any(r.budget.spent for r in self.all_runs().values()):
+            return "error_budget"
+        if seq.state.decision != "open":
+            return "decided"
+        if o.max_requests is not None and len(seq.sent) >= o.max_requests:
+            return "max_requests"
+        spent = seq.elapsed_s + time.monotonic() - began
+        if o.max_time_s is not None and spent >= o.max_time_s:
+            return "max_time"
+        if not any(self.unsent().get(b, 0) for b in seq.state.open_buckets):
+            return "trace"
+        return None
+
+    async def _rounds(self) -> None:
+        await asyncio.gather(*(e.wait() for e in self._ready.values()))
+        names = [*self.runs, *([self.control.spec.name] if self.control else [])]
+        if self.stopping.is_set() or any(n not in self.arms for n in names):
+            return  # a target failed (recorded by the runner) or the run was interrupted
+        self._start_state()
+        assert self.seq is not None
+        began = time.monotonic()
+        while (why := self._why_stop(began)) is None:
+            await self._round(names)
+            self.seq.elapsed_s, began = (
+                self.seq.elapsed_s + time.monotonic() - began,
+                time.monotonic(),
+            )
+        self.seq.stopped = why
+        for r in self.all_runs().values():
+            if r.budget.spent and r.status != "failed":
+                self._budget_spent(r)
+        self.seq.save(self.cfg.run_dir, self.unsent())
+
+    async def _round(self, names: list[str]) -> None:
+        """One round: plan, send to every arm, grade, fold in, save."""
+        assert self.seq is not None
+        seq, o = self.seq, self.opts
+        room = len(seq.state.open_buckets) * o.round_size
+        if o.max_requests is not None:
+            room = min(room, o.max_requests - len(seq.sent))
+        plan = plan_round(seq.state, self.unsent(), room)
+        chosen = {self.queues[b].popleft(): b for b, k in plan.items() for _ in range(k)}
+        ids = {i: req.id for i, req in enumerate(self.cfg.trace.iter_requests()) if i in chosen}
+        tee = _Tee(self.writer)
+        await asyncio.gather(*(self._send(n, set(ids.values()), tee) for n in names))
+        if self.stopping.is_set():
+            return  # not folded: a resume sends these again
+        counts = self._grade(tee.rows, {ids[i]: b for i, b in chosen.items()})
+        seq.state = seq.state.update(counts)
+        seq.sent += [ids[i] for i in sorted(chosen)]
+        seq.save(self.cfg.run_dir, self.unsent())
+        self.save_manifest()
+
+    async def _send(self, name: str, ids: set[str], tee: _Tee) -> None:
+        arm, run = self.arms[name], self.all_runs()[name]
+        salt = f"{self.cfg.run_dir.name}.{name}.{SEQ_PHASE}" if self.cfg.salt_phases else None
+        window = await Phase(
+            target=arm,
+            sched=self.cfg.schedules[0],
+            trace=self.cfg.trace,
+            buckets=self.cfg.buckets,
+            writer=tee,
+            progress=self.progress,
+            clock=self.clock,
+            stopping=self.stopping,
+            timeout_s=self.cfg.phase_timeout_s,
+            salt=salt,
+            only=ids,
+        ).run()
+        if window is not None:
+            old = run.phases.get(SEQ_PHASE)
+            run.phases[SEQ_PHASE] = window if old is None else {**window, "start": old["start"]}
+
+    def _grade(
+        self, rows: list[dict[str, Any]], buckets: Mapping[str, str]
+    ) -> dict[str, tuple[int, int, int]]:
+        from replay.analysis.sequential_summary import round_counts
+
+        results = [Result.from_json(r) for r in rows]
+        specs = {r.id: grading_spec(r) for r in self.cfg.trace.iter_requests() if r.id in buckets}
+        graded = grade_rows(results, specs, self.reference)
+        control = self.control.spec.name if self.control is not None else None
+        assert self.candidate is not None
+        return round_counts(graded, buckets, self.candidate, self.reference, control)
+
+    # -- the analysis -------------------------------------------------------------------------
+    def analysis(self) -> Analysis:
+        a = super().analysis()
+        if self.seq is None:
+            return a
+        return replace(a, sequential=self.seq.record(self.unsent()))
