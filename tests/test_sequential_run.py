@@ -73,6 +73,12 @@ def test_alike_servers_stop_equivalent_before_the_trace_runs_out(tmp_path: Path)
     assert state["round"] == seq["rounds"] and state["decision"] == "equivalent"
     assert [r["pairs"] for r in seq["path"]] == sorted(r["pairs"] for r in seq["path"])
     assert summary["verdict"]["verdict"] != "insufficient_evidence", summary["verdict"]
+    # The report shows the path to the decision and the requests against the fixed design.
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert 'id="sequential"' in html and html.count("<svg") >= 1
+    assert f"{seq['requests_sent']} requests sent to every arm" in html
+    md = (tmp_path / "run" / "report.md").read_text()
+    assert "### Sequential canary" in md and f"would have sent {seq['fixed_n']}" in md
 
 
 def test_max_requests_stops_undecided_and_resume_keeps_the_state(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ MD_QUALITY = tuple(QUALITY_HEADERS[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 11))
 def markdown_report(run: Run) -> str:
     """The Markdown summary of a run."""
     views, problems = build_views(
-        run, ("verdict", "serving", "quality", "systems", "latency", "load")
+        run, ("verdict", "serving", "quality", "systems", "latency", "load", "sequential")
     )
     out = _md_verdict(run, views["verdict"] or {})
     out += _md_section("Serving path", (views["serving"] or {}).get("table"))
@@ -36,6 +36,9 @@ def markdown_report(run: Run) -> str:
             (p["table"] for p in (views["latency"] or {}).get("phases", []) if p["table"]), None
         ),
     )
+    if views["sequential"]:  # only a sequential canary has this section
+        out += _md_section("Sequential canary", views["sequential"]["table"])
+        out += [views["sequential"]["note"], ""]
     if views["load"]:  # only a load sweep has this section
         out += _md_section("Load: knee and SLO ceiling per bucket", views["load"]["knees"])
         out += _md_section("Load: each level", views["load"]["totals"])

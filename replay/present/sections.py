@@ -11,6 +11,7 @@ from replay.present.load_views import load_view
 from replay.present.quality_views import quality_view
 from replay.present.reading import Run
 from replay.present.request_views import requests_view
+from replay.present.sequential_views import sequential_view
 from replay.present.systems_views import capacity_view, kv_view, latency_view, systems_view
 from replay.present.verdict_views import serving_view, verdict_view
 
@@ -21,6 +22,7 @@ SECTIONS = (
     ("systems", "Systems"),
     ("latency", "Latency"),
     ("load", "Load"),
+    ("sequential", "Sequential"),
     ("capacity", "Capacity"),
     ("kv-usage", "KV usage"),
     ("requests", "Requests"),
@@ -32,13 +34,14 @@ BUILDERS: dict[str, Callable[[Run], Any]] = {
     "systems": systems_view,
     "latency": latency_view,
     "load": load_view,
+    "sequential": sequential_view,
     "capacity": capacity_view,
     "kv-usage": kv_view,
     "requests": requests_view,
 }
 
 # Sections only some runs have (a load sweep): absent rather than "not measured".
-OPTIONAL = frozenset({"load"})
+OPTIONAL = frozenset({"load", "sequential"})
 
 
 def build_views(run: Run, keys: Iterable[str] = BUILDERS) -> tuple[dict[str, Any], list[str]]:
