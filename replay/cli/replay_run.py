@@ -277,6 +277,7 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         run_dir=run_dir,
         length_policy=o.length_policy,
         parallel_targets=o.parallel_targets,
+        workers=o.workers,
         timeout_s=o.timeout_s,
         phase_timeout_s=o.phase_timeout_s,
         seed=o.seed,
@@ -333,7 +334,14 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
 
 
 def _runner(cfg: RunConfig, o: RunOptions, progress: RichProgress) -> Runner:
-    """The fixed-design runner, or the sequential canary's rounds (--sequential)."""
+    """The fixed-design runner (over --workers load processes), or the sequential canary's
+    rounds (--sequential)."""
+    if o.sequential and o.workers > 1:
+        raise InputError("--sequential sends its rounds from one process: leave out --workers")
+    if o.workers > 1:
+        from replay.run.workers import WorkersRunner
+
+        return WorkersRunner(cfg, progress)
     if not o.sequential:
         return Runner(cfg, progress)
     from replay.run.sequential_run import RoundLoop, SequentialOptions, SequentialRunner
