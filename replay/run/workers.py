@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
@@ -43,20 +43,20 @@ from replay.run.worker import WorkerSpec, work
 STOP_GRACE_S = 5.0  # after SIGTERM, a worker writes what it cancelled; then it is killed
 
 
-def check_workers(cfg: RunConfig) -> None:
-    """What --workers cannot do, refused before a server starts."""
-    if cfg.workers < 1:
-        raise InputError(f"--workers {cfg.workers}: give 1 or more load processes")
-    if cfg.workers == 1:
+def check_workers(workers: int, schedules: Sequence[Schedule], session_history: str) -> None:
+    """What --workers cannot do, refused before a run directory is made."""
+    if workers < 1:
+        raise InputError(f"--workers {workers}: give 1 or more load processes")
+    if workers == 1:
         return
-    if cfg.session_history == "reference":
+    if session_history == "reference":
         raise InputError(
             "--session-history reference reads the reference's answers as they come, in "
             "one process: leave out --workers"
         )
-    for sched in cfg.schedules:
+    for sched in schedules:
         if not isinstance(sched, OpenLoop):
-            concurrency_shares(sched.concurrency, cfg.workers)
+            concurrency_shares(sched.concurrency, workers)
 
 
 def worker_schedules(sched: Schedule, workers: int) -> list[tuple[Schedule, Any]]:
@@ -118,6 +118,7 @@ class WorkerPool:
     def _ended(self, k: int) -> None:
         asyncio.get_running_loop().remove_reader(self.procs[k].sentinel)
         self._read(k)  # what it said before it ended comes first
+        self.procs[k].join()  # it has ended: this only reaps it (and sets its exitcode)
         self.ended.add(k)
         self.changed.set()
 
@@ -180,7 +181,7 @@ class WorkersRunner(Runner):
     """The runner, each phase sent by ``cfg.workers`` load processes."""
 
     def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
-        check_workers(cfg)
+        check_workers(cfg.workers, cfg.schedules, cfg.session_history)
         super().__init__(cfg, progress)
         # The workers' clocks share the run clock's zero through the wall clock.
         self.wall_epoch = time.time() - self.clock.now()
