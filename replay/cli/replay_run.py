@@ -38,6 +38,7 @@ from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.rundir import MANIFEST, file_digest, new_run_dir, read_json
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
+from replay.run.workers import WorkersRunner, check_workers
 from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
 
 
@@ -243,6 +244,9 @@ class Plan:
             o.seed,
             sessions,
         )
+        check_workers(o.workers, schedules, o.session_history)
+        if o.sequential and o.workers > 1:
+            raise InputError("--sequential sends its rounds from one process: leave out --workers")
         specs = resolve_targets(o)
         refuse_overlap(trace.iter_requests(), specs, o.trace_path)
         return cls(trace, fmt, buckets, schedules, specs, slo)
@@ -277,6 +281,7 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         run_dir=run_dir,
         length_policy=o.length_policy,
         parallel_targets=o.parallel_targets,
+        workers=o.workers,
         timeout_s=o.timeout_s,
         phase_timeout_s=o.phase_timeout_s,
         seed=o.seed,
@@ -333,7 +338,10 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
 
 
 def _runner(cfg: RunConfig, o: RunOptions, progress: RichProgress) -> Runner:
-    """The fixed-design runner, or the sequential canary's rounds (--sequential)."""
+    """The fixed-design runner (over --workers load processes), or the sequential canary's
+    rounds (--sequential)."""
+    if o.workers > 1:
+        return WorkersRunner(cfg, progress)
     if not o.sequential:
         return Runner(cfg, progress)
     from replay.run.sequential_run import RoundLoop, SequentialOptions, SequentialRunner

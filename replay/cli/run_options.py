@@ -78,6 +78,7 @@ class RunOptions:
     round_size: int = 20
     max_requests: int | None = None
     max_time: float | None = None
+    workers: int = 1
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -359,6 +360,14 @@ RUN_OPTIONS = [
         "--max-time",
         type=click.FloatRange(min=0.0, min_open=True),
         help="With --sequential: stop after this many seconds of rounds.",
+    ),
+    click.option(
+        "--workers",
+        default=1,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="Load processes that send each phase, each with its own event loop and "
+        "connections, into one run directory (a closed loop's concurrency is split among them).",
     ),
     click.option(
         "--session-history",

@@ -77,11 +77,14 @@ class OpenLoop:
     """Send each item at ``start + offsets[i]``; ``max_in_flight`` bounds open requests
     (0 = unbounded). A request that waits for a slot keeps its scheduled time, so the
     queueing shows in latency-from-schedule. ``offsets`` is iterated once per run: a list, or
-    a re-iterable that computes them as it goes (``PoissonOffsets``, ``TraceOffsets``)."""
+    a re-iterable that computes them as it goes (``PoissonOffsets``, ``TraceOffsets``).
+    ``start`` is the time on the clock the offsets count from; None: when the run begins (the
+    load processes of ``--workers`` share one start, so their schedules add up to this one)."""
 
     offsets: Iterable[float]
     max_in_flight: int = 0
     name: str = "open"
+    start: float | None = None
 
     @property
     def label(self) -> str:
@@ -90,7 +93,7 @@ class OpenLoop:
     async def run(
         self, items: Iterable[T], send: Send[T], clock: Clock, stop: asyncio.Event | None = None
     ) -> None:
-        start = clock.now()
+        start = clock.now() if self.start is None else self.start
         slots = asyncio.Semaphore(self.max_in_flight) if self.max_in_flight > 0 else None
         tasks: set[asyncio.Task[object]] = set()
         try:

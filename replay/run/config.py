@@ -42,6 +42,8 @@ class RunConfig:
     # A rising load sweep stops for a target once it is saturated (replay/run/sweep.py).
     stop_at_saturation: bool = False
     parallel_targets: bool = False
+    # Load processes that send each phase (replay/run/workers.py); 1: this process alone.
+    workers: int = 1
     timeout_s: float = 600.0
     phase_timeout_s: float = 3600.0
     startup_timeout_s: float = 900.0
@@ -97,6 +99,8 @@ class RunConfig:
             }
         if self.stop_at_saturation:
             options["stop_at_saturation"] = True
+        if self.workers > 1:
+            options["workers"] = self.workers
         return options
 
 

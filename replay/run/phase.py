@@ -12,13 +12,14 @@ import asyncio
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from replay.core.buckets import Buckets
 from replay.core.iterate import closing
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock, OpenLoop
 from replay.core.sessions import Unit, common_prefix, units
+from replay.core.shards import Shard
 from replay.core.synth import TokenPool, synthesize
 from replay.core.trace import Request, TraceSource
 from replay.run.budget import ErrorBudget
@@ -26,10 +27,17 @@ from replay.run.progress import Progress
 from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions, SessionTurns, TurnContext
 from replay.serving.client import Client
-from replay.serving.introspect import Scraper
+from replay.serving.introspect import MetricsSnapshot
 from replay.serving.prompt_tokens import UNKNOWN, known_count
 
 Schedule = ClosedLoop | OpenLoop
+
+
+class EdgeScraper(Protocol):
+    """What a phase asks of /metrics: one scrape at each of its edges (a load process of
+    ``--workers`` scrapes nothing: its parent does, around all of them)."""
+
+    async def scrape_once(self) -> MetricsSnapshot | None: ...
 
 
 @dataclass
@@ -42,7 +50,7 @@ class TargetSession:
     counts: array[int]
     pool: TokenPool | None
     budget: ErrorBudget
-    scraper: Scraper
+    scraper: EdgeScraper
 
 
 @dataclass
@@ -62,6 +70,8 @@ class Phase:
     only: set[str] | None = None
     # The trace's sessions (None: it has none, and requests stream one by one).
     sessions: Sessions | None = None
+    # A load process's share of the phase (``--workers``); None: all of it.
+    shard: Shard | None = None
     # pulled from the trace and not finished: at most what is in flight, plus one waiting
     pending: dict[int, Request] = field(default_factory=dict)
     halt: asyncio.Event = field(default_factory=asyncio.Event)
@@ -91,7 +101,11 @@ class Phase:
         with closing(self.trace.iter_requests()) as reqs:
             todo = ((i, r) for i, r in enumerate(reqs) if self._wanted(r.id))
             # A session's turns are one item: the schedule sends it, its turns follow in order.
-            items = units(todo) if self.sessions is not None else ([t] for t in todo)
+            items: Iterator[Unit] = (
+                units(todo) if self.sessions is not None else ([t] for t in todo)
+            )
+            if self.shard is not None:
+                items = self.shard.take(items)
             # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
             before = await scraper.scrape_once()
             start = before.t if before is not None else self.clock.now()

@@ -22,6 +22,7 @@ from replay.run.rundir import (
     repair_jsonl,
     rewrite_jsonl,
 )
+from replay.run.shard_files import merge_leftovers
 
 
 @dataclass
@@ -48,6 +49,8 @@ class ResumeState:
             state.previous = dict(manifest.get("targets", {}))
         except (OSError, ValueError, AttributeError):
             state.previous = {}
+        # --workers: what the load processes of a killed run wrote joins results.jsonl first.
+        merged = merge_leftovers(run_dir)
         dropped = repair_jsonl(run_dir / RESULTS)
         kept, redo = [], 0
         for r in read_results(run_dir):
@@ -64,6 +67,7 @@ class ResumeState:
             "kept_results": len(kept),
             "resent_interrupted": redo,
             "repaired_bytes": dropped + tf_dropped,
+            **({"merged_worker_rows": merged} if merged else {}),
         }
         return state
 

@@ -4,6 +4,8 @@ reports/<run-id>/
   manifest.json          command, options, trace digest, tool version, each target's
                          introspection (rewritten as it grows)
   results.jsonl          one line per request and target, appended and flushed on completion
+  results.w<k>.jsonl     --workers: load process k's results during a phase, merged into
+                         results.jsonl when the phase ends (replay/run/shard_files.py)
   bad_lines.jsonl        trace lines that were skipped, with file, line, field and reason
   metrics/<target>.jsonl server /metrics scraped about once a second
   servers/<target>.log   stdout/stderr of servers kvcanary started

@@ -442,7 +442,7 @@ class Runner:
         label = sched.label
         # Per target too: the A/A control must not reuse the reference's cache on its server.
         salt = f"{self.cfg.run_dir.name}.{arm.name}.{label}" if self.cfg.salt_phases else None
-        window = await Phase(
+        phase = Phase(
             target=arm,
             sched=sched,
             trace=self.cfg.trace,
@@ -460,10 +460,15 @@ class Runner:
                 if self.sessions
                 else None
             ),
-        ).run()
+        )
+        window = await self._send_phase(phase)
         if window is not None:
             run.phases[label] = window
             self.save_manifest()
+
+    async def _send_phase(self, phase: Phase) -> dict[str, Any] | None:
+        """Send one phase from this process (``WorkersRunner`` spreads it over processes)."""
+        return await phase.run()
 
     async def _teacher_forced(self, run: TargetRun, scoring: Scoring) -> None:
         """Score the reference's first-phase answers under this target."""

@@ -1,0 +1,87 @@
+"""How one phase's sends split across load processes (``replay --workers N``).
+
+A phase sends *units* (a request alone, or a whole session: replay/core/sessions.py) in the
+order its schedule pulls them. A worker takes the units at the positions its ``Shard`` owns:
+position ``j`` belongs to worker ``pattern[j % len(pattern)]``. The split is by position in
+what the phase sends (after a resume has left out the finished requests), so it is the same
+on every pass of the trace and a session never spans two workers.
+
+* Open loop: the pattern is ``0, 1, ..., N-1`` (position modulo N), and each worker sends its
+  units at *their own* offsets (``Shard.take`` applied to the schedule's offsets too), from a
+  start all workers share: the merged schedule is the single-process one.
+* Closed loop of concurrency C: worker k keeps its share of C in flight (C split as evenly as
+  possible) and gets units in proportion to it (worker k appears ``share_k`` times in the
+  pattern), so no worker runs dry long before the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from replay.core.errors import InputError
+from replay.core.schedule import ClosedLoop
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Worker ``index``'s share of a phase: the positions ``j`` with
+    ``pattern[j % len(pattern)] == index``."""
+
+    index: int
+    pattern: tuple[int, ...]
+
+    def take(self, items: Iterable[T]) -> Iterator[T]:
+        n = len(self.pattern)
+        return (x for j, x in enumerate(items) if self.pattern[j % n] == self.index)
+
+
+@dataclass(frozen=True)
+class ShardedOffsets:
+    """An open loop's offsets as one worker sends them: those at its shard's positions,
+    re-iterable like the offsets themselves (``PoissonOffsets`` recomputes them each pass)."""
+
+    offsets: Iterable[float]
+    shard: Shard
+
+    def __iter__(self) -> Iterator[float]:
+        return self.shard.take(self.offsets)
+
+
+@dataclass(frozen=True)
+class ClosedLoopShare(ClosedLoop):
+    """One worker's slots of a closed loop; its results keep the whole loop's phase label."""
+
+    phase: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.phase
+
+
+def concurrency_shares(concurrency: int, workers: int) -> list[int]:
+    """A closed loop's concurrency split over the workers as evenly as possible (the first
+    ones get one more); fewer slots than workers would leave a worker idle."""
+    if concurrency < workers:
+        raise InputError(
+            f"--workers {workers}: a closed loop of concurrency {concurrency} cannot give "
+            f"every worker a request in flight; use --concurrency >= {workers} or fewer workers"
+        )
+    base, extra = divmod(concurrency, workers)
+    return [base + (1 if k < extra else 0) for k in range(workers)]
+
+
+def open_loop_shards(workers: int) -> list[Shard]:
+    pattern = tuple(range(workers))
+    return [Shard(k, pattern) for k in range(workers)]
+
+
+def closed_loop_shards(shares: list[int]) -> list[Shard]:
+    """Units in proportion to each worker's slots, interleaved: shares 2, 1 give 0, 1, 0."""
+    pattern: list[int] = []
+    for round_ in range(max(shares)):
+        pattern += [k for k, share in enumerate(shares) if share > round_]
+    return [Shard(k, tuple(pattern)) for k in range(len(shares))]

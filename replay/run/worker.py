@@ -1,0 +1,186 @@
+"""One load process of ``replay --workers N``: its share of one phase, sent from its own event
+loop and connection pool, its results in its own file (replay/run/shard_files.py).
+
+The parent (replay/run/workers.py) starts it with a ``WorkerSpec`` and a pipe. It says
+``ready`` once its client is up, waits for ``go`` with the phase's start (on the run's clock,
+which it shares through the wall clock), sends its shard as a ``Phase`` does, reports each
+finished request (``advance``) and ``done``. ``stop`` is the run's interrupt: send nothing
+more, let what is in flight finish. SIGTERM, or the parent's end of the pipe closing (the
+parent was killed), cancels what is in flight at once; its results are written as cancelled.
+Ctrl-C reaches every process of the terminal's group: a worker ignores it, its parent decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from array import array
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from replay.core.buckets import Buckets
+from replay.core.schedule import MonotonicClock, OpenLoop
+from replay.core.shards import Shard, ShardedOffsets
+from replay.core.synth import TokenPool
+from replay.core.trace import TraceSource
+from replay.run.budget import ErrorBudget
+from replay.run.phase import Phase, Schedule, TargetSession
+from replay.run.rundir import JsonlWriter
+from replay.run.session_turns import Sessions
+from replay.serving.client import Client
+from replay.serving.introspect import MetricsSnapshot
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one worker needs for its share of one phase (pickled to the process)."""
+
+    results: Path
+    run_wall_epoch: float  # wall-clock time of the run clock's zero
+    url: str
+    model: str
+    api_key: str | None
+    timeout_s: float
+    seed: int
+    target: str
+    sched: Schedule
+    shard: Shard
+    trace: TraceSource
+    buckets: Buckets
+    counts: array[int]
+    pool: TokenPool | None
+    budget: ErrorBudget  # the target's, as the phase starts
+    phase_timeout_s: float
+    salt: str | None
+    before_done: set[str]
+    sessions: Sessions | None
+
+    def clock(self) -> MonotonicClock:
+        """The run's clock in this process: the same zero, by the wall clock, then monotonic."""
+        return MonotonicClock(time.perf_counter() - (time.time() - self.run_wall_epoch))
+
+    def schedule(self, start: float) -> Schedule:
+        """This worker's schedule: its share of the concurrency, or its offsets from the
+        shared start."""
+        if isinstance(self.sched, OpenLoop):
+            return replace(
+                self.sched, offsets=ShardedOffsets(self.sched.offsets, self.shard), start=start
+            )
+        return self.sched  # a closed loop: the parent gave it this worker's share
+
+
+class PipeProgress:
+    """The parent shows progress: each finished request goes up the pipe."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def status(self, message: str) -> None:
+        pass
+
+    def phase(self, target: str, label: str, total: int) -> None:
+        pass
+
+    def advance(self, target: str, label: str, ok: bool) -> None:
+        try:
+            self.conn.send(("advance", ok))
+        except OSError:
+            pass  # the parent is gone: the pipe's reader cancels this process
+
+
+class NoScrape:
+    """The parent scrapes /metrics around the whole phase; a worker does not."""
+
+    async def scrape_once(self) -> MetricsSnapshot | None:
+        return None
+
+
+def work(spec: WorkerSpec, conn: Connection) -> None:
+    """The process's entry point (multiprocessing, spawn)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        asyncio.run(_work(spec, conn))
+    except asyncio.CancelledError:
+        pass  # SIGTERM or the parent gone: the results written are all there is
+    finally:
+        conn.close()
+
+
+async def _work(spec: WorkerSpec, conn: Connection) -> None:
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    clock = spec.clock()
+    stopping = asyncio.Event()
+    go: asyncio.Future[float] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            while conn.poll():
+                msg: tuple[Any, ...] = conn.recv()
+                if msg[0] == "go" and not go.done():
+                    go.set_result(float(msg[1]))
+                elif msg[0] == "stop":
+                    stopping.set()
+        except (EOFError, OSError):
+            loop.remove_reader(conn.fileno())
+            stopping.set()
+            main.cancel()
+
+    loop.add_reader(conn.fileno(), readable)
+    client = Client(
+        spec.url,
+        spec.model,
+        api_key=spec.api_key,
+        timeout_s=spec.timeout_s,
+        seed=spec.seed,
+        epoch=clock.epoch,
+    )
+    writer = JsonlWriter(spec.results)
+    try:
+        conn.send(("ready",))
+        stopped = asyncio.ensure_future(stopping.wait())
+        waits: list[asyncio.Future[Any]] = [go, stopped]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        start = go.result() if go.done() else clock.now()
+        await _phase(spec, client, writer, PipeProgress(conn), clock, stopping, start).run()
+    finally:
+        writer.close()
+        await client.close()
+        loop.remove_reader(conn.fileno())
+    try:
+        conn.send(("done",))
+    except OSError:
+        pass
+
+
+def _phase(
+    spec: WorkerSpec,
+    client: Client,
+    writer: JsonlWriter,
+    progress: PipeProgress,
+    clock: MonotonicClock,
+    stopping: asyncio.Event,
+    start: float,
+) -> Phase:
+    target = TargetSession(spec.target, client, spec.counts, spec.pool, spec.budget, NoScrape())
+    return Phase(
+        target=target,
+        sched=spec.schedule(start),
+        trace=spec.trace,
+        buckets=spec.buckets,
+        writer=writer,
+        progress=progress,
+        clock=clock,
+        stopping=stopping,
+        timeout_s=spec.phase_timeout_s,
+        salt=spec.salt,
+        before_done=spec.before_done,
+        sessions=spec.sessions,
+        shard=spec.shard,
+    )

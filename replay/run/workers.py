@@ -1,0 +1,268 @@
+"""``replay --workers N``: one run whose phases are sent by N load processes.
+
+``WorkersRunner`` is the runner (targets, servers, introspection, manifest, /metrics, A/A
+control, teacher-forced scoring, analysis) with one step changed: sending a phase. It splits
+the phase by unit position (replay/core/shards.py), starts one process per share
+(replay/run/worker.py: its own event loop and connection pool, its own results file), scrapes
+/metrics around them, gives them one start on the run's clock, shows their progress, and merges
+their files into results.jsonl when the phase ends (replay/run/shard_files.py), also after an
+interrupt. The target's error budget is each worker's own during the phase (each starts from
+the target's, as the phase starts); the parent then counts every merged result into it, so the
+next phase starts from the whole run's count.
+
+A worker that dies (a kill, a crash) stops the run as an interrupt does: the other workers send
+nothing more, what they have in flight finishes, and ``--resume`` sends what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import Any
+
+from replay.core.errors import InputError
+from replay.core.records import Result
+from replay.core.schedule import OpenLoop
+from replay.core.shards import (
+    ClosedLoopShare,
+    closed_loop_shards,
+    concurrency_shares,
+    open_loop_shards,
+)
+from replay.run.config import RunConfig
+from replay.run.phase import Phase, Schedule
+from replay.run.progress import Progress
+from replay.run.runner import Runner
+from replay.run.shard_files import merge_shards, shard_results
+from replay.run.worker import WorkerSpec, work
+
+STOP_GRACE_S = 5.0  # after SIGTERM, a worker writes what it cancelled; then it is killed
+
+
+def check_workers(workers: int, schedules: Sequence[Schedule], session_history: str) -> None:
+    """What --workers cannot do, refused before a run directory is made."""
+    if workers < 1:
+        raise InputError(f"--workers {workers}: give 1 or more load processes")
+    if workers == 1:
+        return
+    if session_history == "reference":
+        raise InputError(
+            "--session-history reference reads the reference's answers as they come, in "
+            "one process: leave out --workers"
+        )
+    for sched in schedules:
+        if not isinstance(sched, OpenLoop):
+            concurrency_shares(sched.concurrency, workers)
+
+
+def worker_schedules(sched: Schedule, workers: int) -> list[tuple[Schedule, Any]]:
+    """Each worker's schedule and shard of one phase."""
+    if isinstance(sched, OpenLoop):
+        return [(sched, shard) for shard in open_loop_shards(workers)]
+    shares = concurrency_shares(sched.concurrency, workers)
+    return [
+        (ClosedLoopShare(c, phase=sched.label), shard)
+        for c, shard in zip(shares, closed_loop_shards(shares), strict=True)
+    ]
+
+
+class WorkerPool:
+    """The processes of one phase, watched from the event loop: their pipes (ready, advance,
+    done) and their ends (``Process.sentinel``)."""
+
+    def __init__(self, specs: list[WorkerSpec], advance: Callable[[bool], None]) -> None:
+        self.specs, self.advance = specs, advance
+        self.ctx: SpawnContext = multiprocessing.get_context("spawn")
+        self.procs: list[SpawnProcess] = []
+        self.conns: list[Connection] = []
+        self.ready: set[int] = set()
+        self.done: set[int] = set()
+        self.ended: set[int] = set()
+        self.reported: set[int] = set()  # lost workers already said
+        self.changed = asyncio.Event()
+        self.stop_sent = False
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for k, spec in enumerate(self.specs):
+            ours, theirs = self.ctx.Pipe()
+            proc = self.ctx.Process(
+                target=work, args=(spec, theirs), name=f"replay-worker-{k}", daemon=True
+            )
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.conns.append(ours)
+            loop.add_reader(ours.fileno(), self._read, k)
+            loop.add_reader(proc.sentinel, self._ended, k)
+
+    def _read(self, k: int) -> None:
+        conn = self.conns[k]
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                if msg[0] == "advance":
+                    self.advance(bool(msg[1]))
+                elif msg[0] == "ready":
+                    self.ready.add(k)
+                elif msg[0] == "done":
+                    self.done.add(k)
+        except (EOFError, OSError):
+            asyncio.get_running_loop().remove_reader(conn.fileno())
+        self.changed.set()
+
+    def _ended(self, k: int) -> None:
+        asyncio.get_running_loop().remove_reader(self.procs[k].sentinel)
+        self._read(k)  # what it said before it ended comes first
+        self.procs[k].join()  # it has ended: this only reaps it (and sets its exitcode)
+        self.ended.add(k)
+        self.changed.set()
+
+    def lost(self) -> list[int]:
+        """Workers that ended without finishing their share."""
+        return sorted(self.ended - self.done)
+
+    async def until(self, ok: Callable[[], bool], stopping: asyncio.Event | None = None) -> None:
+        """Wait until ``ok()``; tell the workers to stop once ``stopping`` is set."""
+        while not ok():
+            if stopping is not None and stopping.is_set():
+                self.stop()
+            waits = [asyncio.ensure_future(self.changed.wait())]
+            if stopping is not None and not self.stop_sent:
+                waits.append(asyncio.ensure_future(stopping.wait()))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            self.changed.clear()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        for k, conn in enumerate(self.conns):
+            if k not in self.ended:
+                try:
+                    conn.send(msg)
+                except OSError:
+                    pass  # it is ending: its sentinel says so
+
+    def stop(self) -> None:
+        if not self.stop_sent:
+            self.stop_sent = True
+            self.send(("stop",))
+
+    async def close(self) -> None:
+        """Whatever still runs gets SIGTERM (its in-flight requests are written as
+        cancelled), then SIGKILL after a grace."""
+        for k, proc in enumerate(self.procs):
+            if k not in self.ended:
+                proc.terminate()
+        try:
+            await asyncio.wait_for(
+                self.until(lambda: len(self.ended) == len(self.procs)), STOP_GRACE_S
+            )
+        except TimeoutError:
+            pass
+        finally:
+            loop = asyncio.get_running_loop()
+            for proc, conn in zip(self.procs, self.conns, strict=True):
+                if proc.is_alive():
+                    proc.kill()
+                proc.join()
+                loop.remove_reader(proc.sentinel)
+                loop.remove_reader(conn.fileno())
+                conn.close()
+
+
+class WorkersRunner(Runner):
+    """The runner, each phase sent by ``cfg.workers`` load processes."""
+
+    def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
+        check_workers(cfg.workers, cfg.schedules, cfg.session_history)
+        super().__init__(cfg, progress)
+        # The workers' clocks share the run clock's zero through the wall clock.
+        self.wall_epoch = time.time() - self.clock.now()
+
+    def _specs(self, phase: Phase) -> list[WorkerSpec]:
+        t, c = phase.target, self.cfg
+        api_key = self.all_runs()[t.name].spec.api_key()
+        return [
+            WorkerSpec(
+                results=shard_results(c.run_dir, k),
+                run_wall_epoch=self.wall_epoch,
+                url=t.client.base_url,
+                model=t.client.model,
+                api_key=api_key,
+                timeout_s=c.timeout_s,
+                seed=c.seed,
+                target=t.name,
+                sched=sched,
+                shard=shard,
+                trace=phase.trace,
+                buckets=phase.buckets,
+                counts=t.counts,
+                pool=t.pool,
+                budget=t.budget,
+                phase_timeout_s=phase.timeout_s,
+                salt=phase.salt,
+                before_done=phase.before_done,
+                sessions=phase.sessions,
+            )
+            for k, (sched, shard) in enumerate(worker_schedules(phase.sched, c.workers))
+        ]
+
+    async def _send_phase(self, phase: Phase) -> dict[str, Any] | None:
+        total = phase.trace.count - len(phase.before_done)
+        if total <= 0 or self.stopping.is_set():
+            return None
+        name, label = phase.target.name, phase.label
+        self.progress.phase(name, label, total)
+        pool = WorkerPool(self._specs(phase), lambda ok: self.progress.advance(name, label, ok))
+        pool.start()
+        try:
+            await pool.until(
+                lambda: pool.ready | pool.ended == set(range(len(pool.procs))), self.stopping
+            )
+            before = await phase.target.scraper.scrape_once()
+            start = before.t if before is not None else self.clock.now()
+            # The open loop's offsets count from here, in every worker, as in one process.
+            pool.send(("go", self.clock.now()))
+            await pool.until(lambda: self._watch(pool, name), self.stopping)
+            after = await phase.target.scraper.scrape_once()
+            end = after.t if after is not None else self.clock.now()
+        finally:
+            try:
+                await pool.close()
+            finally:  # also when a second Ctrl-C cancels the close
+                self._merged(phase, pool)
+        return {
+            "start": start,
+            "end": end,
+            **({"resumed": True} if phase.before_done else {}),
+            **({"interrupted": True} if self.stopping.is_set() else {}),
+        }
+
+    def _watch(self, pool: WorkerPool, name: str) -> bool:
+        """Every worker ended; a lost one stops the run (as an interrupt: --resume)."""
+        for k in pool.lost():
+            if k in pool.reported:
+                continue
+            pool.reported.add(k)
+            code = pool.procs[k].exitcode
+            why = f"load process {k} ended before its share of the phase was sent (exit {code})"
+            self.all_runs()[name].info.setdefault("problems", []).append(why)
+            self.progress.status(f"[{name}] {why}")
+            if not self.stopping.is_set():
+                self.interrupt()
+        return len(pool.ended) == len(pool.procs)
+
+    def _merged(self, phase: Phase, pool: WorkerPool) -> None:
+        """The workers' results into results.jsonl, and into the target's error budget."""
+        rows = merge_shards([s.results for s in pool.specs], self.writer)
+        budget = phase.target.budget
+        for row in rows:
+            r = Result.from_json(row)
+            budget.record(r.status, r.error_kind, r.http_status, r.error)
