@@ -537,3 +537,16 @@ def test_a_mapped_column_missing_from_the_header_is_named(tmp_path: Path) -> Non
     err = info.value
     assert (err.path, err.line, err.field) == (str(path), 1, "(header)")
     assert "['prompt_tokens']" in err.reason and "csv:t=ts,in=prompt_tokens" in err.reason
+
+
+def test_openai_log_sessions(tmp_path: Path) -> None:
+    rows = [
+        {"t": 0, "session": "c", "request": {"messages": [{"role": "user", "content": "a"}]}},
+        {"t": 1, "session": 7, "request": {"messages": [{"role": "user", "content": "b"}]}},
+        {"t": 2, "request": {"messages": [{"role": "user", "content": "c"}]}},
+        {"t": 3, "session": True, "request": {"messages": [{"role": "user", "content": "d"}]}},
+    ]
+    path = write_jsonl(tmp_path / "log.jsonl", rows)
+    loaded = load(path, "openai-log", on_bad_line="skip")
+    assert [r.session for r in loaded.requests] == ["c", "7", None]
+    assert [(e.line, e.field) for e in loaded.bad] == [(4, "session")]

@@ -174,3 +174,54 @@ def test_each_importer_sends_exactly_its_declared_lengths(
         # The child's hash ids begin with its parent's: the parent's whole prompt is shared.
         assert parent.prompt_ids is not None and child.reused_prefix_tokens is not None
         assert child.reused_prefix_tokens >= len(parent.prompt_ids) == 40
+
+
+def test_a_request_log_replays_its_sessions_in_order_with_its_tools(
+    bf16_server: LocalServer, tmp_path: Path
+) -> None:
+    """A gateway's log: a two-turn conversation whose second turn carries the logged answer
+    (with a tool call), and a request with tools; each reaches the server as logged."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}  # fmt: skip
+    first = [{"role": "user", "content": "Weather in Oslo?"}]
+    second = [
+        *first,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12 C, rain"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    rows = [
+        {"id": "a1", "timestamp": 0.0, "session": "conv-a",
+         "request": {"messages": first, "tools": [tool], "max_tokens": 12},
+         "response": {"choices": [{"message": {"role": "assistant", "content": None,
+                                               "tool_calls": [call]}}]}},
+        {"id": "b1", "timestamp": 0.2, "request": {"messages": [{"role": "user",
+         "content": "Say hi."}], "max_tokens": 6, "temperature": 0}},
+        {"id": "a2", "timestamp": 1.5, "session": "conv-a",
+         "request": {"messages": second, "tools": [tool], "max_tokens": 12}},
+    ]  # fmt: skip
+    trace = tmp_path / "gateway.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    replay(
+        "--trace", str(trace), "--trace-format", "openai-log", "--targets",
+        f"bf16={bf16_server.url}", "--concurrency", "2", "--think-time", "0.2",
+        "--buckets", "256,1K", "--no-teacher-forced", "--out", str(tmp_path), "--run-id", "run",
+    )  # fmt: skip
+    sent = {r.request_id: r for r in read_results(tmp_path / "run")}
+    assert set(sent) == {"a1", "b1", "a2"} and all(r.status == "ok" for r in sent.values())
+    a1, a2 = sent["a1"], sent["a2"]
+    assert (a1.session, a1.turn, a2.session, a2.turn) == ("conv-a", 1, "conv-a", 2)
+    assert a2.sent >= a1.done + 0.2 - 1e-3  # the second turn only after the first, plus think
+    # The logged history (the tool call and its result) is in the second turn's prompt, and
+    # the first turn's prompt, tools included, is where it begins.
+    assert a1.prompt_ids is not None and a2.prompt_ids is not None
+    assert a2.reused_prefix_tokens is not None and a2.reused_prefix_tokens > 0
+    assert len(a2.prompt_ids) > len(a1.prompt_ids)
+    assert all(r.output_tokens <= (12 if r.request_id != "b1" else 6) for r in sent.values())

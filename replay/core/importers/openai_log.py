@@ -23,6 +23,8 @@ Top-level keys (any other is refused, by name):
   gave (kept for grading against it). A response that is an error (``{"error": ...}``, no
   choices) marks a request that failed: it is counted as ``failed`` and not replayed.
 - ``meta`` (optional object): kept as ``meta["log"]``.
+- ``session`` (optional string or integer): the conversation the request belongs to; its turns
+  are replayed in order (``replay.core.sessions``), each request carrying its history as logged.
 
 Body keys (any other is refused, by name; a key logged as null counts as absent):
 ``messages`` (required), ``tools`` and ``tool_choice`` become the request's own;
@@ -54,7 +56,7 @@ from replay.core.importers.rows import (
 )
 from replay.core.trace import Request, Skip, first_error
 
-TOP_KEYS = ("id", "timestamp", "t", "request", "body", "response", "meta")
+TOP_KEYS = ("id", "timestamp", "t", "request", "body", "response", "meta", "session")
 SENT_AS_LOGGED = (
     "temperature",
     "top_p",
@@ -158,8 +160,18 @@ def _request(
         if not isinstance(obj["meta"], dict):
             raise ValueError("meta: must be an object")
         meta["log"] = obj["meta"]
+    session = obj.get("session")
+    if session is not None and (not isinstance(session, str | int) or isinstance(session, bool)):
+        raise ValueError(f"session: must be a string or an integer, got {session!r}")
     try:
-        return Request(id=rid, t=t, api="chat", meta=meta, **_chat_fields(body, where))
+        return Request(
+            id=rid,
+            t=t,
+            api="chat",
+            session=None if session is None else str(session),
+            meta=meta,
+            **_chat_fields(body, where),
+        )
     except ValidationError as exc:
         field, reason = first_error(exc)
         raise ValueError(f"{where}.{field}: {reason}") from None
