@@ -26,10 +26,20 @@ test of "peeking does not inflate the error": LOSS at no drop, and EQUIVALENT at
 tolerance (per bucket). A last row peeks at the fixed design's own loss tests (per-bucket
 McNemar and the stratified test, each at alpha) after every round, for contrast.
 
-The fixed design's N beside each case is the pairs per bucket for an 80% chance of the right
-decision at the case's rates, from exact power: ``stats.power.pairs_needed`` (the equivalence
-bound; in brackets with 80% for the run, i.e. 0.8^(1/4) per bucket) for (a), exact McNemar
-per bucket for (b)-(d) (in brackets the stratified test's, per bucket).
+The fixed design beside each case, in pairs per bucket from exact power, twice:
+
+* at the usual 80% chance of the right decision: ``stats.power.pairs_needed`` (the equivalence
+  bound; in brackets with 80% for the run, i.e. 0.8^(1/4) per bucket) for (a), exact McNemar
+  per bucket for (b)-(d) (in brackets the stratified test's, per bucket);
+* at the sequential canary's own chance of the right decision (the 95% lower confidence bound
+  of its simulated share), the same alpha: what "the fixed design at the same alpha and
+  power" means, and what the target (median at most half of it) is judged on. A fixed design
+  sized for 80% leaves a fifth of its runs wrong or undecided; the sequential canary, with its
+  budget, decides almost every run.
+
+For (a), ``sequential_floor_at_80`` is Wald's lower bound on the average pairs of *any*
+sequential test reaching equivalence with an 80% chance: above half the 80% fixed N, so
+"half of the 80% design" is out of every design's reach there.
 """
 
 from __future__ import annotations
@@ -244,17 +254,47 @@ def _test_power(n: int, p10: float, p01: float, crit: np.ndarray) -> float:
     return float(pm @ np.array(tail))
 
 
-def e_process_floor(p10: float, p01: float) -> float:
-    """Pairs an e-process for "drop >= tolerance" needs on average at these rates, at the
-    least: ``log(1 / alpha) / KL_inf``, where KL_inf is the growth of the best constant bet
-    knowing the rates (Wald's identity; no bet learned from the data grows faster)."""
+def kl_inf(p10: float, p01: float) -> float:
+    """KL_inf of the pair distribution at these rates from the null "drop >= tolerance": the
+    growth per pair of the best constant bet knowing the rates (its dual form, a maximum over
+    the bet; Honda & Takemura 2010)."""
     lam = np.linspace(0.0, 1.0 / (1.0 - TOL), 100_001)[:-1]
     growth = (
         (1 - p10 - p01) * np.log1p(lam * TOL)
         + p10 * np.log1p(lam * (TOL - 1))
         + p01 * np.log1p(lam * (TOL + 1))
     )
-    return math.log(1 / ALPHA) / float(growth.max())
+    return float(growth.max())
+
+
+def e_process_floor(p10: float, p01: float) -> float:
+    """Pairs an e-process for "drop >= tolerance" needs on average at these rates, at the
+    least: ``log(1 / alpha) / KL_inf`` (Wald's identity; no bet learned from the data grows
+    faster than the best constant one)."""
+    return math.log(1 / ALPHA) / kl_inf(p10, p01)
+
+
+def sequential_floor(p10: float, p01: float, chance: float) -> float:
+    """Pairs *any* sequential test of "drop >= tolerance" at level alpha needs on average at
+    these rates to reject it with probability ``chance``: Wald's lower bound on the expected
+    sample size, ``[c log(c / alpha) + (1 - c) log((1 - c) / (1 - alpha))] / KL_inf`` (Wald
+    1947, section 3.6; Hoeffding 1953). Below it no design, fixed or sequential, can go."""
+    c = chance
+    info = c * math.log(c / ALPHA) + (1 - c) * math.log((1 - c) / (1 - ALPHA))
+    return info / kl_inf(p10, p01)
+
+
+def lower_confidence(k: int, n: int, level: float = 0.05) -> float:
+    """Clopper-Pearson lower bound at ``1 - level`` for a share seen k times in n: the
+    smallest p under which k or more successes have probability above ``level``."""
+    if k == 0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        tail = 1.0 - binomial.binom_cdf(k - 1, n, mid)
+        lo, hi = (mid, hi) if tail <= level else (lo, mid)
+    return lo
 
 
 def fixed_n(case: Case) -> dict[str, int | None]:
@@ -280,6 +320,19 @@ def _fixed_n(fixed: str, p10: float, p01: float) -> dict[str, int | None]:
     per_bucket = _at_least(lambda k: _test_power(k, p10, p01, mcnemar) >= power.POWER, 64)
     pooled = _at_least(lambda k: _test_power(BUCKETS * k, p10, p01, stratified) >= power.POWER, 16)
     return {"per_bucket": per_bucket, "stratified": pooled}
+
+
+@functools.lru_cache(maxsize=16)
+def equal_power_n(fixed: str, p10: float, p01: float, chance: float) -> int | None:
+    """The fixed design's pairs per bucket for the run to reach the right decision with
+    ``chance``, the sequential canary's own (its lower confidence bound), at the same alpha:
+    every bucket's equivalence bound at ``chance ** (1 / BUCKETS)`` for (a), the stratified
+    test (the most powerful fixed test of a drop shared by every bucket, so the smallest N)
+    for (b)-(d)."""
+    if fixed == "eq":
+        return power.pairs_needed(p10, p01, power=chance ** (1 / BUCKETS))
+    stratified = _critical(TABLE, ALPHA)
+    return _at_least(lambda k: _test_power(BUCKETS * k, p10, p01, stratified) >= chance, 16)
 
 
 def summarize(case: Case, out: Outcome) -> dict[str, Any]:
@@ -313,14 +366,32 @@ def summarize(case: Case, out: Outcome) -> dict[str, Any]:
         row["median_pairs_per_bucket"] = float(np.median(per_bucket))
         row["p90_pairs_per_bucket"] = float(np.percentile(per_bucket, 90))
     if case.fixed:
-        row["fixed_n"] = fixed_n(case)
-        fixed = row["fixed_n"]["per_bucket"]
-        if fixed and "median_pairs_per_bucket" in row:
-            row["median_over_fixed"] = row["median_pairs_per_bucket"] / fixed
+        _compare_with_fixed(case, out, row)
+    return row
+
+
+def _compare_with_fixed(case: Case, out: Outcome, row: dict[str, Any]) -> None:
+    """The fixed design beside the case: its N at 80% (``median_over_fixed``) and at the
+    sequential canary's own chance of the right decision (``median_over_equal_power``, what
+    the target is judged on: the same alpha and the same power)."""
+    right = EQUIVALENT if case.wrong == LOSS else LOSS
+    chance = lower_confidence(int((out.decision == right).sum()), out.decision.size)
+    row["fixed_n"] = dict(fixed_n(case))
+    row["fixed_n"]["equal_power"] = {
+        "chance_of_the_right_decision": chance,
+        "per_bucket": equal_power_n(case.fixed, case.p10, case.p01, chance),
+    }
+    if case.fixed == "eq":
+        row["fixed_n"]["sequential_floor_at_80"] = sequential_floor(case.p10, case.p01, power.POWER)
+    median = row.get("median_pairs_per_bucket")
+    fixed, equal = row["fixed_n"]["per_bucket"], row["fixed_n"]["equal_power"]["per_bucket"]
+    if median is not None and fixed:
+        row["median_over_fixed"] = median / fixed
+    if median is not None and equal:
+        row["median_over_equal_power"] = median / equal
     if case.target is not None:
         row["target_median_over_fixed"] = case.target
-        row["target_met"] = row.get("median_over_fixed", math.inf) <= case.target
-    return row
+        row["target_met"] = row.get("median_over_equal_power", math.inf) <= case.target
 
 
 def machine() -> dict[str, Any]:
@@ -388,12 +459,25 @@ def _fixed_cell(row: dict[str, Any]) -> str:
     return "-"
 
 
+def _equal_power_cell(row: dict[str, Any]) -> str:
+    e = (row.get("fixed_n") or {}).get("equal_power")
+    if not e or e["per_bucket"] is None:
+        return "-"
+    return f"{e['per_bucket']} (at {e['chance_of_the_right_decision']:.4f})"
+
+
+def _ratio(row: dict[str, Any], key: str) -> str:
+    return f"{row[key]:.2f}" if key in row else "-"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The README's table."""
     rows = [
         "| case | wrong decision: share | LOSS / KEEP-compatible / undecided | pairs per "
-        "bucket to a decision: median / p90 | fixed design's N per bucket | median / N |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "bucket to a decision: median / p90 | fixed design's N per bucket at 80% | at the "
+        "sequential canary's chance of the right decision | median / N: at 80% / at equal "
+        "power |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["cases"]:
         s = r["shares"]
@@ -405,13 +489,18 @@ def markdown(result: dict[str, Any]) -> str:
             if "median_pairs_per_bucket" in r
             else "-"
         )
-        ratio = f"{r['median_over_fixed']:.2f}" if "median_over_fixed" in r else "-"
+        ratio = f"{_ratio(r, 'median_over_fixed')} / {_ratio(r, 'median_over_equal_power')}"
+        if ratio == "- / -":
+            ratio = "-"
         wrong = (
             f"{r['wrong_decision'].replace('equivalent', 'KEEP').upper()} {r['wrong_share']:.4f}"
         )
-        rows.append(f"| {r['name']} | {wrong} | {shares} | {pairs} | {_fixed_cell(r)} | {ratio} |")
+        rows.append(
+            f"| {r['name']} | {wrong} | {shares} | {pairs} | {_fixed_cell(r)} | "
+            f"{_equal_power_cell(r)} | {ratio} |"
+        )
     p = result["fixed_design_peeked"]
-    rows.append(f"| {p['name']} | LOSS {p['false_loss_share']:.4f} | - | - | - | - |")
+    rows.append(f"| {p['name']} | LOSS {p['false_loss_share']:.4f} | - | - | - | - | - |")
     return "\n".join(rows)
 
 

@@ -341,19 +341,40 @@ def test_the_simulation_is_the_state(key: str, results: dict) -> None:
 
 
 def test_the_pairs_to_a_decision(results: dict) -> None:
-    """(c) a drop of twice the tolerance: at most half the fixed design's N per bucket. (a) no
-    drop: half is out of reach (see the README): the fixed test planned for half its N shows
-    equivalence in under half of the canaries, and an e-process needs about log(1 / alpha) /
-    KL_inf pairs on average; the sequential canary needs about the fixed N per bucket, and
-    less than the fixed N that gives the run (every bucket) an 80% chance."""
+    """(a) no drop and (c) a drop of twice the tolerance: the median is at most half the fixed
+    design's N at the same alpha and power (the sequential canary's own chance of the right
+    decision). At the fixed design's usual 80%, half is out of reach for (a), for any design:
+    Wald's bound on a sequential test's average pairs is above it, and the fixed test planned
+    for half its N shows equivalence in under half of the canaries; there the sequential
+    canary needs about the 80% N per bucket and less than the N giving the run an 80% chance."""
     _, c = results["c"]
-    assert c["median_over_fixed"] <= 0.5, c
     _, a = results["a"]
+    for row in (a, c):
+        assert row["target_met"] and row["median_over_equal_power"] <= 0.5, row
+        assert row["fixed_n"]["equal_power"]["chance_of_the_right_decision"] >= 0.95, row
+    assert c["median_over_fixed"] <= 0.5, c
     fixed = sim.fixed_n(CASES["a"])
     assert fixed["power_at_half"] < 0.5
+    assert a["fixed_n"]["sequential_floor_at_80"] > fixed["per_bucket"] / 2, a
     assert a["median_pairs_per_bucket"] <= 1.1 * fixed["per_bucket"], a
     assert a["median_pairs_per_bucket"] <= 0.75 * fixed["for_the_run"], a
     assert a["undecided_at_budget"] <= 0.01 and a["shares"]["equivalent"] >= 0.95
+
+
+def test_the_bounds_the_comparison_rests_on() -> None:
+    """Clopper-Pearson's lower bound and Wald's floor against values worked by hand: for 19 of
+    20 the bound p solves P(X >= 19) = 20 p^19 - 19 p^20 = 0.05, for 20 of 20 it is
+    0.05^(1/20); the floor is the binary KL of (chance, alpha) over KL_inf, so it grows with
+    the chance asked for."""
+    p = sim.lower_confidence(19, 20)
+    assert abs(20 * p**19 - 19 * p**20 - 0.05) < 1e-9 and 0.78 < p < 0.79
+    assert abs(sim.lower_confidence(20, 20) - 0.05 ** (1 / 20)) < 1e-9
+    assert sim.lower_confidence(0, 20) == 0.0
+    p10 = p01 = sim.NOISE
+    low, high = sim.sequential_floor(p10, p01, 0.8), sim.sequential_floor(p10, p01, 0.99)
+    assert low < high < sim.e_process_floor(p10, p01) * 1.01
+    by_hand = (0.8 * math.log(0.8 / 0.05) + 0.2 * math.log(0.2 / 0.95)) / sim.kl_inf(p10, p01)
+    assert abs(low - by_hand) < 1e-9
 
 
 def test_the_pool_settles_what_no_bucket_shows(results: dict) -> None:
