@@ -11,6 +11,7 @@ other kinds exercise their checkers on requests the model was not trained for.
 ``python traces/make_sample.py --first-run`` writes ``traces/first_run.jsonl``, the trace of the
 README's first command: enough graded requests per bucket, of the tasks the embedded model
 does, for the stop rule to decide, and unlabeled ones graded against the reference's answers.
+``--first-run --scale K`` writes K times as many (the sequential canary's test uses K = 3).
 
 ``python traces/make_sample.py --heldout 30`` writes the evaluation trace instead
 (``traces/testmodel_heldout.jsonl``: 30 retrieval requests per length band, 30 tool calls, 30
@@ -156,11 +157,15 @@ FIRST_RUN = {
 FIRST_RUN_UNLABELED = 6  # of each of the five kinds
 
 
-def first_run() -> list[dict]:
+def first_run(scale: int = 1) -> list[dict]:
+    """The first-run trace; ``scale`` times as many requests of every kind (distinct held-out
+    seeds: the first ``1 / scale`` of them are not those of scale 1) for a canary that needs
+    more pairs than the fixed design, such as the sequential one."""
     records = []
     for kind, labeled in FIRST_RUN.items():
         family, _, band = kind.partition("-")
-        for i in range(labeled + FIRST_RUN_UNLABELED):
+        labeled *= scale
+        for i in range(labeled + scale * FIRST_RUN_UNLABELED):
             index = FIRST_RUN_OFFSET + 10_000 * list(FIRST_RUN).index(kind) + i
             ex = tasks.example("heldout", family, index, shape=band or None)
             rec = tasks.trace_record(ex)
@@ -177,7 +182,8 @@ def main() -> None:
             print(json.dumps(tasks.trace_record(ex)))
         return
     if sys.argv[1:2] == ["--first-run"]:
-        for i, r in enumerate(first_run()):
+        scale = int(sys.argv[3]) if sys.argv[2:3] == ["--scale"] else 1
+        for i, r in enumerate(first_run(scale)):
             r["t"] = round(i * 0.25, 2)
             print(json.dumps(r))
         return
