@@ -183,6 +183,42 @@ def test_tokens_and_itl_match_the_server(usage: str, per_chunk: int) -> None:
     assert result.chunk_tokens_estimated == (usage != "every")
 
 
+def test_a_chunk_is_stamped_when_it_came_off_the_socket_not_when_its_reader_ran() -> None:
+    """A task that holds the loop for 50 ms every time it runs, queued ahead of the reading
+    task in every iteration (uvloop, as the CLI runs: sockets are read before ready tasks):
+    stamped when the reading task ran, every chunk would be 50 ms or more after the server
+    sent it; stamped when aiohttp got its bytes, the chunks that arrive during one hold share
+    its end (lags of 0-50 ms, their median about half the hold)."""
+    uvloop = pytest.importorskip("uvloop")
+    hold_s = 0.05
+    with fault_server("usage_every", chunks=40, gap_s=0.005) as server:
+
+        async def go() -> Result:
+            client = Client(server.url, "m", timeout_s=30.0)
+            holding = True
+
+            async def hog() -> None:
+                while holding:
+                    time.sleep(hold_s)
+                    await asyncio.sleep(0)
+
+            task = asyncio.create_task(hog())
+            await asyncio.sleep(0)  # the hog runs first, and stays first in the ready queue
+            try:
+                return await client.send(REQ, Result("r", "t", "p", "b", 0.0))
+            finally:
+                holding = False
+                await task
+                await client.close()
+
+        result = uvloop.run(go())
+        stamps = list(server.stamps)
+    assert result.status == "ok", result.error
+    lags = [got - sent for got, sent in zip(result.chunk_times, stamps, strict=True)]
+    assert min(lags) > 0
+    assert statistics.median(lags) < 0.8 * hold_s, lags
+
+
 # --- bogus streams and errors that keep their cause -----------------------------------------
 
 FAULTS = {
