@@ -5,9 +5,9 @@ event loop's I/O phase), not when the task that reads the stream next runs: unde
 first takes in every ready socket, then runs every ready task, so a stamp taken by the reading
 task also counts the work of every task that runs before it in that loop iteration.
 
-It relies on one private detail of aiohttp, the connector's protocol factory (``_factory``,
-the same since aiohttp 3.0); where that changes, ``arrival_clock`` finds no stamps and the
-client stamps at the read, as before.
+It relies on one private detail of aiohttp, the connector's protocol factory (``_factory``);
+where that changes, ``arrival_clock`` finds no stamping protocol and the client stamps at the
+read, as before.
 """
 
 from __future__ import annotations
