@@ -22,7 +22,8 @@ from replay.core.trace import Request
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
 from replay.serving.error_answers import fail, http_error, not_a_stream
 from replay.serving.introspect import connect_reason
-from replay.serving.sse import DONE, MAX_EVENT_BYTES, ProtocolError, SSEDecoder
+from replay.serving.sse import DONE, MAX_EVENT_BYTES, NOT_ONE, ProtocolError, SSEDecoder
+from replay.serving.stamping import StampingConnector, arrival_clock
 
 Clock = Callable[[], float]
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -67,7 +68,7 @@ class Client:
         self._session = aiohttp.ClientSession(
             headers=headers,
             trace_configs=[trace],
-            connector=aiohttp.TCPConnector(limit=max_connections, force_close=False),
+            connector=StampingConnector(self.now, limit=max_connections, force_close=False),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S),
         )
 
@@ -184,14 +185,21 @@ class Client:
             acc = StreamAccumulator(result, self.now, self.max_answer_chars)
             decoder = SSEDecoder(self.max_event_bytes)
             read = resp.content.readany  # what iter_any() calls, without its wrapper
+            stamps = arrival_clock(resp)
             first = chunk = await read()  # kept to quote when the stream has no content
             while chunk:
-                arrived = self.now()  # one stamp per read: every event in it arrived then
-                for event in decoder.feed(chunk):
-                    if event is DONE:
-                        acc.finish(head=first)
-                        return
+                # One stamp per read, every event in it arrived then: when its last bytes
+                # came off the socket (the read itself runs later, after other tasks).
+                arrived = stamps.received_at if stamps is not None else self.now()
+                event = decoder.feed_one(chunk)
+                if event is not NOT_ONE:
                     acc.add(event, arrived)
+                else:
+                    for event in decoder.feed(chunk):
+                        if event is DONE:
+                            acc.finish(head=first)
+                            return
+                        acc.add(event, arrived)
                 chunk = await read()
             for event in decoder.close():
                 if event is DONE:

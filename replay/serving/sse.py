@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 DONE = object()
+NOT_ONE = object()  # feed_one: this read is not exactly one whole event
 
 # Generous on purpose: with ``return_token_ids`` vLLM's first chunk carries the whole prompt's
 # token ids, about 7 bytes a token, so a 2M-token prompt still fits. What it bounds is a
@@ -58,22 +59,32 @@ class SSEDecoder:
         self._data: list[bytes | bytearray] = []  # data fields of the event not yet dispatched
         self._held = 0  # their joined size plus one, for the fields counted so far
 
+    def feed_one(self, chunk: bytes) -> Any:
+        """The usual read, exactly one whole ``data: {...}`` event and nothing held: its
+        payload, parsed. Any other read is ``NOT_ONE`` and is left for ``feed``.
+
+        Called for every token, so it is a plain call (no generator per read, bench/)."""
+        if (
+            self._tail
+            or self._data
+            or chunk[:6] != b"data: "
+            or chunk.find(b"\n") != (n := len(chunk)) - 2
+            or chunk[-1:] != b"\n"
+            or n > self.max_event_bytes
+        ):
+            return NOT_ONE
+        payload = chunk[6:-2]
+        if payload[:1] != b"{" or payload[-1:] == b"\r":
+            return NOT_ONE
+        return _parse(payload)
+
     def feed(self, chunk: bytes) -> Iterator[Any]:
         # One split per read and no helper generator per event: this runs for every token
         # (bench/: the decoder was most of the client's CPU above a bare line-counting loop).
-        if (
-            not self._tail
-            and not self._data
-            and chunk[:6] == b"data: "
-            and chunk.find(b"\n") == (n := len(chunk)) - 2
-            and chunk[-1:] == b"\n"
-            and n <= self.max_event_bytes
-        ):
-            # The usual read: exactly one whole ``data: {...}\n\n`` event.
-            payload: bytes | bytearray = chunk[6:-2]
-            if payload[:1] == b"{" and payload[-1:] != b"\r":
-                yield _parse(payload)
-                return
+        event = self.feed_one(chunk)
+        if event is not NOT_ONE:
+            yield event
+            return
         tail = self._tail
         lines: list[bytes] | list[bytes | bytearray]
         if not tail:
