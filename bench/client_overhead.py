@@ -174,8 +174,11 @@ def _env() -> dict[str, str]:
 class FastServer:
     """The stamping SSE server in its own process; always stopped on exit."""
 
-    def __init__(self, ttft_ms: float, itl_ms: float, pin: bool) -> None:
+    def __init__(
+        self, ttft_ms: float, itl_ms: float, pin: bool, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.ttft_ms, self.itl_ms, self.pin = ttft_ms, itl_ms, pin
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -193,6 +196,7 @@ class FastServer:
             str(self.ttft_ms),
             "--itl-ms",
             str(self.itl_ms),
+            *self.extra_args,
         ]
         try:
             self.proc = subprocess.Popen(
