@@ -9,9 +9,7 @@ the figures come from what its run directory records (``results.jsonl``: ``sched
 
 from __future__ import annotations
 
-import datetime as dt
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from _machine import machine_busy_s
+from _machine import describe, machine_busy_s
 from client_overhead import FastServer
 
 BENCH = Path(__file__).resolve().parent
@@ -134,16 +132,6 @@ def percentiles_ms(values: list[float]) -> dict[str, float]:
 
 
 def machine_info() -> dict[str, Any]:
-    from importlib.metadata import version
-
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     head = subprocess.run(
         ["git", "-C", str(ROOT), "log", "-1", "--format=%h"],
         capture_output=True,
@@ -152,12 +140,7 @@ def machine_info() -> dict[str, Any]:
         check=False,
     ).stdout.strip()
     return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
-        "nproc": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {p: version(p) for p in ("aiohttp", "orjson", "uvloop")},
+        **describe(("aiohttp", "orjson", "uvloop")),
         "load_average_at_start": list(os.getloadavg()),
         "commit": head or None,
     }
