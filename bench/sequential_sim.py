@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _machine import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -395,16 +396,8 @@ def _compare_with_fixed(case: Case, out: Outcome, row: dict[str, Any]) -> None:
 
 
 def machine() -> dict[str, Any]:
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     return {
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "nproc": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

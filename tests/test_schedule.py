@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import random
 from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 
-from replay.core.schedule import ClosedLoop, OpenLoop, poisson_offsets, trace_offsets
+from replay.core.schedule import (
+    ClosedLoop,
+    MonotonicClock,
+    OpenLoop,
+    poisson_offsets,
+    trace_offsets,
+)
 
 
 class FakeClock:
@@ -142,3 +149,36 @@ def test_stop_sends_nothing_more(kind: str) -> None:
     sched = OpenLoop([float(i) for i in range(10)]) if kind == "open" else ClosedLoop(1)
     clock.drive(sched.run(range(10), send, clock, stop))
     assert sent == [0, 1, 2]
+
+
+def test_the_real_clock_never_wakes_before_the_due_time() -> None:
+    """uvloop's millisecond timers woke ``asyncio.sleep`` up to ~1.3 ms early: an open loop
+    sent before its schedule. The last stretch is yielded away until the clock is due."""
+    uvloop = pytest.importorskip("uvloop")
+    rng = random.Random(7)
+
+    async def main() -> list[float]:
+        clock = MonotonicClock()
+        early = []
+        for _ in range(300):
+            due = clock.now() + rng.uniform(0.0002, 0.004)
+            await clock.sleep_until(due)
+            early.append(due - clock.now())
+        return early
+
+    assert max(uvloop.run(main())) <= 0.0
+
+
+def test_a_stop_during_a_long_wait_ends_it_at_once() -> None:
+    async def main() -> float:
+        clock, stop = MonotonicClock(), asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, stop.set)
+        t0 = clock.now()
+        await OpenLoop([0.0, 30.0]).run(range(2), _ignore, clock, stop)
+        return clock.now() - t0
+
+    assert asyncio.run(main()) < 5.0
+
+
+async def _ignore(item: int, scheduled: float) -> None:
+    return None

@@ -1,0 +1,151 @@
+"""What ``open_loop.py`` and ``workers.py`` share: a trace of short requests, a run of the real
+``replay`` CLI against the fast fake server (its own process, pinned where asked, its CPU
+from ``wait4``), the server's CPU over the run, and the machine around them.
+
+The CLI is run exactly as a user runs it (``python -m replay --trace ... --targets ...``);
+the figures come from what its run directory records (``results.jsonl``: ``scheduled``,
+``sent``, ``done``, ``output_tokens`` per request, seconds on the run's monotonic clock).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from _machine import describe, machine_busy_s
+from client_overhead import FastServer
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RUN_TIMEOUT_S = 900.0
+
+
+def write_trace(path: Path, n: int, max_tokens: int) -> Path:
+    """``n`` completions requests of ``max_tokens`` each (ids ``r0000000``...). The prompt is
+    four token ids, so the replay knows its length without calling /tokenize per request."""
+    with path.open("wb") as fh:
+        for i in range(n):
+            rec = {"id": f"r{i:07d}", "api": "completions", "prompt": [1, 2, 3, 4]}
+            fh.write(orjson.dumps({**rec, "max_tokens": max_tokens}) + b"\n")
+    return path
+
+
+@dataclass
+class ReplayRun:
+    """One ``replay`` process: its CPU (itself and the load processes it waited for), wall
+    time, exit code, the end of its output, and the server's and the machine's CPU meanwhile."""
+
+    run_dir: Path
+    exit_code: int
+    wall_s: float
+    cpu_s: float
+    server_cpu_s: float
+    machine_cpu_s: float
+    output_tail: str
+
+    def results(self) -> Iterator[dict[str, Any]]:
+        with (self.run_dir / "results.jsonl").open("rb") as fh:
+            for line in fh:
+                yield orjson.loads(line)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "exit_code": self.exit_code,
+            "wall_s": round(self.wall_s, 2),
+            "replay_cpu_s": round(self.cpu_s, 2),
+            "server_cpu_s": round(self.server_cpu_s, 2),
+            "machine_cpu_s": round(self.machine_cpu_s, 2),
+            "other_cpu_s": round(self.machine_cpu_s - self.cpu_s - self.server_cpu_s, 2),
+        }
+
+
+def _pin(cpus: set[int] | None) -> Any:
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
+def run_replay(
+    server: FastServer, args: list[str], run_dir: Path, cpus: set[int] | None
+) -> ReplayRun:
+    """``python -m replay ARGS --targets bench=URL --out ... --run-id ...``, pinned to ``cpus``."""
+    cmd = [sys.executable, "-m", "replay", *args, "--targets", f"bench={server.url}"]
+    cmd += ["--no-teacher-forced", "--no-control", "--out", str(run_dir.parent)]
+    cmd += ["--run-id", run_dir.name]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    server_cpu0, busy0, t0 = server.stamps("none:")[1], machine_busy_s(), time.monotonic()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"{run_dir.name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, preexec_fn=_pin(cpus)
+        )
+        status, cpu = _wait(proc)
+    wall, busy = time.monotonic() - t0, machine_busy_s() - busy0
+    return ReplayRun(
+        run_dir=run_dir,
+        exit_code=os.waitstatus_to_exitcode(status),
+        wall_s=wall,
+        cpu_s=cpu,
+        server_cpu_s=server.stamps("none:")[1] - server_cpu0,
+        machine_cpu_s=busy,
+        output_tail=log.read_text(errors="replace")[-1500:],
+    )
+
+
+def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
+    """``wait4`` on the replay: its exit status and CPU seconds, the load processes it
+    waited for included; killed after ``RUN_TIMEOUT_S``."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return status, ru.ru_utime + ru.ru_stime
+        if time.monotonic() > deadline:
+            proc.kill()
+        time.sleep(0.05)
+
+
+def percentiles_ms(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values) * 1e3
+    if a.size == 0:
+        return {}
+    p = np.percentile(a, [1, 50, 90, 99, 99.9])
+    return {
+        "n": int(a.size),
+        "min": round(float(a.min()), 3),
+        "p1": round(float(p[0]), 3),
+        "p50": round(float(p[1]), 3),
+        "p90": round(float(p[2]), 3),
+        "p99": round(float(p[3]), 3),
+        "p99_9": round(float(p[4]), 3),
+        "max": round(float(a.max()), 3),
+        "mean": round(float(a.mean()), 3),
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "log", "-1", "--format=%h"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    ).stdout.strip()
+    return {
+        **describe(("aiohttp", "orjson", "uvloop")),
+        "load_average_at_start": list(os.getloadavg()),
+        "commit": head or None,
+    }
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -1,0 +1,153 @@
+"""The figures table of ``bench/README.md``, generated from the committed ``bench/results/*.json``.
+
+    python bench/tables.py           # rewrite the block between the markers in bench/README.md
+    python bench/tables.py --check   # exit 1 when the README's block is not what this generates
+
+Every row is one figure of one results file, with the file's run date and machine, so a
+figure in the README is always one some run recorded. The block sits between
+``<!-- generated: bench/tables.py -->`` and ``<!-- end generated -->``; the rest of the
+README is prose and is left as it is. A results file of a kind this script does not know
+is listed with its date, so nothing committed is silently left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+BENCH = Path(__file__).resolve().parent
+README = BENCH / "README.md"
+RESULTS = BENCH / "results"
+BEGIN = "<!-- generated: bench/tables.py -->"
+END = "<!-- end generated -->"
+Row = tuple[str, str, str]  # figure, value, target
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def client_overhead_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    for streams, per in doc["summary"].items():
+        for client, s in per.items():
+            if not isinstance(s, dict):
+                continue
+            ours = client == "kvcanary"  # the targets are the kvcanary client's
+            if s.get("did_not_run"):
+                yield f"{streams} streams, {client}", str(s["did_not_run"]), ""
+                continue
+            if "cpu_us_per_token" in s and s["cpu_us_per_token"] is not None:
+                ratio = s.get("cpu_vs_bare")
+                value = f"{_f(s['cpu_us_per_token'], 1)} us/token ({_f(ratio)}x bare)"
+                target = "<= 1.2x bare" if ours else ""
+                yield f"{streams} streams, {client}: CPU per token", value, target
+            if s.get("ttft_error_mean_ms") is not None:
+                value = f"{_f(s['ttft_error_mean_ms'])} mean, {_f(s.get('ttft_error_p99_ms'))} p99"
+                target = "<= 2 mean, <= 10 p99" if ours else ""
+                yield f"{streams} streams, {client}: TTFT error ms", value, target
+
+
+def memory_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    for command, s in doc["summary"].items():
+        if not isinstance(s, dict) or "peak_rss_mib" not in s:
+            continue
+        sizes = ", ".join(f"{n}: {v}" for n, v in s["peak_rss_mib"].items())
+        ratio = next((v for k, v in s.items() if k.startswith("ratio_")), None)
+        yield f"{command}: peak RSS MiB by records", f"{sizes} (ratio {_f(ratio)})", "flat"
+
+
+def kvcal_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    s = doc["summary"]
+    value = (
+        f"{_f(s['overhead_ratio_median'], 3)}x CPU ({_f(s['overhead_ratio_wall_median'], 3)}x wall)"
+    )
+    yield "observer / plain forward", value, f"<= {s['target_ratio']}x"
+
+
+def open_loop_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    s, c = doc["summary"], doc["config"]
+    lag = s["lag_ms"]
+    what = f"lag ms at {c['rate_rps']:g} rps x {c['duration_s']:g} s, --workers {c['workers']}"
+    value = f"p50 {_f(lag['p50'], 3)}, p99 {_f(lag['p99'], 3)}, max {_f(lag['max'], 3)}"
+    yield what, value + f" ({'met' if s['met'] else 'missed'})", s["target"]
+
+
+def workers_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    s, c = doc["summary"], doc["config"]
+    for n, per in s["per_workers"].items():
+        value = (
+            f"{per['requests_per_s']:.0f} req/s, {per['tokens_per_s']:.0f} tok/s; "
+            f"server CPU {per['server_cpu_share']:.2f}, replay CPU {per['replay_cpu_per_span']:.2f}"
+        )
+        yield f"--workers {n}, closed loop c{c['concurrency']}", value, ""
+    verdict = "met" if s["met"] else "missed"
+    yield f"ratio {s['ratio_of']}", f"{s['ratio']:.2f}x ({verdict})", s["target"]
+
+
+KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
+    ("client_overhead", client_overhead_rows),
+    ("memory", memory_rows),
+    ("kvcal_observer", kvcal_rows),
+    ("open_loop", open_loop_rows),
+    ("workers", workers_rows),
+]
+
+
+def machine_of(doc: dict[str, Any]) -> tuple[str, str]:
+    """(run date, machine) as the results file records them."""
+    m = doc.get("machine") or {}
+    date = str(m.get("date") or doc.get("date") or "?")
+    cpu = m.get("cpu_model") or m.get("cpu") or "?"
+    n = m.get("nproc")
+    return date[:16].replace("T", " "), f"{cpu}, {n} CPUs" if n else str(cpu)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def generate(results: Path = RESULTS) -> str:
+    """The markdown table for every ``*.json`` directly under ``results``."""
+    lines = [
+        "| results file | figure | value | target | run (UTC) | machine |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path in sorted(results.glob("*.json")):
+        doc = orjson.loads(path.read_bytes())
+        date, machine = machine_of(doc)
+        kind = next((fn for prefix, fn in KINDS if path.stem.startswith(prefix)), None)
+        rows = list(kind(doc)) if kind is not None else [("(not tabulated)", "-", "")]
+        for what, value, target in rows:
+            cells = (path.name, what, value, target, date, machine)
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def rewrite(readme: str, table: str) -> str:
+    """``readme`` with its generated block replaced by ``table``; ValueError without markers."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{README}: no '{BEGIN}' ... '{END}' block to rewrite")
+    return readme[: start + len(BEGIN)] + "\n" + table + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only compare; exit 1 if stale")
+    a = ap.parse_args(argv)
+    text = README.read_text(encoding="utf-8")
+    new = rewrite(text, generate())
+    if a.check:
+        if new != text:
+            sys.exit(f"{README}: the generated block is stale; run python bench/tables.py")
+        return
+    README.write_text(new, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
