@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from _machine import machine_busy_s
+from _machine import cpu_model, machine_busy_s
 from rich.console import Console
 from rich.table import Table
 
@@ -676,17 +676,9 @@ def client_version() -> dict[str, Any]:
 def machine_info(opts: Options) -> dict[str, Any]:
     from importlib.metadata import version
 
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "nproc": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _machine import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -324,16 +325,8 @@ def summarize(case: Case, out: Outcome) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     return {
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "nproc": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
