@@ -434,8 +434,7 @@ class Runner:
 
     async def _phase(self, run: TargetRun, arm: TargetSession, sched: Schedule) -> None:
         label = sched.label
-        # Per target too: the A/A control must not reuse the reference's cache on its server.
-        salt = f"{self.cfg.run_dir.name}.{arm.name}.{label}" if self.cfg.salt_phases else None
+        salt = self.cfg.phase_salt(arm.name, label)
         phase = Phase(
             target=arm,
             sched=sched,
