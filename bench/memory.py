@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from _machine import cpu_model
 from client_overhead import FastServer
 from rich.console import Console
 from rich.table import Table
@@ -177,14 +178,6 @@ def commands(
 def machine_info(root: Path) -> dict[str, Any]:
     from importlib.metadata import version
 
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
     try:
         head = subprocess.run(
             ["git", "-C", str(root), "log", "-1", "--format=%h %cI"],
@@ -210,7 +203,7 @@ def machine_info(root: Path) -> dict[str, Any]:
     )
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "cpu_model": cpu,
+        "cpu_model": cpu_model(),
         "nproc": os.cpu_count(),
         "mem_total_gib": round(int(mem) / 2**20, 1),
         "platform": platform.platform(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -527,12 +528,11 @@ def _paths(doc: Any, pre: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return [p for k, v in items for p in [(*pre, k), *_paths(v, (*pre, k))]]
 
 
-@pytest.mark.parametrize("name", ["summary.json", "manifest.json"])
-def test_odd_nested_values_never_crash(run_dir: Path, name: str) -> None:
-    """Any value anywhere replaced by junk: every section still renders."""
-    doc = orjson.loads((run_dir / name).read_bytes())
-    rng = random.Random(name)
-    paths = _paths(doc)
+def _junk_copies(
+    doc: Any, paths: list[tuple[Any, ...]], rng: random.Random
+) -> Iterator[tuple[tuple[Any, ...], Any, Any]]:
+    """40 copies of ``doc``, each with the value at one of ``paths`` (drawn by ``rng``)
+    replaced by junk: (path, junk, copy)."""
     for _ in range(40):
         path, junk = rng.choice(paths), rng.choice([None, "x", -1.5, [1, 2], {"x": [None]}])
         copy = orjson.loads(orjson.dumps(doc))
@@ -540,6 +540,14 @@ def test_odd_nested_values_never_crash(run_dir: Path, name: str) -> None:
         for k in path[:-1]:
             node = node[k]
         node[path[-1]] = junk
+        yield path, junk, copy
+
+
+@pytest.mark.parametrize("name", ["summary.json", "manifest.json"])
+def test_odd_nested_values_never_crash(run_dir: Path, name: str) -> None:
+    """Any value anywhere replaced by junk: every section still renders."""
+    doc = orjson.loads((run_dir / name).read_bytes())
+    for path, junk, copy in _junk_copies(doc, _paths(doc), random.Random(name)):
         _dump(run_dir / name, copy)
         html = report.render_html(run_dir)
         assert "could not be rendered" not in html, (path, junk)

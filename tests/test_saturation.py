@@ -389,19 +389,12 @@ def test_no_sweep_no_load_section(tmp_path: Path) -> None:
 
 
 def test_odd_saturation_values_never_crash(tmp_path: Path) -> None:
-    from .test_report import _paths
+    from .test_report import _junk_copies, _paths
 
     run = _sweep_run(tmp_path)
     doc = orjson.loads((run / "summary.json").read_bytes())
-    rng = random.Random(3)
     paths = [("saturation", *p) for p in _paths(doc["saturation"])]
-    for _ in range(40):
-        path, junk = rng.choice(paths), rng.choice([None, "x", -1.5, [1, 2], {"x": [None]}])
-        copy = orjson.loads(orjson.dumps(doc))
-        node = copy
-        for k in path[:-1]:
-            node = node[k]
-        node[path[-1]] = junk
+    for path, junk, copy in _junk_copies(doc, paths, random.Random(3)):
         (run / "summary.json").write_bytes(orjson.dumps(copy))
         assert "could not be rendered" not in report.render_html(run), (path, junk)
         report.render_markdown(run)

@@ -21,7 +21,7 @@ from rich.progress import (
 from replay.core.errors import InputError
 
 from .common import EXIT_OK, console, guard, with_options
-from .sample import SAMPLING_OPTIONS, TraceDraw, draw_split
+from .sample import SAMPLING_OPTIONS, TraceDraw, draw_split, takes_draw
 from .tables import advice_lines, scale_table
 
 if TYPE_CHECKING:  # torch comes with _calibrate, imported once torch is known to be there
@@ -83,16 +83,11 @@ CALIBRATE_OPTIONS = [
 @click.command("calibrate")
 @click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @with_options(CALIBRATE_OPTIONS)
+@takes_draw
 def calibrate_cmd(
     model_dir: Path,
     samples_path: Path | None,
-    trace_path: Path | None,
-    trace_format: str,
-    bucket_spec: str,
-    per_bucket: int,
-    max_share: float,
-    seed: int,
-    on_bad_line: str,
+    draw: TraceDraw,
     out_dir: Path,
     strategy: str,
     chunk_tokens: int,
@@ -102,12 +97,9 @@ def calibrate_cmd(
     as_json: bool,
 ) -> None:
     """Observe K/V on the samples, write scales as an overlay checkpoint vLLM loads."""
-    draw = TraceDraw(
-        trace_path, trace_format, bucket_spec, per_bucket, max_share, seed, on_bad_line
-    )
 
     def run() -> int:
-        if (samples_path is None) == (trace_path is None):
+        if (samples_path is None) == (draw.trace_path is None):
             raise InputError("give exactly one of --samples FILE and --trace TRACE")
         if chunk_tokens < 16:
             raise InputError("--chunk-tokens must be at least 16")
@@ -115,7 +107,7 @@ def calibrate_cmd(
 
         samples, sampling = _samples(model_dir, samples_path, draw, out_dir)
         recipe = Recipe(strategy, chunk_tokens, dtype, mse_search)
-        seed_used = int(sampling.get("seed", seed))
+        seed_used = int(sampling.get("seed", draw.seed))
         report = _observe(
             model_dir, samples, out_dir, recipe, seed_used, sampling, legacy_json, as_json
         )

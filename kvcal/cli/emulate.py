@@ -15,11 +15,12 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.buckets import Buckets
 from replay.core.errors import InputError
 
 from .common import EXIT_OK, console, guard, with_options
 from .tables import emulation_table, sensitivity_table
+from .trace_options import BUCKETS_OPTION, ON_BAD_LINE_OPTION, TRACE_FORMAT_OPTION
 
 if TYPE_CHECKING:  # torch comes with _emulate_report, imported once torch is known to be there
     from .._emulate_report import EmulateArgs
@@ -40,19 +41,11 @@ EMULATE_OPTIONS = [
         type=click.Path(path_type=Path, file_okay=False),
         help="A replay run directory: score its reference target's answers instead.",
     ),
-    click.option("--trace-format", default="auto", show_default=True),
-    click.option(
-        "--buckets",
-        "bucket_spec",
-        default=DEFAULT_BOUNDS,
-        show_default=True,
-        help="Context-length bucket bounds, as in replay --buckets.",
-    ),
+    TRACE_FORMAT_OPTION,
+    BUCKETS_OPTION,
     click.option("--per-bucket", default=16, show_default=True, help="Requests per bucket."),
     click.option("--seed", default=0, show_default=True, help="Draw seed (hash of id + seed)."),
-    click.option(
-        "--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail", show_default=True
-    ),
+    ON_BAD_LINE_OPTION,
     click.option(
         "--overlay",
         "overlay_dir",

@@ -3,18 +3,21 @@ bucket; and the sampling options and the draw that ``kvcal calibrate --trace`` s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
-from replay.core.buckets import DEFAULT_BOUNDS, Buckets
+from replay.core.buckets import Buckets
 from replay.core.errors import InputError
 
 from .common import EXIT_OK, console, guard, with_options
 from .tables import bucket_table
+from .trace_options import BUCKETS_OPTION, ON_BAD_LINE_OPTION, TRACE_FORMAT_OPTION
 
 # transformers renders the prompts (the model's tokenizer and chat template).
 SAMPLE_NEEDS = ("transformers",)
@@ -26,14 +29,8 @@ SAMPLING_OPTIONS = [
         type=click.Path(path_type=Path, dir_okay=False),
         help="Trace to draw from (any format replay reads).",
     ),
-    click.option("--trace-format", default="auto", show_default=True),
-    click.option(
-        "--buckets",
-        "bucket_spec",
-        default=DEFAULT_BOUNDS,
-        show_default=True,
-        help="Context-length bucket bounds, as in replay --buckets.",
-    ),
+    TRACE_FORMAT_OPTION,
+    BUCKETS_OPTION,
     click.option(
         "--per-bucket", default=64, show_default=True, help="Calibration requests per bucket."
     ),
@@ -44,24 +41,35 @@ SAMPLING_OPTIONS = [
         help="At most this share of a bucket calibrates; the rest evaluates.",
     ),
     click.option("--seed", default=0, show_default=True, help="Split seed (hash of id + seed)."),
-    click.option(
-        "--on-bad-line", type=click.Choice(["fail", "skip"]), default="fail", show_default=True
-    ),
+    ON_BAD_LINE_OPTION,
 ]
 sampling_options = with_options(SAMPLING_OPTIONS)
 
 
 @dataclass(frozen=True)
 class TraceDraw:
-    """The sampling options: the trace and how its calibration split is drawn."""
+    """The sampling options: the trace and how its calibration split is drawn (a field per
+    option, named as its click parameter)."""
 
-    trace: Path | None
+    trace_path: Path | None
     trace_format: str
     bucket_spec: str
     per_bucket: int
     max_share: float
     seed: int
     on_bad_line: str
+
+
+def takes_draw(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Hand ``command`` the sampling options as one ``draw: TraceDraw``, in place of its
+    click parameters."""
+
+    @functools.wraps(command)
+    def with_draw(*args: Any, **kwargs: Any) -> Any:
+        draw = TraceDraw(**{f.name: kwargs.pop(f.name) for f in fields(TraceDraw)})
+        return command(*args, draw=draw, **kwargs)
+
+    return with_draw
 
 
 def _tokenizer(model_dir: Path) -> Any:
@@ -79,7 +87,7 @@ def draw_split(model_dir: Path, opts: TraceDraw) -> tuple[Any, dict[str, Any]]:
 
     from .._sample import PromptRenderer, draw
 
-    trace = opts.trace
+    trace = opts.trace_path
     if trace is None:
         raise InputError("--trace is required")
     if not trace.is_file():
@@ -154,22 +162,10 @@ def _note_short_buckets(split: Any, opts: TraceDraw) -> None:
     required=True,
     help="Folder for calibration_ids.txt, evaluation_ids.txt, samples.jsonl.",
 )
-def sample_cmd(
-    model_dir: Path,
-    trace_path: Path | None,
-    trace_format: str,
-    bucket_spec: str,
-    per_bucket: int,
-    max_share: float,
-    seed: int,
-    on_bad_line: str,
-    out_dir: Path,
-) -> None:
+@takes_draw
+def sample_cmd(model_dir: Path, draw: TraceDraw, out_dir: Path) -> None:
     """Draw calibration requests from a trace, stratified by context-length bucket."""
-    opts = TraceDraw(
-        trace_path, trace_format, bucket_spec, per_bucket, max_share, seed, on_bad_line
-    )
-    guard("sample", lambda: _sample(model_dir, opts, out_dir), SAMPLE_NEEDS)
+    guard("sample", lambda: _sample(model_dir, draw, out_dir), SAMPLE_NEEDS)
 
 
 def _sample(model_dir: Path, opts: TraceDraw, out_dir: Path) -> int:

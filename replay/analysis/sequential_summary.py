@@ -18,6 +18,7 @@ from replay.analysis.grading.pairing import combined_pairs, grades_frame
 from replay.analysis.schemas import Sequential, SequentialBucket
 from replay.analysis.sequential import HISTORY_COLUMNS, SequentialState, Tally
 from replay.analysis.sequential_plan import needs
+from replay.analysis.stats.pairs import discordant
 from replay.analysis.stats.power import pairs_needed
 
 FIXED_METHOD = (
@@ -53,9 +54,7 @@ def round_counts(
         ref = by_target.get(reference)
         ctl = by_target.get(control) if control is not None else None
         base, got, _ = combined_pairs(mine, ref, ctl)
-        lost = sum(1 for a, b in zip(base, got, strict=True) if a and not b)
-        gained = sum(1 for a, b in zip(base, got, strict=True) if b and not a)
-        out[bucket] = (len(base), lost, gained)
+        out[bucket] = discordant(base, got, "round_counts")
     return out
 
 

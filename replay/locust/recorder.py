@@ -16,7 +16,7 @@ from replay.core.importers import LengthPolicy
 from replay.core.records import Result
 from replay.core.slo import SloSpec
 from replay.core.trace import Request, TraceSource
-from replay.run.analyze import Analysis, analyse
+from replay.run.analyze import Analysis, analyse, target_for_summary
 from replay.run.manifest import build_manifest, target_entry, trace_facts
 from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, read_results, write_json
 from replay.serving.targets import (
@@ -163,14 +163,7 @@ class RunRecorder:
                 self.phases[r.phase] = {"start": min(times), "end": max(times)}
         self.save_manifest()
         name = self.spec.name
-        targets = {
-            name: {
-                "status": self.status,
-                "reason": self.reason,
-                "cache_config": self.info.get("cache_config") or {},
-                "phases": self.phases,
-            }
-        }
+        targets = {name: target_for_summary(self.status, self.reason, self.info, self.phases)}
         ids = {r.request_id for r in results}
         specs = {r.id: grading_spec(r) for r in self.trace.iter_requests() if r.id in ids}
         # The CLI's own analysis (replay/run/analyze.py): one pipeline for both drivers.

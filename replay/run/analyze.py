@@ -59,7 +59,7 @@ class Analysis:
     fills it from its own state at the end of a run, ``reanalyse`` from the run directory."""
 
     run_dir: Path
-    targets: Mapping[str, Mapping[str, Any]]  # name -> status, reason, cache_config, phases
+    targets: Mapping[str, Mapping[str, Any]]  # name -> target_for_summary(...)
     reference: str
     candidate: str | None
     first_phase: str
@@ -270,9 +270,17 @@ def _target_facts(info: Mapping[str, Any], name: str, results: Sequence[Result])
             span[0], span[1] = min(span[0], *times), max(span[1], *times)
     for label, (start, end) in spans.items():
         phases[label] = {"start": start, "end": end, "interrupted": True}
+    return target_for_summary(info.get("status"), info.get("reason"), info, phases)
+
+
+def target_for_summary(
+    status: str | None, reason: str | None, info: Mapping[str, Any], phases: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What the summary needs of a target (an entry of ``Analysis.targets``): its status and
+    why, the cache configuration its server reported (in ``info``), and its phase windows."""
     return {
-        "status": info.get("status"),
-        "reason": info.get("reason"),
+        "status": status,
+        "reason": reason,
         "cache_config": info.get("cache_config") or {},
         "phases": phases,
     }

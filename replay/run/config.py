@@ -70,6 +70,12 @@ class RunConfig:
     cli_options: dict[str, Any] = field(default_factory=dict)
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
 
+    def phase_salt(self, target: str, label: str) -> str | None:
+        """The prefix-cache salt of a target's phase (``salt_phases``), None when phases share
+        the cache. Per target too: the A/A control must not reuse the reference's cache on
+        its server."""
+        return f"{self.run_dir.name}.{target}.{label}" if self.salt_phases else None
+
     def trace_facts(self) -> dict[str, Any]:
         t = self.trace
         return trace_facts(

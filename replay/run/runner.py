@@ -25,7 +25,7 @@ from replay.core.errors import ServerStartError, TargetError
 from replay.core.records import Result
 from replay.core.schedule import MonotonicClock
 from replay.core.sessions import has_sessions
-from replay.run.analyze import Analysis, analyse
+from replay.run.analyze import Analysis, analyse, target_for_summary
 from replay.run.budget import ErrorBudget
 from replay.run.config import RunConfig, TargetRun
 from replay.run.manifest import build_manifest
@@ -190,13 +190,7 @@ class Runner:
         return Analysis(
             run_dir=self.cfg.run_dir,
             targets={
-                n: {
-                    "status": r.status,
-                    "reason": r.reason,
-                    "cache_config": r.info.get("cache_config") or {},
-                    "phases": r.phases,
-                }
-                for n, r in runs.items()
+                n: target_for_summary(r.status, r.reason, r.info, r.phases) for n, r in runs.items()
             },
             reference=self.reference,
             candidate=self.roles.candidate,
@@ -440,8 +434,7 @@ class Runner:
 
     async def _phase(self, run: TargetRun, arm: TargetSession, sched: Schedule) -> None:
         label = sched.label
-        # Per target too: the A/A control must not reuse the reference's cache on its server.
-        salt = f"{self.cfg.run_dir.name}.{arm.name}.{label}" if self.cfg.salt_phases else None
+        salt = self.cfg.phase_salt(arm.name, label)
         phase = Phase(
             target=arm,
             sched=sched,

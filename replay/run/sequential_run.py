@@ -228,7 +228,7 @@ class SequentialRunner(Runner):
 
     async def _send(self, name: str, ids: set[str], tee: _Tee) -> None:
         arm, run = self.arms[name], self.all_runs()[name]
-        salt = f"{self.cfg.run_dir.name}.{name}.{SEQ_PHASE}" if self.cfg.salt_phases else None
+        salt = self.cfg.phase_salt(name, SEQ_PHASE)
         window = await Phase(
             target=arm,
             sched=self.cfg.schedules[0],

@@ -28,6 +28,7 @@ from replay.core.synth import TokenPool
 from replay.core.trace import TraceSource
 from replay.run.budget import ErrorBudget
 from replay.run.phase import Phase, Schedule, TargetSession
+from replay.run.progress import QuietProgress
 from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions
 from replay.serving.client import Client
@@ -72,17 +73,11 @@ class WorkerSpec:
         return self.sched  # a closed loop: the parent gave it this worker's share
 
 
-class PipeProgress:
-    """The parent shows progress: each finished request goes up the pipe."""
+class PipeProgress(QuietProgress):
+    """The parent shows progress: each finished request goes up the pipe (nothing else)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-
-    def status(self, message: str) -> None:
-        pass
-
-    def phase(self, target: str, label: str, total: int) -> None:
-        pass
 
     def advance(self, target: str, label: str, ok: bool) -> None:
         try:

@@ -27,7 +27,7 @@ from replay.analysis.schemas import (
     VsReference,
 )
 from replay.analysis.stats.evidence import evidence as pairs_evidence
-from replay.analysis.stats.exact_tests import mcnemar_exact
+from replay.analysis.stats.exact_tests import McNemar, mcnemar_exact
 from replay.analysis.stats.intervals import PairedDiff, paired_bootstrap, wilson
 
 if TYPE_CHECKING:
@@ -72,8 +72,39 @@ class Rule:
         )
 
 
-def _bootstrap(a: Sequence[bool], b: Sequence[bool], seed: int) -> PairedDiff | None:
-    return paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+@dataclass(frozen=True)
+class _Paired:
+    """The statistics of pairs (a: baseline, b: target): the bootstrap difference and McNemar."""
+
+    diff: PairedDiff
+    mc: McNemar
+
+    def fields(self, baseline_only: str) -> dict[str, Any]:
+        """The fields every paired record holds, its baseline's discordant count under the
+        record's name for it (``baseline_only``)."""
+        return {
+            "pairs": self.diff.n,
+            "diff": self.diff.diff,
+            "lo": self.diff.lo,
+            "hi": self.diff.hi,
+            "mcnemar_p": self.mc.p_value,
+            baseline_only: self.mc.a_only,
+            "target_only": self.mc.b_only,
+        }
+
+
+def _paired(a: Sequence[bool], b: Sequence[bool], seed: int) -> _Paired | None:
+    """None without a pair."""
+    diff = paired_bootstrap([float(x) for x in a], [float(x) for x in b], seed=seed)
+    return None if diff is None else _Paired(diff, mcnemar_exact(a, b))
+
+
+def _pass_counts(outcome: pd.Series) -> dict[str, Any]:
+    """Graded and passed answers of a column of outcomes (None: ungraded), the pass rate and
+    its Wilson interval."""
+    graded = outcome.dropna()
+    k, n = int(graded.astype(bool).sum()), len(graded)
+    return {"graded": n, "passed": k, "pass_rate": k / n if n else None, "wilson": wilson(k, n)}
 
 
 def compare_explicit(
@@ -82,30 +113,15 @@ def compare_explicit(
     """``Comparison``'s fields: pass rate, paired difference to the reference, McNemar,
     agreement, and ``evidence`` (whether the pairs show a loss or a drop bounded below the
     tolerance, and only while they show neither, how many pairs would)."""
-    graded = rows["passed"].dropna()
-    k, n = int(graded.astype(bool).sum()), len(graded)
     a, b = paired_outcomes(rows, ref, "passed")
-    diff, mc = _bootstrap(a, b, seed), mcnemar_exact(a, b)
+    paired = _paired(a, b, seed)
     agree = rows[rows["agreed"]]
     divs = agree["divergence"].dropna().tolist()
     return {
         "answered": int(rows["answered"].sum()),
         "requests": len(rows),
-        "graded": n,
-        "passed": k,
-        "pass_rate": k / n if n else None,
-        "wilson": wilson(k, n),
-        "vs_reference": None
-        if diff is None
-        else VsReference(
-            pairs=diff.n,
-            diff=diff.diff,
-            lo=diff.lo,
-            hi=diff.hi,
-            mcnemar_p=mc.p_value,
-            ref_only=mc.a_only,
-            target_only=mc.b_only,
-        ),
+        **_pass_counts(rows["passed"]),
+        "vs_reference": None if paired is None else VsReference(**paired.fields("ref_only")),
         "agreement": Agreement(
             compared=len(agree),
             exact=_rate(agree["exact"].tolist()),
@@ -127,8 +143,7 @@ def compare_derived(
 
     recs = rows[rows["rule"].notna()]
     outcome = recs["d_passed"]
-    graded = outcome.dropna()
-    k, n = int(graded.astype(bool).sum()), len(graded)
+    passes = _pass_counts(outcome)
     counts = (
         pd.DataFrame(
             {
@@ -143,29 +158,19 @@ def compare_derived(
     )
     vs = None
     if control is not None:
-        a, b = paired_outcomes(recs, control, "d_passed")
-        diff, mc = _bootstrap(a, b, seed), mcnemar_exact(a, b)
+        paired = _paired(*paired_outcomes(recs, control, "d_passed"), seed)
         vs = (
             None
-            if diff is None
+            if paired is None
             else VsControl(
-                pairs=diff.n,
-                control_pass_rate=diff.mean_a,
-                pass_rate=diff.mean_b,
-                diff=diff.diff,
-                lo=diff.lo,
-                hi=diff.hi,
-                mcnemar_p=mc.p_value,
-                control_only=mc.a_only,
-                target_only=mc.b_only,
+                control_pass_rate=paired.diff.mean_a,
+                pass_rate=paired.diff.mean_b,
+                **paired.fields("control_only"),
             )
         )
     return DerivedComparison(
-        graded=n,
-        passed=k,
-        pass_rate=k / n if n else None,
-        wilson=wilson(k, n),
-        ungraded=len(recs) - n,
+        **passes,
+        ungraded=len(recs) - passes["graded"],
         checker_errors=int(recs["d_error"].sum()),
         by_rule={
             str(r): RuleCounts(
@@ -188,22 +193,15 @@ def compare_combined(
     """The paired comparison the verdict decides on: ``combined_pairs`` under the same
     statistics and evidence rule as the explicit grades alone."""
     a, b, derived = combined_pairs(rows, ref, control)
-    diff = _bootstrap(a, b, seed)
-    if diff is None:
+    paired = _paired(a, b, seed)
+    if paired is None:
         return None
-    mc = mcnemar_exact(a, b)
     return Combined(
-        pairs=diff.n,
-        explicit=diff.n - derived,
+        explicit=paired.diff.n - derived,
         derived=derived,
         baseline="control" if control is not None else "pass",
-        diff=diff.diff,
-        lo=diff.lo,
-        hi=diff.hi,
-        mcnemar_p=mc.p_value,
-        ref_only=mc.a_only,
-        target_only=mc.b_only,
         evidence=rule.evidence(a, b),
+        **paired.fields("ref_only"),
     )
 
 
