@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -130,6 +131,47 @@ def bf16_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 def fp8_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     """Served FP8, or emulated where this CPU cannot serve it (fp8_emulated)."""
     yield from _serve("fp8", FP8_DTYPE, model_dir, tmp_path_factory.mktemp("servers"))
+
+
+# The outlier twin's servers, shared like the original's: the FP8 story (test_testmodel_vllm),
+# the emulation check (test_fp8_emulation_vllm) and any other test of the twin use these.
+@pytest.fixture(scope="session")
+def twin_server(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    yield from _serve("twin", "auto", twin_dir, tmp_path_factory.mktemp("servers"))
+
+
+@pytest.fixture(scope="session")
+def twin_fp8_server(
+    twin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """The twin with an FP8 cache at scale 1.0 (emulated where fp8_emulated)."""
+    yield from _serve("twin-fp8", FP8_DTYPE, twin_dir, tmp_path_factory.mktemp("servers"))
+
+
+@pytest.fixture(scope="session")
+def twin_cal_fp8_server(
+    twin_overlay: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """The twin's kvcal overlay with an FP8 cache: its calibrated scales applied."""
+    yield from _serve("twin-cal-fp8", FP8_DTYPE, twin_overlay, tmp_path_factory.mktemp("servers"))
+
+
+def url_target(name: str, server: LocalServer, role: str | None = None) -> list[str]:
+    """A targets-file table naming a running server by URL, expecting the cache dtype it was
+    started with (so an emulated FP8 server is declared emulated)."""
+    return [
+        f"[targets.{name}]",
+        f"url = {json.dumps(server.url)}",
+        f"expect_cache_dtype = {json.dumps(server.spec.expect_cache_dtype)}",
+        *([f"role = {json.dumps(role)}"] if role else []),
+        "",
+    ]
+
+
+def url_targets(path: Path, servers: Mapping[str, LocalServer]) -> Path:
+    """A targets file (for --targets-file) of running servers by the names the test gives."""
+    path.write_text("\n".join(line for n, s in servers.items() for line in url_target(n, s)))
+    return path
 
 
 def run(coro):  # type: ignore[no-untyped-def]

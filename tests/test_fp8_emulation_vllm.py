@@ -13,15 +13,17 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from replay.serving.local_server import LocalServer
 from replay.serving.targets import DEFAULT_MODEL_ARGS, EMULATED_FP8
 
-from .conftest import ROOT, cpu_can_serve_fp8_kv
+from .conftest import ROOT, cpu_can_serve_fp8_kv, fp8_emulated, url_target
 
 pytestmark = [
     pytest.mark.vllm,
@@ -38,9 +40,18 @@ PAIRS = {"fp8": "fp8-emu", "twin-fp8": "twin-fp8-emu", "cal-fp8": "cal-fp8-emu"}
 # kernels (fp8 dequantization vs a bf16 cache), about one bf16 step per position. Measured
 # on this test's run: per-bucket dNLL within 0.007 nat/token of the served value.
 DNLL_TOLERANCE = 0.03
+# The arms the session's servers serve (served FP8, where the session's FP8 is not emulated).
+SHARED_ARMS = {
+    "bf16": "bf16_server",
+    "fp8": "fp8_server",
+    "twin-fp8": "twin_fp8_server",
+    "cal-fp8": "twin_cal_fp8_server",
+}
 
 
-def _targets_file(path: Path, model: Path, twin: Path, overlay: Path) -> Path:
+def _targets_file(
+    path: Path, model: Path, twin: Path, overlay: Path, shared: Mapping[str, LocalServer]
+) -> Path:
     lines = []
     arms = [
         ("bf16", model, "auto"),
@@ -52,12 +63,16 @@ def _targets_file(path: Path, model: Path, twin: Path, overlay: Path) -> Path:
         ("cal-fp8-emu", overlay, EMULATED_FP8),
     ]
     for name, folder, dtype in arms:
+        role = "reference" if name == "bf16" else None
+        if name in shared:
+            lines += url_target(name, shared[name], role)
+            continue
         lines += [
             f"[targets.{name}]",
             f"model = {json.dumps(str(folder))}",
             f"kv_cache_dtype = {json.dumps(dtype)}",
             f"args = {json.dumps(list(DEFAULT_MODEL_ARGS))}",
-            *(['role = "reference"'] if name == "bf16" else []),
+            *([f'role = "{role}"'] if role else []),
             "",
         ]
     path.write_text("\n".join(lines))
@@ -66,11 +81,21 @@ def _targets_file(path: Path, model: Path, twin: Path, overlay: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def run_dir(
-    model_dir: Path, twin_dir: Path, twin_overlay: Path, tmp_path_factory: pytest.TempPathFactory
+    model_dir: Path,
+    twin_dir: Path,
+    twin_overlay: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Path:
     tmp = tmp_path_factory.mktemp("emulation")
-    overlay = twin_overlay
-    targets = _targets_file(tmp / "targets.toml", model_dir, twin_dir, overlay)
+    # The emulated arms are this test's own servers; the others are the session's, unless
+    # the session's FP8 is emulated (KVCANARY_TEST_FP8): then this test serves FP8 itself.
+    shared = (
+        {}
+        if fp8_emulated()
+        else {name: request.getfixturevalue(f) for name, f in SHARED_ARMS.items()}
+    )
+    targets = _targets_file(tmp / "targets.toml", model_dir, twin_dir, twin_overlay, shared)
     cmd = [
         sys.executable,
         "-m",

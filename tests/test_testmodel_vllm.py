@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from replay.serving.local_server import LocalServer
 from replay.testmodel.heldout import served_accuracy
 from replay.testmodel.tasks import BANDS, FAMILIES
 
-from .conftest import ROOT, _serve, fp8_flags
+from .conftest import ROOT, fp8_flags, url_targets
 
 pytestmark = pytest.mark.vllm
 
@@ -25,14 +24,6 @@ HELDOUT = ROOT / "traces" / "testmodel_heldout.jsonl"
 BUCKET_OF_BAND = {"short": "<256", "medium": "256-1K", "long": ">=1K"}
 # The issue's targets for BF16 greedy answers served by vLLM.
 FAMILY_TARGET, BAND_TARGET = 0.90, 0.80
-
-
-@pytest.fixture(scope="module")
-def twin_server(
-    twin_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[LocalServer]:
-    yield from _serve("twin", "auto", twin_dir, tmp_path_factory.mktemp("twin"))
 
 
 def replay_heldout(targets: str, out: Path, *extra: str) -> Path:
@@ -99,6 +90,14 @@ def test_trained_model_passes_heldout_tasks_and_twin_answers_identically(
 # --- FP8: served where vLLM can serve an FP8 KV cache (AVX-512/AMX), emulated elsewhere -------
 
 
+@pytest.fixture
+def twin_servers(
+    twin_server: LocalServer, twin_fp8_server: LocalServer, twin_cal_fp8_server: LocalServer
+) -> dict[str, LocalServer]:
+    """The twin in BF16, in FP8 at scale 1.0 and with kvcal's scales, by their target names."""
+    return {"bf16": twin_server, "fp8": twin_fp8_server, "fp8-cal": twin_cal_fp8_server}
+
+
 def _family_rates(run_dir: Path, target: str) -> dict[str, float]:
     acc = served_accuracy(run_dir / "grades.jsonl", target)
     return {f: acc[f] for f in FAMILIES}
@@ -106,10 +105,11 @@ def _family_rates(run_dir: Path, target: str) -> dict[str, float]:
 
 @pytest.mark.fp8
 def test_fp8_at_scale_one_on_the_original_is_within_aa_noise(
-    model_dir: Path, tmp_path: Path
+    bf16_server: LocalServer, fp8_server: LocalServer, tmp_path: Path
 ) -> None:
+    targets = url_targets(tmp_path / "targets.toml", {"bf16": bf16_server, "fp8": fp8_server})
     run_dir = replay_heldout(
-        "bf16,fp8", tmp_path, "--model", str(model_dir), "--control", *fp8_flags()
+        "bf16,fp8", tmp_path, "--targets-file", str(targets), "--control", *fp8_flags()
     )
     bf16, ctrl = _family_rates(run_dir, "bf16"), _family_rates(run_dir, "bf16-control")
     fp8 = _family_rates(run_dir, "fp8")
@@ -120,15 +120,12 @@ def test_fp8_at_scale_one_on_the_original_is_within_aa_noise(
 
 @pytest.mark.fp8
 def test_fp8_at_scale_one_breaks_the_twin_and_calibration_restores_it(
-    twin_dir: Path, twin_overlay: Path, tmp_path: Path
+    twin_servers: dict[str, LocalServer], tmp_path: Path
 ) -> None:
     """The whole story on one model: bf16 / fp8 at scale 1.0 / fp8 with kvcal's scales."""
+    targets = url_targets(tmp_path / "targets.toml", twin_servers)
     run_dir = replay_heldout(
-        f"bf16,fp8,fp8-cal={twin_overlay}",
-        tmp_path / "runs",
-        "--model",
-        str(twin_dir),
-        *fp8_flags(),
+        "bf16,fp8,fp8-cal", tmp_path / "runs", "--targets-file", str(targets), *fp8_flags()
     )
     bf16 = _family_rates(run_dir, "bf16")
     fp8, cal = _family_rates(run_dir, "fp8"), _family_rates(run_dir, "fp8-cal")
@@ -152,8 +149,9 @@ def unlabeled_first_run(out: Path) -> Path:
     return out
 
 
-def canary_unlabeled(targets: str, model: Path, tmp_path: Path) -> dict[str, Any]:
+def canary_unlabeled(servers: dict[str, LocalServer], tmp_path: Path) -> dict[str, Any]:
     trace = unlabeled_first_run(tmp_path / "unlabeled.jsonl")
+    targets = url_targets(tmp_path / "targets.toml", servers)
     cmd = [
         sys.executable,
         "-m",
@@ -161,10 +159,10 @@ def canary_unlabeled(targets: str, model: Path, tmp_path: Path) -> dict[str, Any
         "canary",
         "--trace",
         str(trace),
+        "--targets-file",
+        str(targets),
         "--targets",
-        targets,
-        "--model",
-        str(model),
+        ",".join(servers),
         "--buckets",
         "256,1K",
         "--no-teacher-forced",
@@ -187,9 +185,9 @@ def _combined(summary: dict[str, Any], target: str) -> dict[str, dict[str, Any]]
 
 @pytest.mark.fp8
 def test_unlabeled_twin_loses_at_scale_one_and_its_calibration_matches(
-    twin_dir: Path, twin_overlay: Path, tmp_path: Path
+    twin_servers: dict[str, LocalServer], tmp_path: Path
 ) -> None:
-    summary = canary_unlabeled(f"bf16,fp8,fp8-cal={twin_overlay}", twin_dir, tmp_path)
+    summary = canary_unlabeled(twin_servers, tmp_path)
     assert "bf16-control" in summary["targets"]
     broken = _combined(summary, "fp8")
     assert all(c["derived"] == c["pairs"] for c in broken.values())
@@ -202,8 +200,10 @@ def test_unlabeled_twin_loses_at_scale_one_and_its_calibration_matches(
 
 
 @pytest.mark.fp8
-def test_unlabeled_original_shows_no_loss_at_scale_one(model_dir: Path, tmp_path: Path) -> None:
-    summary = canary_unlabeled("bf16,fp8", model_dir, tmp_path)
+def test_unlabeled_original_shows_no_loss_at_scale_one(
+    bf16_server: LocalServer, fp8_server: LocalServer, tmp_path: Path
+) -> None:
+    summary = canary_unlabeled({"bf16": bf16_server, "fp8": fp8_server}, tmp_path)
     for bucket, c in _combined(summary, "fp8").items():
         assert c["derived"] == c["pairs"] >= 59, (bucket, c)
         assert c["evidence"]["status"] == "equivalent", (bucket, c)
