@@ -17,27 +17,36 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests start vLLM servers")
 
-from .conftest import ROOT, fp8_flags
+from replay.analysis.grading.quality import CONTROL_SUFFIX
+from replay.serving.local_server import LocalServer
+
+from .conftest import ROOT, fp8_flags, url_targets
 
 pytestmark = [pytest.mark.vllm, pytest.mark.fp8]
 FIRST_RUN = ROOT / "traces" / "first_run.jsonl"
 TRACE_REQUESTS = sum(1 for line in FIRST_RUN.read_text().splitlines() if line.strip())
 
 
-def command(model: Path, out: Path, *extra: str, trace: Path = FIRST_RUN) -> list[str]:
+def command(
+    servers: dict[str, LocalServer], out: Path, *extra: str, trace: Path = FIRST_RUN
+) -> list[str]:
+    """The canary against the session's running servers (by URL, each expecting its cache
+    dtype), so no test here starts servers of its own."""
+    out.mkdir(parents=True, exist_ok=True)
+    targets = url_targets(out / "targets.toml", servers)
     return [
         sys.executable, "-m", "replay.cli", "canary", "--sequential", "--trace", str(trace),
-        "--targets", "bf16,fp8", "--model", str(model), "--buckets", "256,1K",
+        "--targets", "bf16,fp8", "--targets-file", str(targets), "--buckets", "256,1K",
         "--round-size", "8", "--concurrency", "4", "--no-teacher-forced", "--no-control",
         "--out", str(out), "--run-id", "run", *fp8_flags(), *extra,
     ]  # fmt: skip
 
 
 def canary(
-    model: Path, out: Path, *extra: str, trace: Path = FIRST_RUN
+    servers: dict[str, LocalServer], out: Path, *extra: str, trace: Path = FIRST_RUN
 ) -> tuple[int, dict[str, Any]]:
     proc = subprocess.run(
-        command(model, out, *extra, trace=trace),
+        command(servers, out, *extra, trace=trace),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -48,8 +57,10 @@ def canary(
     return proc.returncode, json.loads(summary.read_text())
 
 
-def test_the_twin_at_scale_one_stops_with_calibrate_early(twin_dir: Path, tmp_path: Path) -> None:
-    code, summary = canary(twin_dir, tmp_path)
+def test_the_twin_at_scale_one_stops_with_calibrate_early(
+    twin_server: LocalServer, twin_fp8_server: LocalServer, tmp_path: Path
+) -> None:
+    code, summary = canary({"bf16": twin_server, "fp8": twin_fp8_server}, tmp_path)
     seq = summary["sequential"]
     assert seq["decision"] == "loss" and seq["stopped"] == "decided", seq
     assert summary["verdict"]["verdict"] == "calibrate" and code == 10, summary["verdict"]
@@ -77,11 +88,26 @@ def long_first_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_embedded_models_canary_stops_with_its_decision(
-    model_dir: Path, long_first_run: Path, tmp_path: Path
+    bf16_server: LocalServer, fp8_server: LocalServer, long_first_run: Path, tmp_path: Path
 ) -> None:
-    code, summary = canary(model_dir, tmp_path, trace=long_first_run)
+    servers = {"bf16": bf16_server, "fp8": fp8_server}
+    # With the A/A control (a second pass on the reference's server): the trace's unlabeled
+    # requests are graded by their derived grades against it, explicit checks as they are.
+    code, summary = canary(servers, tmp_path, "--control", trace=long_first_run)
     seq = summary["sequential"]
     size = sum(1 for line in long_first_run.read_text().splitlines() if line.strip())
+    results = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    answered = {t: {r["request_id"] for r in results if r["target"] == t and r["status"] == "ok"}
+                for t in ("bf16", "fp8", "bf16" + CONTROL_SUFFIX)}  # fmt: skip
+    assert answered["fp8"] == answered["bf16"] == answered["bf16" + CONTROL_SUFFIX], answered
+    unlabeled = {i for i in answered["fp8"] if i.startswith("unlabeled-")}
+    assert unlabeled, "no unlabeled request was sent"
+    # Every answered request is a pair, the unlabeled ones by their derived grades.
+    assert sum(b["pairs"] for b in seq["buckets"]) == len(answered["fp8"]), seq
     # FP8 at scale 1.0 matches on the embedded model: every bucket is shown equivalent, before
     # the trace runs out, and the verdict goes on to whether FP8 pays.
     assert seq["decision"] == "equivalent" and seq["stopped"] == "decided", seq
@@ -96,10 +122,10 @@ def test_the_embedded_models_canary_stops_with_its_decision(
 
 
 def test_an_interrupted_sequential_canary_resumes_its_state(
-    model_dir: Path, tmp_path: Path
+    bf16_server: LocalServer, fp8_server: LocalServer, tmp_path: Path
 ) -> None:
     proc = subprocess.Popen(
-        command(model_dir, tmp_path),
+        command({"bf16": bf16_server, "fp8": fp8_server}, tmp_path),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
