@@ -195,7 +195,7 @@ class Client:
                 if event is not NOT_ONE:
                     acc.add(event, arrived)
                 else:
-                    for event in decoder.feed(chunk):
+                    for event in decoder.feed_rest(chunk):
                         if event is DONE:
                             acc.finish(head=first)
                             return

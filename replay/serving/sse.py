@@ -85,6 +85,10 @@ class SSEDecoder:
         if event is not NOT_ONE:
             yield event
             return
+        yield from self.feed_rest(chunk)
+
+    def feed_rest(self, chunk: bytes) -> Iterator[Any]:
+        """``feed`` for a read ``feed_one`` already found ``NOT_ONE`` (not tried again)."""
         tail = self._tail
         lines: list[bytes] | list[bytes | bytearray]
         if not tail:
