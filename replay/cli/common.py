@@ -9,10 +9,9 @@ mistake that run for a good one); 130 interrupted. ``replay canary`` exits by it
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
@@ -31,17 +30,6 @@ def table_console() -> Console:
     """stdout for tables: as wide as the terminal, or wide enough not to wrap in a CI log."""
     out = Console()
     return out if out.is_terminal else Console(width=170)
-
-
-def run_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """Run the replay on uvloop where it is installed: the client then spends about 0.6 of
-    the CPU per streamed token, and its timestamps lag less at high concurrency (bench/).
-    Same semantics as ``asyncio.run`` (an ``asyncio.Runner``; Ctrl-C cancels the run)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
 
 
 def install_sigterm() -> None:

@@ -23,10 +23,11 @@ from rich.progress import (
 )
 
 from replay.analysis.schemas import Summary
-from replay.cli.common import console, run_loop, table_console
+from replay.cli.common import console, table_console
 from replay.cli.run_options import RunOptions
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.core.event_loop import run_loop
 from replay.core.exit_codes import ExitCode
 from replay.core.importers import StreamedTrace, scan, skipped_note, sniff_format
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets

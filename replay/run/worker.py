@@ -1,13 +1,15 @@
 """One load process of ``replay --workers N``: its share of one phase, sent from its own event
-loop and connection pool, its results in its own file (replay/run/shard_files.py).
+loop (uvloop, as the single process's) and connection pool, its results in its own file
+(replay/run/shard_files.py).
 
 The parent (replay/run/workers.py) starts it with a ``WorkerSpec`` and a pipe. It says
 ``ready`` once its client is up, waits for ``go`` with the phase's start (on the run's clock,
-which it shares through the wall clock), sends its shard as a ``Phase`` does, reports each
-finished request (``advance``) and ``done``. ``stop`` is the run's interrupt: send nothing
-more, let what is in flight finish. SIGTERM, or the parent's end of the pipe closing (the
-parent was killed), cancels what is in flight at once; its results are written as cancelled.
-Ctrl-C reaches every process of the terminal's group: a worker ignores it, its parent decides.
+which it shares through the wall clock), sends its shard as a ``Phase`` does, reports what
+finished (``advance``: counts, at most ten messages a second) and ``done``. ``stop`` is the
+run's interrupt: send nothing more, let what is in flight finish. SIGTERM, or the parent's end
+of the pipe closing (the parent was killed), cancels what is in flight at once; its results are
+written as cancelled. Ctrl-C reaches every process of the terminal's group: a worker ignores
+it, its parent decides.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.core.buckets import Buckets
+from replay.core.event_loop import run_loop
 from replay.core.schedule import MonotonicClock, OpenLoop
 from replay.core.shards import Shard, ShardedOffsets
 from replay.core.synth import TokenPool
@@ -33,6 +36,8 @@ from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions
 from replay.serving.client import Client
 from replay.serving.introspect import MetricsSnapshot
+
+ADVANCE_EVERY_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -74,16 +79,34 @@ class WorkerSpec:
 
 
 class PipeProgress(QuietProgress):
-    """The parent shows progress: each finished request goes up the pipe (nothing else)."""
+    """The parent shows progress: finished requests go up the pipe as counts, at most every
+    ``ADVANCE_EVERY_S`` (one message a request woke the parent a thousand times a second at
+    the client's ceiling, taking CPU from the load processes)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.ok = self.failed = 0
+        self._flush: asyncio.TimerHandle | None = None
 
     def advance(self, target: str, label: str, ok: bool) -> None:
-        try:
-            self.conn.send(("advance", ok))
-        except OSError:
-            pass  # the parent is gone: the pipe's reader cancels this process
+        if ok:
+            self.ok += 1
+        else:
+            self.failed += 1
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(ADVANCE_EVERY_S, self.flush)
+
+    def flush(self) -> None:
+        """Send what finished since the last message."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        if self.ok or self.failed:
+            try:
+                self.conn.send(("advance", self.ok, self.failed))
+            except OSError:
+                pass  # the parent is gone: the pipe's reader cancels this process
+            self.ok = self.failed = 0
 
 
 class NoScrape:
@@ -97,7 +120,7 @@ def work(spec: WorkerSpec, conn: Connection) -> None:
     """The process's entry point (multiprocessing, spawn)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        asyncio.run(_work(spec, conn))
+        run_loop(_work(spec, conn))
     except asyncio.CancelledError:
         pass  # SIGTERM or the parent gone: the results written are all there is
     finally:
@@ -136,6 +159,7 @@ async def _work(spec: WorkerSpec, conn: Connection) -> None:
         epoch=clock.epoch,
     )
     writer = JsonlWriter(spec.results)
+    progress = PipeProgress(conn)
     try:
         conn.send(("ready",))
         stopped = asyncio.ensure_future(stopping.wait())
@@ -143,8 +167,9 @@ async def _work(spec: WorkerSpec, conn: Connection) -> None:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         start = go.result() if go.done() else clock.now()
-        await _phase(spec, client, writer, PipeProgress(conn), clock, stopping, start).run()
+        await _phase(spec, client, writer, progress, clock, stopping, start).run()
     finally:
+        progress.flush()
         writer.close()
         await client.close()
         loop.remove_reader(conn.fileno())

@@ -106,7 +106,9 @@ class WorkerPool:
             while conn.poll():
                 msg = conn.recv()
                 if msg[0] == "advance":
-                    self.advance(bool(msg[1]))
+                    for ok, n in ((True, msg[1]), (False, msg[2])):
+                        for _ in range(n):
+                            self.advance(ok)
                 elif msg[0] == "ready":
                     self.ready.add(k)
                 elif msg[0] == "done":
