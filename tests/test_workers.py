@@ -271,3 +271,30 @@ def test_the_merge_on_resume_repairs_half_lines_and_skips_rows_already_merged(
     assert [json.loads(x) for x in lines] == [row, other]
     assert not w0.exists() and not w1.exists()
     assert merge_leftovers(tmp_path) == 0  # idempotent
+
+
+def test_a_worker_reports_progress_as_counts_and_loses_none() -> None:
+    """Finished requests go up the pipe as counts, a message at most every
+    ADVANCE_EVERY_S, and what is pending when the worker ends is sent by its flush."""
+    import asyncio
+    import multiprocessing
+
+    from replay.run.worker import ADVANCE_EVERY_S, PipeProgress
+
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+
+    async def go() -> None:
+        progress = PipeProgress(theirs)
+        for k in range(500):
+            progress.advance("t", "c1", ok=k % 5 != 0)
+        await asyncio.sleep(ADVANCE_EVERY_S * 1.5)  # the timer's message
+        for _ in range(7):
+            progress.advance("t", "c1", ok=True)
+        progress.flush()  # the worker's end
+        progress.flush()  # nothing more to say
+
+    asyncio.run(go())
+    messages = []
+    while ours.poll(0.5):
+        messages.append(ours.recv())
+    assert messages == [("advance", 400, 100), ("advance", 7, 0)]
