@@ -13,10 +13,11 @@ Architecture (imports point one way, downwards; lint-imports checks it, see pypr
                                           the one analysis pipeline (analyze), sweeps, the run dir
     analysis                              schemas, summary (SLOs, sessions), grading, stats,
                                           systems, saturation, sequential evidence, verdict
-    serving                               SSE, streaming client, server API, prompt tokens,
-                                          targets, local servers, scale log
+    serving                               SSE, streaming client (its own HTTP/1.1), server API,
+                                          prompt tokens, targets, local servers, scale log
     core     checkers                     errors, exit codes, records, trace + importers,
-                                          sessions, SLOs, buckets, schedules, synth, extras;
+                                          sessions, SLOs, buckets, schedules, synth, extras,
+                                          the event loop;
                                           the answer checkers
 
 The core and the checkers never import locust, gevent, torch, transformers, vLLM or kvcal.

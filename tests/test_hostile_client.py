@@ -14,7 +14,6 @@ import time
 import tracemalloc
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 
@@ -22,11 +21,9 @@ from replay.analysis.summary import summarize_results
 from replay.core.records import Result
 from replay.core.trace import Request
 from replay.serving import accumulator as _accumulator
-from replay.serving import client as client_module
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
 from replay.serving.client import Client
 from replay.serving.sse import MAX_EVENT_BYTES, SSEDecoder
-from replay.serving.stamping import StampingConnector, StampingHandler, arrival_clock
 
 from .fault_server import PIECE, fault_server
 from .test_accounting import Ticks
@@ -220,42 +217,6 @@ def test_a_chunk_is_stamped_when_it_came_off_the_socket_not_when_its_reader_ran(
     lags = [got - sent for got, sent in zip(result.chunk_times, stamps, strict=True)]
     assert min(lags) > 0
     assert statistics.median(lags) < 0.8 * hold_s, lags
-
-
-def test_without_the_stamping_protocol_the_read_is_the_arrival() -> None:
-    """A connection that is not the client's stamping one (aiohttp's own protocol, as after
-    a change to how its connector builds protocols) has no arrival clock, and a response
-    still streams, each chunk stamped when it was read."""
-    with fault_server("usage_every", chunks=5, gap_s=0.001) as server:
-
-        async def go() -> tuple[object, object]:
-            now = time.perf_counter
-            async with (
-                aiohttp.ClientSession(connector=StampingConnector(now)) as stamping,
-                aiohttp.ClientSession() as plain,
-            ):
-                body = {"prompt": "hi", "stream": True}
-                async with stamping.post(server.url + "/v1/completions", json=body) as resp:
-                    ours = arrival_clock(resp)
-                    await resp.read()
-                async with plain.post(server.url + "/v1/completions", json=body) as resp:
-                    theirs = arrival_clock(resp)
-                    await resp.read()
-            return ours, theirs
-
-        ours, theirs = asyncio.run(go())
-    assert isinstance(ours, StampingHandler) and ours.received_at > 0
-    assert theirs is None
-
-    with (
-        fault_server("usage_every", chunks=5, gap_s=0.001) as server,
-        pytest.MonkeyPatch.context() as mp,
-    ):
-        mp.setattr(client_module, "arrival_clock", lambda _resp: None)
-        before = time.perf_counter()
-        result = send(server.url)
-    assert result.status == "ok", result.error
-    assert len(result.chunk_times) == 5 and before < result.chunk_times[0] <= result.done
 
 
 # --- bogus streams and errors that keep their cause -----------------------------------------

@@ -91,18 +91,24 @@ def test_every_request_once_and_ttft_agrees_with_server(
     )
 
     phase = summary["targets"]["bf16"]["phases"]["c1"]
-    client_ms = phase["all"]["ttft_ms"]["mean"]
-    server_ms = phase["server"]["server_ttft_mean_ms"]
-    assert server_ms is not None and client_ms is not None
-    # Client TTFT adds HTTP and tokenization to the engine's; at concurrency 1 they agree.
-    assert abs(client_ms - server_ms) <= 0.2 * server_ms + 25, (client_ms, server_ms)
+    ttft = (phase["all"]["ttft_ms"]["mean"], phase["server"]["server_ttft_mean_ms"])
+    e2e = (phase["all"]["e2e_ms"]["mean"], phase["server"]["server_e2e_mean_ms"])
+    assert None not in (*ttft, *e2e)
+    # The engine's clocks start when it got the request; the client's when it sent it, so
+    # both of the client's figures also hold what the API server did first (HTTP, the chat
+    # template, tokenizing), which on 2 busy cores ranges from a few to tens of milliseconds
+    # from run to run. Measured in the same run by the E2E gap, it must be the TTFT gap too:
+    # at concurrency 1 the two differ by the stream's end (the last chunk, [DONE]).
+    front = e2e[0] - e2e[1]
+    assert front >= 0, e2e
+    assert abs((ttft[0] - ttft[1]) - front) <= 0.1 * ttft[1] + 10, (ttft, e2e)
     # Metrics time series were scraped into the run directory.
     series = (run_dir / "metrics" / "bf16.jsonl").read_text().splitlines()
     assert len(series) >= 2 and "kv_usage" in json.loads(series[-1])
 
 
 def test_sent_is_when_the_body_reached_the_socket(bf16_server: LocalServer) -> None:
-    """A busy event loop delays aiohttp's body write; ``sent`` must follow the write, or the
+    """A busy event loop delays the request's write; ``sent`` must follow the write, or the
     client's TTFT would count its own queueing as the server's."""
     import time
 
@@ -117,8 +123,7 @@ def test_sent_is_when_the_body_reached_the_socket(bf16_server: LocalServer) -> N
         try:
             await client.send(req, Result("warm", "t", "p", "b", 0.0))  # opens the connection
             result = Result("r", "t", "p", "b", client.now())
-            task = asyncio.create_task(client.send(req, result))
-            await asyncio.sleep(0)  # the task stamps its first ``sent`` and awaits the write
+            task = asyncio.create_task(client.send(req, result))  # runs once the loop is free
             busy_until = time.perf_counter() + 0.2
             while time.perf_counter() < busy_until:  # other work holds the loop for 200 ms
                 pass

@@ -227,11 +227,12 @@ class StreamAccumulator:
             carried = True
         return carried
 
-    def finish(self, *, done: bool = True, head: bytes = b"") -> None:
-        """Fill in the result; a stream that ended without ``[DONE]``, without content, or
-        with usage no answer can have is the server's protocol error."""
+    def finish(self, *, done: bool = True, head: bytes = b"", at: float | None = None) -> None:
+        """Fill in the result (``at``: when the stream's end arrived, else now); a stream that
+        ended without ``[DONE]``, without content, or with usage no answer can have is the
+        server's protocol error."""
         r = self.r
-        r.done = self.now()
+        r.done = self.now() if at is None else at
         r.output_text = "".join(self._text)
         r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
         too_many = self._reported > _MAX_COUNT  # kept out of the result: no JSON integer

@@ -1,10 +1,12 @@
-"""Streaming client for OpenAI-compatible servers (vLLM): one aiohttp session per target.
+"""Streaming client for OpenAI-compatible servers (vLLM): one connection pool per target.
 
-Builds each request's body, sends it, and reads the event stream into a ``Result``
-(``accumulator.StreamAccumulator`` folds the events). Every outcome becomes a ``Result``: HTTP
-errors keep their status, content type and the server's own message (``error_answers``),
-timeouts and disconnects their kind, a refused connection its OS error. Only our own bugs
-raise. Redirects are not followed: an answer must come from the target.
+Builds each request's body, sends it over ``http1.ConnectionPool`` and folds the event stream
+into a ``Result`` as it comes off the socket (``_Answer``: the SSE decoder and
+``accumulator.StreamAccumulator``, run inside the connection's ``data_received``, so every
+read is stamped when it arrived, not when a task got round to it). Every outcome becomes a
+``Result``: HTTP errors keep their status, content type and the server's own message
+(``error_answers``), timeouts and disconnects their kind, a refused connection its OS error.
+Only our own bugs raise. Redirects are not followed: an answer must come from the target.
 """
 
 from __future__ import annotations
@@ -14,20 +16,100 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import aiohttp
 import orjson
 
 from replay.core.records import Result
 from replay.core.trace import Request
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
-from replay.serving.error_answers import fail, http_error, not_a_stream
+from replay.serving.error_answers import (
+    ERROR_BODY_BYTES,
+    content_type,
+    fail,
+    http_error,
+    not_a_stream,
+)
+from replay.serving.http1 import (
+    BadResponse,
+    ConnectError,
+    ConnectionPool,
+    ConnectTimeout,
+    Disconnected,
+)
 from replay.serving.introspect import connect_reason
 from replay.serving.sse import DONE, MAX_EVENT_BYTES, NOT_ONE, ProtocolError, SSEDecoder
-from replay.serving.stamping import StampingConnector, arrival_clock
 
 Clock = Callable[[], float]
-_JSON_HEADERS = {"Content-Type": "application/json"}
 _CONNECT_TIMEOUT_S = 30.0
+
+
+class _Answer:
+    """One response, folded as it arrives (an ``http1.Sink``): an event stream into the
+    result, anything else kept (its start) to say what the server sent instead."""
+
+    __slots__ = (
+        "acc",
+        "decoder",
+        "done_at",
+        "first",
+        "headers",
+        "kept",
+        "kept_bytes",
+        "status",
+        "streaming",
+    )
+
+    def __init__(self, acc: StreamAccumulator, decoder: SSEDecoder) -> None:
+        self.acc, self.decoder = acc, decoder
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.streaming = False
+        self.first: bytes | None = None  # kept to quote when the stream has no content
+        self.kept: list[bytes] = []  # the start of a body that is not the stream
+        self.kept_bytes = 0
+        self.done_at: float | None = None  # when [DONE] arrived
+
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        self.status, self.headers = status, headers
+        self.acc.r.http_status = status
+        self.streaming = status == 200 and content_type(headers) == "text/event-stream"
+
+    def body(self, data: bytes, arrived: float) -> bool:
+        if not self.streaming:
+            room = ERROR_BODY_BYTES - self.kept_bytes
+            self.kept.append(data[:room])
+            self.kept_bytes += min(len(data), room)
+            return len(data) >= room
+        if self.first is None:
+            self.first = data
+        event = self.decoder.feed_one(data)  # the usual read: one whole event
+        if event is not NOT_ONE:
+            self.acc.add(event, arrived)
+            return False
+        for event in self.decoder.feed_rest(data):
+            if event is DONE:
+                self.done_at = arrived
+                return True
+            self.acc.add(event, arrived)
+        return False
+
+    def end(self, arrived: float) -> None:
+        pass  # the client reads what the message held once the exchange is over
+
+    def conclude(self, result: Result) -> None:
+        """Once the exchange is over: the result of what came."""
+        if self.status != 200:
+            http_error(self.status, self.headers, b"".join(self.kept), result)
+        elif not self.streaming:
+            not_a_stream(self.headers, b"".join(self.kept), result)
+        elif self.done_at is not None:
+            self.acc.finish(head=self.first or b"", at=self.done_at)
+        else:
+            for event in self.decoder.close():
+                if event is DONE:
+                    self.acc.finish(head=self.first or b"")
+                    return
+                self.acc.add(event)
+            self.acc.finish(done=False, head=self.first or b"")
 
 
 class Client:
@@ -47,7 +129,6 @@ class Client:
         seed: int = 0,
         clock: Clock = time.perf_counter,
         epoch: float = 0.0,
-        max_connections: int = 0,
         max_event_bytes: int = MAX_EVENT_BYTES,
         max_answer_chars: int = MAX_ANSWER_CHARS,
     ) -> None:
@@ -60,32 +141,15 @@ class Client:
         self._clock = clock
         self._epoch = epoch
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # ``sent`` is when the body was handed to the socket: aiohttp writes it from a task
-        # of its own, which under load runs milliseconds after the POST call (measured in
-        # bench/: most of the TTFT error at 64 streams was that wait, not the network).
-        trace = aiohttp.TraceConfig()
-        trace.on_request_chunk_sent.append(self._body_written)
-        self._session = aiohttp.ClientSession(
-            headers=headers,
-            trace_configs=[trace],
-            connector=StampingConnector(self.now, limit=max_connections, force_close=False),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S),
+        self._pool = ConnectionPool(
+            self.base_url, self.now, headers=headers, connect_timeout_s=_CONNECT_TIMEOUT_S
         )
 
     async def close(self) -> None:
-        await self._session.close()
+        self._pool.close()
 
     def now(self) -> float:
         return self._clock() - self._epoch
-
-    async def _body_written(
-        self,
-        _session: aiohttp.ClientSession,
-        ctx: Any,
-        _params: aiohttp.TraceRequestChunkSentParams,
-    ) -> None:
-        if isinstance(ctx.trace_request_ctx, Result):
-            ctx.trace_request_ctx.sent = self.now()
 
     def payload(
         self, req: Request, prompt_ids: Sequence[int] | None = None, cache_salt: str | None = None
@@ -134,28 +198,18 @@ class Client:
             # bench/: wait_for added ~2-4 ms to TTFT at 64 concurrent starts).
             async with asyncio.timeout(self.timeout_s):
                 await self._stream(path, body, result)
-        except aiohttp.ConnectionTimeoutError as exc:  # before TimeoutError: it is one
-            fail(
-                result,
-                "connect",
-                f"cannot connect to {self.base_url}: no answer to the "
-                f"TCP connect within {_CONNECT_TIMEOUT_S:g} s ({exc!r})",
-            )
+        except ConnectTimeout as exc:  # before TimeoutError: it is one
+            fail(result, "connect", f"cannot connect to {self.base_url}: {exc}")
         except TimeoutError:
             fail(result, "timeout", f"no complete answer within {self.timeout_s:g} s")
-        except aiohttp.ClientConnectorError as exc:
+        except ConnectError as exc:
             fail(result, "connect", connect_reason(exc))
-        except (
-            aiohttp.ServerDisconnectedError,
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientOSError,
-            ConnectionResetError,
-        ) as exc:
-            fail(result, "disconnect", f"connection lost mid-answer: {exc!r}")
+        except (Disconnected, OSError) as exc:
+            fail(result, "disconnect", f"connection lost mid-answer: {exc}")
         except ProtocolError as exc:
             fail(result, "protocol", str(exc))
-        except aiohttp.ClientError as exc:  # anything else the HTTP layer rejects
-            fail(result, "protocol", f"bad HTTP response: {exc!r}")
+        except BadResponse as exc:
+            fail(result, "protocol", str(exc))
         except asyncio.CancelledError:
             fail(result, "cancelled", "cancelled before the answer completed")
             result.status = "cancelled"
@@ -167,43 +221,14 @@ class Client:
 
     async def _stream(self, path: str, body: dict[str, Any], result: Result) -> None:
         data = orjson.dumps(body)
-        result.sent = self.now()  # until the body is written (a failed connect keeps this)
-        async with self._session.post(
-            self.base_url + path,
-            data=data,
-            headers=_JSON_HEADERS,
-            allow_redirects=False,
-            trace_request_ctx=result,
-        ) as resp:
-            result.http_status = resp.status
-            if resp.status != 200:
-                await http_error(resp, result)
-                return
-            if resp.content_type != "text/event-stream":
-                await not_a_stream(resp, result)
-                return
-            acc = StreamAccumulator(result, self.now, self.max_answer_chars)
-            decoder = SSEDecoder(self.max_event_bytes)
-            read = resp.content.readany  # what iter_any() calls, without its wrapper
-            stamps = arrival_clock(resp)
-            first = chunk = await read()  # kept to quote when the stream has no content
-            while chunk:
-                # One stamp per read, every event in it arrived then: when its last bytes
-                # came off the socket (the read itself runs later, after other tasks).
-                arrived = stamps.received_at if stamps is not None else self.now()
-                event = decoder.feed_one(chunk)
-                if event is not NOT_ONE:
-                    acc.add(event, arrived)
-                else:
-                    for event in decoder.feed_rest(chunk):
-                        if event is DONE:
-                            acc.finish(head=first)
-                            return
-                        acc.add(event, arrived)
-                chunk = await read()
-            for event in decoder.close():
-                if event is DONE:
-                    acc.finish(head=first)
-                    return
-                acc.add(event)
-            acc.finish(done=False, head=first)
+        result.sent = self.now()  # until the request is written (a failed connect keeps this)
+        answer = _Answer(
+            StreamAccumulator(result, self.now, self.max_answer_chars),
+            SSEDecoder(self.max_event_bytes),
+        )
+
+        def written() -> None:
+            result.sent = self.now()
+
+        await self._pool.post(path, data, answer, written)
+        answer.conclude(result)

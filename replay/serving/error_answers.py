@@ -3,20 +3,19 @@
 An HTTP error keeps its status, content type, ``Retry-After`` and the server's own message; a
 redirect is not followed and says where it pointed; a 200 that is not ``text/event-stream``
 is an error body, an error page, or a whole answer from a server that ignored ``stream``.
-Only the start of such a body is read (``_ERROR_BODY_BYTES``), whatever the server sends.
+Only the start of such a body is kept (``ERROR_BODY_BYTES``), whatever the server sends.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import orjson
 
 from replay.core.records import Result
 
 # How much of an error body is read: enough for any server's message, bounded for any body.
-_ERROR_BODY_BYTES = 1 << 16
+ERROR_BODY_BYTES = 1 << 16
 _QUOTE_CHARS = 300
 
 
@@ -27,25 +26,26 @@ def fail(result: Result, kind: Any, message: str) -> None:
     result.error = message
 
 
-async def _body_head(resp: aiohttp.ClientResponse) -> str:
+def content_type(headers: dict[str, str]) -> str:
+    """The media type of a response, lower case, without its parameters."""
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _text(body: bytes, headers: dict[str, str]) -> str:
     """The start of a body that is not the stream, decoded as the server says it is."""
-    parts: list[bytes] = []
-    size = 0
-    while size < _ERROR_BODY_BYTES:
-        piece = await resp.content.read(_ERROR_BODY_BYTES - size)
-        if not piece:
-            break
-        parts.append(piece)
-        size += len(piece)
-    raw = b"".join(parts)
+    charset = "utf-8"
+    for param in headers.get("content-type", "").split(";")[1:]:
+        key, _, value = param.partition("=")
+        if key.strip().lower() == "charset" and value.strip():
+            charset = value.strip().strip('"')
     try:
-        return raw.decode(resp.charset or "utf-8", errors="replace")
+        return body.decode(charset, errors="replace")
     except LookupError:  # a charset Python does not know
-        return raw.decode("utf-8", errors="replace")
+        return body.decode("utf-8", errors="replace")
 
 
-def _content_type(resp: aiohttp.ClientResponse) -> str:
-    raw = resp.headers.get("Content-Type")
+def _content_type(headers: dict[str, str]) -> str:
+    raw = headers.get("content-type")
     return f"Content-Type {raw[:100]!r}" if raw else "no Content-Type"
 
 
@@ -77,11 +77,11 @@ def _quote(text: str) -> str:
     return repr(text[:_QUOTE_CHARS]) + (" ..." if len(text) > _QUOTE_CHARS else "")
 
 
-async def http_error(resp: aiohttp.ClientResponse, result: Result) -> None:
-    """A status other than 200: a redirect (not followed) or an error in the server's words."""
-    status = resp.status
+def http_error(status: int, headers: dict[str, str], body: bytes, result: Result) -> None:
+    """A status other than 200: a redirect (not followed) or an error in the server's words.
+    ``headers`` by lower-case name; ``body`` its first ``ERROR_BODY_BYTES`` at most."""
     if 300 <= status < 400:
-        where = resp.headers.get("Location")
+        where = headers.get("location")
         to = f"to {where[:500]!r}" if where else "with no Location"
         fail(
             result,
@@ -90,22 +90,22 @@ async def http_error(resp: aiohttp.ClientResponse, result: Result) -> None:
             "come from the target's own URL (point the target at where it redirects)",
         )
         return
-    text = await _body_head(resp)
+    text = _text(body, headers)
     message, _ = _server_message(text)
-    retry = resp.headers.get("Retry-After")
+    retry = headers.get("retry-after")
     # No automatic retry: a 429 is a result (the server's capacity), with the server's own
     # hint kept.
     hint = f", Retry-After: {retry[:50]}" if retry else ""
     said = message if message is not None else (_quote(text) if text.strip() else "empty body")
-    fail(result, "http", f"HTTP {status} ({_content_type(resp)}{hint}): {said}")
+    fail(result, "http", f"HTTP {status} ({_content_type(headers)}{hint}): {said}")
 
 
-async def not_a_stream(resp: aiohttp.ClientResponse, result: Result) -> None:
+def not_a_stream(headers: dict[str, str], body: bytes, result: Result) -> None:
     """A 200 that is not an event stream: an error page, an error object, or a whole answer
     from a server that ignored ``stream``."""
-    text = await _body_head(resp)
+    text = _text(body, headers)
     message, is_error = _server_message(text)
-    ctype = _content_type(resp)
+    ctype = _content_type(headers)
     if is_error:
         fail(
             result,
@@ -113,7 +113,7 @@ async def not_a_stream(resp: aiohttp.ClientResponse, result: Result) -> None:
             f"HTTP 200 with an error body ({ctype}) instead of an event stream: {message}",
         )
         return
-    hint = " (did it ignore stream=true?)" if resp.content_type == "application/json" else ""
+    hint = " (did it ignore stream=true?)" if content_type(headers) == "application/json" else ""
     fail(
         result,
         "protocol",

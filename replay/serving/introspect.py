@@ -16,6 +16,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from replay.core.errors import TargetError
+from replay.serving.http1 import ConnectError
 
 CACHE_INFO_LABELS = (
     "cache_dtype",
@@ -129,7 +130,7 @@ def os_error_text(err: OSError) -> str:
     return str(err) or type(err).__name__
 
 
-def connect_reason(exc: aiohttp.ClientConnectorError) -> str:
+def connect_reason(exc: aiohttp.ClientConnectorError | ConnectError) -> str:
     """Why a connection could not be made, in the OS's words (shared with the client)."""
     err = exc.os_error
     why = (

@@ -185,7 +185,7 @@ class Shard:
             self.grader.grade(req.check or {}, Answer("", ()))
 
     async def _make_client(self, model: str) -> Client:
-        # aiohttp sessions belong to a loop: the client is made inside ours.
+        # A client's connections belong to a loop: the client is made inside ours.
         return Client(
             self.spec.url or "",
             model,

@@ -1,0 +1,269 @@
+"""HTTP/1.1 for the streaming POST: a pool of keep-alive connections, each an asyncio protocol
+whose responses httptools parses (llhttp, the parser uvicorn runs) inside ``data_received``.
+
+Why not aiohttp for this one request: at 256 streams its per-request machinery (URL, headers,
+tracing, the response object) and its per-read path (the payload stream and the task that
+reads it) were about half of the client's CPU (bench/README.md, "Where the time goes"), and a
+burst of 256 sends held the loop long enough that the first tokens of the early requests
+waited to be stamped. Here a request is one prebuilt head and one write, and each read is
+stamped and handed to the response's ``Sink`` as it comes off the socket, before any task
+runs. aiohttp still makes every other call (introspection, /metrics, /tokenize).
+
+Not done, on purpose: redirects (an answer must come from the target), compression (no
+Accept-Encoding is sent), proxies, HTTP/2, retries (a POST is sent once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from typing import Protocol, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+# After an answer's [DONE], the rest of its HTTP message (the last chunk, often a read of its
+# own) is read before the connection is reused; a server that keeps sending has this long and
+# this many bytes, then the connection closes.
+DRAIN_S = 5.0
+DRAIN_BYTES = 1 << 16
+
+
+class Sink(Protocol):
+    """Where one response goes, as it arrives. A method that raises ends the exchange with
+    that error (the connection is closed)."""
+
+    def head(self, status: int, headers: dict[str, str]) -> None: ...
+
+    def body(self, data: bytes, arrived: float) -> bool:
+        """One piece of the body; True once the answer is complete (no need to wait for the
+        end of the message)."""
+        ...
+
+    def end(self, arrived: float) -> None:
+        """The message ended as HTTP frames it."""
+        ...
+
+
+class ConnectError(OSError):
+    """No connection to the target: ``os_error`` says why (refused, name lookup, ...)."""
+
+    def __init__(self, host: str, port: int, os_error: OSError) -> None:
+        super().__init__(os_error.errno, os_error.strerror)
+        self.host, self.port, self.os_error = host, port, os_error
+
+
+class ConnectTimeout(TimeoutError):
+    """The TCP connect (and TLS handshake) got no answer in time."""
+
+
+class Disconnected(ConnectionError):
+    """The connection closed before the response's message ended."""
+
+
+class BadResponse(Exception):
+    """Bytes that are not an HTTP/1.1 response."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; at most one exchange at a time."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+        self.now = pool.now
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.sink: Sink | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.names: list[bytes] = []
+        self.values: list[bytes] = []
+        self.arrived = 0.0
+        self.until_eof = False  # the body ends when the connection does (no length, no chunks)
+        self.in_message = False
+        self.drain: asyncio.TimerHandle | None = None
+        self.drained = 0
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.arrived = self.now()
+        if not self.in_message:  # bytes nobody asked for, on an idle connection
+            self._close()
+            return
+        if self.drain is not None:
+            self.drained += len(data)
+            if self.drained > DRAIN_BYTES:
+                self._close()
+                return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            self._fail(exc.__context__ or exc)
+        except httptools.HttpParserError as exc:
+            self._fail(BadResponse(f"bad HTTP response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pool.forget(self)
+        if self.drain is not None:
+            self.drain.cancel()
+        if self.in_message and self.until_eof and exc is None:
+            self.on_message_complete()  # the close is the end of this body
+        if self.in_message:
+            self._fail(Disconnected(repr(exc) if exc is not None else "closed by the server"))
+
+    # --- httptools callbacks --------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.names.append(name)
+        self.values.append(value)
+
+    def on_headers_complete(self) -> None:
+        headers: dict[str, str] = {}
+        for name, value in zip(self.names, self.values, strict=True):
+            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        self.until_eof = "content-length" not in headers and "chunked" not in headers.get(
+            "transfer-encoding", ""
+        )
+        if self.sink is not None:
+            self.sink.head(self.parser.get_status_code(), headers)
+
+    def on_body(self, body: bytes) -> None:
+        sink = self.sink
+        if sink is not None and sink.body(body, self.arrived):
+            self.sink = None  # what follows the complete answer is read, not kept
+            self._settle(None)
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        if self.sink is not None:
+            self.sink.end(self.arrived)
+            self._settle(None)
+        if self.drain is not None:  # the answer was already complete: reuse the connection
+            self.drain.cancel()
+            self.drain = None
+            self.pool.put_back(self)
+
+    # --- the pool's side ------------------------------------------------------------------
+
+    def start(self, sink: Sink) -> asyncio.Future[None]:
+        self.sink = sink
+        self.names, self.values = [], []
+        self.in_message = True
+        self.waiter = asyncio.get_running_loop().create_future()
+        return self.waiter
+
+    def release(self) -> None:
+        """The exchange is over for its sender: reuse the connection, let it read the rest of
+        a message whose answer is complete, or close it."""
+        waiter, self.waiter, self.sink = self.waiter, None, None
+        answered = waiter is not None and waiter.done() and not waiter.cancelled()
+        if answered and waiter is not None and waiter.exception() is not None:
+            answered = False
+        if not answered or not self.parser.should_keep_alive():
+            self._close()
+        elif not self.in_message:
+            self.pool.put_back(self)
+        else:
+            self.drained = 0
+            self.drain = asyncio.get_running_loop().call_later(DRAIN_S, self._close)
+
+    def _settle(self, exc: BaseException | None) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        if exc is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.sink = None
+        self._settle(exc)
+        self._close()
+
+    def _close(self) -> None:
+        self.in_message = False
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class ConnectionPool:
+    """Keep-alive connections to one base URL (``http://`` or ``https://``); its path, if any,
+    prefixes every request's. ``headers`` go on every request."""
+
+    def __init__(
+        self,
+        base_url: str,
+        now: Callable[[], float],
+        *,
+        headers: dict[str, str],
+        connect_timeout_s: float,
+    ) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"{base_url!r}: give an http:// or https:// URL with a host")
+        self.host = url.hostname
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        self.prefix = url.path.rstrip("/")
+        self.now = now
+        self.connect_timeout_s = connect_timeout_s
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if url.port is not None:
+            host = f"{host}:{url.port}"
+        lines = {"Host": host, "User-Agent": "kvcanary", "Accept": "text/event-stream"}
+        lines.update(headers)
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in lines.items()).encode("latin-1")
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+
+    async def post(self, path: str, body: bytes, sink: Sink, sent: Callable[[], None]) -> None:
+        """POST ``body`` (JSON) to ``path``, feed the response to ``sink`` until its answer is
+        complete; ``sent()`` is called once the request was handed to the socket."""
+        conn = self._idle.pop() if self._idle else await self._connect()
+        waiter = conn.start(sink)
+        assert conn.transport is not None
+        conn.transport.write(
+            b"POST %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % ((self.prefix + path).encode("latin-1"), self._head, len(body), body)
+        )
+        sent()
+        try:
+            await waiter
+        finally:
+            conn.release()
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port, ssl=self.ssl
+                )
+        except TimeoutError:
+            raise ConnectTimeout(
+                f"no answer to the TCP connect to {self.host}:{self.port} within "
+                f"{self.connect_timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            raise ConnectError(self.host, self.port, exc) from exc
+        self._open.add(conn)
+        return conn
+
+    def put_back(self, conn: _Connection) -> None:
+        if conn in self._open and conn.transport is not None and not conn.transport.is_closing():
+            self._idle.append(conn)
+
+    def forget(self, conn: _Connection) -> None:
+        self._open.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    def close(self) -> None:
+        for conn in list(self._open):
+            conn._close()
+        self._idle.clear()

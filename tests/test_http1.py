@@ -1,0 +1,239 @@
+"""The client's HTTP/1.1 connections (replay/serving/http1.py) against a server that writes
+exactly the bytes each test scripts: when a connection is reused and when it is not, bodies
+framed every way HTTP/1.1 allows, and what arrives where nothing was asked.
+
+Real vLLM servers are the evidence that the streaming path works (tests/test_vllm_*.py); this
+server is for the framings and timings a real one cannot be made to produce on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from replay.core.records import Result
+from replay.core.trace import Request
+from replay.serving.client import Client
+
+REQ = Request(id="r", api="completions", prompt="hello", max_tokens=4)
+EVENT = (
+    b'data: {"choices":[{"index":0,"text":"hi","finish_reason":null}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\n'
+)
+DONE = b"data: [DONE]\n\n"
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+
+
+def chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+# What the server does for the n-th request (0-based) on a connection: pieces to write, each
+# after a pause in seconds, then whether to close the connection.
+Script = Callable[[int], tuple[list[tuple[float, bytes]], bool]]
+
+
+class ScriptedServer:
+    """A loopback server of raw bytes in a thread of its own: ``connections`` accepted,
+    ``paths`` asked for."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.paths: list[str] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.handlers: list[asyncio.Task[None]] = []
+        self.url = ""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.append(task)
+        n = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                self.paths.append(lines[0].split(" ")[1])
+                length = next(
+                    int(v)
+                    for k, _, v in (ln.partition(":") for ln in lines[1:])
+                    if k.lower() == "content-length"
+                )
+                await reader.readexactly(length)
+                pieces, close = self.script(n)
+                n += 1
+                for pause, data in pieces:
+                    if pause:
+                        await asyncio.sleep(pause)
+                    writer.write(data)
+                    await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @contextmanager
+    def running(self) -> Iterator[ScriptedServer]:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        holder: list[asyncio.Server] = []
+
+        async def boot() -> None:
+            server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            holder.append(server)
+            self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            ready.set()
+
+        thread = threading.Thread(
+            target=lambda: (loop.run_until_complete(boot()), loop.run_forever()), daemon=True
+        )
+        thread.start()
+        assert ready.wait(10)
+        try:
+            yield self
+        finally:
+
+            async def down() -> None:
+                holder[0].close()
+                for writer in self.writers:
+                    writer.transport.abort()
+                await asyncio.wait_for(asyncio.gather(*self.handlers), 5)
+
+            asyncio.run_coroutine_threadsafe(down(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+
+
+def send_all(url: str, n: int, timeout_s: float = 10.0, pause_s: float = 0.0) -> list[Result]:
+    """``n`` requests one after another through one client."""
+
+    async def go() -> list[Result]:
+        client = Client(url, "m", timeout_s=timeout_s)
+        try:
+            out = []
+            for i in range(n):
+                out.append(await client.send(REQ, Result(f"r{i}", "t", "p", "b", 0.0)))
+                await asyncio.sleep(pause_s)
+            return out
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def fixed(pieces: list[tuple[float, bytes]], close: bool) -> Script:
+    """The same answer to every request."""
+    return lambda _n: (pieces, close)
+
+
+def stream(*, done_apart: float = 0.0, after_done: bytes = b"") -> Script:
+    """A chunked event stream; the last chunk ``done_apart`` seconds after [DONE]."""
+    head = SSE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+    return lambda _n: (
+        [(0, head + chunk(EVENT) + chunk(DONE) + after_done), (done_apart, b"0\r\n\r\n")],
+        False,
+    )
+
+
+def test_a_connection_is_reused_when_the_last_chunk_comes_after_done() -> None:
+    """uvicorn writes [DONE] and the body's last chunk apart: the answer is complete at
+    [DONE] (its ``done`` stamped then), and once the last chunk is read the connection serves
+    the next request."""
+    with ScriptedServer(stream(done_apart=0.05)).running() as server:
+        results = send_all(server.url, 3, pause_s=0.15)
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    assert server.connections == 1
+    assert all(r.done is not None and r.first_token is not None for r in results)
+    assert all(r.done - r.first_token < 0.04 for r in results)  # type: ignore[operator]
+
+
+def test_a_server_that_keeps_writing_after_done_loses_the_connection() -> None:
+    """What follows [DONE] is read but bounded: past 64 KiB the connection is closed and the
+    next request opens another."""
+    junk = chunk(b": " + b"x" * (1 << 17) + b"\n\n")
+    with ScriptedServer(stream(done_apart=0.2, after_done=junk)).running() as server:
+        results = send_all(server.url, 2)
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
+    assert server.connections == 2
+
+
+def test_connection_close_is_obeyed() -> None:
+    head = SSE_HEAD + b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n"
+    script = fixed([(0, head + chunk(EVENT) + chunk(DONE) + b"0\r\n\r\n")], True)
+    with ScriptedServer(script).running() as server:
+        results = send_all(server.url, 3)
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    assert server.connections == 3
+
+
+@pytest.mark.parametrize(("events", "status"), [(EVENT + DONE, "ok"), (EVENT, "error")])
+def test_a_body_that_ends_with_the_connection(events: bytes, status: str) -> None:
+    """No length and no chunks: the body is whatever comes until the server closes."""
+    head = SSE_HEAD + b"connection: close\r\n\r\n"
+    script = fixed([(0, head), (0.01, events)], True)
+    with ScriptedServer(script).running() as server:
+        (result,) = send_all(server.url, 1)
+    assert result.status == status, result.error
+    if status == "error":
+        assert result.error_kind == "protocol"
+        assert "stream ended without [DONE]" in (result.error or "")
+
+
+def test_an_idle_connection_the_server_closed_is_not_used() -> None:
+    """Servers close idle keep-alive connections (uvicorn after 5 s): the next request opens
+    a new one instead of failing on the old."""
+    head = SSE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+    script = fixed([(0, head + chunk(EVENT) + chunk(DONE) + b"0\r\n\r\n")], True)
+    with ScriptedServer(script).running() as server:
+        results = send_all(server.url, 3, pause_s=0.05)
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    assert server.connections == 3
+
+
+def test_bytes_on_an_idle_connection_close_it() -> None:
+    """An answer longer than its Content-Length: the extra bytes arrive when nothing was
+    asked, and the connection is dropped rather than read as the next answer."""
+    body = b'{"error": {"message": "nope"}}'
+    extra = b"HTTP/1.1 200 OK\r\n"
+    head = b"HTTP/1.1 500 Oops\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    script = fixed([(0, head % len(body) + body), (0.02, extra)], False)
+    with ScriptedServer(script).running() as server:
+        results = send_all(server.url, 2, pause_s=0.1)
+    assert [r.error_kind for r in results] == ["http", "http"], [r.error for r in results]
+    assert all("nope" in (r.error or "") for r in results)
+    assert server.connections == 2
+
+
+def test_the_base_url_path_prefixes_every_request() -> None:
+    with ScriptedServer(stream()).running() as server:
+        (result,) = send_all(server.url + "/gateway/", 1)
+    assert result.status == "ok", result.error
+    assert server.paths == ["/gateway/v1/completions"]
+
+
+def test_bytes_that_are_not_http_are_a_protocol_error() -> None:
+    script = fixed([(0, b"SSH-2.0-OpenSSH_9.2\r\n\r\n")], True)
+    with ScriptedServer(script).running() as server:
+        (result,) = send_all(server.url, 1)
+    assert (result.status, result.error_kind) == ("error", "protocol"), result.error
+    assert "bad HTTP response" in (result.error or "")
+
+
+def test_a_server_that_closes_before_answering_is_a_disconnect() -> None:
+    script = fixed([], True)
+    with ScriptedServer(script).running() as server:
+        start = time.perf_counter()
+        (result,) = send_all(server.url, 1)
+    assert (result.status, result.error_kind) == ("error", "disconnect"), result.error
+    assert "closed by the server" in (result.error or "")
+    assert time.perf_counter() - start < 5
