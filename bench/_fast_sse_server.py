@@ -7,7 +7,8 @@ responses, the shape uvicorn gives vLLM's streams:
 
 * ``POST /v1/completions`` and ``POST /v1/chat/completions`` (``stream: true`` only): sends
   ``max_tokens`` one-token chunks, token k due ``ttft + (k-1) * itl`` after the request was
-  read (``--ttft-ms``, ``--itl-ms``) and sent as soon as the event loop's millisecond timers
+  read (``--ttft-ms``, ``--itl-ms``; read = when the kernel received its last bytes, from
+  SO_TIMESTAMPNS, on perf_counter's clock) and sent as soon as the event loop's millisecond timers
   allow; the schedule is absolute, so timer rounding does not add up. Every chunk carries ``usage``
   with the cumulative ``completion_tokens`` (as vLLM does with ``continuous_usage_stats``)
   and ``server_t``, its send time; then a usage-only chunk (``include_usage``) and
@@ -36,6 +37,7 @@ import functools
 import resource
 import signal
 import socket
+import struct
 import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -118,7 +120,7 @@ class _Stream:
         self.tail = envelope + b"],"
         opts = body.get("stream_options") or {}
         self.usage_only = bool(opts.get("include_usage"))
-        self.recv = time.perf_counter()
+        self.recv = proto.read_at
         self.due = self.recv + proto.ttft_s
         self.sends: list[float] = []
         self.timer: asyncio.TimerHandle | None = None
@@ -204,19 +206,18 @@ class ServerProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport
         self.buf = b""
         self.stream: _Stream | None = None
+        self.read_at = 0.0  # when the kernel received the last read's bytes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.stream is not None and self.stream.timer is not None:
             self.stream.timer.cancel()
         self.stream = None
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes, read_at: float) -> None:
+        self.read_at = read_at
         self.buf += data
         if len(self.buf) > MAX_HEADER_BYTES + MAX_BODY_BYTES:
             self.transport.close()
@@ -308,7 +309,8 @@ class ServerProtocol(asyncio.Protocol):
             sid = f"anon-{ServerProtocol.anon}"
         self.stream = _Stream(self, sid, body, chat)
         self.transport.write(SSE_HEAD)
-        self.stream.timer = self.loop.call_later(self.ttft_s, self.stream.emit)
+        wait = self.stream.due - time.perf_counter()
+        self.stream.timer = self.loop.call_later(max(0.0, wait), self.stream.emit)
 
 
 def _pop_stamps(prefix: str) -> bytes:
@@ -318,17 +320,120 @@ def _pop_stamps(prefix: str) -> bytes:
     return orjson.dumps({"streams": streams, "cpu_s": ru.ru_utime + ru.ru_stime})
 
 
+class KernelStamped:
+    """One accepted connection, read with ``recvmsg`` so that every read carries the time the
+    kernel received its bytes (SO_TIMESTAMPNS): a request's arrival is that, not when this
+    process's loop got round to it (at 256 streams the loop is busy a third of the time
+    writing chunks, and a request read behind that work would count as the client's request
+    leg). Writes go straight to the socket, the rest queued until it is writable."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self.loop, self.sock = loop, sock
+        self.out = bytearray()
+        self.closed = False
+        self.proto = ServerProtocol()
+        self.proto.connection_made(self)  # type: ignore[arg-type]
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data, anc, _, _ = self.sock.recvmsg(1 << 16, 256)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, anc = b"", []
+        if not data:
+            self.close()
+            return
+        read_at = time.perf_counter()
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+                sec, nsec = struct.unpack("qq", raw[:16])
+                read_at = sec + nsec * 1e-9 - REALTIME_MINUS_PERF
+        self.proto.data_received(data, read_at)
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if not self.out:
+            try:
+                sent = self.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.close()
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+            self.loop.add_writer(self.sock.fileno(), self._writable)
+        self.out += data
+
+    def _writable(self) -> None:
+        try:
+            sent = self.sock.send(self.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.close()
+            return
+        del self.out[:sent]
+        if not self.out:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.sock.fileno())
+        if self.out:
+            self.loop.remove_writer(self.sock.fileno())
+        self.sock.close()
+        self.proto.connection_lost(None)
+
+
+def _realtime_minus_perf() -> float:
+    """CLOCK_REALTIME (the kernel's receive stamps) minus perf_counter (every other stamp),
+    read where the two readings are closest together."""
+    best = (float("inf"), 0.0)
+    for _ in range(50):
+        a = time.perf_counter()
+        wall = time.time()
+        b = time.perf_counter()
+        best = min(best, (b - a, wall - (a + b) / 2))
+    return best[1]
+
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+REALTIME_MINUS_PERF = _realtime_minus_perf()
+
+
 async def _serve(fd: int) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    sock = socket.socket(fileno=fd)
-    server = await loop.create_server(ServerProtocol, sock=sock, backlog=1024)
+    listener = socket.socket(fileno=fd)
+    listener.setblocking(False)
+    listener.listen(1024)
+
+    def accept() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            KernelStamped(loop, sock)
+
+    loop.add_reader(listener.fileno(), accept)
     try:
         await stop.wait()
     finally:
-        server.close()
+        loop.remove_reader(listener.fileno())
+        listener.close()
 
 
 def main() -> None:

@@ -678,6 +678,7 @@ def client_version() -> dict[str, Any]:
     """Which kvcanary client was measured: file digests and the git commit (tree may differ)."""
     files = (
         "replay/serving/client.py",
+        "replay/serving/http1.py",
         "replay/serving/accumulator.py",
         "replay/serving/error_answers.py",
         "replay/serving/sse.py",

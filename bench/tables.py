@@ -44,12 +44,15 @@ def client_overhead_rows(doc: dict[str, Any]) -> Iterator[Row]:
             if "cpu_us_per_token" in s and s["cpu_us_per_token"] is not None:
                 ratio = s.get("cpu_vs_bare")
                 value = f"{_f(s['cpu_us_per_token'], 1)} us/token ({_f(ratio)}x bare)"
-                target = "<= 1.2x bare" if ours else ""
+                target = "<= 1.15x bare" if ours else ""
                 yield f"{streams} streams, {client}: CPU per token", value, target
             if s.get("ttft_error_mean_ms") is not None:
                 value = f"{_f(s['ttft_error_mean_ms'])} mean, {_f(s.get('ttft_error_p99_ms'))} p99"
-                target = "<= 2 mean, <= 10 p99" if ours else ""
+                target = "p99 <= 2" if ours else ""
                 yield f"{streams} streams, {client}: TTFT error ms", value, target
+            if ours and s.get("itl_abs_error_p99_ms") is not None:
+                value = f"{_f(s.get('itl_abs_error_mean_ms'))} mean, {_f(s['itl_abs_error_p99_ms'])} p99"
+                yield f"{streams} streams, {client}: |ITL error| ms", value, "p99 <= 1"
 
 
 def memory_rows(doc: dict[str, Any]) -> Iterator[Row]:
