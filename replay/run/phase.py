@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from replay.core.buckets import Buckets
+from replay.core.event_loop import heap_frozen
 from replay.core.iterate import closing
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock, OpenLoop
@@ -110,10 +111,11 @@ class Phase:
             before = await scraper.scrape_once()
             start = before.t if before is not None else self.clock.now()
             try:
-                await asyncio.wait_for(
-                    self.sched.run(self._pulled(items), self._send, self.clock, self.halt),
-                    self.timeout_s,
-                )
+                with heap_frozen():
+                    await asyncio.wait_for(
+                        self.sched.run(self._pulled(items), self._send, self.clock, self.halt),
+                        self.timeout_s,
+                    )
             except TimeoutError:
                 pass
             finally:
