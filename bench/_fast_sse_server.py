@@ -14,8 +14,9 @@ responses, the shape uvicorn gives vLLM's streams:
   and ``server_t``, its send time; then a usage-only chunk (``include_usage``) and
   ``data: [DONE]``.
 * ``--burst``: as cheap per token as it gets, for benchmarks where the client must be the
-  bottleneck: no timers, the whole answer (its chunks pre-encoded once per length) in one
-  write as soon as the request is read, no ``server_t`` and no stamps kept.
+  bottleneck: no timers, the whole answer (its chunks pre-encoded once per request body) in
+  one write as soon as the request is read, no ``server_t`` and no stamps kept, and uvloop's
+  own transport (no kernel stamps: nothing is timed).
 * ``GET /v1/models``: one model, ``bench``, ``max_model_len`` 4096.
 * ``POST /tokenize`` (vLLM's shape): ``{"tokens": [...], "count": n}``, one token per
   whitespace-separated word of the prompt or the messages' contents (``memory.py`` replays
@@ -193,6 +194,20 @@ def burst_answer(n: int, chat: bool, usage_only: bool) -> bytes:
     return b"".join(out)
 
 
+@functools.lru_cache(maxsize=64)
+def burst_answer_for(raw: bytes, chat: bool) -> bytes | None:
+    """--burst's answer to a body seen before (a replay sends the same body for every
+    request of a trace like the bench's): no JSON parse per request. None: not an answer."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or body.get("stream") is not True:
+        return None
+    n = max(1, min(int(body.get("max_tokens") or 16), MAX_MODEL_LEN))
+    return burst_answer(n, chat, bool((body.get("stream_options") or {}).get("include_usage")))
+
+
 class ServerProtocol(asyncio.Protocol):
     """HTTP/1.1, one request at a time per connection (aiohttp does not pipeline)."""
 
@@ -210,14 +225,19 @@ class ServerProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket") if hasattr(transport, "get_extra_info") else None
+        if sock is not None:  # uvloop's transport (--burst); KernelStamped sets its own
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.stream is not None and self.stream.timer is not None:
             self.stream.timer.cancel()
         self.stream = None
 
-    def data_received(self, data: bytes, read_at: float) -> None:
-        self.read_at = read_at
+    def data_received(self, data: bytes, read_at: float | None = None) -> None:
+        # read_at: the kernel's receive stamp (KernelStamped); uvloop's transport, which
+        # --burst uses because no time is measured there, gives none.
+        self.read_at = time.perf_counter() if read_at is None else read_at
         self.buf += data
         if len(self.buf) > MAX_HEADER_BYTES + MAX_BODY_BYTES:
             self.transport.close()
@@ -287,6 +307,9 @@ class ServerProtocol(asyncio.Protocol):
         )
 
     def _start(self, headers: dict[str, str], raw: bytes, chat: bool) -> None:
+        if self.burst and (answer := burst_answer_for(raw, chat)) is not None:
+            self.transport.write(answer)
+            return
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -414,6 +437,13 @@ async def _serve(fd: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     listener = socket.socket(fileno=fd)
+    if ServerProtocol.burst:
+        server = await loop.create_server(ServerProtocol, sock=listener, backlog=1024)
+        try:
+            await stop.wait()
+        finally:
+            server.close()
+        return
     listener.setblocking(False)
     listener.listen(1024)
 

@@ -9,14 +9,19 @@ the figures come from what its run directory records (``results.jsonl``: ``sched
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import orjson
@@ -72,21 +77,31 @@ def _pin(cpus: set[int] | None) -> Any:
 
 
 def run_replay(
-    server: FastServer, args: list[str], run_dir: Path, cpus: set[int] | None
+    server: FastServer,
+    args: list[str],
+    run_dir: Path,
+    cpus: set[int] | None,
+    tty: bool = False,
 ) -> ReplayRun:
-    """``python -m replay ARGS --targets bench=URL --out ... --run-id ...``, pinned to ``cpus``."""
+    """``python -m replay ARGS --targets bench=URL --out ... --run-id ...``, pinned to ``cpus``;
+    with ``tty``, its output goes to a pseudo-terminal (as in a user's shell: the progress bars
+    are drawn), else to a file."""
     cmd = [sys.executable, "-m", "replay", *args, "--targets", f"bench={server.url}"]
     cmd += ["--no-teacher-forced", "--no-control", "--out", str(run_dir.parent)]
     cmd += ["--run-id", run_dir.name]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160", "LINES": "40"}
     server_cpu0, busy0, t0 = server.stamps("none:")[1], machine_busy_s(), time.monotonic()
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.parent / f"{run_dir.name}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, preexec_fn=_pin(cpus)
-        )
-        status, cpu = _wait(proc)
+        if tty:
+            env.setdefault("TERM", "xterm-256color")
+            status, cpu = _run_in_terminal(cmd, env, cpus, out)
+        else:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, preexec_fn=_pin(cpus)
+            )
+            status, cpu = _wait(proc)
     wall, busy = time.monotonic() - t0, machine_busy_s() - busy0
     return ReplayRun(
         run_dir=run_dir,
@@ -97,6 +112,44 @@ def run_replay(
         machine_cpu_s=busy,
         output_tail=log.read_text(errors="replace")[-1500:],
     )
+
+
+def _run_in_terminal(
+    cmd: list[str], env: dict[str, str], cpus: set[int] | None, out: IO[bytes]
+) -> tuple[int, float]:
+    """Run ``cmd`` with a pseudo-terminal (160 x 40) as its stdout and stderr; a thread copies
+    what it draws into ``out`` (a terminal nobody reads would block it)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+
+    def copy() -> None:
+        while True:
+            try:
+                data = os.read(leader, 1 << 16)
+            except OSError:  # EIO: every writer has closed its end
+                return
+            if not data:
+                return
+            out.write(data)
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=follower,
+            stderr=follower,
+            env=env,
+            cwd=ROOT,
+            preexec_fn=_pin(cpus),
+        )
+        os.close(follower)
+        result = _wait(proc)
+        reader.join(10)
+        return result
+    finally:
+        os.close(leader)
 
 
 def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:

@@ -1,7 +1,7 @@
 """Open-loop schedule fidelity: how late kvcanary's replay sends each request of a Poisson
 schedule, at 1,000 requests/s for 30 s by default.
 
-    python bench/open_loop.py [--rate 1000] [--duration-s 30] [--tokens 4] [--out PATH]
+    python bench/open_loop.py [--rate 1000] [--duration-s 30] [--tokens 4] [--no-tty] [--out PATH]
 
 The real CLI (``python -m replay --trace T --rate R``, as users run it) replays a trace of
 ``rate x duration`` short completions requests against the fast fake server
@@ -10,7 +10,9 @@ the server is cheap). Per request, schedule lag = ``sent - scheduled`` from
 ``results.jsonl``: ``scheduled`` is the request's due time (the run's start plus its Poisson
 offset), ``sent`` is when its body reached the socket (the client's aiohttp hook), both on
 the run's monotonic clock. Target: lag p99 <= 1 ms. With ``--pin`` (default) the server runs
-on CPU 1 and the replay on CPU 0. ``--workers N`` sends from N load processes (then not
+on CPU 1 and the replay on CPU 0. The replay writes to a pseudo-terminal, as in a user's shell,
+so its progress bars are drawn as they would be (``--no-tty``: to a file, where rich draws
+nothing). ``--workers N`` sends from N load processes (then not
 pinned). Writes ``bench/results/open_loop.json``: machine, config, lag percentiles (all
 requests, and after the first second, when connections are already open), CPU of the
 replay, the server and the rest of the machine (other work there disturbs the figures).
@@ -90,6 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=4, help="max_tokens of every request")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--no-pin", dest="pin", action="store_false")
+    ap.add_argument(
+        "--no-tty",
+        dest="tty",
+        action="store_false",
+        help="the replay's output to a file, not a pseudo-terminal (no progress bars drawn)",
+    )
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "open_loop.json")
     a = ap.parse_args(argv)
     console = Console()
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
             args = ["--trace", str(trace), "--rate", f"{a.rate:g}", "--workers", str(a.workers)]
             cpus = {0} if a.pin and a.workers == 1 else None
             started = time.monotonic()
-            run = run_replay(server, args, Path(tmp) / "runs" / "open", cpus)
+            run = run_replay(server, args, Path(tmp) / "runs" / "open", cpus, a.tty)
             if run.exit_code != 0:
                 raise SystemExit(f"replay exited {run.exit_code}:\n{run.output_tail}")
             figures = lag_figures(list(run.results()))
@@ -124,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
             else "none",
             "command": "python -m replay --trace T --rate R --targets bench=URL "
             "--no-teacher-forced --no-control",
+            "output": "a pseudo-terminal (progress bars drawn)" if a.tty else "a file",
         },
         "summary": {
             **figures,

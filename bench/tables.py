@@ -51,7 +51,8 @@ def client_overhead_rows(doc: dict[str, Any]) -> Iterator[Row]:
                 target = "p99 <= 2" if ours else ""
                 yield f"{streams} streams, {client}: TTFT error ms", value, target
             if ours and s.get("itl_abs_error_p99_ms") is not None:
-                value = f"{_f(s.get('itl_abs_error_mean_ms'))} mean, {_f(s['itl_abs_error_p99_ms'])} p99"
+                mean, p99 = s.get("itl_abs_error_mean_ms"), s["itl_abs_error_p99_ms"]
+                value = f"{_f(mean)} mean, {_f(p99)} p99"
                 yield f"{streams} streams, {client}: |ITL error| ms", value, "p99 <= 1"
 
 
@@ -76,6 +77,8 @@ def open_loop_rows(doc: dict[str, Any]) -> Iterator[Row]:
     s, c = doc["summary"], doc["config"]
     lag = s["lag_ms"]
     what = f"lag ms at {c['rate_rps']:g} rps x {c['duration_s']:g} s, --workers {c['workers']}"
+    if "output" in c:  # the runs before 2026-12-02 (second session) wrote to a file
+        what += f", output to {c['output']}"
     value = f"p50 {_f(lag['p50'], 3)}, p99 {_f(lag['p99'], 3)}, max {_f(lag['max'], 3)}"
     yield what, value + f" ({'met' if s['met'] else 'missed'})", s["target"]
 

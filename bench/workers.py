@@ -1,7 +1,7 @@
 """``replay --workers`` scaling at the client's ceiling: throughput of ``--workers 1`` against
 ``--workers 2`` in a closed loop that makes the client the bottleneck.
 
-    python bench/workers.py [--workers 1,2] [--concurrency 256] [--requests 20000]
+    python bench/workers.py [--workers 1,2] [--concurrency 256] [--requests 60000]
                             [--tokens 64] [--reps 2] [--out PATH]
 
 The real CLI (``python -m replay --trace T --concurrency C --workers N``) replays the same
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="1,2", help="worker counts, the first is the base")
     ap.add_argument("--concurrency", type=int, default=256)
-    ap.add_argument("--requests", type=int, default=20000)
+    ap.add_argument("--requests", type=int, default=60000)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-pin", dest="pin", action="store_false")
