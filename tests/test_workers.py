@@ -156,15 +156,17 @@ def test_sessions_stay_within_one_worker(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    _sent_once_per_phase(tmp_path / "run", 24, ["c2"])
-    # Session j (turns 3j .. 3j+2) is unit j: worker j % 2 sends all its turns, in order.
-    ports: list[set[int]] = [set(), set()]
+    rows = _sent_once_per_phase(tmp_path / "run", 24, ["c2"])
+    # Session j (turns 3j .. 3j+2) is unit j, claimed whole by one worker. With one slot each,
+    # a worker sends one session at a time, and the merge keeps each worker's rows together:
+    # a session that one worker sent is a run of consecutive rows, one run per session.
+    sessions = [int(r["request_id"][1:]) // 3 for r in rows]
+    runs = [session for session, _ in itertools.groupby(sessions)]
+    assert sorted(runs) == list(range(8)), sessions
     order: dict[int, list[int]] = {}
-    for _, prompt, port in sorted(server.seen):
+    for _, prompt, _ in sorted(server.seen):
         session, turn = divmod(int(prompt[1:]), 3)
-        ports[session % 2].add(port)
         order.setdefault(session, []).append(turn)
-    assert not ports[0] & ports[1]
     assert all(turns == [0, 1, 2] for turns in order.values()), order
 
 
@@ -236,10 +238,6 @@ def test_a_closed_loop_splits_its_concurrency_and_refuses_fewer_slots_than_worke
     assert concurrency_shares(5, 2) == [3, 2] and concurrency_shares(4, 4) == [1, 1, 1, 1]
     with pytest.raises(InputError, match="concurrency 1 cannot give every worker"):
         concurrency_shares(1, 2)
-    shards = closed_loop_shards([2, 1])
-    assert shards[0].pattern == (0, 1, 0)
-    assert list(shards[0].take(range(7))) == [0, 2, 3, 5, 6]
-    assert list(shards[1].take(range(7))) == [1, 4]
     assert [list(s.take(range(5))) for s in open_loop_shards(2)] == [[0, 2, 4], [1, 3]]
     assert ClosedLoopShare(2, phase="c5").label == "c5"
 
@@ -298,3 +296,22 @@ def test_a_worker_reports_progress_as_counts_and_loses_none() -> None:
     while ours.poll(0.5):
         messages.append(ours.recv())
     assert messages == [("advance", 400, 100), ("advance", 7, 0)]
+
+
+def test_closed_loop_workers_claim_units_as_their_slots_free_up() -> None:
+    """Each position goes to exactly one worker, whoever asks first: a worker that asks
+    three times as often takes about three times the units, and none is left or taken twice."""
+    import multiprocessing
+
+    counter = multiprocessing.get_context("spawn").Value("q", 0)
+    fast, slow = (iter(s.take(range(100))) for s in closed_loop_shards(2, counter))
+    taken: dict[str, list[int]] = {"fast": [], "slow": []}
+    for turn in itertools.count():
+        name, it = ("slow", slow) if turn % 4 == 3 else ("fast", fast)
+        got = next(it, None)
+        if got is None:
+            break
+        taken[name].append(got)
+    assert sorted(taken["fast"] + taken["slow"]) == list(range(100))
+    assert 70 <= len(taken["fast"]) <= 80, taken
+    assert next(slow, None) is None  # the positions ran out for both

@@ -42,7 +42,6 @@ from replay.run.session_history import check_mode
 from replay.run.workers import WorkersRunner, check_workers
 from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
 
-
 REDRAWS_PER_S = 2
 
 

@@ -20,7 +20,7 @@ from replay.core.iterate import closing
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock, OpenLoop
 from replay.core.sessions import Unit, common_prefix, units
-from replay.core.shards import Shard
+from replay.core.shards import AnyShard
 from replay.core.synth import TokenPool, synthesize
 from replay.core.trace import Request, TraceSource
 from replay.run.budget import ErrorBudget
@@ -72,7 +72,7 @@ class Phase:
     # The trace's sessions (None: it has none, and requests stream one by one).
     sessions: Sessions | None = None
     # A load process's share of the phase (``--workers``); None: all of it.
-    shard: Shard | None = None
+    shard: AnyShard | None = None
     # pulled from the trace and not finished: at most what is in flight, plus one waiting
     pending: dict[int, Request] = field(default_factory=dict)
     halt: asyncio.Event = field(default_factory=asyncio.Event)

@@ -26,7 +26,7 @@ from typing import Any
 from replay.core.buckets import Buckets
 from replay.core.event_loop import run_loop
 from replay.core.schedule import MonotonicClock, OpenLoop
-from replay.core.shards import Shard, ShardedOffsets
+from replay.core.shards import AnyShard, Shard, ShardedOffsets
 from replay.core.synth import TokenPool
 from replay.core.trace import TraceSource
 from replay.run.budget import ErrorBudget
@@ -53,7 +53,7 @@ class WorkerSpec:
     seed: int
     target: str
     sched: Schedule
-    shard: Shard
+    shard: AnyShard
     trace: TraceSource
     buckets: Buckets
     counts: array[int]
@@ -72,6 +72,7 @@ class WorkerSpec:
         """This worker's schedule: its share of the concurrency, or its offsets from the
         shared start."""
         if isinstance(self.sched, OpenLoop):
+            assert isinstance(self.shard, Shard)  # an open loop's split is by position
             return replace(
                 self.sched, offsets=ShardedOffsets(self.sched.offsets, self.shard), start=start
             )

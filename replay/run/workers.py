@@ -28,6 +28,7 @@ from replay.core.errors import InputError
 from replay.core.records import Result
 from replay.core.schedule import OpenLoop
 from replay.core.shards import (
+    AnyShard,
     ClosedLoopShare,
     closed_loop_shards,
     concurrency_shares,
@@ -59,14 +60,18 @@ def check_workers(workers: int, schedules: Sequence[Schedule], session_history: 
             concurrency_shares(sched.concurrency, workers)
 
 
-def worker_schedules(sched: Schedule, workers: int) -> list[tuple[Schedule, Any]]:
-    """Each worker's schedule and shard of one phase."""
+def worker_schedules(
+    sched: Schedule, workers: int, ctx: SpawnContext
+) -> list[tuple[Schedule, AnyShard]]:
+    """Each worker's schedule and shard of one phase (a closed loop's workers claim their
+    units from one counter, made here in ``ctx`` so the spawned processes share it)."""
     if isinstance(sched, OpenLoop):
         return [(sched, shard) for shard in open_loop_shards(workers)]
     shares = concurrency_shares(sched.concurrency, workers)
+    shards = closed_loop_shards(workers, ctx.Value("q", 0))
     return [
         (ClosedLoopShare(c, phase=sched.label), shard)
-        for c, shard in zip(shares, closed_loop_shards(shares), strict=True)
+        for c, shard in zip(shares, shards, strict=True)
     ]
 
 
@@ -213,7 +218,9 @@ class WorkersRunner(Runner):
                 before_done=phase.before_done,
                 sessions=phase.sessions,
             )
-            for k, (sched, shard) in enumerate(worker_schedules(phase.sched, c.workers))
+            for k, (sched, shard) in enumerate(
+                worker_schedules(phase.sched, c.workers, multiprocessing.get_context("spawn"))
+            )
         ]
 
     async def _send_phase(self, phase: Phase) -> dict[str, Any] | None:
