@@ -2,7 +2,7 @@
 ``--workers 2`` in a closed loop that makes the client the bottleneck.
 
     python bench/workers.py [--workers 1,2] [--concurrency 256] [--requests 60000]
-                            [--tokens 64] [--reps 2] [--out PATH]
+                            [--tokens 64] [--reps 3] [--out PATH]
 
 The real CLI (``python -m replay --trace T --concurrency C --workers N``) replays the same
 trace against the fast fake server in ``--burst`` mode (``_fast_sse_server.py``: the whole
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--requests", type=int, default=60000)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-pin", dest="pin", action="store_false")
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "workers.json")
     a = ap.parse_args(argv)
