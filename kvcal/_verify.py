@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from replay.core.errors import ServerStartError
 from replay.run.teacher import TFScore, score
-from replay.serving.introspect import introspect
+from replay.serving.introspect import api_session, introspect
 from replay.serving.local_server import LocalServer
 from replay.serving.scale_log import EMULATED_FP8, UNKNOWN, scale_evidence, scale_lines
 from replay.serving.targets import (
@@ -104,7 +102,7 @@ def split_for_scoring(ids: Sequence[int]) -> tuple[list[int], list[int]]:
 
 
 async def _scores(url: str, samples: Sequence[Sample], salt: str) -> list[TFScore]:
-    async with aiohttp.ClientSession() as session:
+    async with api_session() as session:
         info = await introspect(session, url)
         model = info.get("model_id") or ""
         out = []
@@ -115,7 +113,7 @@ async def _scores(url: str, samples: Sequence[Sample], salt: str) -> list[TFScor
 
 
 async def _cache_dtype(url: str) -> str | None:
-    async with aiohttp.ClientSession() as session:
+    async with api_session() as session:
         info = await introspect(session, url)
     return (info.get("cache_config") or {}).get("cache_dtype")
 

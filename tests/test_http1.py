@@ -18,6 +18,7 @@ import pytest
 
 from replay.core.records import Result
 from replay.core.trace import Request
+from replay.serving import http1
 from replay.serving.client import Client
 
 REQ = Request(id="r", api="completions", prompt="hello", max_tokens=4)
@@ -157,6 +158,16 @@ def test_a_connection_is_reused_when_the_last_chunk_comes_after_done() -> None:
     assert all(r.done - r.first_token < 0.04 for r in results)  # type: ignore[operator]
 
 
+def test_a_connection_is_reused_when_the_whole_answer_comes_in_one_read() -> None:
+    """The usual case: the last token, [DONE] and the body's end in one write."""
+    head = SSE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+    script = fixed([(0, head + chunk(EVENT) + chunk(DONE) + b"0\r\n\r\n")], False)
+    with ScriptedServer(script).running() as server:
+        results = send_all(server.url, 3)
+    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
+    assert server.connections == 1
+
+
 def test_a_server_that_keeps_writing_after_done_loses_the_connection() -> None:
     """What follows [DONE] is read but bounded: past 64 KiB the connection is closed and the
     next request opens another."""
@@ -237,3 +248,17 @@ def test_a_server_that_closes_before_answering_is_a_disconnect() -> None:
     assert (result.status, result.error_kind) == ("error", "disconnect"), result.error
     assert "closed by the server" in (result.error or "")
     assert time.perf_counter() - start < 5
+
+
+def test_a_connection_idle_longer_than_servers_keep_it_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """uvicorn closes a connection idle for 5 s; one reused just then would lose its request,
+    so the pool gives up a connection idle over KEEP_IDLE_S and opens another."""
+    monkeypatch.setattr(http1, "KEEP_IDLE_S", 0.05)
+    with ScriptedServer(stream()).running() as server:
+        quick = send_all(server.url, 2, pause_s=0.01)
+        assert server.connections == 1
+        slow = send_all(server.url, 2, pause_s=0.2)
+    assert [r.status for r in quick + slow] == ["ok"] * 4
+    assert server.connections == 3  # one for the quick pair, two for the slow one

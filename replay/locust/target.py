@@ -19,7 +19,7 @@ from replay.core.records import Result
 from replay.core.synth import TokenPool, synthesize
 from replay.core.trace import Request
 from replay.serving.client import Client
-from replay.serving.introspect import Scraper, introspect, served_model
+from replay.serving.introspect import Scraper, api_session, introspect, served_model
 from replay.serving.prompt_tokens import count_tokens, token_pool
 from replay.serving.targets import (
     TargetSpec,
@@ -90,7 +90,7 @@ async def prepare(spec: TargetSpec, reqs: Sequence[Request], buckets: Buckets) -
     assert spec.url is not None
     url = spec.url
     # The target's key goes with every call on this session, and only to the target's URL.
-    async with aiohttp.ClientSession(headers=spec.auth_headers()) as session:
+    async with api_session(spec.auth_headers()) as session:
         info = await introspect(session, url)
         model = served_model(info)
         check_served_dtype(spec, info["cache_config"].get("cache_dtype"), None, info["problems"])
@@ -127,7 +127,7 @@ class MetricsTap:
 
     async def start(self) -> dict[str, Any]:
         assert self.spec.url is not None
-        self._session = aiohttp.ClientSession(headers=self.spec.auth_headers())
+        self._session = api_session(self.spec.auth_headers())
         info = await introspect(self._session, self.spec.url)
         self._scraper = Scraper(
             self._session, self.spec.url, self.now, lambda snap: self.sink(snap.to_json())

@@ -50,6 +50,7 @@ from replay.serving.client import Client
 from replay.serving.introspect import (
     MetricsSnapshot,
     Scraper,
+    api_session,
     engine_config_from_log,
     introspect,
     served_model,
@@ -300,7 +301,7 @@ class Runner:
         spec = run.spec
         # The target's key goes with every call made on this session (introspection,
         # /metrics, /tokenize, teacher-forced scoring), and only to the target's URL.
-        async with aiohttp.ClientSession(headers=spec.auth_headers()) as session:
+        async with api_session(spec.auth_headers()) as session:
             info = await introspect(session, url)
             run.info.update(info)
             if server is not None:

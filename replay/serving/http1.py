@@ -28,6 +28,10 @@ import httptools
 # this many bytes, then the connection closes.
 DRAIN_S = 5.0
 DRAIN_BYTES = 1 << 16
+# Servers close a keep-alive connection that sat idle (uvicorn, so vLLM, after 5 s). A request
+# written on one just as the server closes it fails ("closed by the server") although the
+# server never read it; so a connection idle longer than this is closed, not reused.
+KEEP_IDLE_S = 2.0
 
 
 class Sink(Protocol):
@@ -81,8 +85,10 @@ class _Connection(asyncio.Protocol):
         self.arrived = 0.0
         self.until_eof = False  # the body ends when the connection does (no length, no chunks)
         self.in_message = False
+        self.keep_alive = False  # the response's HTTP version and Connection header allow reuse
         self.drain: asyncio.TimerHandle | None = None
         self.drained = 0
+        self.idle_since = 0.0  # the loop's time when it was last put back in the pool
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -128,6 +134,8 @@ class _Connection(asyncio.Protocol):
         self.until_eof = "content-length" not in headers and "chunked" not in headers.get(
             "transfer-encoding", ""
         )
+        # Read now: once the message is complete the parser has moved on to the next one.
+        self.keep_alive = self.parser.should_keep_alive()
         if self.sink is not None:
             self.sink.head(self.parser.get_status_code(), headers)
 
@@ -152,7 +160,7 @@ class _Connection(asyncio.Protocol):
     def start(self, sink: Sink) -> asyncio.Future[None]:
         self.sink = sink
         self.names, self.values = [], []
-        self.in_message = True
+        self.in_message, self.keep_alive = True, False
         self.waiter = asyncio.get_running_loop().create_future()
         return self.waiter
 
@@ -163,7 +171,7 @@ class _Connection(asyncio.Protocol):
         answered = waiter is not None and waiter.done() and not waiter.cancelled()
         if answered and waiter is not None and waiter.exception() is not None:
             answered = False
-        if not answered or not self.parser.should_keep_alive():
+        if not answered or not self.keep_alive:
             self._close()
         elif not self.in_message:
             self.pool.put_back(self)
@@ -224,7 +232,7 @@ class ConnectionPool:
     async def post(self, path: str, body: bytes, sink: Sink, sent: Callable[[], None]) -> None:
         """POST ``body`` (JSON) to ``path``, feed the response to ``sink`` until its answer is
         complete; ``sent()`` is called once the request was handed to the socket."""
-        conn = self._idle.pop() if self._idle else await self._connect()
+        conn = self._reusable() or await self._connect()
         waiter = conn.start(sink)
         assert conn.transport is not None
         conn.transport.write(
@@ -254,8 +262,19 @@ class ConnectionPool:
         self._open.add(conn)
         return conn
 
+    def _reusable(self) -> _Connection | None:
+        """The most recently used idle connection that is fresh enough (KEEP_IDLE_S)."""
+        now = asyncio.get_running_loop().time()
+        while self._idle:
+            conn = self._idle.pop()
+            if now - conn.idle_since <= KEEP_IDLE_S:
+                return conn
+            conn._close()
+        return None
+
     def put_back(self, conn: _Connection) -> None:
         if conn in self._open and conn.transport is not None and not conn.transport.is_closing():
+            conn.idle_since = asyncio.get_running_loop().time()
             self._idle.append(conn)
 
     def forget(self, conn: _Connection) -> None:

@@ -16,7 +16,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from replay.core.errors import TargetError
-from replay.serving.http1 import ConnectError
+from replay.serving.http1 import KEEP_IDLE_S, ConnectError
 
 CACHE_INFO_LABELS = (
     "cache_dtype",
@@ -128,6 +128,15 @@ def os_error_text(err: OSError) -> str:
     if code is not None and code > 0 and code in errno.errorcode:
         return f"{os.strerror(code)} ({errno.errorcode[code]})"
     return str(err) or type(err).__name__
+
+
+def api_session(headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
+    """A session for the server's own API (introspection, /metrics, /tokenize, scoring) that
+    gives up idle connections before the server would (``http1.KEEP_IDLE_S``): reusing one the
+    server is closing lost requests as "Server disconnected"."""
+    return aiohttp.ClientSession(
+        headers=headers, connector=aiohttp.TCPConnector(keepalive_timeout=KEEP_IDLE_S)
+    )
 
 
 def connect_reason(exc: aiohttp.ClientConnectorError | ConnectError) -> str:
