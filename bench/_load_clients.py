@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _machine import machine_busy_s
 
+from replay.core.event_loop import heap_frozen
 from replay.core.records import Result
 from replay.core.trace import Request
 from replay.serving.client import Client
@@ -74,10 +75,13 @@ async def _measure(
     ``machine_busy_s`` is what every process used meanwhile (this one, the server, and any
     other work on the machine, which the caller reports as disturbance)."""
     await asyncio.gather(*(run_slot(s) for s in warm))
-    busy0 = machine_busy_s()
-    ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    per_slot = await asyncio.gather(*(run_slot(s) for s in slots))
-    t1, ru1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    # The load runs as a replay phase does (replay/run/phase.py): what the process held before
+    # it is frozen out of the garbage collector's full collections.
+    with heap_frozen():
+        busy0 = machine_busy_s()
+        ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        per_slot = await asyncio.gather(*(run_slot(s) for s in slots))
+        t1, ru1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     return {
         "cpu_user_s": ru1.ru_utime - ru0.ru_utime,
         "cpu_sys_s": ru1.ru_stime - ru0.ru_stime,
