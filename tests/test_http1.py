@@ -158,14 +158,20 @@ def test_a_connection_is_reused_when_the_last_chunk_comes_after_done() -> None:
     assert all(r.done - r.first_token < 0.04 for r in results)  # type: ignore[operator]
 
 
-def test_a_connection_is_reused_when_the_whole_answer_comes_in_one_read() -> None:
-    """The usual case: the last token, [DONE] and the body's end in one write."""
-    head = SSE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
-    script = fixed([(0, head + chunk(EVENT) + chunk(DONE) + b"0\r\n\r\n")], False)
+@pytest.mark.parametrize(
+    ("connection", "close", "opened"), [(b"", False, 1), (b"connection: close\r\n", True, 3)]
+)
+def test_a_whole_answer_in_one_read_reuses_its_connection_unless_told_not_to(
+    connection: bytes, close: bool, opened: int
+) -> None:
+    """The usual case: the last token, [DONE] and the body's end in one write; the
+    connection serves the next request, unless the answer said ``Connection: close``."""
+    head = SSE_HEAD + connection + b"transfer-encoding: chunked\r\n\r\n"
+    script = fixed([(0, head + chunk(EVENT) + chunk(DONE) + b"0\r\n\r\n")], close)
     with ScriptedServer(script).running() as server:
         results = send_all(server.url, 3)
     assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
-    assert server.connections == 1
+    assert server.connections == opened
 
 
 def test_a_server_that_keeps_writing_after_done_loses_the_connection() -> None:
@@ -176,15 +182,6 @@ def test_a_server_that_keeps_writing_after_done_loses_the_connection() -> None:
         results = send_all(server.url, 2)
     assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
     assert server.connections == 2
-
-
-def test_connection_close_is_obeyed() -> None:
-    head = SSE_HEAD + b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n"
-    script = fixed([(0, head + chunk(EVENT) + chunk(DONE) + b"0\r\n\r\n")], True)
-    with ScriptedServer(script).running() as server:
-        results = send_all(server.url, 3)
-    assert [r.status for r in results] == ["ok"] * 3, [r.error for r in results]
-    assert server.connections == 3
 
 
 @pytest.mark.parametrize(("events", "status"), [(EVENT + DONE, "ok"), (EVENT, "error")])
