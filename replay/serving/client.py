@@ -92,9 +92,6 @@ class _Answer:
             self.acc.add(event, arrived)
         return False
 
-    def end(self, arrived: float) -> None:
-        pass  # the client reads what the message held once the exchange is over
-
     def conclude(self, result: Result) -> None:
         """Once the exchange is over: the result of what came."""
         if self.status != 200:
@@ -206,9 +203,7 @@ class Client:
             fail(result, "connect", connect_reason(exc))
         except (Disconnected, OSError) as exc:
             fail(result, "disconnect", f"connection lost mid-answer: {exc}")
-        except ProtocolError as exc:
-            fail(result, "protocol", str(exc))
-        except BadResponse as exc:
+        except (ProtocolError, BadResponse) as exc:
             fail(result, "protocol", str(exc))
         except asyncio.CancelledError:
             fail(result, "cancelled", "cancelled before the answer completed")

@@ -42,11 +42,7 @@ class Sink(Protocol):
 
     def body(self, data: bytes, arrived: float) -> bool:
         """One piece of the body; True once the answer is complete (no need to wait for the
-        end of the message)."""
-        ...
-
-    def end(self, arrived: float) -> None:
-        """The message ended as HTTP frames it."""
+        end of the message, which otherwise ends the exchange)."""
         ...
 
 
@@ -148,7 +144,6 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.in_message = False
         if self.sink is not None:
-            self.sink.end(self.arrived)
             self._settle(None)
         if self.drain is not None:  # the answer was already complete: reuse the connection
             self.drain.cancel()
@@ -168,9 +163,12 @@ class _Connection(asyncio.Protocol):
         """The exchange is over for its sender: reuse the connection, let it read the rest of
         a message whose answer is complete, or close it."""
         waiter, self.waiter, self.sink = self.waiter, None, None
-        answered = waiter is not None and waiter.done() and not waiter.cancelled()
-        if answered and waiter is not None and waiter.exception() is not None:
-            answered = False
+        answered = (
+            waiter is not None
+            and waiter.done()
+            and not waiter.cancelled()
+            and waiter.exception() is None
+        )
         if not answered or not self.keep_alive:
             self._close()
         elif not self.in_message:
