@@ -9,6 +9,8 @@ server is for the framings and timings a real one cannot be made to produce on d
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -259,3 +261,58 @@ def test_a_connection_idle_longer_than_servers_keep_it_is_not_reused(
         slow = send_all(server.url, 2, pause_s=0.2)
     assert [r.status for r in quick + slow] == ["ok"] * 4
     assert server.connections == 3  # one for the quick pair, two for the slow one
+
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python lacks it
+
+
+def test_sent_is_stamped_before_the_kernel_has_the_request() -> None:
+    """The write wakes the server, and on busy cores the scheduler may run it (and the whole
+    answer) before the writer again; ``sent`` is therefore stamped before the write, so it
+    can never fall after the server got the request. The kernel's receive time of each
+    request (SO_TIMESTAMPNS, the wall clock, which the client is given too) is the judge."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # accepted sockets inherit it
+    listener.settimeout(10)
+    arrivals: list[float] = []
+    answer = SSE_HEAD + b"content-length: %d\r\n\r\n%s" % (len(EVENT + DONE), EVENT + DONE)
+
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            with conn:
+                for _ in range(20):
+                    data, anc, _, _ = conn.recvmsg(1 << 16, 256)
+                    sec, nsec = next(
+                        struct.unpack("qq", raw[:16])
+                        for level, kind, raw in anc
+                        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
+                    )
+                    arrivals.append(sec + nsec * 1e-9)
+                    assert data.startswith(b"POST ") and data.endswith(b"}"), data  # one read
+                    conn.sendall(answer)
+        except BaseException as exc:  # the client then times out: say why
+            failed.append(exc)
+            raise
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+
+    async def go() -> list[Result]:
+        client = Client(f"http://127.0.0.1:{port}", "m", clock=time.time, timeout_s=2)
+        try:
+            return [await client.send(REQ, Result(f"r{i}", "t", "p", "b", 0.0)) for i in range(20)]
+        finally:
+            await client.close()
+
+    try:
+        results = asyncio.run(go())
+        thread.join(10)
+    finally:
+        listener.close()
+    assert not failed and [r.status for r in results] == ["ok"] * 20, failed
+    assert all(r.sent is not None and r.sent <= t for r, t in zip(results, arrivals, strict=True))

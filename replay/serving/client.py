@@ -222,8 +222,8 @@ class Client:
             SSEDecoder(self.max_event_bytes),
         )
 
-        def written() -> None:
+        def writing() -> None:
             result.sent = self.now()
 
-        await self._pool.post(path, data, answer, written)
+        await self._pool.post(path, data, answer, writing)
         answer.conclude(result)

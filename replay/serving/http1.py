@@ -229,15 +229,25 @@ class ConnectionPool:
 
     async def post(self, path: str, body: bytes, sink: Sink, sent: Callable[[], None]) -> None:
         """POST ``body`` (JSON) to ``path``, feed the response to ``sink`` until its answer is
-        complete; ``sent()`` is called once the request was handed to the socket."""
+        complete; ``sent()`` is called as the request is handed to the socket: after any wait
+        for a connection, just before the write. Not after it: the write wakes the server, and
+        on busy cores the scheduler may then run the server instead of us for the whole answer
+        (measured: 50 ms on 2 cores serving vLLM), so a stamp taken after the write could
+        fall after the answer's first token, even after its last."""
         conn = self._reusable() or await self._connect()
         waiter = conn.start(sink)
         assert conn.transport is not None
-        conn.transport.write(
+        request = (
             b"POST %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % ((self.prefix + path).encode("latin-1"), self._head, len(body), body)
+            % (
+                (self.prefix + path).encode("latin-1"),
+                self._head,
+                len(body),
+                body,
+            )
         )
         sent()
+        conn.transport.write(request)
         try:
             await waiter
         finally:
