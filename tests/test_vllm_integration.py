@@ -94,6 +94,8 @@ def test_every_request_once_and_ttft_agrees_with_server(
     ttft = (phase["all"]["ttft_ms"]["mean"], phase["server"]["server_ttft_mean_ms"])
     e2e = (phase["all"]["e2e_ms"]["mean"], phase["server"]["server_e2e_mean_ms"])
     assert None not in (*ttft, *e2e)
+    # The server's means are over the phase's own requests, every one of them.
+    assert phase["server"]["server_finished"] == len(max_tokens)
     # The engine's clocks start when it got the request; the client's when it sent it, so
     # both of the client's figures also hold what the API server did first (HTTP, the chat
     # template, tokenizing), which on 2 busy cores ranges from a few to tens of milliseconds

@@ -127,6 +127,9 @@ class ServerStats(Record):
     server_ttft_mean_ms: float | None
     server_itl_mean_ms: float | None
     server_e2e_mean_ms: float | None
+    # Requests the server finished inside the phase: its means are over these, which are the
+    # phase's own answers unless other traffic shared the server.
+    server_finished: float | None
 
 
 @record

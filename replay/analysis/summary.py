@@ -225,6 +225,7 @@ def summarize_server(series: Sequence[Mapping[str, Any]], start: float, end: flo
         return None
 
     q, h = delta("prefix_queries"), delta("prefix_hits")
+    a, b = first.get("e2e_hist"), last.get("e2e_hist")
     return ServerStats(
         scrapes=len(inside),
         peak_kv_usage=peak("kv_usage"),
@@ -235,6 +236,7 @@ def summarize_server(series: Sequence[Mapping[str, Any]], start: float, end: flo
         server_ttft_mean_ms=hist_mean_ms("ttft"),
         server_itl_mean_ms=hist_mean_ms("itl"),
         server_e2e_mean_ms=hist_mean_ms("e2e"),
+        server_finished=float(b["count"] - a["count"]) if a and b else None,
     )
 
 

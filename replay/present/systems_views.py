@@ -317,6 +317,7 @@ def kv_view(run: Run) -> dict[str, Any]:
             "Preemptions",
             "Prefix-cache hit rate",
             "Server TTFT mean (ms)",
+            "Finished at server",
             "Output tok/s",
         ]
     )
@@ -334,6 +335,7 @@ def kv_view(run: Run) -> dict[str, Any]:
                 f_int(srv.preemptions),
                 f_pct(srv.prefix_cache_hit_rate),
                 f_sig(srv.server_ttft_mean_ms),
+                f_int(srv.server_finished),
                 f_sig(ph.all.throughput_out_tok_s),
             )
     return {"charts": charts, "table": t if t.rows else None}

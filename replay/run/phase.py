@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,12 +33,50 @@ from replay.serving.prompt_tokens import UNKNOWN, known_count
 
 Schedule = ClosedLoop | OpenLoop
 
+SETTLE_S = 2.0  # the longest a phase's edge waits for the server's figures to settle
+SETTLE_POLL_S = 0.02
+
 
 class EdgeScraper(Protocol):
     """What a phase asks of /metrics: one scrape at each of its edges (a load process of
     ``--workers`` scrapes nothing: its parent does, around all of them)."""
 
     async def scrape_once(self) -> MetricsSnapshot | None: ...
+
+
+async def scrape_idle(scraper: EdgeScraper) -> MetricsSnapshot | None:
+    """A phase's first edge: once the server runs and queues nothing (at most ``SETTLE_S``),
+    so that what it finishes from here on is the phase's own."""
+    return await _scrape_until(
+        scraper, lambda s: not s.values.get("running") and not s.values.get("waiting")
+    )
+
+
+async def scrape_caught_up(
+    scraper: EdgeScraper, before: MetricsSnapshot | None, answered: int
+) -> MetricsSnapshot | None:
+    """A phase's last edge: once the server has counted every request the phase got a whole
+    answer to (at most ``SETTLE_S``). vLLM records a finished request's figures after its
+    last chunk may already have reached us, and a scrape just then would leave it out."""
+
+    def finished(s: MetricsSnapshot | None) -> float | None:
+        return s.histograms["e2e"]["count"] if s is not None and "e2e" in s.histograms else None
+
+    first = finished(before)
+    return await _scrape_until(
+        scraper, lambda s: first is None or (finished(s) or 0.0) - first >= answered
+    )
+
+
+async def _scrape_until(
+    scraper: EdgeScraper, settled: Callable[[MetricsSnapshot], bool]
+) -> MetricsSnapshot | None:
+    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    while True:
+        snap = await scraper.scrape_once()
+        if snap is None or settled(snap) or asyncio.get_running_loop().time() >= deadline:
+            return snap
+        await asyncio.sleep(SETTLE_POLL_S)
 
 
 @dataclass
@@ -75,6 +113,7 @@ class Phase:
     shard: AnyShard | None = None
     # pulled from the trace and not finished: at most what is in flight, plus one waiting
     pending: dict[int, Request] = field(default_factory=dict)
+    answered: int = 0  # requests with a whole answer ("ok"): the server has finished them
     halt: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -108,7 +147,7 @@ class Phase:
             if self.shard is not None:
                 items = self.shard.take(items)
             # Scrapes at the phase's edges make server-side deltas cover exactly this phase.
-            before = await scraper.scrape_once()
+            before = await scrape_idle(scraper)
             start = before.t if before is not None else self.clock.now()
             try:
                 with heap_frozen():
@@ -120,7 +159,7 @@ class Phase:
                 pass
             finally:
                 relay.cancel()
-            after = await scraper.scrape_once()
+            after = await scrape_caught_up(scraper, before, self.answered)
             end = after.t if after is not None else self.clock.now()
             if not self.stopping.is_set():
                 self._account_unsent((t for unit in items for t in unit), end)
@@ -193,6 +232,7 @@ class Phase:
                 res.reused_prefix_tokens = common_prefix(turn.previous_ids, res.prompt_ids)
             self.writer.write(res.to_json())
             self.pending.pop(i, None)
+            self.answered += res.status == "ok"
             self.progress.advance(t.name, self.label, res.status == "ok")
             budget.record(res.status, res.error_kind, res.http_status, res.error)
             if budget.spent:

@@ -35,7 +35,7 @@ from replay.core.shards import (
     open_loop_shards,
 )
 from replay.run.config import RunConfig
-from replay.run.phase import Phase, Schedule
+from replay.run.phase import Phase, Schedule, scrape_caught_up, scrape_idle
 from replay.run.progress import Progress
 from replay.run.runner import Runner
 from replay.run.shard_files import merge_shards, shard_results
@@ -229,18 +229,25 @@ class WorkersRunner(Runner):
             return None
         name, label = phase.target.name, phase.label
         self.progress.phase(name, label, total)
-        pool = WorkerPool(self._specs(phase), lambda ok: self.progress.advance(name, label, ok))
+        answered = 0
+
+        def advance(ok: bool) -> None:
+            nonlocal answered
+            answered += ok
+            self.progress.advance(name, label, ok)
+
+        pool = WorkerPool(self._specs(phase), advance)
         pool.start()
         try:
             await pool.until(
                 lambda: pool.ready | pool.ended == set(range(len(pool.procs))), self.stopping
             )
-            before = await phase.target.scraper.scrape_once()
+            before = await scrape_idle(phase.target.scraper)
             start = before.t if before is not None else self.clock.now()
             # The open loop's offsets count from here, in every worker, as in one process.
             pool.send(("go", self.clock.now()))
             await pool.until(lambda: self._watch(pool, name), self.stopping)
-            after = await phase.target.scraper.scrape_once()
+            after = await scrape_caught_up(phase.target.scraper, before, answered)
             end = after.t if after is not None else self.clock.now()
         finally:
             try:
