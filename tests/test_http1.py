@@ -20,7 +20,7 @@ import pytest
 
 from replay.core.records import Result
 from replay.core.trace import Request
-from replay.serving import http1
+from replay.serving import http1, kernel_stamps
 from replay.serving.client import Client
 
 REQ = Request(id="r", api="completions", prompt="hello", max_tokens=4)
@@ -43,12 +43,13 @@ Script = Callable[[int], tuple[list[tuple[float, bytes]], bool]]
 
 class ScriptedServer:
     """A loopback server of raw bytes in a thread of its own: ``connections`` accepted,
-    ``paths`` asked for."""
+    ``paths`` asked for, and when (perf_counter) each piece was written."""
 
     def __init__(self, script: Script) -> None:
         self.script = script
         self.connections = 0
         self.paths: list[str] = []
+        self.written: list[float] = []
         self.writers: list[asyncio.StreamWriter] = []
         self.handlers: list[asyncio.Task[None]] = []
         self.url = ""
@@ -77,6 +78,7 @@ class ScriptedServer:
                     if pause:
                         await asyncio.sleep(pause)
                     writer.write(data)
+                    self.written.append(time.perf_counter())
                     await writer.drain()
                 if close:
                     break
@@ -316,3 +318,29 @@ def test_sent_is_stamped_before_the_kernel_has_the_request() -> None:
         listener.close()
     assert not failed and [r.status for r in results] == ["ok"] * 20, failed
     assert all(r.sent is not None and r.sent <= t for r, t in zip(results, arrivals, strict=True))
+
+
+@pytest.mark.skipif(not kernel_stamps.AVAILABLE, reason="kernel receive stamps are Linux's")
+def test_a_read_is_stamped_when_its_bytes_arrived_not_when_the_loop_got_to_it() -> None:
+    """The client's loop is held for 300 ms while the first token arrives; its stamp is still
+    when the server wrote it (the kernel's receive time), not when the loop read it."""
+    head = SSE_HEAD + b"transfer-encoding: chunked\r\n\r\n"
+    script = fixed([(0.05, head + chunk(EVENT)), (0.0, chunk(DONE) + b"0\r\n\r\n")], False)
+
+    async def go() -> tuple[Result, float]:
+        client = Client(server.url, "m", timeout_s=10)  # clock: perf_counter, as the server's
+        try:
+            task = asyncio.create_task(client.send(REQ, Result("r", "t", "p", "b", 0.0)))
+            await asyncio.sleep(0.01)  # the request is written; its answer is 40 ms away
+            held_until = time.perf_counter() + 0.3
+            while time.perf_counter() < held_until:
+                pass
+            return await task, held_until
+        finally:
+            await client.close()
+
+    with ScriptedServer(script).running() as server:
+        result, held_until = asyncio.run(go())
+    assert result.status == "ok" and result.first_token is not None
+    assert server.written[0] < held_until - 0.2  # it arrived while the loop was held
+    assert server.written[0] <= result.first_token < server.written[0] + 0.02

@@ -7,7 +7,9 @@ reads it) were about half of the client's CPU (bench/README.md, "Where the time 
 burst of 256 sends held the loop long enough that the first tokens of the early requests
 waited to be stamped. Here a request is one prebuilt head and one write, and each read is
 stamped and handed to the response's ``Sink`` as it comes off the socket, before any task
-runs. aiohttp still makes every other call (introspection, /metrics, /tokenize).
+runs. aiohttp still makes every other call (introspection, /metrics, /tokenize). Over plain
+http on Linux a connection is a kernel-stamped socket (kernel_stamps.py): a read is stamped
+with when its bytes arrived, not when this process got to read them.
 
 Not done, on purpose: redirects (an answer must come from the target), compression (no
 Accept-Encoding is sent), proxies, HTTP/2, retries (a POST is sent once).
@@ -22,6 +24,8 @@ from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+from replay.serving import kernel_stamps
 
 # After an answer's [DONE], the rest of its HTTP message (the last chunk, often a read of its
 # own) is read before the connection is reused; a server that keeps sending has this long and
@@ -66,13 +70,23 @@ class BadResponse(Exception):
     """Bytes that are not an HTTP/1.1 response."""
 
 
+class _Wire(Protocol):
+    """What a connection writes to: the event loop's transport, or a kernel-stamped socket."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; at most one exchange at a time."""
 
     def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
         self.now = pool.now
-        self.transport: asyncio.Transport | None = None
+        self.transport: _Wire | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.sink: Sink | None = None
         self.waiter: asyncio.Future[None] | None = None
@@ -89,10 +103,13 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.transport = cast(_Wire, transport)
 
-    def data_received(self, data: bytes) -> None:
-        self.arrived = self.now()
+    def data_received(self, data: bytes) -> None:  # the transport's reads: stamped as they run
+        self.received(data, self.now())
+
+    def received(self, data: bytes, arrived: float) -> None:
+        self.arrived = arrived
         if not self.in_message:  # bytes nobody asked for, on an idle connection
             self._close()
             return
@@ -257,9 +274,14 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port, ssl=self.ssl
-                )
+                if self.ssl is None and kernel_stamps.AVAILABLE:
+                    conn = _Connection(self)
+                    sock = await kernel_stamps.connect(self.host, self.port)
+                    conn.transport = kernel_stamps.StampedSocket(sock, conn)
+                else:
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(self), self.host, self.port, ssl=self.ssl
+                    )
         except TimeoutError:
             raise ConnectTimeout(
                 f"no answer to the TCP connect to {self.host}:{self.port} within "
