@@ -38,12 +38,13 @@ import functools
 import resource
 import signal
 import socket
-import struct
 import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
+
+from replay.serving import kernel_stamps
 
 MAX_MODEL_LEN = 4096
 MAX_HEADER_BYTES = 64 * 1024
@@ -230,7 +231,7 @@ class ServerProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket") if hasattr(transport, "get_extra_info") else None
-        if sock is not None:  # uvloop's transport (--burst); KernelStamped sets its own
+        if sock is not None:  # uvloop's transport (--burst); the stamped socket sets its own
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -238,9 +239,18 @@ class ServerProtocol(asyncio.Protocol):
             self.stream.timer.cancel()
         self.stream = None
 
+    # A kernel-stamped socket's reads (replay/serving/kernel_stamps.py): a request's arrival
+    # is when the kernel received its bytes, not when this process's loop got round to it (at
+    # 256 streams the loop is busy a third of the time writing chunks, and a request read
+    # behind that work would count as the client's request leg).
+    now = staticmethod(time.perf_counter)
+
+    def received(self, data: bytes, arrived: float) -> None:
+        self.data_received(data, arrived)
+
     def data_received(self, data: bytes, read_at: float | None = None) -> None:
-        # read_at: the kernel's receive stamp (KernelStamped); uvloop's transport, which
-        # --burst uses because no time is measured there, gives none.
+        # read_at: the kernel's receive stamp; uvloop's transport, which --burst uses because
+        # no time is measured there, gives none.
         self.read_at = time.perf_counter() if read_at is None else read_at
         if self.burst and not self.buf and (answer := BURST_REPLIES.get(data)) is not None:
             self.transport.write(answer)  # a request seen before, byte for byte
@@ -355,94 +365,6 @@ def _pop_stamps(prefix: str) -> bytes:
     return orjson.dumps({"streams": streams, "cpu_s": ru.ru_utime + ru.ru_stime})
 
 
-class KernelStamped:
-    """One accepted connection, read with ``recvmsg`` so that every read carries the time the
-    kernel received its bytes (SO_TIMESTAMPNS): a request's arrival is that, not when this
-    process's loop got round to it (at 256 streams the loop is busy a third of the time
-    writing chunks, and a request read behind that work would count as the client's request
-    leg). Writes go straight to the socket, the rest queued until it is writable."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-        self.loop, self.sock = loop, sock
-        self.out = bytearray()
-        self.closed = False
-        self.proto = ServerProtocol()
-        self.proto.connection_made(self)  # type: ignore[arg-type]
-        loop.add_reader(sock.fileno(), self._readable)
-
-    def _readable(self) -> None:
-        try:
-            data, anc, _, _ = self.sock.recvmsg(1 << 16, 256)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data, anc = b"", []
-        if not data:
-            self.close()
-            return
-        read_at = time.perf_counter()
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
-                sec, nsec = struct.unpack("qq", raw[:16])
-                read_at = sec + nsec * 1e-9 - REALTIME_MINUS_PERF
-        self.proto.data_received(data, read_at)
-
-    def write(self, data: bytes) -> None:
-        if self.closed:
-            return
-        if not self.out:
-            try:
-                sent = self.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                self.close()
-                return
-            if sent == len(data):
-                return
-            data = data[sent:]
-            self.loop.add_writer(self.sock.fileno(), self._writable)
-        self.out += data
-
-    def _writable(self) -> None:
-        try:
-            sent = self.sock.send(self.out)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self.close()
-            return
-        del self.out[:sent]
-        if not self.out:
-            self.loop.remove_writer(self.sock.fileno())
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.loop.remove_reader(self.sock.fileno())
-        if self.out:
-            self.loop.remove_writer(self.sock.fileno())
-        self.sock.close()
-        self.proto.connection_lost(None)
-
-
-def _realtime_minus_perf() -> float:
-    """CLOCK_REALTIME (the kernel's receive stamps) minus perf_counter (every other stamp),
-    read where the two readings are closest together."""
-    best = (float("inf"), 0.0)
-    for _ in range(50):
-        a = time.perf_counter()
-        wall = time.time()
-        b = time.perf_counter()
-        best = min(best, (b - a, wall - (a + b) / 2))
-    return best[1]
-
-
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-REALTIME_MINUS_PERF = _realtime_minus_perf()
-
-
 async def _serve(fd: int) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -457,6 +379,8 @@ async def _serve(fd: int) -> None:
             server.close()
         return
     listener.setblocking(False)
+    # On the listener, so that accepted sockets have it before their first bytes arrive.
+    listener.setsockopt(socket.SOL_SOCKET, kernel_stamps.SO_TIMESTAMPNS, 1)
     listener.listen(1024)
 
     def accept() -> None:
@@ -467,8 +391,8 @@ async def _serve(fd: int) -> None:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            KernelStamped(loop, sock)
+            proto = ServerProtocol()
+            proto.connection_made(kernel_stamps.StampedSocket(sock, proto))  # type: ignore[arg-type]
 
     loop.add_reader(listener.fileno(), accept)
     try:

@@ -63,8 +63,8 @@ async def connect(host: str, port: int) -> socket.socket:
 
 
 class StampedSocket:
-    """The transport side of one connection (``write``, ``abort``, ``is_closing``), its reads
-    delivered to ``receiver`` with their kernel receive times."""
+    """The transport side of one connection (``write``, ``close``, ``abort``, ``is_closing``),
+    its reads delivered to ``receiver`` with their kernel receive times."""
 
     def __init__(self, sock: socket.socket, receiver: Receiver) -> None:
         self.loop = asyncio.get_running_loop()
@@ -72,6 +72,7 @@ class StampedSocket:
         self.fd = sock.fileno()
         self.pending = b""  # written but not yet taken by the socket
         self.closed = False
+        self.closing = False  # close() once what is pending is written
         self.loop.add_reader(self.fd, self._readable)
 
     def _readable(self) -> None:
@@ -96,7 +97,7 @@ class StampedSocket:
         self.receiver.received(data, arrived)
 
     def write(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self.closing:
             return
         if not self.pending:
             try:
@@ -123,9 +124,17 @@ class StampedSocket:
         self.pending = self.pending[n:]
         if not self.pending:
             self.loop.remove_writer(self.fd)
+            if self.closing:
+                self._lost(None)
 
     def is_closing(self) -> bool:
-        return self.closed
+        return self.closed or self.closing
+
+    def close(self) -> None:
+        if self.pending:
+            self.closing = True
+        else:
+            self._lost(None)
 
     def abort(self) -> None:
         self._lost(None)
