@@ -679,6 +679,7 @@ def client_version() -> dict[str, Any]:
     files = (
         "replay/serving/client.py",
         "replay/serving/http1.py",
+        "replay/serving/kernel_stamps.py",
         "replay/serving/accumulator.py",
         "replay/serving/error_answers.py",
         "replay/serving/sse.py",
