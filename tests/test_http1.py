@@ -344,3 +344,15 @@ def test_a_read_is_stamped_when_its_bytes_arrived_not_when_the_loop_got_to_it() 
     assert result.status == "ok" and result.first_token is not None
     assert server.written[0] < held_until - 0.2  # it arrived while the loop was held
     assert server.written[0] <= result.first_token < server.written[0] + 0.02
+
+
+@pytest.mark.skipif(not kernel_stamps.AVAILABLE, reason="kernel receive stamps are Linux's")
+def test_a_kernel_without_receive_stamps_still_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where SO_TIMESTAMPNS is refused (an unknown option number here), reads carry no
+    kernel stamp and are stamped as they run; nothing else changes."""
+    monkeypatch.setattr(kernel_stamps, "SO_TIMESTAMPNS", 0x7FFF)
+    with ScriptedServer(stream()).running() as server:
+        results = send_all(server.url, 2)
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert all(r.sent is not None and r.first_token is not None for r in results)
+    assert all(r.first_token >= r.sent for r in results)  # type: ignore[operator]
