@@ -96,14 +96,18 @@ def test_every_request_once_and_ttft_agrees_with_server(
     assert None not in (*ttft, *e2e)
     # The server's means are over the phase's own requests, every one of them.
     assert phase["server"]["server_finished"] == len(max_tokens)
-    # The engine's clocks start when it got the request; the client's when it sent it, so
-    # both of the client's figures also hold what the API server did first (HTTP, the chat
-    # template, tokenizing), which on 2 busy cores ranges from a few to tens of milliseconds
-    # from run to run. Measured in the same run by the E2E gap, it must be the TTFT gap too:
-    # at concurrency 1 the two differ by the stream's end (the last chunk, [DONE]).
-    front = e2e[0] - e2e[1]
-    assert front >= 0, e2e
-    assert abs((ttft[0] - ttft[1]) - front) <= 0.1 * ttft[1] + 10, (ttft, e2e)
+    # The engine's clocks start when it got the request, the client's just before it wrote
+    # it; the engine's stop when its output reached the API server, the client's when the
+    # bytes reached the client's socket. So neither client mean can be below the server's
+    # (it was, when `sent` was stamped after the write: the write woke vLLM, which then held
+    # both cores for the whole answer before the client ran again).
+    assert e2e[0] >= e2e[1], e2e
+    assert ttft[0] >= ttft[1] - 0.5, ttft  # 0.5 ms: the two processes' clock readings
+    # How far above is not asserted: the client's stamps are the kernel's receive times, but
+    # TCP gives one stamp per read, the last segment's. On 2 cores busy with vLLM the client
+    # may not run until several chunks have arrived; the earlier ones then carry the later
+    # one's time (one CI run: TTFT 50.4 against 24.3 ms while E2E was 58.7 against 57.5).
+    # bench/client_overhead.py measures the agreement where the client has a core of its own.
     # Metrics time series were scraped into the run directory.
     series = (run_dir / "metrics" / "bf16.jsonl").read_text().splitlines()
     assert len(series) >= 2 and "kv_usage" in json.loads(series[-1])
