@@ -265,16 +265,15 @@ def test_a_connection_idle_longer_than_servers_keep_it_is_not_reused(
     assert server.connections == 3  # one for the quick pair, two for the slow one
 
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value where Python lacks it
-
-
 def test_sent_is_stamped_before_the_kernel_has_the_request() -> None:
     """The write wakes the server, and on busy cores the scheduler may run it (and the whole
     answer) before the writer again; ``sent`` is therefore stamped before the write, so it
     can never fall after the server got the request. The kernel's receive time of each
     request (SO_TIMESTAMPNS, the wall clock, which the client is given too) is the judge."""
     listener = socket.create_server(("127.0.0.1", 0))
-    listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # accepted sockets inherit it
+    listener.setsockopt(
+        socket.SOL_SOCKET, kernel_stamps.SO_TIMESTAMPNS, 1
+    )  # accepted sockets inherit it
     listener.settimeout(10)
     arrivals: list[float] = []
     answer = SSE_HEAD + b"content-length: %d\r\n\r\n%s" % (len(EVENT + DONE), EVENT + DONE)
@@ -291,7 +290,7 @@ def test_sent_is_stamped_before_the_kernel_has_the_request() -> None:
                     sec, nsec = next(
                         struct.unpack("qq", raw[:16])
                         for level, kind, raw in anc
-                        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
+                        if level == socket.SOL_SOCKET and kind == kernel_stamps.SO_TIMESTAMPNS
                     )
                     arrivals.append(sec + nsec * 1e-9)
                     assert data.startswith(b"POST ") and data.endswith(b"}"), data  # one read
@@ -343,7 +342,8 @@ def test_a_read_is_stamped_when_its_bytes_arrived_not_when_the_loop_got_to_it() 
         result, held_until = asyncio.run(go())
     assert result.status == "ok" and result.first_token is not None
     assert server.written[0] < held_until - 0.2  # it arrived while the loop was held
-    assert server.written[0] <= result.first_token < server.written[0] + 0.02
+    # The server stamps after its write returns; the kernel received the bytes inside it.
+    assert server.written[0] - 0.005 <= result.first_token < server.written[0] + 0.02
 
 
 @pytest.mark.skipif(not kernel_stamps.AVAILABLE, reason="kernel receive stamps are Linux's")
