@@ -71,10 +71,11 @@ async def scrape_caught_up(
 async def _scrape_until(
     scraper: EdgeScraper, settled: Callable[[MetricsSnapshot], bool]
 ) -> MetricsSnapshot | None:
-    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SETTLE_S
     while True:
         snap = await scraper.scrape_once()
-        if snap is None or settled(snap) or asyncio.get_running_loop().time() >= deadline:
+        if snap is None or settled(snap) or loop.time() >= deadline:
             return snap
         await asyncio.sleep(SETTLE_POLL_S)
 
