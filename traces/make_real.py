@@ -5,7 +5,7 @@ PSF license): modules' code and docstrings, cut to a token length drawn per requ
 SmolLM2-135M-Instruct's tokenizer (``replay model --real``). Five kinds of request, none with a
 ``check`` (production traffic has no labels; the reference's answers grade them):
 
-- ``doc``: a source excerpt of 0.3K-7.5K tokens and a question about one function in it;
+- ``doc``: a source excerpt of 0.8K-7.5K tokens and a question about one function in it;
 - ``json``: a short excerpt and "list its functions as a JSON array";
 - ``code``: "write a Python function that ..." (a fixed list of small tasks);
 - ``summary``: a docstring and "summarize it in one sentence";
@@ -76,11 +76,11 @@ CODE_TASKS = (
     "returns the product of all numbers in a list",
 )
 
-KIND_LENGTHS = {  # (min, max) prompt tokens of the text put in the prompt
-    "doc": (300, 7500),
-    "json": (150, 600),
+KIND_LENGTHS = {  # (min, max) prompt tokens of the text put in the prompt, drawn log-uniform
+    "doc": (800, 7500),
+    "json": (200, 1500),
     "summary": (120, 1200),
-    "session": (300, 3000),
+    "session": (400, 4000),
 }
 MAX_TOKENS = {"doc": 96, "json": 96, "code": 128, "summary": 64, "session": 64}
 SYSTEM = "You are a helpful assistant. Answer briefly."
@@ -105,16 +105,19 @@ def functions(source: str) -> list[ast.FunctionDef]:
 
 
 def excerpt(tok: Any, source: str, start_line: int, n_tokens: int) -> str:
-    """Lines of ``source`` from ``start_line`` until ``n_tokens`` tokens (about)."""
-    lines = source.splitlines()[start_line:]
-    text, used = [], 0
-    for line in lines:
-        cost = len(tok.encode(line + "\n", add_special_tokens=False))
-        if used + cost > n_tokens and text:
-            break
-        text.append(line)
-        used += cost
-    return "\n".join(text)
+    """About ``n_tokens`` tokens of ``source`` from ``start_line`` on; when the file ends
+    first, lines before ``start_line`` are added until it is long enough (or whole)."""
+    lines = source.splitlines()
+    cost = [len(tok.encode(line + "\n", add_special_tokens=False)) for line in lines]
+    lo = hi = min(start_line, len(lines))
+    used = 0
+    while hi < len(lines) and (used + cost[hi] <= n_tokens or hi == lo):
+        used += cost[hi]
+        hi += 1
+    while lo > 0 and used + cost[lo - 1] <= n_tokens:
+        lo -= 1
+        used += cost[lo]
+    return "\n".join(lines[lo:hi])
 
 
 def log_line(rid: str, t: float, messages: list[dict[str, str]], max_tokens: int, **more: Any):
@@ -140,17 +143,25 @@ def requests(tok: Any, n: int, kinds: list[str], seed: int, oversize: int) -> It
             yield row
         i += 1
     for j in range(oversize):
-        name, source = rng.choice([s for s in sources if len(s[1]) > 60_000])
-        text = excerpt(tok, source, 0, 8300)
-        yield log_line(
-            f"real-{seed}-oversize-{j}",
-            t + j,
-            [
+        # The longest modules, one after another, until the prompt is past the 8,192-token
+        # context as the server renders it.
+        ranked = sorted(sources, key=lambda s: -len(s[1]))
+        text, k = "", 0
+        while True:
+            text += ranked[k % len(ranked)][1] + "\n"
+            k += 1
+            messages = [
                 {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"{text}\n\nWhat does the module {name} do?"},
-            ],
-            64,
-        )
+                {"role": "user", "content": f"{text}\n\nWhat does this code do?"},
+            ]
+            if (
+                len(
+                    tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+                )
+                > 8300
+            ):
+                break
+        yield log_line(f"real-{seed}-oversize-{j}", t + j, messages, 64)
 
 
 def _one(
@@ -164,8 +175,10 @@ def _one(
     lo, hi = KIND_LENGTHS[kind]
     # Log-uniform lengths: as many short prompts as long ones per factor of length.
     n_tokens = int(lo * (hi / lo) ** rng.random())
+    # A source long enough for the length drawn, where there is one (about 3 chars a token).
+    long_enough = [s for s in sources if len(s[1]) >= 3 * n_tokens] or sources
     while True:
-        _, source = rng.choice(sources)
+        _, source = rng.choice(long_enough)
         defs = functions(source)
         if defs:
             break

@@ -23,6 +23,7 @@ from rich.progress import (
 )
 
 from replay.analysis.schemas import Summary
+from replay.analysis.verdict.advice import read_advice
 from replay.cli.common import console, table_console
 from replay.cli.run_options import RunOptions
 from replay.core.buckets import Buckets
@@ -187,11 +188,40 @@ def resolve_targets(o: RunOptions) -> list[TargetSpec]:
         model_dir = ensure_default_model()
         console.print(f"using the embedded test model {escape(str(model_dir))}")
     specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config)
+    if o.skip_layers:
+        specs = with_skip_layers(specs, o.skip_layers)
     if o.emulate_fp8:
         specs = [emulate_fp8(s) for s in specs]
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
     return specs
+
+
+def with_skip_layers(specs: list[TargetSpec], text: str) -> list[TargetSpec]:
+    """``--skip-layers NAME=0,29``: NAME's server keeps those layers' KV cache in BF16
+    (vLLM's flag takes one index a word), and NAME is the layers arm (unless declared)."""
+    name, sep, layers = text.partition("=")
+    name = name.strip()
+    try:
+        indices = sorted({int(x) for x in layers.replace(",", " ").split()})
+    except ValueError:
+        indices = []
+    if not sep or not indices or any(i < 0 for i in indices):
+        raise InputError(
+            f"--skip-layers {text!r}: expected NAME=LAYERS, layer indices from 0 (fp8-skip=0,29)"
+        )
+    spec = next((s for s in specs if s.name == name), None)
+    if spec is None:
+        raise InputError(f"--skip-layers: '{name}' is not one of the targets")
+    if not spec.is_local:
+        raise InputError(
+            f"--skip-layers: '{name}' is a server kvcanary does not start; start it with "
+            f"--kv-cache-dtype-skip-layers {' '.join(map(str, indices))} and give it "
+            'role = "layers" in a targets file'
+        )
+    flag = ("--kv-cache-dtype-skip-layers", *map(str, indices))
+    changed = replace(spec, args=(*spec.args, *flag), role=spec.role or "layers")
+    return [changed if s.name == name else s for s in specs]
 
 
 def run_directory(o: RunOptions, resuming: Resuming | None) -> Path:
@@ -302,6 +332,7 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         drain_s=o.drain_s,
         resume=resume,
         cli_options=o.to_json(),
+        advice=read_advice(o.advice_path) if o.advice_path else None,
     )
 
 

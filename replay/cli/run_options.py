@@ -79,6 +79,8 @@ class RunOptions:
     max_requests: int | None = None
     max_time: float | None = None
     workers: int = 1
+    skip_layers: str | None = None
+    advice_path: Path | None = None
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -263,6 +265,20 @@ RUN_OPTIONS = [
         "--calibrated",
         help="Target with calibrated scales [default: a targets-file "
         "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal].",
+    ),
+    click.option(
+        "--skip-layers",
+        metavar="NAME=LAYERS",
+        help="Serve the local target NAME with these layers' KV cache in BF16 "
+        "(--kv-cache-dtype-skip-layers; e.g. fp8-skip=0,29): the layers arm of the stop rule, "
+        "what `kvcal advise` proposes.",
+    ),
+    click.option(
+        "--advice",
+        "advice_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="A `kvcal advise --json` file: its emulated figures (layers to keep in BF16, "
+        "per-head scales, the backend's rounding) become the verdict's next-step evidence.",
     ),
     click.option(
         "--emulate-fp8",

@@ -62,6 +62,9 @@ class Result:
     # and the output, for agreement positions and teacher-forced scoring.
     prompt_ids: list[int] | None = None
     output_ids: list[int] = field(default_factory=list)
+    # The log-probability of each output token under this target, as it generated it (asked
+    # for when teacher-forced scoring is on: a target's own answer scores itself for free).
+    output_logprobs: list[float] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     # True when the server reported no usage at all, so ``output_tokens`` counts content chunks.

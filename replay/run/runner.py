@@ -22,7 +22,6 @@ from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
 from replay.core.errors import ServerStartError, TargetError
-from replay.core.records import Result
 from replay.core.schedule import MonotonicClock
 from replay.core.sessions import has_sessions
 from replay.run.analyze import Analysis, analyse, target_for_summary
@@ -45,7 +44,7 @@ from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
 from replay.run.sweep import stop_rising
-from replay.run.teacher import Scoring, reference_answers, score_answers
+from replay.run.teacher import Scoring, reference_offsets, score_answers
 from replay.serving.client import Client
 from replay.serving.introspect import (
     MetricsSnapshot,
@@ -56,6 +55,7 @@ from replay.serving.introspect import (
     served_model,
 )
 from replay.serving.local_server import LocalServer
+from replay.serving.prompt_scores import serves_cached_scores
 from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_pool
 from replay.serving.scale_log import scale_lines
 from replay.serving.targets import check_served_dtype
@@ -210,10 +210,10 @@ class Runner:
         trace, with the prompt's text (capped) only where derived grading reads it."""
         return {r.id: grading_spec(r) for r in self.cfg.trace.iter_requests() if r.id in ids}
 
-    def _reference_answers(self) -> Iterator[Result]:
-        return reference_answers(
-            self.cfg.run_dir / RESULTS, self.reference, self.cfg.schedules[0].label
-        )
+    def _reference_ids(self) -> Iterator[str]:
+        """The reference's first-phase answers that teacher-forced scoring can use."""
+        c = self.cfg
+        return iter(reference_offsets(c.run_dir / RESULTS, self.reference, c.schedules[0].label))
 
     # -- resume ---------------------------------------------------------------------------
     def _names(self, name: str) -> list[str]:
@@ -233,9 +233,7 @@ class Runner:
         ]
         phases_done = all(all(req.id in d for d in done) for req in self.cfg.trace.iter_requests())
         tf_due = self.cfg.teacher_forced and any(
-            (n, r.request_id) not in self.resume.tf_done
-            for r in self._reference_answers()
-            for n in names
+            (n, rid) not in self.resume.tf_done for rid in self._reference_ids() for n in names
         )
         return phases_done and not tf_due
 
@@ -324,6 +322,7 @@ class Runner:
                 timeout_s=self.cfg.timeout_s,
                 seed=self.cfg.seed,
                 epoch=self.clock.epoch,
+                token_logprobs=self.cfg.teacher_forced,
             )
             try:
                 await self._phases(run, session, client, url)
@@ -358,15 +357,8 @@ class Runner:
         scraper = Scraper(session, url, self.clock.now, sink)
         scraper.start()
         try:
-            yield TargetSession(
-                run.spec.name,
-                client,
-                counts,
-                pool,
-                run.budget,
-                scraper,
-                max_model_len=run.info.get("max_model_len"),
-            )
+            mml = run.info.get("max_model_len")
+            yield TargetSession(run.spec.name, client, counts, pool, run.budget, scraper, mml)
         finally:
             await scraper.stop()
             series.close()
@@ -394,7 +386,9 @@ class Runner:
                     self.tf_writer,
                     self.progress,
                     self.cfg.timeout_s,
-                    salt="",
+                    salt=None,
+                    # A local server is started to serve them; an external one is asked.
+                    cached=run.spec.is_local or await serves_cached_scores(session, url),
                 )
                 await self._teacher_forced(run, scoring)
                 if run.spec.name == self.reference and self.control is not None:
@@ -473,17 +467,19 @@ class Runner:
         return await phase.run()
 
     async def _teacher_forced(self, run: TargetRun, scoring: Scoring) -> None:
-        """Score the reference's first-phase answers under this target."""
+        """Score the reference's first-phase answers under this target (its own answers and
+        its prefix cache under its first phase's salt save most of the work)."""
         assert self.ref_done is not None
         await self.ref_done.wait()
-        name = run.spec.name
-
-        def answers() -> Iterator[Result]:
-            done = self.resume.tf_done
-            return (r for r in self._reference_answers() if (name, r.request_id) not in done)
-
-        salt = f"{self.cfg.run_dir.name}.{name}.tf"
-        await score_answers(name, answers, replace(scoring, salt=salt))
+        name, first = run.spec.name, self.cfg.schedules[0].label
+        await score_answers(
+            name,
+            self.cfg.run_dir / RESULTS,
+            self.reference,
+            first,
+            self.resume.tf_done,
+            replace(scoring, salt=self.cfg.phase_salt(name, first)),
+        )
 
     def _budget_spent(self, run: TargetRun) -> None:
         run.spend_budget()

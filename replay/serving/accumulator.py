@@ -154,6 +154,9 @@ class StreamAccumulator:
                     r.output_truncated = True
             if r.prompt_ids is None and choice.get("prompt_token_ids"):
                 r.prompt_ids = list(choice["prompt_token_ids"])
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                self._logprobs(logprobs)
             delta = choice.get("delta")
             if delta is not None or "delta" in choice:
                 delta = delta or {}
@@ -185,6 +188,24 @@ class StreamAccumulator:
                     raise TypeError(f"finish_reason {str(finish)[:50]} is not a string")
                 r.finish_reason = finish[:100]
         return produced
+
+    def _logprobs(self, logprobs: Any) -> None:
+        """The log-probabilities of this chunk's tokens: chat's ``content`` entries or
+        completions' ``token_logprobs``, kept beside ``output_ids`` (and cut with them)."""
+        r = self.r
+        if "content" in logprobs:
+            values = [entry["logprob"] for entry in logprobs["content"] or ()]
+        else:
+            values = list(logprobs.get("token_logprobs") or ())
+        for v in values:
+            if not isinstance(v, int | float) or isinstance(v, bool) or not v <= 0.0:
+                raise TypeError(f"token logprob {str(v)[:50]} is not a number <= 0")
+        if r.output_logprobs is None:
+            r.output_logprobs = []
+        if len(r.output_logprobs) + len(values) <= MAX_STORED_TOKENS:
+            r.output_logprobs.extend(float(v) for v in values)
+        else:
+            r.output_truncated = True
 
     def _cut(self, text: str) -> None:
         """Keep what of ``text`` still fits under the answer cap."""

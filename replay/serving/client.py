@@ -128,10 +128,13 @@ class Client:
         epoch: float = 0.0,
         max_event_bytes: int = MAX_EVENT_BYTES,
         max_answer_chars: int = MAX_ANSWER_CHARS,
+        token_logprobs: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_event_bytes = max_event_bytes
         self.max_answer_chars = max_answer_chars
+        # Ask for each output token's log-probability (teacher-forced scoring reads them).
+        self.token_logprobs = token_logprobs
         self.model = model
         self.seed = seed
         self.timeout_s = timeout_s
@@ -164,8 +167,12 @@ class Client:
         }
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
+        chat = req.api == "chat"
+        if self.token_logprobs:
+            # The sampled token's own log-probability only: no alternatives, little to send.
+            body.update({"logprobs": True, "top_logprobs": 0} if chat else {"logprobs": 0})
         body.update(req.params)
-        if req.api == "chat":
+        if chat:
             body["messages"] = list(req.messages or ())
             if req.tools:
                 body["tools"] = list(req.tools)

@@ -28,6 +28,7 @@ from replay.analysis.schemas import (
 from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
 from replay.analysis.stats.evidence import Evidence
 from replay.analysis.stats.evidence import evidence as pairs_evidence
+from replay.analysis.verdict.advice import Advice, advice_facts
 from replay.analysis.verdict.serving_path import error_problem, serving_problems
 from replay.serving.scale_log import is_emulated
 
@@ -119,6 +120,11 @@ class Facts:
     below_break_even: bool | None = None
     per_head_supported: bool = False
     outlier_layers: tuple[int, ...] = ()
+    # FP8 with some layers' cache in BF16, served (``--skip-layers``): the layers it keeps.
+    layers: ArmFacts | None = None
+    layers_skipped: tuple[int, ...] = ()
+    # ``kvcal advise``'s emulated figures and advice (``--advice``), for the next step.
+    advice: Advice | None = None
     # A sequential canary: its decision replaces the fixed design's at scale 1.0.
     sequential: Sequential | None = None
 
@@ -199,10 +205,18 @@ def facts_from_run(
                 *candidate_arm.serving_problems,
             ),
         )
+    layers = roles.layers
     return Facts(
         reference=reference,
         candidate=candidate_arm,
         calibrated=_arm_facts(cal, True, targets, phases, manifest, thresholds),
+        layers=_arm_facts(
+            layers, _on_overlay(manifest, layers, reference), targets, phases, manifest, thresholds
+        ),
+        layers_skipped=_skipped(manifest, layers),
+        advice=advice_facts(manifest.get("options") or {}),
+        per_head_supported=_per_head_supported(manifest, cal),
+        outlier_layers=_outlier_layers(manifest, cal),
         capacity_ratio=_capacity_ratio(ref_t, targets.get(cand or ""), cand_emulated),
         latency_better=s.systems.latency_better if s.systems and not cand_emulated else None,
         capacity_needed=(max(usage) >= thresholds.capacity_needed_usage) if usage else None,
@@ -210,6 +224,59 @@ def facts_from_run(
         **_goodput(ref_t, targets.get(cand or ""), cand_emulated),
         sequential=s.sequential,
     )
+
+
+def _on_overlay(manifest: Mapping[str, Any], name: str | None, reference: str) -> bool:
+    """Whether a target serves another checkpoint than the reference (a calibrated overlay:
+    its scales must be applied, and its model path differs by design)."""
+    targets = manifest.get("targets") or {}
+    mine = ((targets.get(name or "") or {}).get("spec") or {}).get("model")
+    ref = ((targets.get(reference) or {}).get("spec") or {}).get("model")
+    return bool(mine and ref and mine != ref)
+
+
+def _skipped(manifest: Mapping[str, Any], name: str | None) -> tuple[int, ...]:
+    """The layers a target's server keeps in BF16 (its ``--kv-cache-dtype-skip-layers``)."""
+    args = list(
+        (((manifest.get("targets") or {}).get(name or "") or {}).get("spec") or {}).get("args")
+        or []
+    )
+    flag = "--kv-cache-dtype-skip-layers"
+    if flag not in args:
+        return ()
+    out = []
+    for word in args[args.index(flag) + 1 :]:
+        if str(word).startswith("-"):
+            break
+        out += [int(x) for x in str(word).split(",") if x.strip().isdigit()]
+    return tuple(out)
+
+
+def _calibration_report(manifest: Mapping[str, Any], name: str | None) -> Mapping[str, Any]:
+    """The calibrated target's ``kvcal_report.json`` (its overlay's), when it is local."""
+    import json
+    from pathlib import Path
+
+    model = (((manifest.get("targets") or {}).get(name or "") or {}).get("spec") or {}).get("model")
+    path = Path(str(model)) / "kvcal_report.json" if model else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _per_head_supported(manifest: Mapping[str, Any], cal: str | None) -> bool:
+    return bool(_calibration_report(manifest, cal).get("per_head_supported"))
+
+
+def _outlier_layers(manifest: Mapping[str, Any], cal: str | None) -> tuple[int, ...]:
+    """The layers calibration found standing out (its advice), measured on the samples."""
+    advice = _calibration_report(manifest, cal).get("advice") or {}
+    layers = advice.get("outlier_layers") if isinstance(advice, dict) else None
+    return tuple(int(x) for x in layers or () if isinstance(x, int))
 
 
 def _goodput(
