@@ -10,7 +10,6 @@ not exercise the FP8 cache on this backend, and the report says so rather than "
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import orjson
 
 from replay.core.iterate import closing, pooled
 from replay.core.records import Result
+from replay.core.strict import number
 from replay.run.progress import Progress
 from replay.run.rundir import JsonlWriter
 from replay.serving.introspect import EndpointError, fetch_json, quote
@@ -49,10 +49,10 @@ def _position(entry: Any, token: int) -> tuple[float, bool] | None:
     hit = entry.get(str(token))
     if not isinstance(hit, dict):
         return None
-    lp = hit.get("logprob")
-    if not isinstance(lp, int | float) or isinstance(lp, bool) or not math.isfinite(lp):
+    lp = number(hit.get("logprob"))
+    if lp is None:
         return None
-    return -float(lp), hit.get("rank") == 1
+    return -lp, hit.get("rank") == 1
 
 
 def parse_scores(body: Any, prompt_len: int, output_ids: Sequence[int]) -> TFScore:
