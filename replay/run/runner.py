@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -21,7 +21,7 @@ import aiohttp
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
-from replay.core.errors import ServerStartError, TargetError
+from replay.core.errors import RunDirError, ServerStartError, TargetError
 from replay.core.records import Result
 from replay.core.schedule import MonotonicClock
 from replay.core.sessions import has_sessions
@@ -89,17 +89,20 @@ class Runner:
         self.ref_done: asyncio.Event | None = None
         self.stopping = asyncio.Event()
         self.interrupted = False
+        # The first write to the run directory that failed (a full disk): the run stops.
+        self.storage: RunDirError | None = None
+        self._main: asyncio.Future[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self.resume = ResumeState.load(cfg.run_dir) if cfg.resume else ResumeState()
         self.sessions = has_sessions(cfg.trace.iter_requests())
         self.history = (
-            ReferenceHistory(cfg.run_dir, self.reference)
+            ReferenceHistory(cfg.run_dir, self.reference, on_failure=self._storage_failed)
             if self.sessions
             and check_mode(cfg.session_history, cfg.parallel_targets) == "reference"
             else None
         )
-        self.writer = JsonlWriter(cfg.run_dir / RESULTS)
-        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED)
+        self.writer = JsonlWriter(cfg.run_dir / RESULTS, self._storage_failed)
+        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self._storage_failed)
         self.started_at = time.time()
 
     def _budget(self) -> ErrorBudget:
@@ -128,20 +131,49 @@ class Runner:
         return {**self.runs, **extra}
 
     def save_manifest(self) -> None:
-        write_json(self.cfg.run_dir / MANIFEST, self.manifest())
+        self.guarded(lambda: write_json(self.cfg.run_dir / MANIFEST, self.manifest()))
+
+    def guarded(self, write: Callable[[], object]) -> None:
+        """A write to the run directory during the run: one that fails stops the run."""
+        try:
+            write()
+        except RunDirError as err:
+            self._storage_failed(err)
+
+    def _storage_failed(self, err: RunDirError) -> None:
+        """A file of the run directory could not be written: nothing more can be recorded, so
+        the run stops at once (what is in flight would have nowhere to go; ``--resume`` sends
+        it again), and ``run`` raises the error once every server is stopped."""
+        if self.storage is not None:
+            return
+        self.storage = err.in_run(str(self.cfg.run_dir))
+        self.progress.status(f"stopping: cannot write {err.path} ({err.reason})")
+        self.stopping.set()
+        self._cancel_main()
+
+    def _cancel_main(self) -> None:
+        if self._main is not None:
+            self._main.cancel()
 
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad())
+        self.guarded(lambda: write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad()))
         self.save_manifest()
         self.ref_done = asyncio.Event()
+        if self.storage is None:
+            await self._run_targets()
+        if self.storage is not None:
+            raise self.storage
+        return self.write_summary()
+
+    async def _run_targets(self) -> None:
         main = asyncio.ensure_future(self._all_targets())
         self._main = main
         try:
             with interrupts(self.interrupt):
                 await main
         except asyncio.CancelledError:
-            if not self.interrupted:
+            if not (self.interrupted or self.storage):
                 raise
         finally:
             if self._drain_task is not None:
@@ -151,7 +183,6 @@ class Runner:
             if self.history is not None:
                 self.history.close()
             self.save_manifest()
-        return self.write_summary()
 
     async def _all_targets(self) -> None:
         if self.cfg.parallel_targets:
@@ -167,7 +198,7 @@ class Runner:
         ``drain_s``, then cancel them. A second one cancels at once. Summary and reports are
         written either way; ``--resume`` completes the run."""
         if self.stopping.is_set():
-            self._main.cancel()
+            self._cancel_main()
             return
         self.interrupted = True
         self.stopping.set()
@@ -178,7 +209,7 @@ class Runner:
 
         async def drain() -> None:
             await asyncio.sleep(self.cfg.drain_s)
-            self._main.cancel()
+            self._cancel_main()
 
         self._drain_task = asyncio.ensure_future(drain())
 
@@ -350,7 +381,9 @@ class Runner:
             problems=run.info["problems"],
         )
         run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
-        series = JsonlWriter(self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl")
+        series = JsonlWriter(
+            self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl", self._storage_failed
+        )
 
         def sink(snap: MetricsSnapshot) -> None:
             series.write(snap.to_json())
