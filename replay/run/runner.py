@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -21,7 +21,7 @@ import aiohttp
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
-from replay.core.errors import RunDirError, ServerStartError, TargetError
+from replay.core.errors import ServerStartError, TargetError
 from replay.core.records import Result
 from replay.core.schedule import MonotonicClock
 from replay.core.sessions import has_sessions
@@ -44,6 +44,7 @@ from replay.run.servers import launch, stop
 from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
+from replay.run.stopping import RunStop
 from replay.run.sweep import stop_rising
 from replay.run.teacher import Scoring, reference_answers, score_answers
 from replay.serving.client import Client
@@ -87,22 +88,18 @@ class Runner:
                 replace(ref, name=ref.name + CONTROL_SUFFIX), budget=self._budget()
             )
         self.ref_done: asyncio.Event | None = None
-        self.stopping = asyncio.Event()
-        self.interrupted = False
-        # The first write to the run directory that failed (a full disk): the run stops.
-        self.storage: RunDirError | None = None
-        self._main: asyncio.Future[None] | None = None
-        self._drain_task: asyncio.Task[None] | None = None
+        self.stop = RunStop(cfg.run_dir, cfg.drain_s, self.progress)
+        self.stopping = self.stop.event
         self.resume = ResumeState.load(cfg.run_dir) if cfg.resume else ResumeState()
         self.sessions = has_sessions(cfg.trace.iter_requests())
         self.history = (
-            ReferenceHistory(cfg.run_dir, self.reference, on_failure=self._storage_failed)
+            ReferenceHistory(cfg.run_dir, self.reference, on_failure=self.stop.cannot_write)
             if self.sessions
             and check_mode(cfg.session_history, cfg.parallel_targets) == "reference"
             else None
         )
-        self.writer = JsonlWriter(cfg.run_dir / RESULTS, self._storage_failed)
-        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self._storage_failed)
+        self.writer = JsonlWriter(cfg.run_dir / RESULTS, self.stop.cannot_write)
+        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self.stop.cannot_write)
         self.started_at = time.time()
 
     def _budget(self) -> ErrorBudget:
@@ -131,53 +128,38 @@ class Runner:
         return {**self.runs, **extra}
 
     def save_manifest(self) -> None:
-        self.guarded(lambda: write_json(self.cfg.run_dir / MANIFEST, self.manifest()))
+        self.stop.guarded(lambda: write_json(self.cfg.run_dir / MANIFEST, self.manifest()))
 
-    def guarded(self, write: Callable[[], object]) -> None:
-        """A write to the run directory during the run: one that fails stops the run."""
-        try:
-            write()
-        except RunDirError as err:
-            self._storage_failed(err)
+    @property
+    def interrupted(self) -> bool:
+        return self.stop.interrupted
 
-    def _storage_failed(self, err: RunDirError) -> None:
-        """A file of the run directory could not be written: nothing more can be recorded, so
-        the run stops at once (what is in flight would have nowhere to go; ``--resume`` sends
-        it again), and ``run`` raises the error once every server is stopped."""
-        if self.storage is not None:
-            return
-        self.storage = err.in_run(str(self.cfg.run_dir))
-        self.progress.status(f"stopping: cannot write {err.path} ({err.reason})")
-        self.stopping.set()
-        self._cancel_main()
-
-    def _cancel_main(self) -> None:
-        if self._main is not None:
-            self._main.cancel()
+    def interrupt(self) -> None:
+        self.stop.interrupt()
 
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        self.guarded(lambda: write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad()))
+        """Every target, then the analysis; a run directory that could not be written stops
+        the run (``stopping``) and is raised here, once every server is stopped."""
+        self.stop.guarded(lambda: write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad()))
         self.save_manifest()
         self.ref_done = asyncio.Event()
-        if self.storage is None:
+        if self.stop.storage is None:
             await self._run_targets()
-        if self.storage is not None:
-            raise self.storage
+        if self.stop.storage is not None:
+            raise self.stop.storage
         return self.write_summary()
 
     async def _run_targets(self) -> None:
-        main = asyncio.ensure_future(self._all_targets())
-        self._main = main
+        main = self.stop.main = asyncio.ensure_future(self._all_targets())
         try:
             with interrupts(self.interrupt):
                 await main
         except asyncio.CancelledError:
-            if not (self.interrupted or self.storage):
+            if not (self.stop.interrupted or self.stop.storage):
                 raise
         finally:
-            if self._drain_task is not None:
-                self._drain_task.cancel()
+            self.stop.close()
             self.writer.close()
             self.tf_writer.close()
             if self.history is not None:
@@ -192,26 +174,6 @@ class Runner:
             if self.stopping.is_set():
                 break
             await self._target(r)
-
-    def interrupt(self) -> None:
-        """First Ctrl-C/SIGTERM: send nothing more, let in-flight requests finish for up to
-        ``drain_s``, then cancel them. A second one cancels at once. Summary and reports are
-        written either way; ``--resume`` completes the run."""
-        if self.stopping.is_set():
-            self._cancel_main()
-            return
-        self.interrupted = True
-        self.stopping.set()
-        self.progress.status(
-            f"interrupted: draining in-flight requests (up to "
-            f"{self.cfg.drain_s:g} s; Ctrl-C again to stop now)"
-        )
-
-        async def drain() -> None:
-            await asyncio.sleep(self.cfg.drain_s)
-            self._cancel_main()
-
-        self._drain_task = asyncio.ensure_future(drain())
 
     def write_summary(self) -> dict[str, Any]:
         return analyse(self.analysis()).to_json()
@@ -382,7 +344,7 @@ class Runner:
         )
         run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
         series = JsonlWriter(
-            self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl", self._storage_failed
+            self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl", self.stop.cannot_write
         )
 
         def sink(snap: MetricsSnapshot) -> None:

@@ -209,7 +209,7 @@ class SequentialRunner(Runner):
             if r.budget.spent and r.status != "failed":
                 self._budget_spent(r)
         seq = self.seq
-        self.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
+        self.stop.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
 
     async def _round(self, names: list[str]) -> None:
         """One round: plan, send to every arm, grade, fold in, save."""
@@ -228,7 +228,7 @@ class SequentialRunner(Runner):
         counts = self._grade(tee.rows, {ids[i]: b for i, b in chosen.items()})
         seq.state = seq.state.update(counts)
         seq.sent += [ids[i] for i in sorted(chosen)]
-        self.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
+        self.stop.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
         self.save_manifest()
 
     async def _send(self, name: str, ids: set[str], tee: _Tee) -> None:

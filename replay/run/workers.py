@@ -271,7 +271,7 @@ class WorkersRunner(Runner):
                 continue
             pool.reported.add(k)
             if k in pool.cannot_write:
-                self._storage_failed(pool.cannot_write[k])
+                self.stop.cannot_write(pool.cannot_write[k])
                 continue
             code = pool.procs[k].exitcode
             why = f"load process {k} ended before its share of the phase was sent (exit {code})"
