@@ -102,13 +102,13 @@ class StreamAccumulator:
             if isinstance(usage, dict):
                 pt = usage.get("prompt_tokens")
                 if pt is not None and pt != r.prompt_tokens:  # checked when it changes
-                    pt = _count(pt, "prompt_tokens")
+                    pt = pt if type(pt) is int else _count(pt, "prompt_tokens")
                     if not 0 <= pt <= _MAX_COUNT:
                         raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
                     r.prompt_tokens = pt
                 ct = usage.get("completion_tokens")
                 if ct is not None:
-                    ct = _count(ct, "completion_tokens")
+                    ct = ct if type(ct) is int else _count(ct, "completion_tokens")
                     if ct < self._reported:  # below 0 too; too large is checked at the end
                         after = f" after {self._reported}" if ct >= 0 else ""
                         raise ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
@@ -149,7 +149,11 @@ class StreamAccumulator:
         for choice in choices:
             ids = choice.get("token_ids")
             if ids:
-                ids = _ids(ids, "token_ids")
+                # One plain id is what a chunk carries; anything else is read by the rule.
+                if not (
+                    type(ids) is list and len(ids) == 1 and type(ids[0]) is int and ids[0] >= 0
+                ):
+                    ids = _ids(ids, "token_ids")
                 room = self._id_room - len(ids)
                 self._id_room = room
                 if room >= 0:
@@ -161,7 +165,9 @@ class StreamAccumulator:
             delta = choice.get("delta")
             if delta is not None or "delta" in choice:
                 delta = delta or {}
-                content = _text(delta.get("content"), "delta.content")
+                content = delta.get("content")
+                if content is not None and type(content) is not str:
+                    content = _text(content, "delta.content")
                 if content:
                     room = self._room - len(content)
                     if room >= 0:
@@ -174,7 +180,9 @@ class StreamAccumulator:
                     if self._tool_fragment(frag):
                         produced = True
             else:
-                text = _text(choice.get("text"), "text")
+                text = choice.get("text")
+                if text is not None and type(text) is not str:
+                    text = _text(text, "text")
                 if text:
                     room = self._room - len(text)
                     if room >= 0:
