@@ -36,6 +36,7 @@ from replay.run.rundir import (
     file_digest,
     read_json,
     read_results,
+    rewrite_jsonl,
     write_json,
 )
 from replay.run.sequential_file import load_record
@@ -103,9 +104,7 @@ def analyse(a: Analysis) -> Summary:
         summary = replace(summary, saturation=sweep)
     if a.grading:
         rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
-        with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(orjson.dumps(row).decode() + "\n")
+        rewrite_jsonl(a.run_dir / GRADES, rows)
         tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
         summary = replace(
             summary,

@@ -43,6 +43,7 @@ from replay.run.servers import launch, stop
 from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
+from replay.run.stopping import RunStop
 from replay.run.sweep import stop_rising
 from replay.run.teacher import Scoring, reference_offsets, score_answers
 from replay.serving.client import Client
@@ -87,19 +88,18 @@ class Runner:
                 replace(ref, name=ref.name + CONTROL_SUFFIX), budget=self._budget()
             )
         self.ref_done: asyncio.Event | None = None
-        self.stopping = asyncio.Event()
-        self.interrupted = False
-        self._drain_task: asyncio.Task[None] | None = None
+        self.stop = RunStop(cfg.run_dir, cfg.drain_s, self.progress)
+        self.stopping = self.stop.event
         self.resume = ResumeState.load(cfg.run_dir) if cfg.resume else ResumeState()
         self.sessions = has_sessions(cfg.trace.iter_requests())
         self.history = (
-            ReferenceHistory(cfg.run_dir, self.reference)
+            ReferenceHistory(cfg.run_dir, self.reference, on_failure=self.stop.cannot_write)
             if self.sessions
             and check_mode(cfg.session_history, cfg.parallel_targets) == "reference"
             else None
         )
-        self.writer = JsonlWriter(cfg.run_dir / RESULTS)
-        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED)
+        self.writer = JsonlWriter(cfg.run_dir / RESULTS, self.stop.cannot_write)
+        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self.stop.cannot_write)
         self.started_at = time.time()
 
     def _budget(self) -> ErrorBudget:
@@ -128,30 +128,43 @@ class Runner:
         return {**self.runs, **extra}
 
     def save_manifest(self) -> None:
-        write_json(self.cfg.run_dir / MANIFEST, self.manifest())
+        self.stop.guarded(lambda: write_json(self.cfg.run_dir / MANIFEST, self.manifest()))
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop.interrupted
+
+    def interrupt(self) -> None:
+        self.stop.interrupt()
 
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad())
+        """Every target, then the analysis; a run directory that could not be written stops
+        the run (``stopping``) and is raised here, once every server is stopped."""
+        self.stop.guarded(lambda: write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad()))
         self.save_manifest()
         self.ref_done = asyncio.Event()
-        main = asyncio.ensure_future(self._all_targets())
-        self._main = main
+        if self.stop.storage is None:
+            await self._run_targets()
+        if self.stop.storage is not None:
+            raise self.stop.storage
+        return self.write_summary()
+
+    async def _run_targets(self) -> None:
+        main = self.stop.main = asyncio.ensure_future(self._all_targets())
         try:
             with interrupts(self.interrupt):
                 await main
         except asyncio.CancelledError:
-            if not self.interrupted:
+            if not (self.stop.interrupted or self.stop.storage):
                 raise
         finally:
-            if self._drain_task is not None:
-                self._drain_task.cancel()
+            self.stop.close()
             self.writer.close()
             self.tf_writer.close()
             if self.history is not None:
                 self.history.close()
             self.save_manifest()
-        return self.write_summary()
 
     async def _all_targets(self) -> None:
         if self.cfg.parallel_targets:
@@ -161,26 +174,6 @@ class Runner:
             if self.stopping.is_set():
                 break
             await self._target(r)
-
-    def interrupt(self) -> None:
-        """First Ctrl-C/SIGTERM: send nothing more, let in-flight requests finish for up to
-        ``drain_s``, then cancel them. A second one cancels at once. Summary and reports are
-        written either way; ``--resume`` completes the run."""
-        if self.stopping.is_set():
-            self._main.cancel()
-            return
-        self.interrupted = True
-        self.stopping.set()
-        self.progress.status(
-            f"interrupted: draining in-flight requests (up to "
-            f"{self.cfg.drain_s:g} s; Ctrl-C again to stop now)"
-        )
-
-        async def drain() -> None:
-            await asyncio.sleep(self.cfg.drain_s)
-            self._main.cancel()
-
-        self._drain_task = asyncio.ensure_future(drain())
 
     def write_summary(self) -> dict[str, Any]:
         return analyse(self.analysis()).to_json()
@@ -349,7 +342,9 @@ class Runner:
             problems=run.info["problems"],
         )
         run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
-        series = JsonlWriter(self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl")
+        series = JsonlWriter(
+            self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl", self.stop.cannot_write
+        )
 
         def sink(snap: MetricsSnapshot) -> None:
             series.write(snap.to_json())

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replay.core.records import Result, ToolCall
+from replay.core.strict import integer, number, shown, token_ids
 from replay.serving.error_answers import fail
 from replay.serving.sse import ProtocolError
 
@@ -95,24 +96,26 @@ class StreamAccumulator:
                 fail(r, "server_error", str(msg)[:2000])
                 return
             if r.prompt_ids is None and ev.get("prompt_token_ids"):
-                r.prompt_ids = list(ev["prompt_token_ids"])
+                r.prompt_ids = _ids(ev["prompt_token_ids"], "prompt_token_ids")
             usage = ev.get("usage")
             ct = None
             if isinstance(usage, dict):
                 pt = usage.get("prompt_tokens")
-                if pt != r.prompt_tokens and isinstance(pt, int):  # checked when it changes
+                if pt is not None and pt != r.prompt_tokens:  # checked when it changes
+                    pt = pt if type(pt) is int else _count(pt, "prompt_tokens")
                     if not 0 <= pt <= _MAX_COUNT:
                         raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
                     r.prompt_tokens = pt
                 ct = usage.get("completion_tokens")
-                if isinstance(ct, int):
+                if ct is not None:
+                    ct = ct if type(ct) is int else _count(ct, "completion_tokens")
                     if ct < self._reported:  # below 0 too; too large is checked at the end
                         after = f" after {self._reported}" if ct >= 0 else ""
                         raise ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
                     self._reported = ct
                     self._usage_seen = True
-                else:
-                    ct = None
+            elif usage is not None:
+                raise ProtocolError(f"usage is not an object: {shown(usage)}")
             if not (choices and self._choices(choices)):
                 return  # no content: never a token arrival (its tokens go to the next one)
             if ct is None or self._estimated:
@@ -146,6 +149,11 @@ class StreamAccumulator:
         for choice in choices:
             ids = choice.get("token_ids")
             if ids:
+                # One plain id is what a chunk carries; anything else is read by the rule.
+                if not (
+                    type(ids) is list and len(ids) == 1 and type(ids[0]) is int and ids[0] >= 0
+                ):
+                    ids = _ids(ids, "token_ids")
                 room = self._id_room - len(ids)
                 self._id_room = room
                 if room >= 0:
@@ -153,7 +161,7 @@ class StreamAccumulator:
                 else:
                     r.output_truncated = True
             if r.prompt_ids is None and choice.get("prompt_token_ids"):
-                r.prompt_ids = list(choice["prompt_token_ids"])
+                r.prompt_ids = _ids(choice["prompt_token_ids"], "prompt_token_ids")
             logprobs = choice.get("logprobs")
             if logprobs:
                 self._logprobs(logprobs)
@@ -161,7 +169,9 @@ class StreamAccumulator:
             if delta is not None or "delta" in choice:
                 delta = delta or {}
                 content = delta.get("content")
-                if content and isinstance(content, str):
+                if content is not None and type(content) is not str:
+                    content = _text(content, "delta.content")
+                if content:
                     room = self._room - len(content)
                     if room >= 0:
                         self._room = room
@@ -174,7 +184,9 @@ class StreamAccumulator:
                         produced = True
             else:
                 text = choice.get("text")
-                if text and isinstance(text, str):
+                if text is not None and type(text) is not str:
+                    text = _text(text, "text")
+                if text:
                     room = self._room - len(text)
                     if room >= 0:
                         self._room = room
@@ -197,13 +209,14 @@ class StreamAccumulator:
             values = [entry["logprob"] for entry in logprobs["content"] or ()]
         else:
             values = list(logprobs.get("token_logprobs") or ())
-        for v in values:
-            if not isinstance(v, int | float) or isinstance(v, bool) or not v <= 0.0:
-                raise TypeError(f"token logprob {str(v)[:50]} is not a number <= 0")
+        checked = [number(v) for v in values]
+        for v, x in zip(values, checked, strict=True):
+            if x is None or x > 0.0:
+                raise TypeError(f"token logprob {str(v)[:50]} is not a finite number <= 0")
         if r.output_logprobs is None:
             r.output_logprobs = []
         if len(r.output_logprobs) + len(values) <= MAX_STORED_TOKENS:
-            r.output_logprobs.extend(float(v) for v in values)
+            r.output_logprobs.extend(x for x in checked if x is not None)
         else:
             r.output_truncated = True
 
@@ -225,9 +238,9 @@ class StreamAccumulator:
 
     def _tool_fragment(self, frag: dict[str, Any]) -> bool:
         """Join one streamed tool-call fragment; whether it carried anything."""
-        idx = frag.get("index", 0)
-        if type(idx) is not int:
-            raise TypeError(f"tool call index {idx!r} is not an integer")
+        idx = integer(frag.get("index", 0))
+        if idx is None:
+            raise TypeError(f"tool call index {shown(frag.get('index'))} is not an integer")
         call = self._calls.get(idx)
         if call is None:
             if len(self._calls) >= MAX_TOOL_CALLS:
@@ -236,10 +249,11 @@ class StreamAccumulator:
             call = self._calls[idx] = ToolCall(index=idx)
         carried = False
         if frag.get("id"):
-            call.id = str(frag["id"])[:200]
+            call.id = _text(frag["id"], "tool call id")[:200]
             carried = True
         fn = frag.get("function") or {}
-        name, args = fn.get("name"), fn.get("arguments")
+        name = _text(fn.get("name"), "tool call name")
+        args = _text(fn.get("arguments"), "tool call arguments")
         if name:
             call.name += self._fit(name)
             carried = True
@@ -281,3 +295,29 @@ class StreamAccumulator:
             raise ProtocolError("stream ended without any content (no text, no tool call)" + quoted)
         if self._usage_seen and self._reported == 0 and r.first_token is not None:
             raise ProtocolError("impossible usage: completion_tokens 0 for an answer with content")
+
+
+# -- the strictness rule (``replay.core.strict``) on an answer's fields ----------------------
+
+
+def _count(value: object, name: str) -> int:
+    n = integer(value)
+    if n is None:
+        raise ProtocolError(f"impossible usage: {name} is not a count: {shown(value)}")
+    return n
+
+
+def _ids(value: object, name: str) -> list[int]:
+    ids = token_ids(value)
+    if ids is None:
+        raise ProtocolError(f"{name} is not a list of token ids: {shown(value)}")
+    return ids
+
+
+def _text(value: object, name: str) -> str:
+    """A text field of a chunk: a string, or nothing (null or absent)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ProtocolError(f"{name} is not a string: {shown(value)}")
+    return value

@@ -156,11 +156,15 @@ class Client:
     ) -> tuple[str, dict[str, Any]]:
         """The endpoint and JSON body for a request (deterministic sampling by default).
         ``cache_salt`` isolates vLLM's prefix cache (requests share only within one salt)."""
+        # The record's params replace the sampling defaults (a logged temperature); what the
+        # record and the replay set themselves comes after them, so no param overrides it
+        # (the trace refuses one that tries: ``replay.core.trace.FIRST_CLASS``).
         body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": req.max_tokens,
             "temperature": 0.0,
             "seed": self.seed,
+            **req.params,
+            "model": self.model,
+            "max_tokens": req.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "return_token_ids": True,
@@ -171,7 +175,6 @@ class Client:
         if self.token_logprobs:
             # The sampled token's own log-probability only: no alternatives, little to send.
             body.update({"logprobs": True, "top_logprobs": 0} if chat else {"logprobs": 0})
-        body.update(req.params)
         if chat:
             body["messages"] = list(req.messages or ())
             if req.tools:

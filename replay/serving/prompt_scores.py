@@ -18,13 +18,13 @@ Two ways to ask, by what the server offers:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from replay.core.strict import number
 from replay.serving.introspect import EndpointError, fetch_json, quote
 
 # One prompt_logprobs entry is about 100 bytes a position: room for prompts of ~500k tokens.
@@ -52,10 +52,10 @@ def _position(entry: Any, token: int) -> tuple[float, bool] | None:
     hit = entry.get(str(token))
     if not isinstance(hit, dict):
         return None
-    lp = hit.get("logprob")
-    if not isinstance(lp, int | float) or isinstance(lp, bool) or not math.isfinite(lp):
+    lp = number(hit.get("logprob"))
+    if lp is None:
         return None
-    return -float(lp), hit.get("rank") == 1
+    return -lp, hit.get("rank") == 1
 
 
 def parse_positions(plp: Any, tokens: Sequence[int], start: int) -> Scores:
