@@ -91,11 +91,23 @@ class FaultServer(LoopbackServer):
     content-less finish chunk with the EOS token, then a usage-only chunk), and keep the time
     each content chunk was written in ``stamps`` (``time.perf_counter``, the client's default
     clock), so a test compares the client's ITL with the server's own.
+
+    The reasoning modes (``reasoning_every``, ``reasoning_end``, ``reasoning_none``: usage as
+    above) stream as a reasoning model served with a reasoning parser does: ``thinking``
+    chunks of reasoning (in ``delta.<field>``, ``reasoning`` as vLLM 0.32 names it or the
+    older ``reasoning_content``), then ``chunks`` chunks of answer, every one ``gap_s``
+    apart; with ``details`` the usage carries ``completion_tokens_details.reasoning_tokens``.
+    ``thinking_only`` ends with ``finish_reason: length`` before any answer (a chain of
+    thought cut by max_tokens). ``stamps`` as above, for every chunk of either kind.
     """
 
     def __init__(self, mode: str, **options: Any) -> None:
         self.mode = mode
         self.requests = 0
+        self.thinking = int(options.pop("thinking", 10))
+        self.field = str(options.pop("field", "reasoning"))
+        self.details = bool(options.pop("details", True))
+        self.thinking_only = bool(options.pop("thinking_only", False))
         self.chunks = int(options.pop("chunks", 40))
         self.per_chunk = int(options.pop("per_chunk", 1))
         self.gap_s = float(options.pop("gap_s", 0.005))
@@ -191,6 +203,50 @@ class FaultServer(LoopbackServer):
 
     async def _mode_usage_none(self, request: web.Request) -> web.StreamResponse:
         return await self._usage_stream(request, "none")
+
+    async def _reasoning_stream(self, request: web.Request, usage: str) -> web.StreamResponse:
+        resp = await self._sse(request)
+        thinking = self.thinking
+
+        def ev(delta: dict[str, Any], done: int, finish: str | None = None) -> bytes:
+            out: dict[str, Any] = {
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+            }
+            if usage == "every":
+                out["usage"] = self._reasoning_usage(done, min(done, thinking))
+            return _event(out)
+
+        await resp.write(ev({"role": "assistant", "content": ""}, 0))
+        answer = 0 if self.thinking_only else self.chunks
+        for i in range(1, thinking + answer + 1):
+            await asyncio.sleep(self.gap_s)
+            self.stamps.append(time.perf_counter())
+            delta = {self.field: f"t{i} "} if i <= thinking else {"content": "ab"[i % 2]}
+            last = self.thinking_only and i == thinking
+            await resp.write(ev(delta, i, "length" if last else None))
+        total = thinking + answer
+        if not self.thinking_only:
+            total += 1  # the EOS token
+            await resp.write(ev({"content": ""}, total, "stop"))
+        if usage != "none":
+            last_usage = self._reasoning_usage(total, thinking)
+            await resp.write(_event({"choices": [], "usage": last_usage}))
+        return await self._written(resp, b"data: [DONE]\n\n")
+
+    def _reasoning_usage(self, done: int, thinking: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"prompt_tokens": 3, "completion_tokens": done}
+        if self.details:
+            out["completion_tokens_details"] = {"reasoning_tokens": thinking}
+        return out
+
+    async def _mode_reasoning_every(self, request: web.Request) -> web.StreamResponse:
+        return await self._reasoning_stream(request, "every")
+
+    async def _mode_reasoning_end(self, request: web.Request) -> web.StreamResponse:
+        return await self._reasoning_stream(request, "end")
+
+    async def _mode_reasoning_none(self, request: web.Request) -> web.StreamResponse:
+        return await self._reasoning_stream(request, "none")
 
     async def _written(self, resp: web.StreamResponse, body: bytes) -> web.StreamResponse:
         await resp.write(body)

@@ -6,7 +6,8 @@
     │       ├── PhaseTotals      ResultStats of the whole phase, with output throughput
     │       ├── ServerStats      figures from the scraped /metrics over the phase
     │       └── BucketStats      ResultStats of one bucket, with the KV-cache capacity
-    │                            (ResultStats hold SloStats when the run has --slo)
+    │                            (ResultStats hold SloStats when the run has --slo, and
+    │                            ReasoningStats where the answers reasoned)
     ├── Quality                  phase -> target -> TargetQuality, and notes
     │   └── TargetQuality        buckets (BucketQuality), all (QualityTotals), shift, TF
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
@@ -14,6 +15,7 @@
     ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit)
     ├── Saturation               a load sweep's curves (``schemas_load``), per target
     ├── Sequential               a sequential canary's decision, buckets and interval path
+    ├── ReasoningLength          reasoning tokens per target x bucket against the reference
     └── Verdict                  the stop rule's outcome (``verdict.rule.decide``)
 
 Every record is a frozen dataclass (``record_json``): ``to_json()`` gives exactly the JSON
@@ -83,6 +85,22 @@ class SessionStats(Record):
 
 
 @record
+class ReasoningStats(Record):
+    """The answers of a group that reasoned before answering (a reasoning model behind a
+    reasoning parser). ``ttft_ms`` beside it counts the first token of either kind; this is
+    the time to the first answer token, over the answers that gave one. Reasoning tokens are
+    in ``output_tokens`` too (the server generated them); ``no_answer`` counts the ok answers
+    whose reasoning was cut (by max_tokens) before any answer."""
+
+    answers: int  # ok answers with reasoning
+    tokens: int  # their reasoning tokens
+    tokens_median: float | None
+    tokens_estimated: bool  # some counts are the client's (no count from the server)
+    time_to_answer_ms: Percentiles
+    no_answer: int
+
+
+@record
 class ResultStats(Record):
     """Client-side figures of a group of results (a phase, or one bucket of it)."""
 
@@ -102,6 +120,7 @@ class ResultStats(Record):
     tokens_estimated: bool
     slo: SloStats | None = absent_if_none()  # only with --slo
     sessions: SessionStats | None = absent_if_none()  # only for traces with sessions
+    reasoning: ReasoningStats | None = absent_if_none()  # only where answers reasoned
 
 
 @record
@@ -389,6 +408,33 @@ class Systems(Record):
     throughput_ratio: float | None
 
 
+# -- reasoning length ----------------------------------------------------------------------
+
+
+@record
+class ReasoningDelta(Record):
+    """A target's reasoning tokens minus the reference's on the requests both answered, in one
+    bucket: means, the mean difference with a paired bootstrap interval, and the A/A
+    control's upper bound in the same bucket (None: no control ran, or it has no pair here)."""
+
+    pairs: int
+    reference_mean: float | None
+    target_mean: float | None
+    delta_mean: float | None
+    lo: float | None
+    hi: float | None
+    floor_hi: float | None
+
+
+@record
+class ReasoningLength(Record):
+    """``analysis.reasoning``: phase -> target -> bucket, for runs whose answers reasoned."""
+
+    reference: str | None
+    control: str | None  # the A/A control's name, when it ran
+    phases: Mapping[str, Mapping[str, Mapping[str, ReasoningDelta]]]
+
+
 # -- the sequential canary ------------------------------------------------------------------
 
 
@@ -458,4 +504,5 @@ class Summary(Record):
     systems: Systems | None = absent_if_none()  # None: no candidate compared
     saturation: Saturation | None = absent_if_none()  # None: the phases are not a load sweep
     sequential: Sequential | None = absent_if_none()  # None: not a sequential canary
+    reasoning: ReasoningLength | None = absent_if_none()  # None: no answer reasoned
     verdict: Verdict | None = absent_if_none()  # None: no verdict (a Locust run)
