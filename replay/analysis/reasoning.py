@@ -28,7 +28,7 @@ def reasoning_length(
 ) -> ReasoningLength | None:
     """phase -> target -> bucket: each target's reasoning tokens minus the reference's on the
     same requests, with the A/A control's upper bound as the floor; None when no answer of
-    any target reasoned."""
+    any target reasoned, or no target was compared with the reference."""
     # phase -> target -> request id -> (bucket, reasoning tokens), answered requests only
     tokens: dict[str, dict[str, dict[str, tuple[str, int]]]] = defaultdict(
         lambda: defaultdict(dict)
@@ -47,7 +47,7 @@ def reasoning_length(
         if ref is None:
             continue
         floor = _deltas(ref, by_target.get(control, {}), bucket_order, seed)
-        phases[phase] = {
+        compared = {
             target: {
                 bucket: _with_floor(d, floor.get(bucket), control in by_target)
                 for bucket, d in _deltas(ref, mine, bucket_order, seed).items()
@@ -55,6 +55,10 @@ def reasoning_length(
             for target, mine in by_target.items()
             if target != reference  # the control too: its row is the floor itself
         }
+        if compared:
+            phases[phase] = compared
+    if not phases:  # the reference alone: nothing to compare its reasoning with
+        return None
     return ReasoningLength(
         reference=reference,
         control=control if any(control in t for t in tokens.values()) else None,
