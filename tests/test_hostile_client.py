@@ -172,8 +172,9 @@ def test_tokens_and_itl_match_the_server(usage: str, per_chunk: int) -> None:
     # The means telescope to (last - first) / gaps on both sides: only the first and last
     # deliveries' delays differ, so they agree closely (the old client halved it for "end").
     assert client_itl_ms == pytest.approx(server_itl_ms, rel=0.2), (client_itl_ms, server_itl_ms)
-    assert len(result.chunk_times) == chunks  # content chunks only
-    assert result.chunk_tokens == [per_chunk if usage == "every" else 1] * chunks
+    # Content chunks only; chunks that came in one read (a busy machine) are one arrival.
+    assert len(result.chunk_times) + result.shared_stamps == chunks
+    assert sum(result.chunk_tokens) == (per_chunk if usage == "every" else 1) * chunks
     assert result.first_token == result.chunk_times[0]
     total = chunks * per_chunk + 1  # the server's count includes its EOS token
     if usage == "none":

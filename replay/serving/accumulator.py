@@ -74,6 +74,7 @@ class StreamAccumulator:
         "_calls",
         "_estimated",
         "_id_room",
+        "_last_t",
         "_reasoning",
         "_reasoning_arrived",
         "_reasoning_reported",
@@ -101,6 +102,7 @@ class StreamAccumulator:
         self._reasoning_room = max_chars  # and reasoning characters, apart
         self._id_room = MAX_STORED_TOKENS
         self._stamps_left = MAX_STORED_TOKENS
+        self._last_t = -1.0  # the last arrival's stamp
         self._text: list[str] = []
         self._reasoning: list[str] = []
         self._reasoning_reported: int | None = None  # the server's reasoning_tokens, if any
@@ -132,7 +134,23 @@ class StreamAccumulator:
             usage = ev.get("usage")
             ct = None
             if isinstance(usage, dict):
-                ct = self._usage(usage)
+                pt = usage.get("prompt_tokens")
+                if pt != r.prompt_tokens and isinstance(pt, int):  # checked when it changes
+                    if not 0 <= pt <= _MAX_COUNT:
+                        raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
+                    r.prompt_tokens = pt
+                ct = usage.get("completion_tokens")
+                if isinstance(ct, int):
+                    if ct < self._reported:  # below 0 too; too large is checked at the end
+                        after = f" after {self._reported}" if ct >= 0 else ""
+                        raise ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
+                    self._reported = ct
+                    self._usage_seen = True
+                    details = usage.get("completion_tokens_details")
+                    if details:  # vLLM sends it only with a reasoning parser
+                        self._reasoning_usage(details, ct)
+                else:
+                    ct = None
             kind = self._choices(choices) if choices else _NOTHING
             if not kind:
                 return  # no content: never a token arrival (its tokens go to the next one)
@@ -155,11 +173,12 @@ class StreamAccumulator:
                 self._reasoning_arrived += n
             if r.first_token is None:
                 r.first_token = t
-            elif r.chunk_times and r.chunk_times[-1] == t:
+            elif t == self._last_t and self._stamps_left < MAX_STORED_TOKENS:
                 # Another chunk of the same read: one arrival (its stamp is the read's).
                 r.chunk_tokens[-1] += n
                 r.shared_stamps += 1
                 return
+            self._last_t = t
             if self._stamps_left:
                 self._stamps_left -= 1
                 r.chunk_times.append(t)
@@ -169,32 +188,15 @@ class StreamAccumulator:
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             raise ProtocolError(f"malformed SSE event ({exc}): {str(ev)[:200]}") from None
 
-    def _usage(self, usage: dict[str, Any]) -> int | None:
-        """Take an event's usage; its completion_tokens, None when it has none."""
-        r = self.r
-        pt = usage.get("prompt_tokens")
-        if pt != r.prompt_tokens and isinstance(pt, int):  # checked when it changes
-            if not 0 <= pt <= _MAX_COUNT:
-                raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
-            r.prompt_tokens = pt
-        ct = usage.get("completion_tokens")
-        if not isinstance(ct, int):
-            return None
-        if ct < self._reported:  # below 0 too; too large is checked at the end
-            after = f" after {self._reported}" if ct >= 0 else ""
-            raise ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
-        self._reported = ct
-        self._usage_seen = True
-        details = usage.get("completion_tokens_details")
-        if details:  # vLLM sends it only with a reasoning parser
-            rt = details.get("reasoning_tokens")
-            if isinstance(rt, int) and not isinstance(rt, bool):
-                if not 0 <= rt <= ct:
-                    raise ProtocolError(
-                        f"impossible usage: reasoning_tokens {rt} of completion_tokens {ct}"
-                    )
-                self._reasoning_reported = rt
-        return ct
+    def _reasoning_usage(self, details: dict[str, Any], ct: int) -> None:
+        """The server's count of reasoning tokens so far, from completion_tokens_details."""
+        rt = details.get("reasoning_tokens")
+        if isinstance(rt, int) and not isinstance(rt, bool):
+            if not 0 <= rt <= ct:
+                raise ProtocolError(
+                    f"impossible usage: reasoning_tokens {rt} of completion_tokens {ct}"
+                )
+            self._reasoning_reported = rt
 
     def _choices(self, choices: Any) -> int:
         """Keep the choice's token ids, text, reasoning and tool calls; what it carried."""
@@ -234,8 +236,13 @@ class StreamAccumulator:
                 for frag in delta.get("tool_calls") or ():
                     if self._tool_fragment(frag):
                         kind = _ANSWER
-                if self._reasoning_delta(delta) and not kind:
-                    kind = _REASONING
+                # Either name (a server that sends both sends the same text twice); a delta
+                # of its answer's text alone (vLLM's usual one) cannot hold any.
+                if not (kind and len(delta) == 1):
+                    thought = delta.get("reasoning_content") or delta.get("reasoning")
+                    if thought:
+                        self._keep_reasoning(thought)
+                        kind = kind or _REASONING
             else:
                 text = choice.get("text")
                 if text and isinstance(text, str):
@@ -253,12 +260,8 @@ class StreamAccumulator:
                 r.finish_reason = finish[:100]
         return kind
 
-    def _reasoning_delta(self, delta: dict[str, Any]) -> bool:
-        """Keep a delta's reasoning text (either name; a server that sends both sends the
-        same text twice); whether it carried any."""
-        text = delta.get("reasoning_content") or delta.get("reasoning")
-        if not text:
-            return False
+    def _keep_reasoning(self, text: Any) -> None:
+        """Keep a delta's reasoning text, under its own cap."""
         if not isinstance(text, str):
             raise TypeError(f"reasoning {str(text)[:50]} is not a string")
         room = self._reasoning_room - len(text)
@@ -269,7 +272,6 @@ class StreamAccumulator:
             self.r.output_truncated = True
             self._reasoning.append(text[: self._reasoning_room])
             self._reasoning_room = 0
-        return True
 
     def _parts(self, parts: Any) -> str:
         """``delta.content`` as a list of content parts: the text of its text parts; any
