@@ -106,7 +106,8 @@ def test_reasoning_fields_match_the_servers_own_counts(thinker: LocalServer) -> 
         # TTFT is the reasoning token; the answer comes after it; ITL covers both.
         assert result.first_token is not None and result.first_answer_token is not None
         assert result.sent is not None and result.sent < result.first_token
-        assert result.first_token < result.first_answer_token
+        # Equal when both came in one read (a busy machine: shared_stamps), else in order.
+        assert result.first_token <= result.first_answer_token
         assert result.chunk_times[0] == result.first_token
         # Every token is in an arrival: <think> and </think> have no text of their own, so
         # they go with the next chunk's; EOS comes with the last answer chunk, or after it in

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from replay.analysis.schemas_load import Saturation
+from replay.analysis.schemas_reasoning import ReasoningDelta as ReasoningDelta
+from replay.analysis.schemas_reasoning import ReasoningLength as ReasoningLength
 from replay.core.record_json import OMITTED as OMITTED
 from replay.core.record_json import Omitted as Omitted
 from replay.core.record_json import Record, absent_if_none, record
@@ -406,33 +408,6 @@ class Systems(Record):
     latency_better: bool | None
     below_break_even: bool | None
     throughput_ratio: float | None
-
-
-# -- reasoning length ----------------------------------------------------------------------
-
-
-@record
-class ReasoningDelta(Record):
-    """A target's reasoning tokens minus the reference's on the requests both answered, in one
-    bucket: means, the mean difference with a paired bootstrap interval, and the A/A
-    control's upper bound in the same bucket (None: no control ran, or it has no pair here)."""
-
-    pairs: int
-    reference_mean: float | None
-    target_mean: float | None
-    delta_mean: float | None
-    lo: float | None
-    hi: float | None
-    floor_hi: float | None
-
-
-@record
-class ReasoningLength(Record):
-    """``analysis.reasoning``: phase -> target -> bucket, for runs whose answers reasoned."""
-
-    reference: str | None
-    control: str | None  # the A/A control's name, when it ran
-    phases: Mapping[str, Mapping[str, Mapping[str, ReasoningDelta]]]
 
 
 # -- the sequential canary ------------------------------------------------------------------
