@@ -978,7 +978,7 @@ def main(argv: list[str] | None = None) -> None:
     if opts.from_json is not None:
         resummarize(opts.from_json, console)
         return
-    started = time.monotonic()
+    started, load_at_start = time.monotonic(), os.getloadavg()
     runs, vbench, peers, waited = measure(opts, console)
     summary = summarize(opts, runs, vbench)
     add_peers(summary, peers)
@@ -986,7 +986,12 @@ def main(argv: list[str] | None = None) -> None:
     render(console, summary, tgt)
     doc = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine_info(opts),
+        "machine": {
+            **machine_info(opts),
+            # 1-, 5- and 15-minute load averages: how busy the machine was around the runs
+            "load_average_at_start": list(load_at_start),
+            "load_average_at_end": list(os.getloadavg()),
+        },
         "config": {
             "streams": list(opts.streams),
             "tokens": opts.tokens,

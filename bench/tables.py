@@ -39,8 +39,8 @@ def shared_cores_rows(doc: dict[str, Any]) -> Iterator[Row]:
         s = per["kvcanary"]
         client, server = _f(s.get("client_itl_p50_ms"), 3), _f(s.get("server_itl_p50_ms"), 3)
         value = (
-            f"p50 {client} (server's {server}), {s.get('zero_gaps')} gaps of 0 ms, "
-            f"{s.get('chunks_sharing_a_read')} chunks shared a read"
+            f"p50 {client} (server's {server}), {_f(s.get('zero_gaps'), 0)} gaps of 0 ms, "
+            f"{_f(s.get('chunks_sharing_a_read'), 0)} chunks shared a read (medians over runs)"
         )
         what = f"{streams} streams, kvcanary, {busy} busy processes, unpinned: ITL ms"
         yield what, value, "no 0.00 ms gaps"
