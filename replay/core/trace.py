@@ -135,6 +135,13 @@ class Request(BaseModel):
                 raise ValueError("prompt: empty prompt")
             if isinstance(self.prompt, tuple) and not self.prompt:
                 raise ValueError("prompt: empty token-id list")
+        n = self.params.get("n", 1)
+        if n != 1 or isinstance(n, bool):
+            # Two answers to one request would be folded into one, or graded as if one.
+            raise ValueError(
+                f"params.n: {str(n)[:20]}: only one answer a request (n = 1) can be replayed "
+                "and graded; drop 'n' from params"
+            )
         if self.check is not None:
             # A bad checker spec is found when the trace loads, before any request is sent.
             try:

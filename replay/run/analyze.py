@@ -16,6 +16,7 @@ import orjson
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
+from replay.analysis.reasoning import reasoning_length
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
 from replay.analysis.schemas import Sequential, Summary
@@ -119,6 +120,9 @@ def analyse(a: Analysis) -> Summary:
                 min_pairs=a.thresholds.min_pairs,
             ),
         )
+    length = reasoning_length(results, a.reference, a.bucket_labels, a.seed)
+    if length is not None:
+        summary = replace(summary, reasoning=length)
     if a.sequential is not None:
         summary = replace(summary, sequential=a.sequential)
     if a.verdict:

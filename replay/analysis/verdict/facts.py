@@ -19,6 +19,8 @@ from replay.analysis.schemas import (
     OMITTED,
     BucketQuality,
     Combined,
+    ReasoningDelta,
+    ReasoningLength,
     Sequential,
     Shift,
     Summary,
@@ -46,6 +48,11 @@ class Thresholds:
     # lies below 1 - this and below the floor's.
     tf_warn_nll: float = 0.05
     tf_warn_top1: float = 0.05
+    # Reasoning length that warns (never decides): a bucket where the target's reasoning
+    # tokens exceed the reference's by an interval lying above this share of the
+    # reference's mean and above the A/A floor, over at least ``reasoning_warn_pairs``.
+    reasoning_warn: float = 0.10
+    reasoning_warn_pairs: int = 5
     # Decide on emulated FP8 arms (quality only) instead of refusing to.
     accept_emulated: bool = False
     # With --slo, FP8 pays by goodput when its SLO-meeting requests per second are at least
@@ -104,6 +111,9 @@ class ArmFacts:
     shift_direction: str | None = None
     phases: int = 1  # loss and shift tests run at alpha / phases
     emulated: bool = False  # FP8 emulated in a BF16 server (no systems facts)
+    # Its reasoning length against the reference's, per bucket: (phase, named only when the
+    # run has several; bucket; the difference and the A/A floor), for the early warning.
+    reasoning: tuple[tuple[str | None, str, ReasoningDelta], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,7 +205,9 @@ def facts_from_run(
         for ph in (ref_t.phases.values() if ref_t else ())
         if ph.server.peak_kv_usage is not None
     ]
-    candidate_arm = _arm_facts(cand, False, targets, phases, manifest, thresholds)
+    candidate_arm = _with_reasoning(
+        _arm_facts(cand, False, targets, phases, manifest, thresholds), s.reasoning
+    )
     if ref_problem and candidate_arm is not None:
         # Without a working reference there is nothing to compare with.
         candidate_arm = replace(
@@ -209,7 +221,9 @@ def facts_from_run(
     return Facts(
         reference=reference,
         candidate=candidate_arm,
-        calibrated=_arm_facts(cal, True, targets, phases, manifest, thresholds),
+        calibrated=_with_reasoning(
+            _arm_facts(cal, True, targets, phases, manifest, thresholds), s.reasoning
+        ),
         layers=_arm_facts(
             layers, _on_overlay(manifest, layers, reference), targets, phases, manifest, thresholds
         ),
@@ -347,6 +361,18 @@ def _arm_facts(
         max(1, len(per_phase)),
         is_emulated(manifest.get("targets", {}).get(name) or {}),
     )
+
+
+def _with_reasoning(arm: ArmFacts | None, length: ReasoningLength | None) -> ArmFacts | None:
+    """The arm with its reasoning length per bucket and phase, where answers reasoned."""
+    if arm is None or length is None:
+        return arm
+    per_phase = [(ph, rows[arm.name]) for ph, rows in length.phases.items() if arm.name in rows]
+    several = len(per_phase) > 1
+    cells = tuple(
+        (ph if several else None, bucket, d) for ph, rows in per_phase for bucket, d in rows.items()
+    )
+    return replace(arm, reasoning=cells)
 
 
 def _strongest_shift(shifts: Sequence[Shift | None]) -> Shift | None:

@@ -4,7 +4,8 @@ what each verdict means and how the phases of a sweep combine).
 :func:`decide` goes in order: the serving path (a fallback rejects the path; an emulated FP8
 arm gets no rollout decision unless accepted), then a calibrated arm if there is one, else
 scale 1.0 against the reference (:func:`losses`, a consistent shift, :func:`matches`), and
-last whether FP8 pays for itself. Teacher-forced divergence only warns (:func:`tf_warnings`).
+last whether FP8 pays for itself. Teacher-forced divergence and a longer chain of thought only
+warn (:func:`tf_warnings`, :func:`reasoning_warnings`).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
         w
         for arm in (f.candidate, f.calibrated, f.layers)
         if arm is not None
-        for w in tf_warnings(arm, th)
+        for w in (*tf_warnings(arm, th), *reasoning_warnings(arm, th))
     ]
     return replace(v, evidence=(*v.evidence, *warnings)) if warnings else v
 
@@ -117,6 +118,31 @@ def tf_warnings(arm: ArmFacts, th: Thresholds) -> list[dict[str, Any]]:
             "graded outcomes"
         )
         out.append(evidence_entry("warning", text, b))
+    return out
+
+
+def reasoning_warnings(arm: ArmFacts, th: Thresholds) -> list[dict[str, Any]]:
+    """Buckets where the arm reasons longer than the reference on the same requests: the
+    interval of the difference lies above ``reasoning_warn`` of the reference's mean and
+    above the A/A floor (zero without a control). A systems cost (decode time and cache the
+    answer did not need) and an early warning, like teacher-forced divergence."""
+    out = []
+    for phase, bucket, d in arm.reasoning:
+        if d.pairs < th.reasoning_warn_pairs or d.lo is None or d.reference_mean is None:
+            continue
+        floor = d.floor_hi if d.floor_hi is not None else 0.0
+        if d.lo <= max(floor, th.reasoning_warn * d.reference_mean):
+            continue
+        at = bucket if phase is None else f"{bucket} ({phase})"
+        said = "no A/A control" if d.floor_hi is None else f"A/A floor up to {d.floor_hi:+.1f}"
+        text = (
+            f"{arm.name} in {at}: reasons longer than the reference on the same requests: "
+            f"{d.target_mean:.1f} reasoning tokens per answer against {d.reference_mean:.1f}, "
+            f"{d.delta_mean:+.1f} [{d.lo:+.1f}, {d.hi:+.1f}] over {d.pairs} pairs ({said}). "
+            "A systems cost (decode time and cache the answer did not need) and an early "
+            "warning only: the verdict rests on the graded outcomes"
+        )
+        out.append({"kind": "warning", "text": text, "bucket": bucket, "phase": phase})
     return out
 
 
