@@ -143,24 +143,21 @@ def requests(tok: Any, n: int, kinds: list[str], seed: int, oversize: int) -> It
             yield row
         i += 1
     for j in range(oversize):
-        # The longest modules, one after another, until the prompt is past the 8,192-token
-        # context as the server renders it.
-        ranked = sorted(sources, key=lambda s: -len(s[1]))
-        text, k = "", 0
+        # The longest modules, cut to a prompt just past the 8,192-token context as the server
+        # renders it (its chat template included).
+        text = "\n".join(s[1] for s in sorted(sources, key=lambda s: -len(s[1]))[:3])
+        want = 8300
         while True:
-            text += ranked[k % len(ranked)][1] + "\n"
-            k += 1
             messages = [
                 {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"{text}\n\nWhat does this code do?"},
+                {"role": "user", "content": f"{excerpt(tok, text, 0, want)}\n\nWhat does it do?"},
             ]
-            if (
-                len(
-                    tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-                )
-                > 8300
-            ):
+            n = len(
+                tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+            )
+            if n > 8300:
                 break
+            want += 200
         yield log_line(f"real-{seed}-oversize-{j}", t + j, messages, 64)
 
 

@@ -191,7 +191,9 @@ async def score(ref: Result, own: OwnAnswer | None, how: Scoring) -> TFScore:
     start = len(ref.prompt_ids) + same
     salt, timeout_s = how.salt, how.timeout_s
     rest: Scores = (
-        await score_cached(how.session, how.url, tokens, start, salt=salt, timeout_s=timeout_s)
+        await score_cached(
+            how.session, how.url, how.model, tokens, start, salt=salt, timeout_s=timeout_s
+        )
         if how.cached
         else await score_completions(
             how.session, how.url, how.model, tokens, start, salt=salt, timeout_s=timeout_s

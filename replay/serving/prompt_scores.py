@@ -11,9 +11,11 @@ Two ways to ask, by what the server offers:
   ``cache_salt``): only the positions after the cached ones are computed. vLLM fills only
   those rows of the prompt logprobs (the others hold whatever the buffer held before), and
   says how many it took from the cache (``usage.prompt_tokens_details.cached_tokens``, with
-  ``--enable-prompt-tokens-details``): a score is taken only from computed rows, and a
-  request whose cache hit reaches the positions asked for is sent again without reading the
-  cache.
+  ``--enable-prompt-tokens-details``): a score is taken only from computed rows. The unset
+  rows are never decoded (``detokenize`` off: a garbage token id stops vLLM's output
+  handler), and when they hold a value JSON cannot carry (vLLM answers 400, "Out of range
+  float values") or the cache reached the positions asked for, the score is asked of
+  ``/v1/completions`` instead.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ async def score_completions(
 async def score_cached(
     session: aiohttp.ClientSession,
     url: str,
+    model: str,
     tokens: Sequence[int],
     start: int,
     *,
@@ -126,11 +129,14 @@ async def score_cached(
     timeout_s: float,
 ) -> Scores:
     """``tokens[start:]`` scored through ``/inference/v1/generate``, reading the prefix cache
-    up to the positions asked for (and, should the cache reach them, again without it)."""
+    up to the positions asked for; when that cannot be used (the cache reached them, or the
+    rows vLLM left unset held values JSON cannot carry), through ``/v1/completions``."""
     first = await _generate(session, url, tokens, start, salt, timeout_s, read_cache=True)
-    if first.error is not None and first.cached >= start:  # the cache reached them
-        return await _generate(session, url, tokens, start, salt, timeout_s, read_cache=False)
-    return first
+    if first.error is None:
+        return first
+    return await score_completions(
+        session, url, model, tokens, start, salt=salt, timeout_s=timeout_s
+    )
 
 
 async def _generate(
@@ -148,6 +154,9 @@ async def _generate(
         "temperature": 0.0,
         "prompt_logprobs": 0,
         "skip_reading_prefix_cache": not read_cache,
+        # The unset rows' token ids are whatever the buffer held: vLLM must not decode them
+        # (a negative id stops its output handler, and every request of the server with it).
+        "detokenize": False,
     }
     body: dict[str, Any] = {"token_ids": list(tokens), "sampling_params": params}
     if salt:
