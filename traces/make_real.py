@@ -19,7 +19,8 @@ them as not sent, never as the server's failure).
 
     python traces/make_real.py --requests 240 --oversize 1 > /tmp/real.jsonl
     replay trace anonymize /tmp/real.jsonl -o traces/real.jsonl --secret-env SECRET
-    python traces/make_real.py --requests 36 --kinds doc,json,code --seed 1 > /tmp/t.jsonl
+    python traces/make_real.py --requests 24 --kinds doc,json,code --seed 1 --oversize 1 \
+        --length-scale 0.3 > /tmp/t.jsonl
     replay trace anonymize /tmp/t.jsonl -o traces/real_tests.jsonl --secret-env SECRET
 
 Deterministic for a seed, a Python version (the text) and the tokenizer.
@@ -130,7 +131,9 @@ def log_line(rid: str, t: float, messages: list[dict[str, str]], max_tokens: int
     return row
 
 
-def requests(tok: Any, n: int, kinds: list[str], seed: int, oversize: int) -> Iterator[dict]:
+def requests(
+    tok: Any, n: int, kinds: list[str], seed: int, oversize: int, scale: float = 1.0
+) -> Iterator[dict]:
     rng = random.Random(seed)
     sources = stdlib_sources()
     t, i, emitted = 0.0, 0, 0
@@ -138,7 +141,7 @@ def requests(tok: Any, n: int, kinds: list[str], seed: int, oversize: int) -> It
         kind = kinds[i % len(kinds)]
         t += rng.expovariate(2.0)
         rid = f"real-{seed}-{i:04d}-{kind}"
-        for row in _one(tok, rng, sources, kind, rid, t):
+        for row in _one(tok, rng, sources, kind, rid, t, scale):
             emitted += 1
             yield row
         i += 1
@@ -162,14 +165,20 @@ def requests(tok: Any, n: int, kinds: list[str], seed: int, oversize: int) -> It
 
 
 def _one(
-    tok: Any, rng: random.Random, sources: list[tuple[str, str]], kind: str, rid: str, t: float
+    tok: Any,
+    rng: random.Random,
+    sources: list[tuple[str, str]],
+    kind: str,
+    rid: str,
+    t: float,
+    scale: float = 1.0,
 ) -> Iterator[dict]:
     if kind == "code":
         task = rng.choice(CODE_TASKS)
         ask = f"Write a Python function named `solve` that {task}. Reply with the code only."
         yield log_line(rid, t, [{"role": "user", "content": ask}], MAX_TOKENS[kind])
         return
-    lo, hi = KIND_LENGTHS[kind]
+    lo, hi = (int(x * scale) for x in KIND_LENGTHS[kind])
     # Log-uniform lengths: as many short prompts as long ones per factor of length.
     n_tokens = int(lo * (hi / lo) ** rng.random())
     # A source long enough for the length drawn, where there is one (about 3 chars a token).
@@ -226,6 +235,7 @@ def main() -> int:
     ap.add_argument("--kinds", default="doc,json,code,summary,session")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--oversize", type=int, default=0)
+    ap.add_argument("--length-scale", type=float, default=1.0, help="Scale every kind's lengths.")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -233,7 +243,7 @@ def main() -> int:
 
     tok = AutoTokenizer.from_pretrained(str(ensure_real_model("traces/make_real.py")))
     kinds = [k for k in args.kinds.split(",") if k]
-    for row in requests(tok, args.requests, kinds, args.seed, args.oversize):
+    for row in requests(tok, args.requests, kinds, args.seed, args.oversize, args.length_scale):
         sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
     return 0
 

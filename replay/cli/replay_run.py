@@ -246,12 +246,23 @@ class Plan:
             o.seed,
             sessions,
         )
+        if o.quality_pass == "serial" and o.sequential:
+            raise InputError(
+                "--quality-pass serial and --sequential: the sequential canary sends its own "
+                "rounds; leave one out"
+            )
+        if o.quality_pass == "serial" and schedules[0].label != SERIAL_PHASE:
+            schedules = [ClosedLoop(1), *(s for s in schedules if s.label != SERIAL_PHASE)]
         check_workers(o.workers, schedules, o.session_history)
         if o.sequential and o.workers > 1:
             raise InputError("--sequential sends its rounds from one process: leave out --workers")
         specs = resolve_targets(o)
         refuse_overlap(trace.iter_requests(), specs, o.trace_path)
         return cls(trace, fmt, buckets, schedules, specs, slo)
+
+
+# --quality-pass serial: the phase whose answers are graded, one request at a time.
+SERIAL_PHASE = "c1"
 
 
 def think_time(text: str, time_scale: float) -> ThinkTime:
@@ -301,6 +312,7 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         resume=resume,
         cli_options=o.to_json(),
         advice=read_advice(o.advice_path) if o.advice_path else None,
+        quality_phase=SERIAL_PHASE if o.quality_pass == "serial" else None,
     )
 
 

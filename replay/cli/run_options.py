@@ -81,6 +81,7 @@ class RunOptions:
     workers: int = 1
     skip_layers: str | None = None
     advice_path: Path | None = None
+    quality_pass: str = "load"
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -265,6 +266,15 @@ RUN_OPTIONS = [
         "--calibrated",
         help="Target with calibrated scales [default: a targets-file "
         "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal].",
+    ),
+    click.option(
+        "--quality-pass",
+        type=click.Choice(["load", "serial"]),
+        default="load",
+        show_default=True,
+        help="Where quality is graded: the load phases' answers, or a first phase at "
+        "concurrency 1 (c1) whose answers do not depend on batching (vLLM CPU cannot serve "
+        "batch-invariant kernels); the load phases still measure the systems side.",
     ),
     click.option(
         "--skip-layers",

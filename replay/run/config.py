@@ -70,6 +70,8 @@ class RunConfig:
     cli_options: dict[str, Any] = field(default_factory=dict)
     # ``kvcal advise``'s figures, for the verdict's next step (``analysis.verdict.advice``).
     advice: dict[str, Any] | None = None
+    # The one phase the stop rule's quality side reads (--quality-pass serial: c1); None: all.
+    quality_phase: str | None = None
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
 
     def phase_salt(self, target: str, label: str) -> str | None:
@@ -111,6 +113,8 @@ class RunConfig:
             options["workers"] = self.workers
         if self.advice is not None:
             options["advice"] = self.advice
+        if self.quality_phase is not None:
+            options["quality_phase"] = self.quality_phase
         return options
 
 

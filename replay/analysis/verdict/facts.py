@@ -195,6 +195,10 @@ def facts_from_run(
     cal = calibrated or roles.calibrated
     cand = candidate or roles.candidate
     phases = s.quality.phases if s.quality else {}
+    # --quality-pass serial: quality is decided on the answers that do not depend on batching.
+    only = (manifest.get("options") or {}).get("quality_phase")
+    if isinstance(only, str) and only in phases:
+        phases = {only: phases[only]}
     ref_t = targets.get(reference)
     ref_problem = (
         None if ref_t is None else error_problem(reference, ref_t, thresholds.max_error_rate)
