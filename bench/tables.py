@@ -112,12 +112,32 @@ def workers_rows(doc: dict[str, Any]) -> Iterator[Row]:
     yield f"ratio {s['ratio_of']}", f"{s['ratio']:.2f}x ({verdict})", s["target"]
 
 
+def real_canary_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    s, run = doc["summary"], doc["runs"][-1]
+    extra = " ".join(doc["config"]["extra"])
+    what = f"{s['requests']} answers, real model, canary bf16,fp8 + control {extra}".rstrip()
+    value = (
+        f"{s['wall_s'] / 60:.1f} min (exit {run['exit_code']}): servers up "
+        f"{run['first_answer_written_s']:.0f} s, phases {s['phases_s']:.0f} s, teacher-forced "
+        f"{s['teacher_forced_s']:.0f} s ({s['teacher_forced_share_of_phases']:.0%} of phases)"
+    )
+    yield what, value + f" ({'met' if s['met'] else 'missed'})", "<= 12 min"
+    for target, t in run["targets"].items():
+        rate = t["decode_tokens_per_s"]
+        yield (
+            f"real model, {target}: answers",
+            f"{t['output_tokens']} tokens in {t['phases_s']} s ({rate} tok/s)",
+            "",
+        )
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("client_overhead", client_overhead_rows),
     ("memory", memory_rows),
     ("kvcal_observer", kvcal_rows),
     ("open_loop", open_loop_rows),
     ("workers", workers_rows),
+    ("real_canary", real_canary_rows),
 ]
 
 

@@ -27,6 +27,7 @@ as None, 0 or empty; ``absent_if_none`` and ``Omitted`` mark keys that are somet
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import field
 from typing import Any
 
 from replay.analysis.schemas_load import Saturation
@@ -247,6 +248,21 @@ class RuleCounts(Record):
 
 
 @record
+class RuleFloor(Record):
+    """One derived rule in one phase: how many of the A/A control's answers it graded out of
+    the phase's requests (its share), the control's pass rate (the rule's floor: what the
+    reference scores against itself), each target's counts, and whether it is demoted (its
+    floor says it grades noise, so its pairs leave the comparison the verdict decides on)."""
+
+    requests: int
+    graded: int
+    passed: int
+    floor: float | None
+    demoted: bool
+    targets: Mapping[str, RuleCounts]
+
+
+@record
 class VsControl(Record):
     """Derived grades paired with the A/A control's derived grades of the same requests."""
 
@@ -363,6 +379,8 @@ class Quality(Record):
     min_pairs: int | None
     phases: Mapping[str, Mapping[str, TargetQuality]]  # phase -> target
     notes: tuple[str, ...]
+    # phase -> derived rule; empty where no A/A control ran (and in older summaries).
+    rules: Mapping[str, Mapping[str, RuleFloor]] = field(default_factory=dict)
 
 
 # -- systems ----------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ def markdown_report(run: Run) -> str:
     for qt in tables:
         caption = f" ({qt['table'].caption})" if qt["table"] else ""
         out += _md_section(f"Quality{caption}", qt["table"], MD_QUALITY)
+        if qt.get("rules"):
+            out += _md_section(f"Derived rules{caption}", qt["rules"])
     out += _md_section(
         "Latency",
         (views["systems"] or {}).get("latency")

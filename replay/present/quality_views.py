@@ -12,6 +12,8 @@ from replay.analysis.schemas import (
     Comparison,
     DerivedComparison,
     NoiseFloor,
+    RuleCounts,
+    RuleFloor,
     VsReference,
 )
 from replay.present.formatting import DASH, f_est, f_int, f_nll, f_p, f_pct, f_pts, num, text
@@ -49,7 +51,7 @@ def quality_view(run: Run) -> dict[str, Any]:
                     f"{target}: stratified shift across buckets "
                     f"p={f_p(tq.shift.p_value)} ({text(tq.shift.direction)})"
                 )
-        tables.append({"table": t, "shifts": shifts})
+        tables.append({"table": t, "shifts": shifts, "rules": _rules_table(run, phase)})
     return {
         "present": bool(tables),
         "tables": tables,
@@ -57,6 +59,45 @@ def quality_view(run: Run) -> dict[str, Any]:
         "tolerance": f_pts(tol).lstrip("+") if tol is not None else DASH,
         "notes": list(q.notes if q else ()),
     }
+
+
+RULE_HEADERS = [
+    "Derived rule",
+    "Share of requests (graded/requests)",
+    "A/A floor: control pass rate (passed/graded)",
+    "Pass rate per target (passed/graded)",
+    "In the verdict",
+]
+
+
+def _rules_table(run: Run, phase: str) -> Table | None:
+    """Each derived rule's floor in the phase: what the reference scores against itself."""
+    q = run.summary.quality
+    rules = (q.rules if q else {}).get(phase)
+    if not rules:
+        return None
+    t = Table(RULE_HEADERS, caption=f"phase {phase}")
+    for name, f in sorted(rules.items()):
+        t.add(*_rule_row(run, name, f))
+    return t
+
+
+def _rule_row(run: Run, name: str, f: RuleFloor) -> list[str | Cell]:
+    share = f.graded / f.requests if f.requests else None
+    targets = "; ".join(
+        f"{target} {_counts_rate(c)}" for target, c in run.in_order(f.targets, "target")
+    )
+    return [
+        name.removeprefix("derived:"),
+        f"{f_pct(share)} ({f_int(f.graded)}/{f_int(f.requests)})",
+        f"{f_pct(f.floor)} ({f_int(f.passed)}/{f_int(f.graded)})",
+        targets or DASH,
+        Cell("demoted: noise", "bad") if f.demoted else "yes",
+    ]
+
+
+def _counts_rate(c: RuleCounts) -> str:
+    return f"{f_pct(c.passed / c.graded if c.graded else None)} ({c.passed}/{c.graded})"
 
 
 def _quality_row(

@@ -189,10 +189,11 @@ def compare_combined(
     control: pd.DataFrame | None,
     rule: Rule,
     seed: int,
+    demoted: frozenset[str] = frozenset(),
 ) -> Combined | None:
     """The paired comparison the verdict decides on: ``combined_pairs`` under the same
     statistics and evidence rule as the explicit grades alone."""
-    a, b, derived = combined_pairs(rows, ref, control)
+    a, b, derived = combined_pairs(rows, ref, control, demoted)
     paired = _paired(a, b, seed)
     if paired is None:
         return None

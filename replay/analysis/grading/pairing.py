@@ -92,7 +92,10 @@ def paired_outcomes(
 
 
 def combined_pairs(
-    rows: pd.DataFrame, ref: pd.DataFrame | None, control: pd.DataFrame | None
+    rows: pd.DataFrame,
+    ref: pd.DataFrame | None,
+    control: pd.DataFrame | None,
+    demoted: frozenset[str] = frozenset(),
 ) -> tuple[list[bool], list[bool], int]:
     """Every graded pair of one target and bucket, explicit and derived pooled, and how many
     are derived. A request is one pair at most: with a check, its grade against the
@@ -100,9 +103,9 @@ def combined_pairs(
     reference's answer) against the A/A control's derived grade of the same request, the
     reference agreeing with itself. Without a control the baseline is a pass: every
     disagreement with the reference counts against the candidate, the conservative reading
-    (no noise floor)."""
+    (no noise floor). Derived grades of a ``demoted`` rule (``rule_floors``) are left out."""
     a, b = paired_outcomes(rows, ref, "passed")
-    derived = rows[rows["passed"].isna() & rows["d_passed"].notna()]
+    derived = rows[rows["passed"].isna() & rows["d_passed"].notna() & ~rows["rule"].isin(demoted)]
     if control is None:
         base, mine = [True] * len(derived), outcomes(derived["d_passed"])
     else:

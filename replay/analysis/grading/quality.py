@@ -22,12 +22,14 @@ from replay.analysis.grading.compare import (
     teacher_forced,
 )
 from replay.analysis.grading.pairing import combined_pairs, grades_frame
+from replay.analysis.grading.rule_floors import demotion_note, rule_floors
 from replay.analysis.schemas import (
     OMITTED,
     BucketQuality,
     NoiseFloor,
     Quality,
     QualityTotals,
+    RuleFloor,
     Shift,
     TargetQuality,
 )
@@ -90,6 +92,7 @@ def _target_quality(
     bucket_order: Sequence[str],
     rule: Rule,
     seed: int,
+    demoted: frozenset[str],
 ) -> TargetQuality:
     control = reference + CONTROL_SUFFIX
     compared = name not in (reference, control)
@@ -104,11 +107,13 @@ def _target_quality(
         buckets[str(b)] = BucketQuality(
             **compare_explicit(sub, ref, rule, seed),
             derived=compare_derived(sub, floor, seed),
-            combined=compare_combined(sub, ref, floor, rule, seed) if compared else OMITTED,
+            combined=(
+                compare_combined(sub, ref, floor, rule, seed, demoted) if compared else OMITTED
+            ),
             teacher_forced=teacher_forced(mine, theirs, sub.index, seed),
         )
         # The shift test pools what the verdict decides on: explicit and derived.
-        strata.append(combined_pairs(sub, ref, floor)[:2])
+        strata.append(combined_pairs(sub, ref, floor, demoted)[:2])
     shift = stratified_shift(strata) if name != reference else None
     return TargetQuality(
         buckets=buckets,
@@ -146,13 +151,20 @@ def assess_quality(
         tf[t["target"]][t["request_id"]] = t
     rule, control = Rule(tolerance, alpha, min_pairs), reference + CONTROL_SUFFIX
     phases: dict[str, dict[str, TargetQuality]] = {}
+    rules: dict[str, dict[str, RuleFloor]] = {}
     notes = []
     frame = grades_frame(rows)
     for phase, in_phase in frame.groupby("phase", sort=False):
         targets = dict(iter(in_phase.groupby("target", sort=False)))
+        by_rule = rule_floors(in_phase, control)
+        demoted = frozenset(r for r, f in by_rule.items() if f.demoted)
+        if by_rule:
+            rules[str(phase)] = by_rule
+        if note := demotion_note(str(phase), by_rule):
+            notes.append(note)
         out = {
             str(t): _target_quality(
-                str(t), t_rows, targets, tf, reference, bucket_order, rule, seed
+                str(t), t_rows, targets, tf, reference, bucket_order, rule, seed, demoted
             )
             for t, t_rows in targets.items()
         }
@@ -191,6 +203,7 @@ def assess_quality(
         min_pairs=min_pairs,
         phases=phases,
         notes=tuple(notes),
+        rules=rules,
     )
 
 

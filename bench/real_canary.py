@@ -1,0 +1,165 @@
+"""The real model's canary, timed: where the minutes of ``replay canary --model real`` go.
+
+    python bench/real_canary.py                      # traces/real.jsonl, bf16,fp8 (+ control)
+    python bench/real_canary.py -- --quality-pass serial   # extra replay options after --
+
+Runs the canary exactly as a user does (``python -m replay canary --trace traces/real.jsonl
+--model real --targets bf16,fp8 --buckets 1K,4K``: local vLLM CPU servers, the A/A control,
+teacher-forced scoring) and, while it runs, watches its run directory once a second: when
+each target's answers and teacher-forced scores were written. From those it splits the wall
+time into what bounds it: starting the servers (before the first request is sent), serving
+the answers (each target's phases, first request sent to last answer), teacher-forced
+scoring (first score written to last, per target) and the rest (grading, report). The
+output tokens each target generated per second of its phases is the machine's decode rate
+for this model: the answers alone cannot take less than their tokens over that rate.
+
+Writes ``bench/results/real_canary.json``. It takes 10 to 40 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+from _machine import describe, machine_busy_s
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+TIMEOUT_S = 3 * 3600.0
+POLL_S = 1.0
+VERDICTS = (0, 10, 11, 12, 13, 14)  # replay canary's exit codes for a verdict
+
+
+class Watcher(threading.Thread):
+    """Notes, once a second, the run's clock time at which each target's results and
+    teacher-forced scores grew (the files are appended line by line)."""
+
+    def __init__(self, run_dir: Path, t0: float) -> None:
+        super().__init__(daemon=True)
+        self.run_dir, self.t0, self.done = run_dir, t0, threading.Event()
+        self.seen: dict[str, dict[str, list[float]]] = {
+            "results.jsonl": defaultdict(list),
+            "teacher_forced.jsonl": defaultdict(list),
+        }
+        self.offsets = dict.fromkeys(self.seen, 0)
+
+    def run(self) -> None:
+        while not self.done.wait(POLL_S):
+            self.poll()
+        self.poll()
+
+    def poll(self) -> None:
+        now = time.monotonic() - self.t0
+        for name, per_target in self.seen.items():
+            path = self.run_dir / name
+            if not path.exists():
+                continue
+            with path.open("rb") as fh:
+                fh.seek(self.offsets[name])
+                data = fh.read()
+            lines = data.split(b"\n")[:-1]  # a line still being written waits for the next poll
+            self.offsets[name] += sum(len(ln) + 1 for ln in lines)
+            for line in lines:
+                per_target[orjson.loads(line)["target"]].append(now)
+
+
+def span(times: list[float]) -> dict[str, float] | None:
+    return {"from_s": round(min(times), 1), "to_s": round(max(times), 1)} if times else None
+
+
+def answers(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per target: requests by status, output tokens, and its phases' first send and last
+    answer on the run's clock."""
+    per: dict[str, dict[str, Any]] = {}
+    with (run_dir / "results.jsonl").open("rb") as fh:
+        for line in fh:
+            r = orjson.loads(line)
+            t = per.setdefault(
+                r["target"],
+                {"status": defaultdict(int), "output_tokens": 0, "sent": [], "done": []},
+            )
+            t["status"][r["status"]] += 1
+            t["output_tokens"] += r.get("output_tokens") or 0
+            if r.get("sent") is not None:
+                t["sent"].append(r["sent"])
+            if r.get("done") is not None:
+                t["done"].append(r["done"])
+    out = {}
+    for name, t in per.items():
+        phases_s = max(t["done"]) - min(t["sent"]) if t["done"] and t["sent"] else None
+        out[name] = {
+            "status": dict(t["status"]),
+            "output_tokens": t["output_tokens"],
+            "phases_s": None if phases_s is None else round(phases_s, 1),
+            "decode_tokens_per_s": round(t["output_tokens"] / phases_s, 1) if phases_s else None,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default="traces/real.jsonl")
+    ap.add_argument("--targets", default="bf16,fp8")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/kvcanary-bench"))
+    ap.add_argument("extra", nargs="*", help="more replay options (after --)")
+    a = ap.parse_args(argv)
+    run_id = f"real-canary-{int(time.time())}"
+    run_dir = a.out / run_id
+    cmd = [sys.executable, "-m", "replay", "canary", "--trace", a.trace, "--model", "real"]
+    cmd += ["--targets", a.targets, "--buckets", "1K,4K", "--out", str(a.out), "--run-id", run_id]
+    cmd += a.extra
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    load0, busy0, t0 = os.getloadavg()[0], machine_busy_s(), time.monotonic()
+    watcher = Watcher(run_dir, t0)
+    watcher.start()
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    wall = time.monotonic() - t0
+    watcher.done.set()
+    watcher.join()
+    busy = machine_busy_s() - busy0
+    per = answers(run_dir)
+    sent_first = min((t for ts in watcher.seen["results.jsonl"].values() for t in ts), default=wall)
+    tf = {t: span(ts) for t, ts in watcher.seen["teacher_forced.jsonl"].items()}
+    tf_s = sum(s["to_s"] - s["from_s"] for s in tf.values() if s)
+    phases_s = sum(p["phases_s"] or 0 for p in per.values())
+    doc = {
+        "machine": {**describe(("vllm", "torch")), "load_average_at_start": round(load0, 2)},
+        "config": {"command": ["replay", *cmd[3:]], "trace": a.trace, "extra": a.extra},
+        "runs": [
+            {
+                "exit_code": proc.returncode,
+                "wall_s": round(wall, 1),
+                "machine_cpu_s": round(busy, 1),
+                "first_answer_written_s": round(sent_first, 1),
+                "targets": per,
+                "teacher_forced": tf,
+                "output_tail": (proc.stdout + proc.stderr)[-1500:],
+            }
+        ],
+        "summary": {
+            "wall_s": round(wall, 1),
+            "phases_s": round(phases_s, 1),
+            "teacher_forced_s": round(tf_s, 1),
+            "teacher_forced_share_of_phases": round(tf_s / phases_s, 3) if phases_s else None,
+            "requests": sum(sum(p["status"].values()) for p in per.values()),
+            "target_s": 12 * 60,
+            "met": proc.returncode in VERDICTS and wall <= 12 * 60,
+        },
+    }
+    out = BENCH / "results" / "real_canary.json"
+    out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    print(orjson.dumps(doc["summary"]).decode(), "->", out)
+
+
+if __name__ == "__main__":
+    main()
