@@ -1,5 +1,10 @@
 """``kvcal emulate``: settings in, per-bucket intervals, per-layer sensitivity and advice out.
 
+The settings are every ``--formats`` format at its rounding (``--rounding``: the engine's,
+cpu, cuda or both), an overlay's scales and skip-layers variants; what each costs in cache
+bytes, which stay within ``--tolerance`` and how much of a loss is the rounding are
+:mod:`kvcal._emulate_advice`'s.
+
 ΔNLL per token is the mean over every answer token of (NLL under the setting - NLL under
 BF16), as replay reports it; its 95% interval is a percentile bootstrap over requests (2,000
 resamples, seeded): requests are resampled with all their tokens, since the tokens of one
@@ -10,10 +15,11 @@ with the same kind of interval. Greedy agreement (a small
 sample per bucket) is the exact-match rate with a Wilson interval and the mean common prefix
 in tokens.
 
-Sensitivity, on FP8 at scale 1.0: ΔNLL with one layer in FP8 (the others BF16), and with one
-layer kept in BF16 (the others FP8). A layer's "recovered" loss is the all-FP8 ΔNLL minus the
-ΔNLL with it kept in BF16. The smallest set of the best-ranked layers whose recoveries add up
-to the target share is scored to confirm it (and grown a layer at a time until it does).
+Sensitivity, on each format at scale 1.0 (FP8 first): ΔNLL with one layer in the format (the
+others BF16), and with one layer kept in BF16 (the others in the format). A layer's
+"recovered" loss is the all-layers ΔNLL minus the ΔNLL with it kept in BF16. The smallest set
+of the best-ranked layers whose recoveries add up to the target share is scored to confirm it
+(and grown a layer at a time until it does).
 Emulation is deterministic, so there is no A/A noise floor: the loss counts as real when its
 interval lies above 0 and the mean reaches ``min_loss``.
 """
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError
 
 from ._emulate import Setting, uniform
+from ._emulate_advice import advise, setting_facts
 from ._emulate_overlay import carries_scales, overlay_setting, read_overlay
 from ._emulate_requests import Drawn, Item, draw_from_run, draw_from_trace
 from ._emulate_score import (
@@ -40,6 +47,7 @@ from ._emulate_score import (
     reference_scores,
     score_setting,
 )
+from ._kv_formats import ENGINE_ROUNDING, SCALED
 
 Track = Callable[[str, int], Callable[[int], None]]  # (description, total) -> advance(n)
 INTERVAL = (
@@ -47,9 +55,9 @@ INTERVAL = (
     "with all its answer tokens, of the per-token mean"
 )
 CAVEAT = (
-    "emulated: an E4M3 round trip of K/V at the cache write in transformers; it says "
-    "nothing of capacity or kernel speed, and attention numerics differ from vLLM's "
-    "kernels by about a bf16 step"
+    "emulated: each format's round trip of K/V at the cache write in transformers; the "
+    "capacity is what the format's bytes imply, not measured, it says nothing of kernel "
+    "speed, and attention numerics differ from vLLM's kernels by about a bf16 step"
 )
 # vLLM 0.32 (engine/arg_utils.py, CacheConfig.kv_cache_dtype_skip_layers: list[str]) takes the
 # layer indices as separate words, "--kv-cache-dtype-skip-layers 0 3"; "0,3" parses as the one
@@ -77,7 +85,9 @@ class EmulateArgs:
     on_bad_line: str = "fail"
     overlay: Path | None = None
     skip_layers: tuple[int, ...] = ()
-    rounding: str = "cpu"
+    rounding: str = "engine"  # engine (each format's), cpu, cuda or both
+    formats: tuple[str, ...] = ("fp8",)
+    tolerance: float | None = None  # ΔNLL/token a format may lose, in every bucket
     max_new_tokens: int = 32
     greedy_sample: int = 4
     sensitivity: bool = False
@@ -214,7 +224,7 @@ def layer_rows(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, Any
     rows = []
     layers = len(base.k)
     for layer in range(layers):
-        _, only = scorer.overall(base.only(layer), f"sensitivity: layer {layer} alone FP8")
+        _, only = scorer.overall(base.only(layer), f"sensitivity: layer {layer} alone {base.fmt}")
         _, kept = scorer.overall(base.skipping([layer]), f"sensitivity: layer {layer} kept BF16")
         recovered = loss - _mean(kept)
         rows.append(
@@ -295,16 +305,17 @@ def sensitivity(
     out["flag"] = flag
     layers = len(base.k)
     if len(chosen) == layers:
+        # kvcal calibrates E4M3 scales; the other formats have no scale it could fix
+        instead = "; calibrate (kvcal calibrate) instead" if base.fmt in ("fp8", "fp8_e4m3") else ""
         out["advice"] = (
-            f"only every layer in BF16 recovers {target:.0%} of the loss: FP8 at "
-            "scale 1.0 is not worth keeping here; calibrate (kvcal calibrate) "
-            "instead"
+            f"only every layer in BF16 recovers {target:.0%} of the loss: {base.name} "
+            f"is not worth keeping here{instead}"
         )
     else:
         share = choice["confirmed_share"]
         out["advice"] = (
             f"keep layer(s) {', '.join(map(str, chosen))} in BF16: {flag} "
-            f"(confirmed: recovers {share:.0%} of the FP8 loss; {why} before)"
+            f"(confirmed: recovers {share:.0%} of the {base.name} loss; {why} before)"
         )
     return out
 
@@ -342,13 +353,32 @@ def _draw(args: EmulateArgs, config: Any, exclude: frozenset[str]) -> Drawn:
     return drawn
 
 
+def roundings(args: EmulateArgs, fmt: str) -> list[str]:
+    """The roundings ``fmt`` is emulated at: the engine's (vLLM CPU's truncation for the FP8
+    formats it serves, CUDA's for the rest), one of them, or both."""
+    if args.rounding == "both":
+        return ["cpu", "cuda"]
+    return [ENGINE_ROUNDING[fmt] if args.rounding == "engine" else args.rounding]
+
+
+def _name(fmt: str, rounding: str, args: EmulateArgs, scales: str = "1.0") -> str:
+    name = f"{fmt}@{scales}" if fmt in SCALED else fmt
+    return f"{name} {rounding}" if args.rounding == "both" else name
+
+
 def settings_for(
     args: EmulateArgs, layers: int, kv_heads: int
-) -> tuple[list[Setting], Setting, list[str], frozenset[str]]:
-    """The settings to score (FP8 at 1.0 first), the sensitivity base, notes, and the
-    calibration ids to leave out."""
-    base = uniform("fp8@1.0", layers, 1.0, args.rounding)
-    out, notes, exclude = [base], [], frozenset[str]()
+) -> tuple[list[Setting], list[Setting], list[str], frozenset[str]]:
+    """The settings to score (each format at scale 1.0 first), the sensitivity bases (each
+    format at its first rounding), notes, and the calibration ids to leave out."""
+    out = [
+        uniform(_name(fmt, r, args), layers, 1.0, r, fmt)
+        for fmt in args.formats
+        for r in roundings(args, fmt)
+    ]
+    bases = [next(s for s in out if s.fmt == fmt) for fmt in args.formats]
+    notes: list[str] = []
+    exclude = frozenset[str]()
     bad = [i for i in args.skip_layers if not 0 <= i < layers]
     if bad:
         raise InputError(
@@ -372,13 +402,19 @@ def settings_for(
             and Path(scales.model).resolve() != args.model_dir.resolve()
         ):
             notes.append(f"the overlay was calibrated on {scales.model}, not {args.model_dir}")
-        out.append(overlay_setting("fp8@cal", scales, args.overlay, args.rounding))
+        # kvcal calibrates E4M3 scales (amax / 448): they are FP8 E4M3's
+        out += [
+            replace(
+                overlay_setting(_name("fp8", r, args, "cal"), scales, args.overlay, r), fmt="fp8"
+            )
+            for r in roundings(args, "fp8")
+        ]
     if args.skip_layers:
         out += [
             s.skipping(args.skip_layers, f"{s.name} skip {_layers(args.skip_layers)}")
             for s in list(out)
         ]
-    return out, base, notes, exclude
+    return out, bases, notes, exclude
 
 
 def _greedy_sample(items: Sequence[Item], labels: Sequence[str], n: int) -> list[Item]:
@@ -399,7 +435,16 @@ def _score_all(
         for label, ids in [*buckets.items(), ("all", [it.id for it in scorer.items])]:
             tf = overall if label == "all" else tf_summary(scores, scorer.ref, ids)
             g = [r for r in greedy.values() if label in ("all", r["bucket"])]
-            rows.append({"setting": s.name, "bucket": label, **tf, "greedy": greedy_summary(g)})
+            rows.append(
+                {
+                    "setting": s.name,
+                    "format": s.fmt,
+                    "rounding": s.rounding,
+                    "bucket": label,
+                    **tf,
+                    "greedy": greedy_summary(g),
+                }
+            )
         for it in scorer.items:
             sc, base = scores[it.id], scorer.ref.nll[it.id]
             per_request.append(
@@ -431,8 +476,10 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
         args.notes.append(f"{args.model_dir} carries k/v scales: emulated as fp8@cal")
     # everything that can be refused is checked before the weights load
     config = AutoConfig.from_pretrained(str(args.model_dir))
-    layers, kv_heads, _ = kv_shape(config)
-    settings, base, notes, exclude = settings_for(args, layers, kv_heads)
+    layers, kv_heads, head_dim = kv_shape(config)
+    if head_dim % 16 and any(f.startswith("nvfp4") for f in args.formats):
+        raise InputError(f"--formats nvfp4: head_dim {head_dim} is not a multiple of 16")
+    settings, bases, notes, exclude = settings_for(args, layers, kv_heads)
     drawn = _draw(args, config, exclude)
     items = drawn.items
     if not items:
@@ -448,12 +495,12 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
     ref = reference_scores(model, items, args.chunk_tokens, track("BF16 scores", len(items)))
     scorer = Scorer(model, items, ref, args.chunk_tokens, track)
     rows, per_request = _score_all(scorer, settings, labels, sample)
-    sens = None
-    if args.sensitivity:
+    by_format: dict[str, Any] = {}
+    for base in bases if args.sensitivity else ():
         base_all = next(r for r in rows if r["setting"] == base.name and r["bucket"] == "all")
-        sens = sensitivity(scorer, base, base_all, args.recover, args.min_loss)
+        by_format[base.fmt] = sensitivity(scorer, base, base_all, args.recover, args.min_loss)
     device = next(model.parameters()).device
-    return {
+    report = {
         "emulated": True,
         "caveat": CAVEAT,
         "interval": INTERVAL,
@@ -461,8 +508,12 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
         "device": str(device),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "rounding": args.rounding,
+        "formats": list(args.formats),
+        "tolerance": args.tolerance,
+        "min_loss": args.min_loss,
         "layers": layers,
         "kv_heads": kv_heads,
+        "head_dim": head_dim,
         "sampling": drawn.info,
         "notes": [*args.notes, *notes],
         "reference": {
@@ -472,9 +523,15 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
             "tokens": sum(len(it.answer) for it in items),
             "greedy_sample_per_bucket": args.greedy_sample,
         },
-        "settings": [s.to_json() for s in settings],
+        "settings": [
+            {**s.to_json(), **setting_facts(s, layers, kv_heads, head_dim)} for s in settings
+        ],
         "results": rows,
         "per_request": per_request,
-        "sensitivity": sens,
+        # the first format's (the one the rest of kvcanary calibrates), and every format's
+        "sensitivity": by_format.get(args.formats[0]),
+        "sensitivity_by_format": by_format or None,
         "seconds": time.perf_counter() - started,
     }
+    report["advice"] = advise(report)
+    return report

@@ -75,18 +75,14 @@ def int8_codes(x: torch.Tensor, rounding: str = "cuda") -> tuple[torch.Tensor, t
     return torch.trunc(q.clamp(_INT8[1], _INT8[0])), scale
 
 
-def fp8_head_codes(
-    x: torch.Tensor, rounding: str = "cuda"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_head_codes(x: torch.Tensor, rounding: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 values as fp32, scale per row) of ``x`` (fp32, head_dim last)."""
     scale = _per_row_scale(x, _FP8[0])
     q = (x * torch.reciprocal(scale)).clamp(_FP8[1], _FP8[0])
     return fp8_codes(q, rounding, "e4m3"), scale
 
 
-def per_token_head_roundtrip(
-    x: torch.Tensor, kind: str, *, rounding: str = "cuda"
-) -> torch.Tensor:
+def per_token_head_roundtrip(x: torch.Tensor, kind: str, *, rounding: str = "cuda") -> torch.Tensor:
     """``x`` (head_dim last) through an ``int8``, ``fp8`` or ``int4`` per-token-head cache and
     back, in ``x``'s dtype."""
     xf = x.to(torch.float32)

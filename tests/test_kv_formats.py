@@ -127,7 +127,9 @@ def test_e5m2_bytes_match_vllm_cpu_cache_write_kernel() -> None:
             kc = torch.zeros(2, 2, 32, 64, dtype=torch.uint8)
             vc = torch.zeros_like(kc)
             slot = torch.arange(64)
-            ops.cpu_attn_reshape_and_cache(x, x.clone(), kc, vc, slot, "vec", scale, scale, "fp8_e5m2")
+            ops.cpu_attn_reshape_and_cache(
+                x, x.clone(), kc, vc, slot, "vec", scale, scale, "fp8_e5m2"
+            )
             got = vc[slot // 32, :, slot % 32, :]
             assert torch.equal(got, fp8_bytes(x, scale, "cpu", "e5m2")), (dtype, scale)
 

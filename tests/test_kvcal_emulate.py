@@ -469,6 +469,8 @@ def test_answers_come_from_the_reference_of_a_run(tmp_path: Path) -> None:
         (["--trace", str(TRACE), "--buckets", "9,3"], "increasing"),
         (["--trace", "missing.jsonl"], "no such file"),
         (["--trace", str(TRACE), "--overlay", "missing-overlay"], "no such folder"),
+        (["--trace", str(TRACE), "--formats", "fp8,int2"], "int2; the emulated formats are"),
+        (["--trace", str(TRACE), "--formats", ","], "none given"),
     ],
 )
 def test_emulate_cli_refuses_bad_input(model_dir: Path, args: list[str], message: str) -> None:
@@ -477,3 +479,41 @@ def test_emulate_cli_refuses_bad_input(model_dir: Path, args: list[str], message
     res = CliRunner().invoke(main, ["emulate", str(model_dir), *args])
     assert res.exit_code == 2, res.output
     assert message in " ".join(res.output.split())
+
+
+def test_the_advisor_on_the_twin_format_by_format(twin_dir: Path, tmp_path: Path) -> None:
+    """The twin's keys clip at FP8 scale 1.0; a format that computes its own scale per token
+    and head does not clip them. One table per bucket, both roundings, the tolerance."""
+    from kvcal.cli import main
+
+    out = tmp_path / "advice.json"
+    args = ["emulate", str(twin_dir), "--trace", str(TRACE), "--buckets", BUCKETS]
+    args += ["--per-bucket", "2", "--greedy-sample", "1", "--max-new-tokens", "12"]
+    args += ["--formats", "fp8,int8_per_token_head", "--rounding", "both"]
+    args += ["--tolerance", "0.05", "--json", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    names = [s["name"] for s in report["settings"]]
+    assert names == [
+        "fp8@1.0 cpu",
+        "fp8@1.0 cuda",
+        "int8_per_token_head cpu",
+        "int8_per_token_head cuda",
+    ]
+    # 4 layers x 2 KV heads x head size 64: 2 KiB a token in BF16, half in FP8, and 8 bytes of
+    # scales per head and layer more for the per-token-head format
+    facts = {s["name"]: s for s in report["settings"]}
+    assert facts["fp8@1.0 cpu"]["bytes_per_token"] == 1024
+    assert facts["int8_per_token_head cuda"]["bytes_per_token"] == 1088
+    assert facts["fp8@1.0 cpu"]["capacity_ratio"] == 2.0
+    fits = report["advice"]["within_tolerance"]
+    assert not fits["fp8@1.0 cpu"] and not fits["fp8@1.0 cuda"]
+    assert fits["int8_per_token_head cuda"]
+    assert _row(report, "int8_per_token_head cuda")["nll_delta_hi"] < 0.05
+    (cost,) = [c for c in report["advice"]["rounding"] if c["cpu"] == "fp8@1.0 cpu"]
+    assert cost["loss_cpu"] > 0.1 and cost["share"] is not None
+    text = " ".join(res.output.split())
+    for bucket in ("<128", "128-512", ">=512", "all"):
+        assert f"bucket {bucket}:" in text
+    assert "the most capacity: int8_per_token_head" in text

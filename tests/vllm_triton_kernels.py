@@ -29,7 +29,6 @@ def _install_interpreted_triton() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     import triton
     import triton.language
-
     import vllm.triton_utils as tu
 
     tu.triton = triton  # type: ignore[attr-defined]
@@ -39,7 +38,6 @@ def _install_interpreted_triton() -> None:
 def main(src: str, dst: str) -> None:
     _install_interpreted_triton()
     import torch
-
     from vllm.v1.attention.ops import triton_reshape_and_cache_flash as ops
     from vllm.v1.kv_cache_interface import KVQuantMode
 

@@ -1,4 +1,5 @@
-"""``kvcal emulate``: FP8 KV-cache quality predicted offline, E4M3 at the cache write.
+"""``kvcal emulate``: KV-cache quality predicted offline, format by format, each format's
+round trip at the cache write.
 
 The options, their checks and the run with its progress bars; the work is
 :mod:`kvcal._emulate_report`'s, the tables :mod:`kvcal.cli.tables`'.
@@ -17,9 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.serving.kv_formats import EMULABLE as EMULATED
 
 from .common import EXIT_OK, console, guard, with_options
-from .tables import emulation_table, sensitivity_table
+from .tables import emulation_tables, sensitivity_table
 from .trace_options import BUCKETS_OPTION, ON_BAD_LINE_OPTION, TRACE_FORMAT_OPTION
 
 if TYPE_CHECKING:  # torch comes with _emulate_report, imported once torch is known to be there
@@ -59,11 +61,28 @@ EMULATE_OPTIONS = [
         "e.g. 0,3 (vLLM: --kv-cache-dtype-skip-layers 0 3).",
     ),
     click.option(
-        "--rounding",
-        type=click.Choice(["cpu", "cuda"]),
-        default="cpu",
+        "--formats",
+        "formats_text",
+        default="fp8",
         show_default=True,
-        help="vLLM's CPU kernel (truncates) or CUDA's (nearest).",
+        help="KV-cache formats to emulate, vLLM's --kv-cache-dtype names: "
+        + ", ".join(EMULATED)
+        + ".",
+    ),
+    click.option(
+        "--rounding",
+        type=click.Choice(["engine", "cpu", "cuda", "both"]),
+        default="engine",
+        show_default=True,
+        help="cpu: truncation, as vLLM's CPU kernel writes FP8; cuda: the CUDA/Triton "
+        "kernels' (nearest); engine: the FP8 formats at cpu (vLLM CPU serves them), the "
+        "rest at cuda; both: each format twice, and how much of its loss is the rounding.",
+    ),
+    click.option(
+        "--tolerance",
+        type=float,
+        help="ΔNLL/token a format may lose: name the formats whose interval stays at or "
+        "below it in every bucket.",
     ),
     click.option(
         "--max-new-tokens",
@@ -133,7 +152,9 @@ def emulate_cmd(
     on_bad_line: str,
     overlay_dir: Path | None,
     skip_text: str | None,
+    formats_text: str,
     rounding: str,
+    tolerance: float | None,
     max_new_tokens: int,
     greedy_sample: int,
     sensitivity: bool,
@@ -144,9 +165,10 @@ def emulate_cmd(
     device: str,
     json_path: Path | None,
 ) -> None:
-    """Predict FP8 KV-cache quality offline: K/V round-tripped through E4M3 where they enter
-    the cache (transformers, CPU or GPU), scored against BF16 on the trace's requests. An
-    emulation: it says nothing of capacity or kernel speed."""
+    """Predict KV-cache quality offline, format by format: K/V round-tripped through each
+    format where they enter the cache (transformers, CPU or GPU), scored against BF16 on the
+    trace's requests, with the capacity each format's bytes imply. An emulation: it measures
+    neither capacity nor kernel speed."""
 
     def run() -> int:
         _check_options(
@@ -174,6 +196,8 @@ def emulate_cmd(
             overlay_dir,
             _parse_layers(skip_text),
             rounding,
+            _parse_formats(formats_text),
+            tolerance,
             max_new_tokens,
             greedy_sample,
             sensitivity,
@@ -221,6 +245,17 @@ def _check_options(
     Buckets.parse(bucket_spec)
 
 
+def _parse_formats(text: str) -> tuple[str, ...]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [n for n in names if n not in EMULATED]
+    if bad or not names:
+        raise InputError(
+            f"--formats {text!r}: {', '.join(bad) or 'none given'}; the emulated formats are "
+            + ", ".join(EMULATED)
+        )
+    return tuple(dict.fromkeys(names))
+
+
 def _parse_layers(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
@@ -253,13 +288,15 @@ def _emulate(args: EmulateArgs, json_path: Path | None) -> None:
 
         report = emulate(args, track)
     out = Console()
-    out.print(emulation_table(report))
+    for table in emulation_tables(report):
+        out.print(table)
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
-    sens = report["sensitivity"]
-    if sens is not None:
+    for sens in (report["sensitivity_by_format"] or {}).values():
         out.print(sensitivity_table(sens))
         console.print(f"[yellow]advice:[/yellow] {sens['advice']}")
+    for line in report["advice"]["lines"]:
+        console.print(f"[yellow]advice:[/yellow] {line}")
     console.print(f"[dim]{report['caveat']}; intervals: {report['interval']}[/dim]")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

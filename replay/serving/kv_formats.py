@@ -108,9 +108,7 @@ def emulated(name: str) -> str:
     """The kv_cache_dtype of a target that emulates ``name`` in a BF16 server."""
     fmt = FORMATS.get(name)
     if fmt is None or not fmt.emulable:
-        raise ValueError(
-            f"'{name}' cannot be emulated; emulated formats: {', '.join(EMULABLE)}"
-        )
+        raise ValueError(f"'{name}' cannot be emulated; emulated formats: {', '.join(EMULABLE)}")
     return name + EMULATED_SUFFIX
 
 

@@ -1,0 +1,127 @@
+"""What each emulated setting costs and buys, and the advice ``kvcal emulate`` gives from it.
+
+* **Capacity**: the cache bytes one token takes in the model (every layer and KV head, K and
+  V; a layer kept in BF16 at BF16's bytes), from the format's layout
+  (``replay.serving.kv_formats``), and what that implies: tokens per GiB of cache and the
+  multiple of BF16's. Implied by the bytes, never measured: a served cache's own figures
+  come from the replay.
+* **Tolerance**: a setting stays within ``--tolerance`` when, in every bucket, the upper end
+  of its ΔNLL/token interval is at most the tolerance (the loss is bounded below it, not
+  merely not shown).
+* **Rounding**: a format scored at both roundings loses ``cpu - cuda`` more to truncation
+  than to rounding to nearest; that difference over the truncated loss is the share of the
+  loss the rounding makes, given when the truncated loss is real (its interval above 0 and
+  its mean at least ``--min-loss``): a share of noise means nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replay.serving.kv_formats import FORMATS
+
+from ._emulate import Setting
+
+GIB = 1 << 30
+
+
+def setting_facts(s: Setting, layers: int, kv_heads: int, head_dim: int) -> dict[str, Any]:
+    """Bytes per token in the model under ``s``, and the capacity they imply."""
+    fmt, bf16 = FORMATS[s.fmt], FORMATS["bfloat16"]
+    per_layer = [
+        (bf16 if k is None else fmt).bytes_per_token_head(head_dim) * kv_heads for k in s.k
+    ]
+    total = sum(per_layer)
+    full = bf16.bytes_per_token_head(head_dim) * kv_heads * layers
+    return {
+        "bytes_per_token": total,
+        "bf16_bytes_per_token": full,
+        "capacity_ratio": full / total,
+        "tokens_per_gib": GIB / total,
+    }
+
+
+def _rows(report: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
+    return [r for r in report["results"] if r["setting"] == name]
+
+
+def _all(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    return next(r for r in _rows(report, name) if r["bucket"] == "all")
+
+
+def within_tolerance(report: Mapping[str, Any], tolerance: float) -> dict[str, bool]:
+    """Each setting: is its ΔNLL/token bounded by ``tolerance`` in every bucket?"""
+    out = {}
+    for s in report["settings"]:
+        his = [r.get("nll_delta_hi") for r in _rows(report, s["name"])]
+        out[s["name"]] = bool(his) and all(h is not None and h <= tolerance for h in his)
+    return out
+
+
+def rounding_costs(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """For each setting scored at both roundings: the loss each gives and the share of the
+    truncated loss that rounding to nearest removes."""
+    by_key: dict[tuple[str, ...], dict[str, str]] = {}
+    for s in report["settings"]:
+        key = (s["format"], s["scales"], ",".join(map(str, s["skip_layers"])))
+        by_key.setdefault(key, {})[s["rounding"]] = s["name"]
+    out = []
+    for names in by_key.values():
+        if set(names) != {"cpu", "cuda"}:
+            continue
+        cpu, cuda = _all(report, names["cpu"]), _all(report, names["cuda"])
+        lc, lg = cpu.get("nll_delta_mean"), cuda.get("nll_delta_mean")
+        if lc is None or lg is None:
+            continue
+        lo = cpu.get("nll_delta_lo")
+        real = lo is not None and lo > 0 and lc >= report.get("min_loss", 0.0)
+        out.append(
+            {
+                "cpu": names["cpu"],
+                "cuda": names["cuda"],
+                "loss_cpu": lc,
+                "loss_cuda": lg,
+                "difference": lc - lg,
+                "share": (lc - lg) / lc if real else None,
+            }
+        )
+    return out
+
+
+def _nll(x: float) -> str:
+    return f"{x:+.1e}" if x and abs(x) < 5e-4 else f"{x:+.4f}"
+
+
+def _tolerance_line(
+    settings: Sequence[Mapping[str, Any]], fits: Mapping[str, bool], tolerance: float
+) -> str:
+    ok = [s for s in settings if fits[s["name"]]]
+    bound = f"ΔNLL/token bounded by {tolerance:g} in every bucket"
+    if not ok:
+        return f"no setting keeps {bound}"
+    best = max(ok, key=lambda s: s["capacity_ratio"])
+    listed = ", ".join(f"{s['name']} ({s['capacity_ratio']:.2f}x BF16)" for s in ok)
+    return f"{bound}: {listed}; the most capacity: {best['name']}"
+
+
+def _rounding_line(c: Mapping[str, Any]) -> str:
+    head = (
+        f"{c['cpu']}: truncated (vLLM CPU) {_nll(c['loss_cpu'])}/token, rounded to nearest "
+        f"(CUDA, {c['cuda']}) {_nll(c['loss_cuda'])}"
+    )
+    if c["share"] is None:
+        return f"{head}: the truncated loss is within noise, so no share of it is the rounding's"
+    return f"{head}: the rounding is {c['share']:.0%} of the truncated loss"
+
+
+def advise(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The tolerance verdicts, the rounding shares and the advice lines."""
+    tol = report.get("tolerance")
+    costs = rounding_costs(report)
+    fits, lines = None, []
+    if tol is not None:
+        fits = within_tolerance(report, float(tol))
+        lines.append(_tolerance_line(report["settings"], fits, float(tol)))
+    lines += [_rounding_line(c) for c in costs]
+    return {"within_tolerance": fits, "rounding": costs, "lines": lines}
