@@ -56,5 +56,8 @@ def kv_roundtrip(
     if fmt.endswith("_per_token_head"):
         return per_token_head_roundtrip(x, fmt.split("_")[0], rounding=rounding)
     if fmt in ("nvfp4", "nvfp4_4over6"):
+        # the store kernel reads one k/v scale (*k_scale_ptr): a per-head one's first
+        if isinstance(scale, torch.Tensor) and scale.numel() > 1:
+            scale = scale.flatten()[0]
         return nvfp4_roundtrip(x, scale, rounding=rounding, four_over_six=fmt == "nvfp4_4over6")
     raise ValueError(f"'{fmt}' is not an emulated KV format; choose from {', '.join(EMULATED)}")

@@ -40,7 +40,14 @@ from replay.run.rundir import MANIFEST, file_digest, new_run_dir, read_json
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
 from replay.run.workers import WorkersRunner, check_workers
-from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
+from replay.serving.targets import (
+    BUILTIN_DTYPES,
+    TargetSpec,
+    emulate_fp8,
+    emulate_kv,
+    load_targets_config,
+    parse_targets,
+)
 
 REDRAWS_PER_S = 2
 
@@ -175,18 +182,21 @@ def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
 
 
 def resolve_targets(o: RunOptions) -> list[TargetSpec]:
-    """The targets, with the embedded test model where bf16/fp8 name no other model."""
+    """The targets, with the embedded test model where bf16 or a KV format names no other
+    model."""
     config = load_targets_config(o.targets_file) if o.targets_file else None
     names = [n.strip() for n in o.targets.split(",")]
     model_dir = o.model_dir
-    needs_default = any(n in ("bf16", "fp8") for n in names)
+    needs_default = any(n.lower() in BUILTIN_DTYPES for n in names)
     if model_dir is None and needs_default and not (config and all(n in config for n in names)):
         from replay.testmodel.factory import ensure_default_model
 
         model_dir = ensure_default_model()
         console.print(f"using the embedded test model {escape(str(model_dir))}")
     specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config)
-    if o.emulate_fp8:
+    if o.emulate_kv:
+        specs = [emulate_kv(s) for s in specs]
+    elif o.emulate_fp8:
         specs = [emulate_fp8(s) for s in specs]
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
