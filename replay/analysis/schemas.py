@@ -14,7 +14,8 @@
     ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit)
     ├── Saturation               a load sweep's curves (``schemas_load``), per target
     ├── Sequential               a sequential canary's decision, buckets and interval path
-    └── Verdict                  the stop rule's outcome (``verdict.rule.decide``)
+    └── Verdict                  the stop rule's outcome (``verdict.rule.decide``); with
+                                 several candidates, one per candidate as well
 
 Every record is a frozen dataclass (``record_json``): ``to_json()`` gives exactly the JSON
 summary.json has always held, field order being key order, and ``from_json(data)`` reads it
@@ -459,3 +460,5 @@ class Summary(Record):
     saturation: Saturation | None = absent_if_none()  # None: the phases are not a load sweep
     sequential: Sequential | None = absent_if_none()  # None: not a sequential canary
     verdict: Verdict | None = absent_if_none()  # None: no verdict (a Locust run)
+    # Several candidates (verdict.candidates): each one's verdict; the primary's is `verdict`.
+    candidates: Mapping[str, Verdict] | None = absent_if_none()

@@ -343,6 +343,8 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
         verdict = summary.verdict
         assert verdict is not None  # the runner always decides
         click.echo(md.read_text(encoding="utf-8"))
+        for name, v in (summary.candidates or {}).items():
+            console.print(f"candidate {escape(name)}: {v.verdict} (exit {v.exit_code})")
         console.print(
             f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {escape(str(html))}"
         )
@@ -406,8 +408,11 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
         console.print(f"[red]target {escape(name)}:[/red] {escape(why)}")
     for line in saturation_lines(summary):
         console.print(escape(line))
-    style = "green" if verdict.verdict == "keep" else "yellow"
-    console.print(f"[bold {style}]{escape(verdict.headline)}[/bold {style}]")
+    several = summary.candidates or {}
+    for name, v in several.items() if several else [("", verdict)]:
+        style = "green" if v.verdict == "keep" else "yellow"
+        who = f"{name}: " if name else ""
+        console.print(f"[bold {style}]{escape(who + v.headline)}[/bold {style}]")
     console.print(f"results: {escape(str(run_dir))}  report: {escape(str(html))}")
     erring_names = {n for n, _ in erring}
     if any(n not in erring_names for n, _ in failed):

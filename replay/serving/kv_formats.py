@@ -24,7 +24,9 @@ numerics are kvcal's.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 EMULATED_SUFFIX = "-emulated"
@@ -133,3 +135,21 @@ def same_format(expected: str, served: str) -> bool:
         return s in bf16_like  # an emulated cache stores BF16; the plugin's log says the rest
     e4m3 = {"fp8", "fp8_e4m3"}
     return (e in e4m3 and s in e4m3) or e == s
+
+
+def label(name: str) -> str:
+    """How a report names a format: FP8 E4M3 as FP8 (vLLM's ``fp8``), the rest by name."""
+    return "FP8" if name in ("fp8", "fp8_e4m3") else name
+
+
+def head_size_of(model: object) -> int | None:
+    """The head size a local model folder's config.json declares (None if it says none)."""
+    if not isinstance(model, str):
+        return None
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+        text = config.get("text_config") or config
+        heads = int(text["num_attention_heads"])
+        return int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+        return None

@@ -301,7 +301,7 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
             if key in t and not isinstance(t[key], str):
                 raise ConfigError(f"{where}: '{key}' must be a string")
         if t.get("rounding") not in (None, "cpu", "cuda"):
-            raise ConfigError(f"{where}: 'rounding' must be \"cpu\" or \"cuda\"")
+            raise ConfigError(f'{where}: \'rounding\' must be "cpu" or "cuda"')
         args = t.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise ConfigError(f"{where}: 'args' must be a list of strings")

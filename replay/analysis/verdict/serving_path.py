@@ -110,7 +110,10 @@ def _fallback(meant: str | None, served: str | None) -> str | None:
     if meant is None:
         if not kv_formats.same_format("auto", served):
             return None
-        return f"served cache_dtype is '{served}', not FP8 or another quantized cache"
+        return (
+            f"served cache_dtype is '{served}', not FP8 or another quantized cache (the "
+            "backend fell back)"
+        )
     fmt = kv_formats.get(meant)
     if fmt is None or not fmt.quantized or kv_formats.same_format(meant, served):
         return None
