@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
 from replay.serving.kv_formats import EMULABLE as EMULATED
+from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
 from .tables import emulation_tables, sensitivity_table
@@ -139,7 +140,7 @@ EMULATE_OPTIONS = [
 
 
 @click.command("emulate")
-@click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("model_dir", type=click.Path(path_type=Path), metavar="MODEL")
 @with_options(EMULATE_OPTIONS)
 def emulate_cmd(
     model_dir: Path,
@@ -171,6 +172,8 @@ def emulate_cmd(
     neither capacity nor kernel speed."""
 
     def run() -> int:
+        nonlocal model_dir
+        model_dir = resolve_model(model_dir, "kvcal emulate")
         _check_options(
             trace_path,
             answers_dir,

@@ -103,6 +103,9 @@ class ResultStats(Record):
     tokens_estimated: bool
     slo: SloStats | None = absent_if_none()  # only with --slo
     sessions: SessionStats | None = absent_if_none()  # only for traces with sessions
+    # Requests not sent because their prompt does not fit the target's max_model_len: neither
+    # ok nor errors (absent when there are none).
+    skipped_too_long: int | None = absent_if_none()
 
 
 @record

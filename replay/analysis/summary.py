@@ -53,6 +53,7 @@ COLUMNS = (
     "cancelled",
     "turn",
     "reused",
+    "skipped",
 )
 
 
@@ -109,12 +110,19 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
             r.status == "cancelled",
             r.turn,
             r.reused_prefix_tokens,
+            r.status == "skipped",
         )
         for r in results
     ]
     frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
     return frame.astype(
-        {"ok": bool, "estimated": bool, "cancelled": bool, "output_tokens": "int64"}
+        {
+            "ok": bool,
+            "estimated": bool,
+            "cancelled": bool,
+            "skipped": bool,
+            "output_tokens": "int64",
+        }
     )
 
 
@@ -153,7 +161,7 @@ def _session_stats(group: pd.DataFrame) -> SessionStats:
 
 
 def _slo_stats(group: pd.DataFrame, bounds: Mapping[str, float], dur: float | None) -> SloStats:
-    sent = group[~group["cancelled"]]
+    sent = group[~group["cancelled"] & ~group["skipped"]]
     met = int(sent["met"].sum())
     return SloStats(
         bounds_ms=dict(bounds),
@@ -171,11 +179,13 @@ def _figures(
     """``ResultStats``' fields of one group of results; with ``slo`` (the bounds that apply
     and the phase's duration), how the group did against them."""
     ok = group[group["ok"]]
-    errors = group.loc[~group["ok"], "error_kind"].value_counts()
+    # A request never sent because it cannot fit the target is counted apart: not an error.
+    errors = group.loc[~group["ok"] & ~group["skipped"], "error_kind"].value_counts()
     return {
         "requests": len(group),
         "ok": len(ok),
         "errors": int(errors.sum()),
+        "skipped_too_long": int(group["skipped"].sum()) or None,
         "errors_by_kind": {str(k): int(n) for k, n in sorted(errors.items())},
         "output_tokens": int(ok["output_tokens"].sum()),
         "prompt_tokens_median": _median(group["prompt_tokens"]),

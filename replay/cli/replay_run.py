@@ -48,6 +48,7 @@ from replay.serving.targets import (
     load_targets_config,
     parse_targets,
 )
+from replay.testmodel.named import resolve_model
 
 REDRAWS_PER_S = 2
 
@@ -186,7 +187,7 @@ def resolve_targets(o: RunOptions) -> list[TargetSpec]:
     model."""
     config = load_targets_config(o.targets_file) if o.targets_file else None
     names = [n.strip() for n in o.targets.split(",")]
-    model_dir = o.model_dir
+    model_dir = None if o.model_dir is None else resolve_model(o.model_dir, "replay --model")
     needs_default = any(n.lower() in BUILTIN_DTYPES for n in names)
     if model_dir is None and needs_default and not (config and all(n in config for n in names)):
         from replay.testmodel.factory import ensure_default_model
@@ -452,8 +453,12 @@ def target_errors(
         if t.status != "ok":
             continue  # could not be used at all: ExitCode.TARGET_FAILED says so
         phases = [p.all for p in t.phases.values()]
-        # Requests a time limit or an interrupt left unsent are not the target's failures.
-        total = sum(p.requests - p.errors_by_kind.get("cancelled", 0) for p in phases)
+        # Requests a time limit or an interrupt left unsent, and those too long for the target,
+        # are not the target's failures.
+        total = sum(
+            p.requests - p.errors_by_kind.get("cancelled", 0) - (p.skipped_too_long or 0)
+            for p in phases
+        )
         failed = total - sum(p.ok for p in phases)
         if total and failed == total:
             out.append((name, f"answered none of its {total} requests"))

@@ -179,8 +179,9 @@ RUN_OPTIONS = [
         "--model",
         "model_dir",
         type=click.Path(path_type=Path),
-        help="Model for the built-in bf16/fp8 local targets [default: the embedded "
-        "test model: `replay model` prints it].",
+        help="Model folder for the built-in bf16/fp8 local targets, or a built-in model: "
+        "embedded (the default: `replay model` prints it), twin, real (SmolLM2-135M-Instruct: "
+        "`replay model --real`).",
     ),
     click.option(
         "--concurrency",

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Status = Literal["ok", "error", "cancelled"]
+# "skipped": never sent, because the request cannot be served as it is (its prompt does not fit
+# the target's context): a property of the request, not a failure of the server.
+Status = Literal["ok", "error", "cancelled", "skipped"]
 ErrorKind = Literal[
     "timeout",
     "http",
@@ -20,6 +22,7 @@ ErrorKind = Literal[
     "cancelled",
     "server_error",
     "unavailable",
+    "too_long",
 ]
 
 

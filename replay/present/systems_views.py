@@ -213,6 +213,10 @@ def _latency_table(run: Run, phase: str) -> Table | None:
                     ),
                 ]
             kinds = ", ".join(f"{k}: {n}" for k, n in row.errors_by_kind.items())
+            if row.skipped_too_long:
+                kinds += (", " if kinds else "") + (
+                    f"{row.skipped_too_long} not sent: longer than max_model_len"
+                )
             t.add(
                 name,
                 bucket,

@@ -70,7 +70,8 @@ def summary_table(summary: Summary) -> Table:
                     label,
                     bucket,
                     str(b.requests),
-                    str(b.errors),
+                    str(b.errors)
+                    + (f" +{b.skipped_too_long} too long" if b.skipped_too_long else ""),
                     f"{_f(b.ttft_ms.p50)} / {_f(b.ttft_ms.p99)}",
                     f"{_f(b.itl_ms.p50, '.2f')} / {_f(b.itl_ms.p99, '.2f')}",
                     _f(b.e2e_ms.p50, ".0f"),

@@ -358,7 +358,15 @@ class Runner:
         scraper = Scraper(session, url, self.clock.now, sink)
         scraper.start()
         try:
-            yield TargetSession(run.spec.name, client, counts, pool, run.budget, scraper)
+            yield TargetSession(
+                run.spec.name,
+                client,
+                counts,
+                pool,
+                run.budget,
+                scraper,
+                max_model_len=run.info.get("max_model_len"),
+            )
         finally:
             await scraper.stop()
             series.close()

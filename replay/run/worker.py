@@ -63,6 +63,7 @@ class WorkerSpec:
     salt: str | None
     before_done: set[str]
     sessions: Sessions | None
+    max_model_len: int | None = None
 
     def clock(self) -> MonotonicClock:
         """The run's clock in this process: the same zero, by the wall clock, then monotonic."""
@@ -189,7 +190,15 @@ def _phase(
     stopping: asyncio.Event,
     start: float,
 ) -> Phase:
-    target = TargetSession(spec.target, client, spec.counts, spec.pool, spec.budget, NoScrape())
+    target = TargetSession(
+        spec.target,
+        client,
+        spec.counts,
+        spec.pool,
+        spec.budget,
+        NoScrape(),
+        max_model_len=spec.max_model_len,
+    )
     return Phase(
         target=target,
         sched=spec.schedule(start),

@@ -217,6 +217,7 @@ class WorkersRunner(Runner):
                 salt=phase.salt,
                 before_done=phase.before_done,
                 sessions=phase.sessions,
+                max_model_len=t.max_model_len,
             )
             for k, (sched, shard) in enumerate(
                 worker_schedules(phase.sched, c.workers, multiprocessing.get_context("spawn"))
