@@ -88,6 +88,7 @@ class EmulateArgs:
     rounding: str = "engine"  # engine (each format's), cpu, cuda or both
     formats: tuple[str, ...] = ("fp8",)
     tolerance: float | None = None  # ΔNLL/token a format may lose, in every bucket
+    max_prompt_tokens: int | None = None  # leave out longer prompts (a cheaper run)
     max_new_tokens: int = 32
     greedy_sample: int = 4
     sensitivity: bool = False
@@ -330,7 +331,15 @@ def _draw(args: EmulateArgs, config: Any, exclude: frozenset[str]) -> Drawn:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     max_len = int(getattr(text, "max_position_embeddings", None) or 1 << 30)
     if args.answers is not None:
-        return draw_from_run(args.answers, buckets, args.per_bucket, args.seed, exclude, max_len)
+        return draw_from_run(
+            args.answers,
+            buckets,
+            args.per_bucket,
+            args.seed,
+            exclude,
+            max_len,
+            args.max_prompt_tokens,
+        )
     assert args.trace is not None
     tok = AutoTokenizer.from_pretrained(str(args.model_dir))
     drawn = draw_from_trace(
@@ -344,7 +353,13 @@ def _draw(args: EmulateArgs, config: Any, exclude: frozenset[str]) -> Drawn:
         args.max_new_tokens,
         exclude,
         max_len,
+        args.max_prompt_tokens,
     )
+    if drawn.info.get("over_max_prompt"):
+        args.notes.append(
+            f"{drawn.info['over_max_prompt']} request(s) with a prompt over "
+            f"--max-prompt-tokens {args.max_prompt_tokens} left out"
+        )
     if drawn.info["bad_lines"]:
         args.notes.append(
             f"skipped {drawn.info['bad_lines']} bad line(s) (first: "

@@ -57,8 +57,7 @@ def register() -> None:
     skip = parse_skip_layers(os.environ.get(ENV_SKIP, ""))
     _patch_cache_write(fmt, rounding, skip)
     _log().info(
-        "%s active [%s, %s rounding] (round trip at the cache write, BF16 storage, skip "
-        "layers %s)",
+        "%s active [%s, %s rounding] (round trip at the cache write, BF16 storage, skip layers %s)",
         MARKER,
         fmt,
         rounding,

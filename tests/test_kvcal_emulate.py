@@ -451,6 +451,8 @@ def test_answers_come_from_the_reference_of_a_run(tmp_path: Path) -> None:
     ]
     short = draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset(), 100)
     assert [it.id for it in short.items] == ["a"] and short.info["too_long"] == 1
+    cheap = draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset(), 10_000, 50)
+    assert [it.id for it in cheap.items] == ["a"] and cheap.info["over_max_prompt"] == 1
     with pytest.raises(InputError, match="no answers of the reference target 'bf16'"):
         draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset({"a"}), 100)
     with pytest.raises(InputError, match=r"manifest\.json"):

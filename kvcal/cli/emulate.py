@@ -86,6 +86,11 @@ EMULATE_OPTIONS = [
         "below it in every bucket.",
     ),
     click.option(
+        "--max-prompt-tokens",
+        type=int,
+        help="Leave out requests whose prompt is longer (counted in the report): a cheaper run.",
+    ),
+    click.option(
         "--max-new-tokens",
         default=32,
         show_default=True,
@@ -156,6 +161,7 @@ def emulate_cmd(
     formats_text: str,
     rounding: str,
     tolerance: float | None,
+    max_prompt_tokens: int | None,
     max_new_tokens: int,
     greedy_sample: int,
     sensitivity: bool,
@@ -184,31 +190,33 @@ def emulate_cmd(
             recover,
             device,
             bucket_spec,
+            max_prompt_tokens,
         )
         from .._emulate_report import EmulateArgs
 
         args = EmulateArgs(
             model_dir,
-            trace_path,
-            answers_dir,
-            trace_format,
-            bucket_spec,
-            per_bucket,
-            seed,
-            on_bad_line,
-            overlay_dir,
-            _parse_layers(skip_text),
-            rounding,
-            _parse_formats(formats_text),
-            tolerance,
-            max_new_tokens,
-            greedy_sample,
-            sensitivity,
-            recover,
-            min_loss,
-            chunk_tokens,
-            dtype,
-            device,
+            trace=trace_path,
+            answers=answers_dir,
+            trace_format=trace_format,
+            buckets=bucket_spec,
+            per_bucket=per_bucket,
+            seed=seed,
+            on_bad_line=on_bad_line,
+            overlay=overlay_dir,
+            skip_layers=_parse_layers(skip_text),
+            rounding=rounding,
+            formats=_parse_formats(formats_text),
+            tolerance=tolerance,
+            max_prompt_tokens=max_prompt_tokens,
+            max_new_tokens=max_new_tokens,
+            greedy_sample=greedy_sample,
+            sensitivity=sensitivity,
+            recover=recover,
+            min_loss=min_loss,
+            chunk_tokens=chunk_tokens,
+            dtype=dtype,
+            device=device,
         )
         _emulate(args, json_path)
         return EXIT_OK
@@ -226,10 +234,13 @@ def _check_options(
     recover: float,
     device: str,
     bucket_spec: str,
+    max_prompt_tokens: int | None,
 ) -> None:
     """Refuse what the emulation cannot run with, before the model loads."""
     if (trace_path is None) == (answers_dir is None):
         raise InputError("give exactly one of --trace TRACE and --answers RUN_DIR")
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise InputError("--max-prompt-tokens must be at least 1")
     for name, value, low in (
         ("--per-bucket", per_bucket, 1),
         ("--greedy-sample", greedy_sample, 0),
