@@ -5,23 +5,8 @@ cpu, cuda or both), an overlay's scales and skip-layers variants; what each cost
 bytes, which stay within ``--tolerance`` and how much of a loss is the rounding are
 :mod:`kvcal._emulate_advice`'s.
 
-ΔNLL per token is the mean over every answer token of (NLL under the setting - NLL under
-BF16), as replay reports it; its 95% interval is a percentile bootstrap over requests (2,000
-resamples, seeded): requests are resampled with all their tokens, since the tokens of one
-answer are not independent, and the per-token mean is recomputed (a cluster bootstrap, so the
-interval is that of the reported figure; replay's own interval is over per-request means).
-Top-1 agreement is the share of answer positions where the setting's argmax is BF16's argmax,
-with the same kind of interval. Greedy agreement (a small
-sample per bucket) is the exact-match rate with a Wilson interval and the mean common prefix
-in tokens.
-
-Sensitivity, on each format at scale 1.0 (FP8 first): ΔNLL with one layer in the format (the
-others BF16), and with one layer kept in BF16 (the others in the format). A layer's
-"recovered" loss is the all-layers ΔNLL minus the ΔNLL with it kept in BF16. The smallest set
-of the best-ranked layers whose recoveries add up to the target share is scored to confirm it
-(and grown a layer at a time until it does).
-Emulation is deterministic, so there is no A/A noise floor: the loss counts as real when its
-interval lies above 0 and the mean reaches ``min_loss``.
+Scores and their intervals are :mod:`kvcal._emulate_score`'s, per-layer sensitivity
+:mod:`kvcal._emulate_sensitivity`'s.
 """
 
 from __future__ import annotations
@@ -40,16 +25,16 @@ from ._emulate_advice import advise, setting_facts
 from ._emulate_overlay import carries_scales, overlay_setting, read_overlay
 from ._emulate_requests import Drawn, Item, draw_from_run, draw_from_trace
 from ._emulate_score import (
-    Reference,
-    Score,
     bf16_answers,
+    by_bucket,
     greedy_agreement,
+    greedy_summary,
     reference_scores,
-    score_setting,
+    tf_summary,
 )
+from ._emulate_sensitivity import Scorer, Track, layer_list, sensitivity
 from ._kv_formats import ENGINE_ROUNDING, SCALED
 
-Track = Callable[[str, int], Callable[[int], None]]  # (description, total) -> advance(n)
 INTERVAL = (
     "95% percentile bootstrap over requests (2000 resamples, seed 0), each resampled "
     "with all its answer tokens, of the per-token mean"
@@ -59,14 +44,6 @@ CAVEAT = (
     "capacity is what the format's bytes imply, not measured, it says nothing of kernel "
     "speed, and attention numerics differ from vLLM's kernels by about a bf16 step"
 )
-# vLLM 0.32 (engine/arg_utils.py, CacheConfig.kv_cache_dtype_skip_layers: list[str]) takes the
-# layer indices as separate words, "--kv-cache-dtype-skip-layers 0 3"; "0,3" parses as the one
-# pattern '0,3', which matches no layer (attention.py compares str(layer_idx) with each).
-FLAG = "--kv-cache-dtype-skip-layers"
-
-
-def _layers(layers: Sequence[int]) -> str:
-    return ",".join(map(str, layers))
 
 
 def _no_track(_what: str, _total: int) -> Callable[[int], None]:
@@ -98,227 +75,6 @@ class EmulateArgs:
     dtype: str = "auto"
     device: str = "auto"
     notes: list[str] = field(default_factory=list)
-
-
-# -- statistics -----------------------------------------------------------------------------
-
-
-N_BOOT = 2000
-
-
-def cluster_ci(
-    sums: Sequence[float], counts: Sequence[int], seed: int = 0, n_boot: int = N_BOOT
-) -> tuple[float, float] | None:
-    """95% percentile-bootstrap interval of ``sum(sums) / sum(counts)``, resampling requests
-    (each with all its tokens): a per-token mean whose tokens are clustered by request."""
-    import numpy as np
-
-    s, c = np.asarray(sums, dtype=float), np.asarray(counts, dtype=float)
-    if s.size == 0 or c.sum() <= 0:
-        return None
-    point = float(s.sum() / c.sum())
-    idx = np.random.default_rng(seed).integers(0, s.size, size=(n_boot, s.size))
-    est = s[idx].sum(axis=1) / c[idx].sum(axis=1)
-    lo, hi = np.percentile(est, [2.5, 97.5])
-    return min(float(lo), point), max(float(hi), point)
-
-
-def tf_summary(
-    scores: dict[str, Score], ref: Reference, ids: Sequence[str], seed: int = 0
-) -> dict[str, Any]:
-    """ΔNLL per token and top-1 agreement over the answer tokens of ``ids``, each with a
-    request-level (cluster) bootstrap interval; the keys of replay's teacher-forced summary."""
-    sums, agree, counts = [], [], []
-    identical = True
-    for rid in ids:
-        s, base = scores[rid], ref.nll[rid]
-        d = [x - y for x, y in zip(s["nll"], base, strict=True)]
-        identical = identical and all(x == 0.0 for x in d)
-        sums.append(sum(d))
-        agree.append(float(sum(s["top1"])))
-        counts.append(len(d))
-    tokens = sum(counts)
-    nll_ci, top1_ci = cluster_ci(sums, counts, seed), cluster_ci(agree, counts, seed)
-    return {
-        "tokens": tokens,
-        "requests": len(counts),
-        "nll_delta_mean": sum(sums) / tokens if tokens else None,
-        "nll_delta_lo": None if nll_ci is None else nll_ci[0],
-        "nll_delta_hi": None if nll_ci is None else nll_ci[1],
-        "top1_agreement": sum(agree) / tokens if tokens else None,
-        "top1_lo": None if top1_ci is None else top1_ci[0],
-        "top1_hi": None if top1_ci is None else top1_ci[1],
-        "identical_to_bf16": bool(tokens) and identical,
-    }
-
-
-def greedy_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    from replay.analysis.stats.intervals import wilson
-
-    if not rows:
-        return None
-    exact = sum(bool(r["exact"]) for r in rows)
-    ci = wilson(exact, len(rows))
-    return {
-        "requests": len(rows),
-        "exact": exact,
-        "exact_rate": exact / len(rows),
-        "exact_lo": ci[0] if ci else None,
-        "exact_hi": ci[1] if ci else None,
-        "mean_common_prefix": sum(r["common_prefix"] for r in rows) / len(rows),
-        "mean_tokens": sum(r["tokens"] for r in rows) / len(rows),
-    }
-
-
-def by_bucket(items: Sequence[Item], labels: Sequence[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {label: [] for label in labels}
-    for it in items:
-        out[it.bucket].append(it.id)
-    return {label: ids for label, ids in out.items() if ids}
-
-
-def _mean(summary: dict[str, Any]) -> float:
-    m = summary.get("nll_delta_mean")
-    return 0.0 if m is None else float(m)
-
-
-# -- sensitivity ----------------------------------------------------------------------------
-
-
-@dataclass
-class Scorer:
-    """Scores settings over every item against the BF16 reference."""
-
-    model: Any
-    items: Sequence[Item]
-    ref: Reference
-    chunk: int
-    track: Track
-
-    def overall(
-        self, setting: Setting, what: str | None = None
-    ) -> tuple[dict[str, Score], dict[str, Any]]:
-        advance = self.track(what or f"scoring {setting.name}", len(self.items))
-        scores = score_setting(self.model, self.items, setting, self.ref, self.chunk, advance)
-        return scores, tf_summary(scores, self.ref, [it.id for it in self.items])
-
-
-def _nll(x: float) -> str:
-    return f"{x:+.1e}" if x and abs(x) < 5e-4 else f"{x:+.4f}"
-
-
-def loss_is_real(summary: dict[str, Any], min_loss: float) -> tuple[bool, str]:
-    mean, lo, hi = (summary.get(k) for k in ("nll_delta_mean", "nll_delta_lo", "nll_delta_hi"))
-    if mean is None or lo is None or hi is None:
-        return False, "no scored tokens"
-    figure = f"ΔNLL {_nll(mean)}/token [{_nll(lo)}, {_nll(hi)}]"
-    if mean <= 0:
-        return False, f"{figure}: no loss"
-    if lo <= 0:
-        return False, f"{figure}: within noise (the interval reaches 0)"
-    if mean < min_loss:
-        return False, f"{figure} is below --min-loss {min_loss:g}"
-    return True, figure
-
-
-def layer_rows(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, Any]]:
-    rows = []
-    layers = len(base.k)
-    for layer in range(layers):
-        _, only = scorer.overall(base.only(layer), f"sensitivity: layer {layer} alone {base.fmt}")
-        _, kept = scorer.overall(base.skipping([layer]), f"sensitivity: layer {layer} kept BF16")
-        recovered = loss - _mean(kept)
-        rows.append(
-            {
-                "layer": layer,
-                "only_fp8": only,
-                "kept_bf16": kept,
-                "recovered": recovered,
-                "recovered_share": recovered / loss if loss else None,
-            }
-        )
-    return rows
-
-
-def choose_skip(
-    scorer: Scorer, base: Setting, rows: Sequence[dict[str, Any]], loss: float, target: float
-) -> dict[str, Any]:
-    """The smallest prefix of the ranking whose estimated recovery reaches ``target`` of the
-    loss, scored to confirm; grown one layer at a time until the confirmation reaches it."""
-    ranked = [r["layer"] for r in sorted(rows, key=lambda r: -r["recovered"])]
-    k, total = 0, 0.0
-    while k < len(ranked) and (k == 0 or total < target * loss):
-        total += rows[ranked[k]]["recovered"]
-        k += 1
-    tries: list[dict[str, Any]] = []
-    while True:
-        chosen = sorted(ranked[:k])
-        _, summary = scorer.overall(
-            base.skipping(chosen, f"{base.name} skip {_layers(chosen)}"),
-            f"confirming skip layers {_layers(chosen)}",
-        )
-        recovered = loss - _mean(summary)
-        tries.append(
-            {
-                "skip_layers": chosen,
-                "summary": summary,
-                "recovered": recovered,
-                "recovered_share": recovered / loss,
-            }
-        )
-        if recovered >= target * loss or k >= len(ranked):
-            break
-        k += 1
-    last = tries[-1]
-    return {
-        "ranking": ranked,
-        "estimated_share": total / loss,
-        "confirmations": tries,
-        "skip_layers": last["skip_layers"],
-        "confirmed_share": last["recovered_share"],
-        "reached": bool(last["recovered"] >= target * loss),
-    }
-
-
-def sensitivity(
-    scorer: Scorer, base: Setting, base_summary: dict[str, Any], target: float, min_loss: float
-) -> dict[str, Any]:
-    real, why = loss_is_real(base_summary, min_loss)
-    loss = _mean(base_summary)
-    out: dict[str, Any] = {
-        "base": base.name,
-        "loss": loss,
-        "loss_summary": base_summary,
-        "target_share": target,
-        "loss_is_real": real,
-        "why": why,
-    }
-    out["layers"] = layer_rows(scorer, base, loss)
-    if not real:
-        for row in out["layers"]:
-            row["recovered_share"] = None  # a share of no loss means nothing
-        out.update(skip_layers=[], flag=None, advice=f"no layer needs to stay BF16: {why}")
-        return out
-    choice = choose_skip(scorer, base, out["layers"], loss, target)
-    out.update(choice)
-    chosen = choice["skip_layers"]
-    flag = f"{FLAG} {' '.join(map(str, chosen))}"
-    out["flag"] = flag
-    layers = len(base.k)
-    if len(chosen) == layers:
-        # kvcal calibrates E4M3 scales; the other formats have no scale it could fix
-        instead = "; calibrate (kvcal calibrate) instead" if base.fmt in ("fp8", "fp8_e4m3") else ""
-        out["advice"] = (
-            f"only every layer in BF16 recovers {target:.0%} of the loss: {base.name} "
-            f"is not worth keeping here{instead}"
-        )
-    else:
-        share = choice["confirmed_share"]
-        out["advice"] = (
-            f"keep layer(s) {', '.join(map(str, chosen))} in BF16: {flag} "
-            f"(confirmed: recovers {share:.0%} of the {base.name} loss; {why} before)"
-        )
-    return out
 
 
 # -- the run --------------------------------------------------------------------------------
@@ -426,7 +182,7 @@ def settings_for(
         ]
     if args.skip_layers:
         out += [
-            s.skipping(args.skip_layers, f"{s.name} skip {_layers(args.skip_layers)}")
+            s.skipping(args.skip_layers, f"{s.name} skip {layer_list(args.skip_layers)}")
             for s in list(out)
         ]
     return out, bases, notes, exclude

@@ -16,8 +16,9 @@ from click.testing import CliRunner  # noqa: E402
 
 from kvcal._emulate import EmulatingCache, teacher_forced, uniform  # noqa: E402
 from kvcal._emulate_overlay import read_overlay  # noqa: E402
-from kvcal._emulate_report import EmulateArgs, emulate, loss_is_real  # noqa: E402
+from kvcal._emulate_report import EmulateArgs, emulate  # noqa: E402
 from kvcal._emulate_requests import draw_from_run  # noqa: E402
+from kvcal._emulate_sensitivity import loss_is_real  # noqa: E402
 from kvcal._fp8 import (  # noqa: E402
     E4M3_MAX,
     e4m3_bytes,
