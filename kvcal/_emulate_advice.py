@@ -11,7 +11,8 @@
 * **Rounding**: a format scored at both roundings loses ``cpu - cuda`` more to truncation
   than to rounding to nearest; that difference over the truncated loss is the share of the
   loss the rounding makes, given when the truncated loss is real (its interval above 0 and
-  its mean at least ``--min-loss``): a share of noise means nothing.
+  its mean at least ``--min-loss``): a share of noise means nothing. Where rounding to
+  nearest loses as much or more, the loss is the format's own, not its rounding's.
 """
 
 from __future__ import annotations
@@ -59,13 +60,21 @@ def within_tolerance(report: Mapping[str, Any], tolerance: float) -> dict[str, b
     return out
 
 
+def _real(row: Mapping[str, Any], min_loss: float) -> bool:
+    """A loss beyond resampling noise that reaches ``--min-loss`` (as sensitivity counts)."""
+    mean, lo = row.get("nll_delta_mean"), row.get("nll_delta_lo")
+    return mean is not None and lo is not None and lo > 0 and mean >= min_loss
+
+
 def rounding_costs(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """For each setting scored at both roundings: the loss each gives and the share of the
-    truncated loss that rounding to nearest removes."""
+    """For each setting scored at both roundings: the loss each gives, whether each is real,
+    and the share of the truncated loss that rounding to nearest removes (None unless the
+    truncated loss is real)."""
     by_key: dict[tuple[str, ...], dict[str, str]] = {}
     for s in report["settings"]:
         key = (s["format"], s["scales"], ",".join(map(str, s["skip_layers"])))
         by_key.setdefault(key, {})[s["rounding"]] = s["name"]
+    min_loss = float(report.get("min_loss", 0.0))
     out = []
     for names in by_key.values():
         if set(names) != {"cpu", "cuda"}:
@@ -74,16 +83,17 @@ def rounding_costs(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         lc, lg = cpu.get("nll_delta_mean"), cuda.get("nll_delta_mean")
         if lc is None or lg is None:
             continue
-        lo = cpu.get("nll_delta_lo")
-        real = lo is not None and lo > 0 and lc >= report.get("min_loss", 0.0)
+        real_cpu = _real(cpu, min_loss)
         out.append(
             {
                 "cpu": names["cpu"],
                 "cuda": names["cuda"],
                 "loss_cpu": lc,
                 "loss_cuda": lg,
+                "real_cpu": real_cpu,
+                "real_cuda": _real(cuda, min_loss),
                 "difference": lc - lg,
-                "share": (lc - lg) / lc if real else None,
+                "share": (lc - lg) / lc if real_cpu else None,
             }
         )
     return out
@@ -110,9 +120,15 @@ def _rounding_line(c: Mapping[str, Any]) -> str:
         f"{c['cpu']}: truncated (vLLM CPU) {_nll(c['loss_cpu'])}/token, rounded to nearest "
         f"(CUDA, {c['cuda']}) {_nll(c['loss_cuda'])}"
     )
-    if c["share"] is None:
-        return f"{head}: the truncated loss is within noise, so no share of it is the rounding's"
-    return f"{head}: the rounding is {c['share']:.0%} of the truncated loss"
+    if c["share"] is not None and c["share"] > 0:
+        return f"{head}: the rounding is {c['share']:.0%} of the truncated loss"
+    if c["share"] is not None:
+        return (
+            f"{head}: truncation costs nothing over rounding to nearest; the loss is the format's"
+        )
+    if c["real_cuda"]:
+        return f"{head}: only rounding to nearest loses beyond noise; the loss is the format's"
+    return f"{head}: neither loses beyond noise and --min-loss, so no share is the rounding's"
 
 
 def advise(report: Mapping[str, Any]) -> dict[str, Any]:

@@ -165,14 +165,21 @@ def test_canary_decides_each_served_fp8_format(tmp_path: Path) -> None:
     assert proc.returncode == summary["verdict"]["exit_code"] == verdicts["fp8"]["exit_code"]
     assert summary["verdict"] == verdicts["fp8"]
     for name, v in verdicts.items():
-        assert v["verdict"] not in ("reject", "emulated"), (name, v["headline"])
+        # decided on its evidence (on this CPU a match can still be rejected for speed), never
+        # for its serving path: each server runs its own format
+        assert v["verdict"] != "emulated" and v["reasons"], (name, v["headline"])
+        assert not [e for e in v["evidence"] if e["kind"] == "serving"], v["evidence"]
         notes = [e["text"] for e in v["evidence"] if e["kind"] == "multiplicity"]
         assert notes and "each decided at alpha 0.025" in notes[0], v["evidence"]
         cache = manifest["targets"][name]["cache_config"]
         ref = manifest["targets"]["bf16"]["cache_config"]
         assert int(cache["kv_cache_size_tokens"]) == 2 * int(ref["kv_cache_size_tokens"])
         assert f"candidate {name}: {v['verdict']} (exit {v['exit_code']})" in proc.stderr
-    assert verdicts["fp8_e5m2"]["headline"].startswith(
-        ("KEEP fp8_e5m2", "CALIBRATE fp8_e5m2", "INSUFFICIENT")
-    )
+    kind = verdicts["fp8_e5m2"]["verdict"]
+    title = {
+        "keep": "KEEP fp8_e5m2",
+        "calibrate": "CALIBRATE fp8_e5m2",
+        "reject": "REJECT fp8_e5m2",
+    }
+    assert verdicts["fp8_e5m2"]["headline"].startswith(title.get(kind, kind.upper()[:5]))
     assert "### Every candidate" in proc.stdout

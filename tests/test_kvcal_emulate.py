@@ -493,7 +493,7 @@ def test_the_advisor_on_the_twin_format_by_format(twin_dir: Path, tmp_path: Path
     args = ["emulate", str(twin_dir), "--trace", str(TRACE), "--buckets", BUCKETS]
     args += ["--per-bucket", "2", "--greedy-sample", "1", "--max-new-tokens", "12"]
     args += ["--formats", "fp8,int8_per_token_head", "--rounding", "both"]
-    args += ["--tolerance", "0.05", "--json", str(out)]
+    args += ["--tolerance", "0.05", "--json", str(out), "--markdown", str(tmp_path / "a.md")]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
@@ -520,3 +520,39 @@ def test_the_advisor_on_the_twin_format_by_format(twin_dir: Path, tmp_path: Path
     for bucket in ("<128", "128-512", ">=512", "all"):
         assert f"bucket {bucket}:" in text
     assert "the most capacity: int8_per_token_head" in text
+    md = (tmp_path / "a.md").read_text().splitlines()
+    assert md[0].startswith("| setting | rounding | ΔNLL/token <128 | ΔNLL/token 128-512 |")
+    assert md[2].startswith("| `fp8@1.0` | cpu |") and md[2].endswith("| 1 | 2.00x | no |")
+    assert md[5].endswith("| 1.06 | 1.88x | yes |") and md[-2].startswith("- fp8@1.0 cpu:")
+
+
+def _advice_report(losses: dict[str, tuple[float, float, float]]) -> dict[str, Any]:
+    """Settings fmt@1.0 cpu / cuda with an 'all' row each of (mean, lo, hi)."""
+    settings, results = [], []
+    for name, (mean, lo, hi) in losses.items():
+        fmt, rounding = name.split("@1.0 ")
+        settings.append(
+            {"name": name, "format": fmt, "rounding": rounding, "scales": "1.0", "skip_layers": []}
+        )
+        row = {"nll_delta_mean": mean, "nll_delta_lo": lo, "nll_delta_hi": hi}
+        results.append({"setting": name, "bucket": "all", **row})
+    return {"settings": settings, "results": results, "min_loss": 0.01, "tolerance": None}
+
+
+def test_the_advisor_says_how_much_of_a_loss_is_the_rounding() -> None:
+    from kvcal._emulate_advice import advise
+
+    report = _advice_report(
+        {
+            "fp8@1.0 cpu": (0.10, 0.05, 0.15),
+            "fp8@1.0 cuda": (0.04, 0.01, 0.07),
+            "nvfp4@1.0 cpu": (0.07, 0.02, 0.1),
+            "nvfp4@1.0 cuda": (0.14, 0.03, 0.3),
+            "fp8_e5m2@1.0 cpu": (0.004, 0.001, 0.008),
+            "fp8_e5m2@1.0 cuda": (0.0, -0.001, 0.001),
+        }
+    )
+    lines = advise(report)["lines"]
+    assert "fp8@1.0 cpu" in lines[0] and "the rounding is 60% of the truncated loss" in lines[0]
+    assert "truncation costs nothing over rounding to nearest" in lines[1]
+    assert "neither loses beyond noise and --min-loss" in lines[2]  # 0.004 < --min-loss

@@ -22,7 +22,7 @@ from replay.serving.kv_formats import EMULABLE as EMULATED
 from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
-from .tables import emulation_tables, sensitivity_table
+from .tables import emulation_markdown, emulation_tables, sensitivity_table
 from .trace_options import BUCKETS_OPTION, ON_BAD_LINE_OPTION, TRACE_FORMAT_OPTION
 
 if TYPE_CHECKING:  # torch comes with _emulate_report, imported once torch is known to be there
@@ -136,6 +136,13 @@ EMULATE_OPTIONS = [
         "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
     ),
     click.option(
+        "--markdown",
+        "markdown_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Write the tables as one Markdown table here (a row per setting, a column per "
+        "bucket), with the advice below it.",
+    ),
+    click.option(
         "--json",
         "json_path",
         type=click.Path(path_type=Path, dir_okay=False),
@@ -170,6 +177,7 @@ def emulate_cmd(
     chunk_tokens: int,
     dtype: str,
     device: str,
+    markdown_path: Path | None,
     json_path: Path | None,
 ) -> None:
     """Predict KV-cache quality offline, format by format: K/V round-tripped through each
@@ -218,7 +226,7 @@ def emulate_cmd(
             dtype=dtype,
             device=device,
         )
-        _emulate(args, json_path)
+        _emulate(args, json_path, markdown_path)
         return EXIT_OK
 
     guard("emulate", run, EMULATE_NEEDS)
@@ -282,7 +290,7 @@ def _parse_layers(text: str | None) -> tuple[int, ...]:
     return layers
 
 
-def _emulate(args: EmulateArgs, json_path: Path | None) -> None:
+def _emulate(args: EmulateArgs, json_path: Path | None, markdown_path: Path | None) -> None:
     """Run the emulation with transient progress bars on stderr; print the report's tables
     (stdout), notes and advice (stderr); write it all as JSON where asked."""
     from .._emulate_report import emulate
@@ -316,3 +324,9 @@ def _emulate(args: EmulateArgs, json_path: Path | None) -> None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_path}")
+    if markdown_path is not None:
+        advice = [f"- {line}" for line in report["advice"]["lines"]]
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        text = emulation_markdown(report) + ("\n" + "\n".join(advice) + "\n" if advice else "")
+        markdown_path.write_text(text, encoding="utf-8")
+        console.print(f"wrote {markdown_path}")

@@ -114,7 +114,9 @@ def emulation_tables(report: dict[str, Any]) -> list[Table]:
             box=box.SIMPLE_HEAD,
         )
         cols = ["setting", "rounding", "ΔNLL/token", "top-1", "greedy\nexact", "common\nprefix"]
-        cols += ["KiB/token", "capacity\nvs BF16"] + (["within\ntolerance"] if fits else [])
+        cols += ["KiB/token", "capacity\nvs BF16"] + (
+            ["within tol.\n(all buckets)"] if fits else []
+        )
         for col in cols:
             table.add_column(col, justify="left" if col == "setting" else "right")
         for row in rows:
@@ -133,6 +135,36 @@ def emulation_tables(report: dict[str, Any]) -> list[Table]:
             table.add_row(*cells)
         tables.append(table)
     return tables
+
+
+def emulation_markdown(report: dict[str, Any]) -> str:
+    """The per-bucket tables as one Markdown table (a README, a PR comment): a row per setting,
+    ΔNLL/token [95% CI] per bucket, then top-1 agreement and greedy exact matches over every
+    bucket, bytes and capacity, and the tolerance."""
+    settings = {s["name"]: s for s in report["settings"]}
+    fits = report["advice"]["within_tolerance"]
+    buckets = list(dict.fromkeys(r["bucket"] for r in report["results"]))
+    rows = {(r["setting"], r["bucket"]): r for r in report["results"]}
+    head = ["setting", "rounding", *(f"ΔNLL/token {b}" for b in buckets)]
+    head += ["top-1, all", "greedy exact", "KiB/token", "x BF16"]
+    head += [f"ΔNLL <= {report['tolerance']:g} in every bucket"] if fits else []
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, s in settings.items():
+        every = rows[(name, "all")]
+        g = every["greedy"]
+        cells = [f"`{name.removesuffix(' ' + s['rounding'])}`", s["rounding"]]
+        for b in buckets:
+            r = rows[(name, b)]
+            cells.append(_ci(r["nll_delta_mean"], r["nll_delta_lo"], r["nll_delta_hi"]))
+        cells += [
+            _pct1(every["top1_agreement"]) if every["top1_agreement"] is not None else "-",
+            f"{g['exact']}/{g['requests']}" if g else "-",
+            *_capacity(s),
+        ]
+        if fits:
+            cells.append("yes" if fits[name] else "no")
+        out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
+    return "\n".join(out) + "\n"
 
 
 def sensitivity_table(sens: dict[str, Any]) -> Table:
