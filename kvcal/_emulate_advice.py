@@ -110,9 +110,10 @@ def _tolerance_line(
     bound = f"ΔNLL/token bounded by {tolerance:g} in every bucket"
     if not ok:
         return f"no setting keeps {bound}"
-    best = max(ok, key=lambda s: s["capacity_ratio"])
+    top = max(s["capacity_ratio"] for s in ok)
+    best = [s["name"] for s in ok if s["capacity_ratio"] >= top - 1e-9]
     listed = ", ".join(f"{s['name']} ({s['capacity_ratio']:.2f}x BF16)" for s in ok)
-    return f"{bound}: {listed}; the most capacity: {best['name']}"
+    return f"{bound}: {listed}; the most capacity ({top:.2f}x): {', '.join(best)}"
 
 
 def _rounding_line(c: Mapping[str, Any]) -> str:

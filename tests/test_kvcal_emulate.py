@@ -519,7 +519,7 @@ def test_the_advisor_on_the_twin_format_by_format(twin_dir: Path, tmp_path: Path
     text = " ".join(res.output.split())
     for bucket in ("<128", "128-512", ">=512", "all"):
         assert f"bucket {bucket}:" in text
-    assert "the most capacity: int8_per_token_head" in text
+    assert "the most capacity (1.88x): int8_per_token_head" in text
     md = (tmp_path / "a.md").read_text().splitlines()
     assert md[0].startswith("| setting | rounding | ΔNLL/token <128 | ΔNLL/token 128-512 |")
     assert md[2].startswith("| `fp8@1.0` | cpu |") and md[2].endswith("| 1 | 2.00x | no |")
