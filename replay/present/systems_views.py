@@ -304,7 +304,7 @@ def _implied(run: Run, name: str) -> str:
     for a served one a check of the measured one."""
     fmt = kv_formats.get(run.kv_format(name) or "")
     head = kv_formats.head_size_of(dig(run.manifest, "targets", name, "spec", "model"))
-    if fmt is None or head is None:
+    if fmt is None or fmt.family == "other" or head is None:  # "other": layout not modelled
         return DASH
     return f_ratio(fmt.capacity_ratio(head))
 

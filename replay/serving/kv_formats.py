@@ -76,7 +76,8 @@ def _formats() -> dict[str, KVFormat]:
         KVFormat("nvfp4", "nvfp4", 4, True, emulable=True, block=16),
         KVFormat("nvfp4_4over6", "nvfp4", 4, True, emulable=True, block=16),
         # Served by vLLM on some GPUs, not emulated here: MLA latent caches, Intel Gaudi's
-        # FP8 and the Hadamard-codebook formats.
+        # FP8 and the Hadamard-codebook formats. Their bits are nominal: their page layouts
+        # (packed K+V, codebooks) are not modelled, so no capacity is implied for them.
         KVFormat("fp8_inc", "other", 8, True),
         KVFormat("fp8_ds_mla", "other", 8, True),
         KVFormat("nvfp4_ds_mla", "other", 4, True),
