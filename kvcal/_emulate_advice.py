@@ -11,8 +11,10 @@
 * **Rounding**: a format scored at both roundings loses ``cpu - cuda`` more to truncation
   than to rounding to nearest; that difference over the truncated loss is the share of the
   loss the rounding makes, given when the truncated loss is real (its interval above 0 and
-  its mean at least ``--min-loss``): a share of noise means nothing. Where rounding to
-  nearest loses as much or more, the loss is the format's own, not its rounding's.
+  its mean at least ``--min-loss``): a share of noise means nothing, and the line says which
+  of the two each loss misses. Where rounding to nearest loses as much or more, the loss is
+  the format's own, not its rounding's. Where only one rounding stays within the tolerance,
+  the line says so: there the rounding decides whether the format is affordable.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from replay.serving.kv_formats import FORMATS
 
 from ._emulate import Setting
+from ._emulate_sensitivity import why_no_loss
 
 GIB = 1 << 30
 
@@ -60,16 +63,13 @@ def within_tolerance(report: Mapping[str, Any], tolerance: float) -> dict[str, b
     return out
 
 
-def _real(row: Mapping[str, Any], min_loss: float) -> bool:
-    """A loss beyond resampling noise that reaches ``--min-loss`` (as sensitivity counts)."""
-    mean, lo = row.get("nll_delta_mean"), row.get("nll_delta_lo")
-    return mean is not None and lo is not None and lo > 0 and mean >= min_loss
-
-
-def rounding_costs(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """For each setting scored at both roundings: the loss each gives, whether each is real,
-    and the share of the truncated loss that rounding to nearest removes (None unless the
-    truncated loss is real)."""
+def rounding_costs(
+    report: Mapping[str, Any], fits: Mapping[str, bool] | None = None
+) -> list[dict[str, Any]]:
+    """For each setting scored at both roundings: the loss each gives, whether each is real
+    (and why not), the share of the truncated loss that rounding to nearest removes (None
+    unless the truncated loss is real) and, given ``fits``, whether each stays within the
+    tolerance."""
     by_key: dict[tuple[str, ...], dict[str, str]] = {}
     for s in report["settings"]:
         key = (s["format"], s["scales"], ",".join(map(str, s["skip_layers"])))
@@ -83,7 +83,8 @@ def rounding_costs(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         lc, lg = cpu.get("nll_delta_mean"), cuda.get("nll_delta_mean")
         if lc is None or lg is None:
             continue
-        real_cpu = _real(cpu, min_loss)
+        why_cpu, why_cuda = why_no_loss(cpu, min_loss), why_no_loss(cuda, min_loss)
+        real_cpu, real_cuda = why_cpu is None, why_cuda is None
         out.append(
             {
                 "cpu": names["cpu"],
@@ -91,9 +92,13 @@ def rounding_costs(report: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "loss_cpu": lc,
                 "loss_cuda": lg,
                 "real_cpu": real_cpu,
-                "real_cuda": _real(cuda, min_loss),
+                "real_cuda": real_cuda,
+                "why_cpu": why_cpu,
+                "why_cuda": why_cuda,
                 "difference": lc - lg,
                 "share": (lc - lg) / lc if real_cpu else None,
+                "fits_cpu": None if fits is None else fits[names["cpu"]],
+                "fits_cuda": None if fits is None else fits[names["cuda"]],
             }
         )
     return out
@@ -116,29 +121,43 @@ def _tolerance_line(
     return f"{bound}: {listed}; the most capacity ({top:.2f}x): {', '.join(best)}"
 
 
+def _loss_verdict(c: Mapping[str, Any]) -> str:
+    if c["share"] is not None and c["share"] > 0:
+        return f"the rounding is {c['share']:.0%} of the truncated loss"
+    if c["share"] is not None:
+        return "truncation costs nothing over rounding to nearest; the loss is the format's"
+    if c["real_cuda"]:
+        return (
+            "only rounding to nearest loses beyond noise and --min-loss; the loss is the format's"
+        )
+    return (
+        f"no real loss to split between the format and its rounding (truncated: {c['why_cpu']}; "
+        f"rounded to nearest: {c['why_cuda']})"
+    )
+
+
+def _tolerance_note(c: Mapping[str, Any]) -> str:
+    if c["fits_cpu"] is None or c["fits_cpu"] == c["fits_cuda"]:
+        return ""
+    kept = "rounded to nearest" if c["fits_cuda"] else "truncated"
+    return f"; within the tolerance in every bucket only when {kept}: the rounding decides"
+
+
 def _rounding_line(c: Mapping[str, Any]) -> str:
     head = (
         f"{c['cpu']}: truncated (vLLM CPU) {_nll(c['loss_cpu'])}/token, rounded to nearest "
         f"(CUDA, {c['cuda']}) {_nll(c['loss_cuda'])}"
     )
-    if c["share"] is not None and c["share"] > 0:
-        return f"{head}: the rounding is {c['share']:.0%} of the truncated loss"
-    if c["share"] is not None:
-        return (
-            f"{head}: truncation costs nothing over rounding to nearest; the loss is the format's"
-        )
-    if c["real_cuda"]:
-        return f"{head}: only rounding to nearest loses beyond noise; the loss is the format's"
-    return f"{head}: neither loses beyond noise and --min-loss, so no share is the rounding's"
+    return f"{head}: {_loss_verdict(c)}{_tolerance_note(c)}"
 
 
 def advise(report: Mapping[str, Any]) -> dict[str, Any]:
     """The tolerance verdicts, the rounding shares and the advice lines."""
     tol = report.get("tolerance")
-    costs = rounding_costs(report)
     fits, lines = None, []
     if tol is not None:
         fits = within_tolerance(report, float(tol))
         lines.append(_tolerance_line(report["settings"], fits, float(tol)))
+    costs = rounding_costs(report, fits)
     lines += [_rounding_line(c) for c in costs]
     return {"within_tolerance": fits, "rounding": costs, "lines": lines}

@@ -10,7 +10,7 @@ loss counts as real when its interval lies above 0 and the mean reaches ``min_lo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,18 +56,29 @@ def _nll(x: float) -> str:
     return f"{x:+.1e}" if x and abs(x) < 5e-4 else f"{x:+.4f}"
 
 
-def loss_is_real(summary: dict[str, Any], min_loss: float) -> tuple[bool, str]:
+def why_no_loss(summary: Mapping[str, Any], min_loss: float) -> str | None:
+    """Why a ΔNLL summary shows no real loss (None when it does: its interval lies above 0
+    and its mean reaches ``min_loss``)."""
     mean, lo, hi = (summary.get(k) for k in ("nll_delta_mean", "nll_delta_lo", "nll_delta_hi"))
     if mean is None or lo is None or hi is None:
-        return False, "no scored tokens"
-    figure = f"ΔNLL {_nll(mean)}/token [{_nll(lo)}, {_nll(hi)}]"
+        return "no scored tokens"
     if mean <= 0:
-        return False, f"{figure}: no loss"
+        return "no loss"
     if lo <= 0:
-        return False, f"{figure}: within noise (the interval reaches 0)"
+        return "within noise (the interval reaches 0)"
     if mean < min_loss:
-        return False, f"{figure} is below --min-loss {min_loss:g}"
-    return True, figure
+        return f"below --min-loss {min_loss:g}"
+    return None
+
+
+def loss_is_real(summary: Mapping[str, Any], min_loss: float) -> tuple[bool, str]:
+    """Whether the loss is real, and its figure with the reason when it is not."""
+    why = why_no_loss(summary, min_loss)
+    mean, lo, hi = (summary.get(k) for k in ("nll_delta_mean", "nll_delta_lo", "nll_delta_hi"))
+    if mean is None or lo is None or hi is None:
+        return False, str(why)
+    figure = f"ΔNLL {_nll(mean)}/token [{_nll(lo)}, {_nll(hi)}]"
+    return why is None, figure if why is None else f"{figure}: {why}"
 
 
 def layer_rows(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, Any]]:

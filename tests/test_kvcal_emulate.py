@@ -555,4 +555,24 @@ def test_the_advisor_says_how_much_of_a_loss_is_the_rounding() -> None:
     lines = advise(report)["lines"]
     assert "fp8@1.0 cpu" in lines[0] and "the rounding is 60% of the truncated loss" in lines[0]
     assert "truncation costs nothing over rounding to nearest" in lines[1]
-    assert "neither loses beyond noise and --min-loss" in lines[2]  # 0.004 < --min-loss
+    assert lines[2].endswith(
+        "no real loss to split between the format and its rounding (truncated: below --min-loss "
+        "0.01; rounded to nearest: no loss)"
+    )
+
+
+def test_the_advisor_says_when_the_rounding_decides_the_tolerance() -> None:
+    from kvcal._emulate_advice import advise
+
+    report = _advice_report(
+        {"int4@1.0 cpu": (0.004, 0.001, 0.03), "int4@1.0 cuda": (0.0006, 0.0001, 0.001)}
+    )
+    report["tolerance"] = 0.02
+    for s in report["settings"]:
+        s["capacity_ratio"] = 3.56
+    advice = advise(report)
+    assert advice["within_tolerance"] == {"int4@1.0 cpu": False, "int4@1.0 cuda": True}
+    assert advice["lines"][1].endswith(
+        "(truncated: below --min-loss 0.01; rounded to nearest: below --min-loss 0.01); "
+        "within the tolerance in every bucket only when rounded to nearest: the rounding decides"
+    )
