@@ -114,3 +114,19 @@ def test_the_candidates_are_every_target_but_the_reference_calibrated_and_contro
     manifest = {**a.manifest, "cli_options": {"targets": "bf16,int8_per_token_head,fp8,fp8_e5m2"}}
     b = replace(a, targets=more, manifest=manifest)
     assert candidates_of(b) == ["fp8", "int8_per_token_head", "fp8_e5m2"]
+
+
+def test_the_layers_arm_is_no_candidate_of_its_own(tmp_path: Any) -> None:
+    """``--skip-layers fp8-skip=...``: the primary candidate with some layers in BF16, decided
+    as the primary's layers arm, not at alpha / 2 beside it."""
+    from dataclasses import replace
+
+    from replay.run.analyze import candidates_of
+
+    from . import analysis_run
+
+    a = analysis_run.analysis(tmp_path / "run")
+    roles = {**a.manifest["roles"], "layers": "fp8-skip"}
+    manifest = {**a.manifest, "roles": roles, "cli_options": {"targets": "bf16,fp8,fp8-skip"}}
+    b = replace(a, targets={**a.targets, "fp8-skip": a.targets["fp8"]}, manifest=manifest)
+    assert candidates_of(b) == ["fp8"]

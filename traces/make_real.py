@@ -5,7 +5,7 @@ PSF license): modules' code and docstrings, cut to a token length drawn per requ
 SmolLM2-135M-Instruct's tokenizer (``replay model --real``). Five kinds of request, none with a
 ``check`` (production traffic has no labels; the reference's answers grade them):
 
-- ``doc``: a source excerpt of 0.3K-7.5K tokens and a question about one function in it;
+- ``doc``: a source excerpt of 0.8K-7.5K tokens and a question about one function in it;
 - ``json``: a short excerpt and "list its functions as a JSON array";
 - ``code``: "write a Python function that ..." (a fixed list of small tasks);
 - ``summary``: a docstring and "summarize it in one sentence";
@@ -19,7 +19,8 @@ them as not sent, never as the server's failure).
 
     python traces/make_real.py --requests 240 --oversize 1 > /tmp/real.jsonl
     replay trace anonymize /tmp/real.jsonl -o traces/real.jsonl --secret-env SECRET
-    python traces/make_real.py --requests 36 --kinds doc,json,code --seed 1 > /tmp/t.jsonl
+    python traces/make_real.py --requests 24 --kinds doc,json,code --seed 1 --oversize 1 \
+        --length-scale 0.3 > /tmp/t.jsonl
     replay trace anonymize /tmp/t.jsonl -o traces/real_tests.jsonl --secret-env SECRET
 
 Deterministic for a seed, a Python version (the text) and the tokenizer.
@@ -76,11 +77,11 @@ CODE_TASKS = (
     "returns the product of all numbers in a list",
 )
 
-KIND_LENGTHS = {  # (min, max) prompt tokens of the text put in the prompt
-    "doc": (300, 7500),
-    "json": (150, 600),
+KIND_LENGTHS = {  # (min, max) prompt tokens of the text put in the prompt, drawn log-uniform
+    "doc": (800, 7500),
+    "json": (200, 1500),
     "summary": (120, 1200),
-    "session": (300, 3000),
+    "session": (400, 4000),
 }
 MAX_TOKENS = {"doc": 96, "json": 96, "code": 128, "summary": 64, "session": 64}
 SYSTEM = "You are a helpful assistant. Answer briefly."
@@ -105,16 +106,19 @@ def functions(source: str) -> list[ast.FunctionDef]:
 
 
 def excerpt(tok: Any, source: str, start_line: int, n_tokens: int) -> str:
-    """Lines of ``source`` from ``start_line`` until ``n_tokens`` tokens (about)."""
-    lines = source.splitlines()[start_line:]
-    text, used = [], 0
-    for line in lines:
-        cost = len(tok.encode(line + "\n", add_special_tokens=False))
-        if used + cost > n_tokens and text:
-            break
-        text.append(line)
-        used += cost
-    return "\n".join(text)
+    """About ``n_tokens`` tokens of ``source`` from ``start_line`` on; when the file ends
+    first, lines before ``start_line`` are added until it is long enough (or whole)."""
+    lines = source.splitlines()
+    cost = [len(tok.encode(line + "\n", add_special_tokens=False)) for line in lines]
+    lo = hi = min(start_line, len(lines))
+    used = 0
+    while hi < len(lines) and (used + cost[hi] <= n_tokens or hi == lo):
+        used += cost[hi]
+        hi += 1
+    while lo > 0 and used + cost[lo - 1] <= n_tokens:
+        lo -= 1
+        used += cost[lo]
+    return "\n".join(lines[lo:hi])
 
 
 def log_line(rid: str, t: float, messages: list[dict[str, str]], max_tokens: int, **more: Any):
@@ -127,7 +131,9 @@ def log_line(rid: str, t: float, messages: list[dict[str, str]], max_tokens: int
     return row
 
 
-def requests(tok: Any, n: int, kinds: list[str], seed: int, oversize: int) -> Iterator[dict]:
+def requests(
+    tok: Any, n: int, kinds: list[str], seed: int, oversize: int, scale: float = 1.0
+) -> Iterator[dict]:
     rng = random.Random(seed)
     sources = stdlib_sources()
     t, i, emitted = 0.0, 0, 0
@@ -135,37 +141,50 @@ def requests(tok: Any, n: int, kinds: list[str], seed: int, oversize: int) -> It
         kind = kinds[i % len(kinds)]
         t += rng.expovariate(2.0)
         rid = f"real-{seed}-{i:04d}-{kind}"
-        for row in _one(tok, rng, sources, kind, rid, t):
+        for row in _one(tok, rng, sources, kind, rid, t, scale):
             emitted += 1
             yield row
         i += 1
     for j in range(oversize):
-        name, source = rng.choice([s for s in sources if len(s[1]) > 60_000])
-        text = excerpt(tok, source, 0, 8300)
-        yield log_line(
-            f"real-{seed}-oversize-{j}",
-            t + j,
-            [
+        # The longest modules, cut to a prompt just past the 8,192-token context as the server
+        # renders it (its chat template included).
+        text = "\n".join(s[1] for s in sorted(sources, key=lambda s: -len(s[1]))[:3])
+        want = 8300
+        while True:
+            messages = [
                 {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"{text}\n\nWhat does the module {name} do?"},
-            ],
-            64,
-        )
+                {"role": "user", "content": f"{excerpt(tok, text, 0, want)}\n\nWhat does it do?"},
+            ]
+            n = len(
+                tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+            )
+            if n > 8300:
+                break
+            want += 200
+        yield log_line(f"real-{seed}-oversize-{j}", t + j, messages, 64)
 
 
 def _one(
-    tok: Any, rng: random.Random, sources: list[tuple[str, str]], kind: str, rid: str, t: float
+    tok: Any,
+    rng: random.Random,
+    sources: list[tuple[str, str]],
+    kind: str,
+    rid: str,
+    t: float,
+    scale: float = 1.0,
 ) -> Iterator[dict]:
     if kind == "code":
         task = rng.choice(CODE_TASKS)
         ask = f"Write a Python function named `solve` that {task}. Reply with the code only."
         yield log_line(rid, t, [{"role": "user", "content": ask}], MAX_TOKENS[kind])
         return
-    lo, hi = KIND_LENGTHS[kind]
+    lo, hi = (int(x * scale) for x in KIND_LENGTHS[kind])
     # Log-uniform lengths: as many short prompts as long ones per factor of length.
     n_tokens = int(lo * (hi / lo) ** rng.random())
+    # A source long enough for the length drawn, where there is one (about 3 chars a token).
+    long_enough = [s for s in sources if len(s[1]) >= 3 * n_tokens] or sources
     while True:
-        _, source = rng.choice(sources)
+        _, source = rng.choice(long_enough)
         defs = functions(source)
         if defs:
             break
@@ -216,6 +235,7 @@ def main() -> int:
     ap.add_argument("--kinds", default="doc,json,code,summary,session")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--oversize", type=int, default=0)
+    ap.add_argument("--length-scale", type=float, default=1.0, help="Scale every kind's lengths.")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -223,7 +243,7 @@ def main() -> int:
 
     tok = AutoTokenizer.from_pretrained(str(ensure_real_model("traces/make_real.py")))
     kinds = [k for k in args.kinds.split(",") if k]
-    for row in requests(tok, args.requests, kinds, args.seed, args.oversize):
+    for row in requests(tok, args.requests, kinds, args.seed, args.oversize, args.length_scale):
         sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
     return 0
 

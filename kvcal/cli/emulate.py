@@ -188,7 +188,7 @@ def emulate_cmd(
     def run() -> int:
         nonlocal model_dir
         model_dir = resolve_model(model_dir, "kvcal emulate")
-        _check_options(
+        check_options(
             trace_path,
             answers_dir,
             per_bucket,
@@ -232,7 +232,7 @@ def emulate_cmd(
     guard("emulate", run, EMULATE_NEEDS)
 
 
-def _check_options(
+def check_options(
     trace_path: Path | None,
     answers_dir: Path | None,
     per_bucket: int,

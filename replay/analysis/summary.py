@@ -19,6 +19,7 @@ from replay.analysis.schemas import (
     Percentiles,
     PhaseSummary,
     PhaseTotals,
+    ReasoningStats,
     ResultStats,
     ServerStats,
     SessionStats,
@@ -54,6 +55,9 @@ COLUMNS = (
     "turn",
     "reused",
     "skipped",
+    "time_to_answer",
+    "reasoning_tokens",
+    "reasoning_estimated",
 )
 
 
@@ -111,6 +115,9 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
             r.turn,
             r.reused_prefix_tokens,
             r.status == "skipped",
+            r.time_to_answer,
+            r.reasoning_tokens,
+            r.reasoning_tokens_estimated,
         )
         for r in results
     ]
@@ -122,6 +129,8 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
             "cancelled": bool,
             "skipped": bool,
             "output_tokens": "int64",
+            "reasoning_tokens": "int64",
+            "reasoning_estimated": bool,
         }
     )
 
@@ -197,9 +206,22 @@ def _figures(
         "e2e_ms": pct(ok["e2e"]),
         "decode_tok_s_median": _median(ok["decode_rate"]),
         "tokens_estimated": bool(ok["estimated"].any()),
+        **({"reasoning": _reasoning_stats(ok)} if ok["reasoning_tokens"].any() else {}),
         **({"slo": _slo_stats(group, *slo)} if slo is not None else {}),
         **({"sessions": _session_stats(group)} if group["turn"].notna().any() else {}),
     }
+
+
+def _reasoning_stats(ok: pd.DataFrame) -> ReasoningStats:
+    reasoned = ok[ok["reasoning_tokens"] > 0]
+    return ReasoningStats(
+        answers=len(reasoned),
+        tokens=int(reasoned["reasoning_tokens"].sum()),
+        tokens_median=_median(reasoned["reasoning_tokens"]),
+        tokens_estimated=bool(reasoned["reasoning_estimated"].any()),
+        time_to_answer_ms=pct(ok["time_to_answer"]),
+        no_answer=int(reasoned["time_to_answer"].isna().sum()),
+    )
 
 
 def summarize(results: Iterable[Result]) -> ResultStats:

@@ -80,6 +80,9 @@ class RunOptions:
     max_requests: int | None = None
     max_time: float | None = None
     workers: int = 1
+    skip_layers: str | None = None
+    advice_path: Path | None = None
+    quality_pass: str = "load"
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -264,6 +267,29 @@ RUN_OPTIONS = [
         "--calibrated",
         help="Target with calibrated scales [default: a targets-file "
         "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal].",
+    ),
+    click.option(
+        "--quality-pass",
+        type=click.Choice(["load", "serial"]),
+        default="load",
+        show_default=True,
+        help="Where quality is graded: the load phases' answers, or a first phase at "
+        "concurrency 1 (c1) whose answers do not depend on batching (vLLM CPU cannot serve "
+        "batch-invariant kernels); the load phases still measure the systems side.",
+    ),
+    click.option(
+        "--skip-layers",
+        metavar="NAME=LAYERS",
+        help="Serve the local target NAME with these layers' KV cache in BF16 "
+        "(--kv-cache-dtype-skip-layers; e.g. fp8-skip=0,29): the layers arm of the stop rule, "
+        "what `kvcal advise` proposes.",
+    ),
+    click.option(
+        "--advice",
+        "advice_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="A `kvcal advise --json` file: its emulated figures (layers to keep in BF16, "
+        "per-head scales, the backend's rounding) become the verdict's next-step evidence.",
     ),
     click.option(
         "--emulate-fp8",

@@ -16,6 +16,7 @@ import orjson
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
+from replay.analysis.reasoning import reasoning_length
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
 from replay.analysis.schemas import Sequential, Summary
@@ -37,6 +38,7 @@ from replay.run.rundir import (
     file_digest,
     read_json,
     read_results,
+    rewrite_jsonl,
     write_json,
 )
 from replay.run.sequential_file import load_record
@@ -104,9 +106,7 @@ def analyse(a: Analysis) -> Summary:
         summary = replace(summary, saturation=sweep)
     if a.grading:
         rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
-        with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(orjson.dumps(row).decode() + "\n")
+        rewrite_jsonl(a.run_dir / GRADES, rows)
         tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
         summary = replace(
             summary,
@@ -121,6 +121,9 @@ def analyse(a: Analysis) -> Summary:
                 min_pairs=a.thresholds.min_pairs,
             ),
         )
+    length = reasoning_length(results, a.reference, a.bucket_labels, a.seed)
+    if length is not None:
+        summary = replace(summary, reasoning=length)
     if a.sequential is not None:
         summary = replace(summary, sequential=a.sequential)
     if a.verdict:
@@ -131,14 +134,11 @@ def analyse(a: Analysis) -> Summary:
 
 def candidates_of(a: Analysis) -> list[str]:
     """The targets compared with the reference, in the order --targets gave them: the primary
-    candidate and every other target but the calibrated arm and the A/A control."""
+    candidate and every other target but the calibrated and layers arms and the A/A control."""
     roles = Roles.from_manifest(a.manifest, list(a.targets))
     order = _ordered(list(a.targets), (a.manifest.get("cli_options") or {}).get("targets"))
-    others = [
-        n
-        for n in order
-        if n not in (a.reference, a.candidate, roles.calibrated) and not n.endswith(CONTROL_SUFFIX)
-    ]
+    arms = (a.reference, a.candidate, roles.calibrated, roles.layers)
+    others = [n for n in order if n not in arms and not n.endswith(CONTROL_SUFFIX)]
     return ([a.candidate] if a.candidate is not None else []) + others
 
 

@@ -7,8 +7,9 @@ in the words of its own KV format.
   stays at most ``alpha`` whatever their dependence; they answer the same requests). Each
   verdict says so in its evidence. One candidate is the single-candidate rule.
 * **One rule per candidate.** Each gets the run's facts with itself as the candidate, its
-  own systems comparison with the reference, and no calibrated arm unless it is the primary
-  one (the calibrated arm calibrates the primary candidate's format).
+  own systems comparison with the reference, and no calibrated or layers arm (nor kvcal
+  advise's figures) unless it is the primary one: those arms are the primary candidate's
+  format with kvcal's scales or some layers in BF16.
 * **The format's words.** The stop rule speaks of FP8; a candidate of another format gets
   its verdict titled with its own name. A format that computes its scales when the cache is
   written (the per-token-head ones) cannot be calibrated: where the rule says CALIBRATE, its
@@ -50,7 +51,7 @@ def decide_candidates(
             replace(summary, systems=systems_of.get(name)), manifest, candidate=name, thresholds=th
         )
         if name != primary:
-            facts = replace(facts, calibrated=None)
+            facts = replace(facts, calibrated=None, layers=None, layers_skipped=(), advice=None)
         verdict = in_its_words(decide(facts, th), name, manifest)
         extra = []
         if k > 1:
