@@ -2,14 +2,16 @@
 
     cli                                  the kvcal command: one module per subcommand
     _calibrate _verify                   one calibration; the serving-path check
-    _emulate                             offline E4M3 emulation: the cache and passes under it
+    _emulate                             offline emulation: the cache and passes under it
     _emulate_requests _emulate_overlay   what it scores: requests, a calibrated overlay's scales
     _emulate_score _emulate_report       scores per setting; intervals, sensitivity, report
     _checkpoint _scales                  overlay checkpoint and manifest; scales and advice
     _observe _sample                     K/V at the cache write; stratified samples
-    _fp8                                 vLLM's E4M3 cache write (imports torch only)
+    _emulate_advice                      capacity per setting, tolerance, rounding shares
+    _kv_formats                          every emulated KV format's round trip (torch only):
+      _fp8 _kv_dynamic _nvfp4            E4M3/E5M2; per-token-head INT8/FP8/INT4; NVFP4
     _backend                             per-head scales on vLLM's attention backend here
-    vllm_plugin                          emulated FP8 inside a BF16 vLLM server
+    vllm_plugin                          an emulated KV format inside a BF16 vLLM server
 
 May import replay's trace, bucketing and target code; replay never imports kvcal.
 """

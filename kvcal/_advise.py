@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +39,11 @@ from replay.core.errors import InputError
 
 from ._emulate import Setting, uniform
 from ._emulate_overlay import overlay_setting, read_overlay
-from ._emulate_report import (
-    CAVEAT,
-    INTERVAL,
-    EmulateArgs,
-    Scorer,
-    Track,
-    _draw,
-    _no_track,
-    by_bucket,
-    loss_is_real,
-    tf_summary,
-)
-from ._emulate_score import bf16_answers, reference_scores
+from ._emulate_report import CAVEAT, INTERVAL, EmulateArgs, _draw, _no_track
+from ._emulate_score import bf16_answers, by_bucket, reference_scores, tf_summary
+from ._emulate_sensitivity import Scorer, Track, loss_is_real
 from ._fp8 import E4M3_MAX, hf_head_scale
+from ._kv_formats import ENGINE_ROUNDING
 
 FLAG = "--kv-cache-dtype-skip-layers"
 OTHER_ROUNDING = {"cpu": "cuda", "cuda": "cpu"}
@@ -93,7 +84,18 @@ def per_head_setting(overlay: Path, base: Setting, kv_heads: int) -> Setting | N
                 return None
             scale = torch.tensor([max(h, 1e-12) / E4M3_MAX for h in heads])
             out.append(hf_head_scale(scale, kv_heads))
-    return Setting("fp8@per-head", tuple(k), tuple(v), str(overlay), base.rounding)
+    return replace(base, name="fp8@per-head", k=tuple(k), v=tuple(v), scales=str(overlay))
+
+
+def backend_rounding(rounding: str) -> str:
+    """The rounding of the backend advised for: ``--rounding`` cpu or cuda, or the engine's
+    for FP8 (vLLM CPU's truncation). Advise scores the other one itself."""
+    if rounding == "both":
+        raise InputError(
+            "kvcal advise --rounding both: advise scores both roundings already; give the "
+            "backend's (cpu, cuda, or engine: vLLM CPU's)"
+        )
+    return ENGINE_ROUNDING["fp8"] if rounding == "engine" else rounding
 
 
 def capacity_ratio(layers: int, skipped: int) -> float:
@@ -216,7 +218,7 @@ def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
         )
     config = AutoConfig.from_pretrained(str(args.model_dir))
     layers, kv_heads, _ = kv_shape(config)
-    backend = args.rounding
+    backend = backend_rounding(args.rounding)
     settings = [uniform("fp8@1.0", layers, 1.0, backend)]
     exclude: frozenset[str] = frozenset()
     if args.overlay is not None:
@@ -224,13 +226,11 @@ def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
         exclude = scales.calibration_ids
         args.notes += list(scales.notes)
         settings.append(overlay_setting("fp8@cal", scales, args.overlay, backend))
-    settings += [
-        Setting(f"{s.name}/{OTHER_ROUNDING[backend]}", s.k, s.v, s.scales, OTHER_ROUNDING[backend])
-        for s in list(settings)
-    ]
-    head = per_head_setting(args.overlay, settings[-1], kv_heads) if args.overlay else None
+    other = OTHER_ROUNDING[backend]
+    settings += [replace(s, name=f"{s.name}/{other}", rounding=other) for s in list(settings)]
+    head = per_head_setting(args.overlay, settings[0], kv_heads) if args.overlay else None
     if head is not None:
-        settings.append(Setting(head.name, head.k, head.v, head.scales, backend))
+        settings.append(head)
     elif args.overlay is not None:
         args.notes.append(
             "no per-head amax in the overlay's kvcal_report.json: per-head not scored"

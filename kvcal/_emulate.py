@@ -1,14 +1,16 @@
-"""FP8 K/V emulated in transformers: the E4M3 round trip at the cache write, and the passes
-that run under it.
+"""A quantized KV cache emulated in transformers: each format's round trip at the cache write,
+and the passes that run under it.
 
 ``EmulatingCache`` is a ``DynamicCache`` whose ``update()`` passes each layer's new keys and
-values through :func:`kvcal._fp8.e4m3_roundtrip` before storing them, at the layer's scale,
-so attention (over the prompt's own chunk as well as the past) reads K/V as an FP8 cache
-returns them. That is the point kvcal observes (after RoPE) and where vLLM quantizes: its
-cache-write op runs before attention, and attention reads the cache. A layer without a scale
+values through the setting's format (:func:`kvcal._kv_formats.kv_roundtrip`: FP8 E4M3 or
+E5M2 at the layer's scale, per-token-head INT8/FP8/INT4, NVFP4) before storing them, so
+attention (over the prompt's own chunk as well as the past) reads K/V as that cache returns
+them. That is the point kvcal observes (after RoPE) and where vLLM quantizes: its cache-write
+op runs before attention, and attention reads the cache. A layer without a scale
 (``--skip-layers``) stays BF16, as vLLM's ``--kv-cache-dtype-skip-layers`` keeps it.
 
-A :class:`Setting` is one such cache (a scale per layer for K and V). Under it an answer is
+A :class:`Setting` is one such cache (a format, a rounding, a scale per layer for K and V;
+the per-token-head formats ignore the scale). Under it an answer is
 scored teacher-forced (:func:`teacher_forced`) or generated greedily (:func:`greedy`). The
 requests come from :mod:`kvcal._emulate_requests`, a calibrated overlay's scales from
 :mod:`kvcal._emulate_overlay`; :mod:`kvcal._emulate_score` scores them per setting, and
@@ -25,20 +27,23 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ._fp8 import e4m3_roundtrip, hf_head_scale
+from ._fp8 import hf_head_scale
+from ._kv_formats import SCALED, kv_roundtrip
 
 Scale = torch.Tensor  # 0-d, or [1, kv_heads, 1, 1] over transformers' cache layout
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One emulated FP8 cache: a scale per layer for K and V (None: the layer stays BF16)."""
+    """One emulated cache: a format, its rounding, and a scale per layer for K and V (None:
+    the layer stays BF16)."""
 
     name: str
     k: tuple[Scale | None, ...]
     v: tuple[Scale | None, ...]
-    scales: str = "1.0"  # "1.0" or the overlay's folder
+    scales: str = "1.0"  # "1.0", the overlay's folder, or "per token and head"
     rounding: str = "cpu"
+    fmt: str = "fp8"  # vLLM's --kv-cache-dtype
 
     @property
     def skip(self) -> tuple[int, ...]:
@@ -62,6 +67,7 @@ class Setting:
 
         return {
             "name": self.name,
+            "format": self.fmt,
             "scales": self.scales,
             "rounding": self.rounding,
             "skip_layers": list(self.skip),
@@ -70,13 +76,16 @@ class Setting:
         }
 
 
-def uniform(name: str, layers: int, scale: float = 1.0, rounding: str = "cpu") -> Setting:
+def uniform(
+    name: str, layers: int, scale: float = 1.0, rounding: str = "cpu", fmt: str = "fp8"
+) -> Setting:
     s = hf_head_scale(scale)
-    return Setting(name, (s,) * layers, (s,) * layers, f"{scale:g}", rounding)
+    scales = f"{scale:g}" if fmt in SCALED else "per token and head"
+    return Setting(name, (s,) * layers, (s,) * layers, scales, rounding, fmt)
 
 
 class EmulatingCache(DynamicCache):
-    """A DynamicCache that stores K and V as an FP8 E4M3 cache would return them."""
+    """A DynamicCache that stores K and V as the setting's cache format would return them."""
 
     def __init__(self, setting: Setting, config: Any = None) -> None:
         super().__init__(config=config)
@@ -91,10 +100,11 @@ class EmulatingCache(DynamicCache):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = self.setting.k[layer_idx], self.setting.v[layer_idx]
+        fmt, rounding = self.setting.fmt, self.setting.rounding
         if k is not None:
-            key_states = e4m3_roundtrip(key_states, k, rounding=self.setting.rounding)
+            key_states = kv_roundtrip(fmt, key_states, k, rounding=rounding)
         if v is not None:
-            value_states = e4m3_roundtrip(value_states, v, rounding=self.setting.rounding)
+            value_states = kv_roundtrip(fmt, value_states, v, rounding=rounding)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 

@@ -49,19 +49,24 @@ def _pick(
     seed: int,
     exclude: frozenset[str],
     max_len: int,
+    max_prompt: int | None = None,
 ) -> Drawn:
-    """Up to ``per_bucket`` rows per bucket, the smallest hash keys of id and seed."""
+    """Up to ``per_bucket`` rows per bucket, the smallest hash keys of id and seed, of those
+    that fit the model (and ``max_prompt`` tokens, where given)."""
     from ._sample import split_key
 
     heaps: dict[str, list[tuple[int, str, Item]]] = {b: [] for b in buckets.labels}
     seen = dict.fromkeys(buckets.labels, 0)
-    skipped = {"excluded": 0, "too_long": 0}
+    skipped = {"excluded": 0, "too_long": 0, "over_max_prompt": 0}
     for rid, prompt, max_new, answer in rows:
         if rid in exclude:
             skipped["excluded"] += 1
             continue
         if len(prompt) + max_new > max_len:
             skipped["too_long"] += 1
+            continue
+        if max_prompt is not None and len(prompt) > max_prompt:
+            skipped["over_max_prompt"] += 1
             continue
         label = buckets.label(len(prompt))
         seen[label] += 1
@@ -97,6 +102,7 @@ def draw_from_trace(
     max_new: int,
     exclude: frozenset[str],
     max_len: int,
+    max_prompt: int | None = None,
 ) -> Drawn:
     """Requests of a trace (any format replay reads), rendered as vLLM renders them."""
     from replay.core.errors import TraceError
@@ -123,7 +129,7 @@ def draw_from_trace(
             ids, _ = renderer.render(req)
             yield req.id, tuple(ids), min(max_new, req.max_tokens), ()
 
-    drawn = _pick(rows(), buckets, per_bucket, seed, exclude, max_len)
+    drawn = _pick(rows(), buckets, per_bucket, seed, exclude, max_len, max_prompt)
     drawn.info.update(
         {
             "source": "trace",
@@ -142,6 +148,7 @@ def draw_from_run(
     seed: int,
     exclude: frozenset[str],
     max_len: int,
+    max_prompt: int | None = None,
 ) -> Drawn:
     """The reference target's answers of a replay run (first phase, as the replay scores
     them): its prompt and output token ids, as the server reported them."""
@@ -172,7 +179,7 @@ def draw_from_run(
             if prompt and answer:
                 yield str(row["request_id"]), tuple(prompt), len(answer), tuple(answer)
 
-    drawn = _pick(rows(), buckets, per_bucket, seed, exclude, max_len)
+    drawn = _pick(rows(), buckets, per_bucket, seed, exclude, max_len, max_prompt)
     if not drawn.items:
         raise InputError(
             f"--answers {run_dir}: no answers of the reference target "

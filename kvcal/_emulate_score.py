@@ -1,8 +1,18 @@
 """Every evaluation request scored under a setting against BF16: teacher-forced NLL and top-1
-agreement of the reference answer, and greedy answers on a small sample.
+agreement of the reference answer, and greedy answers on a small sample; and their summaries
+with intervals.
 
 BF16 first: the greedy answers (each request's reference answer, unless a replay run gave
 one) and the teacher-forced reference scores; then each setting against them.
+
+ΔNLL per token is the mean over every answer token of (NLL under the setting - NLL under
+BF16), as replay reports it; its 95% interval is a percentile bootstrap over requests (2,000
+resamples, seeded): requests are resampled with all their tokens, since the tokens of one
+answer are not independent, and the per-token mean is recomputed (a cluster bootstrap, so the
+interval is that of the reported figure; replay's own interval is over per-request means).
+Top-1 agreement is the share of answer positions where the setting's argmax is BF16's argmax,
+with the same kind of interval. Greedy agreement (a small sample per bucket) is the
+exact-match rate with a Wilson interval and the mean common prefix in tokens.
 """
 
 from __future__ import annotations
@@ -98,3 +108,80 @@ def greedy_agreement(
         }
         advance(1)
     return out
+
+
+# -- summaries with intervals ---------------------------------------------------------------
+
+
+N_BOOT = 2000
+
+
+def cluster_ci(
+    sums: Sequence[float], counts: Sequence[int], seed: int = 0, n_boot: int = N_BOOT
+) -> tuple[float, float] | None:
+    """95% percentile-bootstrap interval of ``sum(sums) / sum(counts)``, resampling requests
+    (each with all its tokens): a per-token mean whose tokens are clustered by request."""
+    import numpy as np
+
+    s, c = np.asarray(sums, dtype=float), np.asarray(counts, dtype=float)
+    if s.size == 0 or c.sum() <= 0:
+        return None
+    point = float(s.sum() / c.sum())
+    idx = np.random.default_rng(seed).integers(0, s.size, size=(n_boot, s.size))
+    est = s[idx].sum(axis=1) / c[idx].sum(axis=1)
+    lo, hi = np.percentile(est, [2.5, 97.5])
+    return min(float(lo), point), max(float(hi), point)
+
+
+def tf_summary(
+    scores: dict[str, Score], ref: Reference, ids: Sequence[str], seed: int = 0
+) -> dict[str, Any]:
+    """ΔNLL per token and top-1 agreement over the answer tokens of ``ids``, each with a
+    request-level (cluster) bootstrap interval; the keys of replay's teacher-forced summary."""
+    sums, agree, counts = [], [], []
+    identical = True
+    for rid in ids:
+        s, base = scores[rid], ref.nll[rid]
+        d = [x - y for x, y in zip(s["nll"], base, strict=True)]
+        identical = identical and all(x == 0.0 for x in d)
+        sums.append(sum(d))
+        agree.append(float(sum(s["top1"])))
+        counts.append(len(d))
+    tokens = sum(counts)
+    nll_ci, top1_ci = cluster_ci(sums, counts, seed), cluster_ci(agree, counts, seed)
+    return {
+        "tokens": tokens,
+        "requests": len(counts),
+        "nll_delta_mean": sum(sums) / tokens if tokens else None,
+        "nll_delta_lo": None if nll_ci is None else nll_ci[0],
+        "nll_delta_hi": None if nll_ci is None else nll_ci[1],
+        "top1_agreement": sum(agree) / tokens if tokens else None,
+        "top1_lo": None if top1_ci is None else top1_ci[0],
+        "top1_hi": None if top1_ci is None else top1_ci[1],
+        "identical_to_bf16": bool(tokens) and identical,
+    }
+
+
+def greedy_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    from replay.analysis.stats.intervals import wilson
+
+    if not rows:
+        return None
+    exact = sum(bool(r["exact"]) for r in rows)
+    ci = wilson(exact, len(rows))
+    return {
+        "requests": len(rows),
+        "exact": exact,
+        "exact_rate": exact / len(rows),
+        "exact_lo": ci[0] if ci else None,
+        "exact_hi": ci[1] if ci else None,
+        "mean_common_prefix": sum(r["common_prefix"] for r in rows) / len(rows),
+        "mean_tokens": sum(r["tokens"] for r in rows) / len(rows),
+    }
+
+
+def by_bucket(items: Sequence[Item], labels: Sequence[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {label: [] for label in labels}
+    for it in items:
+        out[it.bucket].append(it.id)
+    return {label: ids for label, ids in out.items() if ids}

@@ -1,11 +1,13 @@
-"""FP8 E4M3 KV cache, emulated inside a real vLLM server that stores BF16.
+"""A quantized KV cache (FP8 E4M3/E5M2, per-token-head INT8/FP8/INT4, NVFP4) emulated inside a
+real vLLM server that stores BF16.
 
-vLLM CPU serves an FP8 KV cache only where the CPU has AVX-512 or AMX. Elsewhere this plugin
-lets the FP8 replay, grading and verdict paths run anyway: the server keeps its BF16 cache,
-and every K and V written to it first goes through the E4M3 round trip a real FP8 cache
-applies (``kvcal._fp8``), at the layer's scale. Attention then reads what an FP8 cache would
-have returned, up to the attention kernel's own arithmetic (about a bf16 step). Capacity and
-kernel speed are those of BF16: an emulated target's capacity figures are never "served".
+vLLM CPU serves an FP8 KV cache only where the CPU has AVX-512 or AMX, and the other formats
+only on GPUs. Elsewhere this plugin lets the replay, grading and verdict paths run anyway:
+the server keeps its BF16 cache, and every K and V written to it first goes through the round
+trip the real cache applies (``kvcal._kv_formats``), at the layer's scale for the formats
+that read one. Attention then reads what that cache would have returned, up to the attention
+kernel's own arithmetic (about a bf16 step). Capacity and kernel speed are those of BF16: an
+emulated target's capacity figures are never "served".
 
 The hook is the cache write, ``CPUAttentionBackendImpl.do_kv_cache_update``: vLLM calls it
 through its ``unified_kv_cache_update`` custom op, in Python, also under torch.compile. It is
@@ -20,11 +22,14 @@ as ``--kv-cache-dtype``: under ``auto`` vLLM serves a real FP8 cache for a check
 declares a ``kv_cache_scheme``, and the plugin then leaves it alone (never rounding twice).
 
 It is a ``vllm.general_plugins`` entry point, so vLLM imports it in every process of every
-server in this environment; it does nothing unless ``KVCANARY_FP8_EMULATION=e4m3`` is in that
-server's environment (the replay sets it only for targets with ``kv_cache_dtype =
-"fp8-emulated"``). ``KVCANARY_FP8_EMULATION_SKIP_LAYERS=0,3`` keeps layers in BF16, as
-``--kv-cache-dtype-skip-layers`` does on a served FP8 cache. It announces itself in the
-server log with :data:`MARKER`, which is how the replay knows the emulation really ran.
+server in this environment; it does nothing unless ``KVCANARY_KV_EMULATION=FORMAT`` (a
+``--kv-cache-dtype`` name) is in that server's environment (the replay sets it only for
+targets with ``kv_cache_dtype = "FORMAT-emulated"``). ``KVCANARY_KV_EMULATION_ROUNDING`` is
+``cpu`` (truncation, vLLM CPU's FP8) or ``cuda``, by default the engine's for the format
+(``ENGINE_ROUNDING``). ``KVCANARY_KV_EMULATION_SKIP_LAYERS=0,3`` keeps layers in BF16, as
+``--kv-cache-dtype-skip-layers`` does on a served cache. It announces itself in the server log
+with :data:`MARKER` followed by ``[FORMAT, ROUNDING rounding]``, which is how the replay knows
+which emulation really ran.
 """
 
 from __future__ import annotations
@@ -32,24 +37,30 @@ from __future__ import annotations
 import os
 from typing import Any
 
-ENV = "KVCANARY_FP8_EMULATION"
-ENV_SKIP = "KVCANARY_FP8_EMULATION_SKIP_LAYERS"
-MODE = "e4m3"
-MARKER = "kvcanary fp8 emulation:"
+ENV = "KVCANARY_KV_EMULATION"
+ENV_ROUNDING = "KVCANARY_KV_EMULATION_ROUNDING"
+ENV_SKIP = "KVCANARY_KV_EMULATION_SKIP_LAYERS"
+MARKER = "kvcanary kv emulation:"
 
 
 def register() -> None:
     """The entry point vLLM calls in each process; a no-op unless the server asked for it."""
-    mode = os.environ.get(ENV, "").strip()
-    if not mode:
+    fmt = os.environ.get(ENV, "").strip()
+    if not fmt:
         return
-    if mode != MODE:
-        raise ValueError(f"{ENV}={mode!r}: the only emulated format is {MODE!r}")
+    from ._kv_formats import ENGINE_ROUNDING, check_format
+
+    check_format(fmt)
+    rounding = os.environ.get(ENV_ROUNDING, "").strip() or ENGINE_ROUNDING[fmt]
+    if rounding not in ("cpu", "cuda"):
+        raise ValueError(f"{ENV_ROUNDING}={rounding!r}: expected cpu or cuda")
     skip = parse_skip_layers(os.environ.get(ENV_SKIP, ""))
-    _patch_cache_write(skip)
+    _patch_cache_write(fmt, rounding, skip)
     _log().info(
-        "%s active (E4M3 round trip at the cache write, BF16 storage, skip layers %s)",
+        "%s active [%s, %s rounding] (round trip at the cache write, BF16 storage, skip layers %s)",
         MARKER,
+        fmt,
+        rounding,
         ",".join(map(str, sorted(skip))) or "none",
     )
 
@@ -68,12 +79,13 @@ def _log() -> Any:
     return init_logger("vllm.kvcanary_fp8_emulation")
 
 
-def _patch_cache_write(skip: frozenset[int]) -> None:
+def _patch_cache_write(fmt: str, rounding: str, skip: frozenset[int]) -> None:
     import torch
     from vllm.utils.torch_utils import is_quantized_kv_cache
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 
-    from ._fp8 import e4m3_roundtrip, vllm_head_scale
+    from ._fp8 import vllm_head_scale
+    from ._kv_formats import SCALED, kv_roundtrip
 
     original = CPUAttentionBackendImpl.do_kv_cache_update
     if getattr(original, "_kvcanary", False):
@@ -102,21 +114,28 @@ def _patch_cache_write(skip: frozenset[int]) -> None:
             v_scale = scale_of(layer, "v_scale", value.shape[1])
             if name not in announced:
                 announced.add(name)
-                source = "checkpoint" if _loads_scales(layer) else "default"
-                _log().info(
-                    "%s %s k_scale %s v_scale %s (%s)",
-                    MARKER,
-                    name,
-                    _describe(k_scale),
-                    _describe(v_scale),
-                    source,
-                )
-            key = e4m3_roundtrip(key, k_scale)
-            value = e4m3_roundtrip(value, v_scale)
+                _announce(name, fmt in SCALED, k_scale, v_scale, _loads_scales(layer))
+            key = kv_roundtrip(fmt, key, k_scale, rounding=rounding)
+            value = kv_roundtrip(fmt, value, v_scale, rounding=rounding)
         original(self, layer, key, value, kv_cache, slot_mapping)
 
     emulated_write._kvcanary = True  # type: ignore[attr-defined]
     CPUAttentionBackendImpl.do_kv_cache_update = emulated_write  # type: ignore[method-assign]
+
+
+def _announce(name: str, scaled: bool, k_scale: Any, v_scale: Any, loaded: bool) -> None:
+    if not scaled:  # vLLM resets a per-token-head layer's checkpoint scales to 1.0 too
+        _log().info("%s %s scales per token and head, at the cache write", MARKER, name)
+        return
+    source = "checkpoint" if loaded else "default"
+    _log().info(
+        "%s %s k_scale %s v_scale %s (%s)",
+        MARKER,
+        name,
+        _describe(k_scale),
+        _describe(v_scale),
+        source,
+    )
 
 
 def _index(layer_name: str) -> int | None:

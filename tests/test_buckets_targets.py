@@ -112,6 +112,8 @@ def test_failure_reason_finds_the_root_cause() -> None:
 def test_shipped_example_targets_file_loads() -> None:
     root = Path(__file__).resolve().parent.parent
     cfg = load_targets_config(root / "scenarios" / "targets.example.toml")
-    assert set(cfg) == {"bf16-gpu", "fp8-gpu", "fp8-local"}
+    assert set(cfg) == {"bf16-gpu", "fp8-gpu", "fp8-local", "e5m2-local", "nvfp4-emu"}
     assert cfg["fp8-local"].is_local and cfg["fp8-local"].expect_cache_dtype == "fp8"
+    assert cfg["e5m2-local"].expect_cache_dtype == "fp8_e5m2"
+    assert cfg["nvfp4-emu"].emulated_format == "nvfp4" and cfg["nvfp4-emu"].rounding == "cuda"
     assert cfg["fp8-gpu"].api_key_env == "FP8_SERVER_KEY"

@@ -1,4 +1,5 @@
-"""Emulated FP8 targets without a server: how they are started, checked and patched in."""
+"""Emulated targets (FP8 and every other emulated KV format) without a server: how they are
+started, checked and patched in."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ from typing import Any
 import pytest
 
 from replay.core.errors import ServingMismatch
-from replay.serving.local_server import EMULATION_ENV, EMULATION_SKIP_ENV, LocalServer
+from replay.serving.local_server import (
+    EMULATION_ENV,
+    EMULATION_ROUNDING_ENV,
+    EMULATION_SKIP_ENV,
+    LocalServer,
+)
 from replay.serving.targets import (
     EMULATED_FP8,
     EMULATION_MARKER,
     TargetSpec,
     check_served_dtype,
     emulate_fp8,
+    emulate_kv,
     load_targets_config,
     parse_targets,
 )
@@ -37,11 +44,16 @@ def test_emulated_server_stores_bf16_and_hands_skip_layers_to_the_plugin(tmp_pat
     cmd = server.command()
     assert cmd[cmd.index("--kv-cache-dtype") + 1] == "auto"
     assert "--kv-cache-dtype-skip-layers" not in cmd and cmd[-2:] == ["--seed", "1"]
-    assert server._emulation()[1] == {EMULATION_ENV: "e4m3", EMULATION_SKIP_ENV: "0,3"}
+    assert server._emulation()[1] == {EMULATION_ENV: "fp8", EMULATION_SKIP_ENV: "0,3"}
     comma = LocalServer(_emulated("--kv-cache-dtype-skip-layers", "1,2"), tmp_path / "log")
     assert comma._emulation()[1][EMULATION_SKIP_ENV] == "1,2"
     served = LocalServer(TargetSpec(name="fp8", model="/m", kv_cache_dtype="fp8"), tmp_path / "l")
     assert served._emulation()[1] == {} and "fp8" in served.command()
+    int4 = TargetSpec(
+        name="int4", model="/m", kv_cache_dtype="int4_per_token_head-emulated", rounding="cpu"
+    )
+    env = LocalServer(int4, tmp_path / "l")._emulation()[1]
+    assert env == {EMULATION_ENV: "int4_per_token_head", EMULATION_ROUNDING_ENV: "cpu"}
 
 
 def test_emulate_fp8_turns_only_local_fp8_targets(tmp_path: Path) -> None:
@@ -55,21 +67,44 @@ def test_emulate_fp8_turns_only_local_fp8_targets(tmp_path: Path) -> None:
     assert turned["fp8"].kv_cache_dtype == turned["fp8"].expect_cache_dtype == EMULATED_FP8
 
 
+def test_every_format_is_a_builtin_target_and_emulate_kv_turns_each(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    names = "bf16,fp8,fp8_e5m2,int8_per_token_head,nvfp4,nvfp4_4over6-emulated"
+    specs = {s.name: s for s in parse_targets(names, model)}
+    assert specs["fp8_e5m2"].kv_cache_dtype == specs["fp8_e5m2"].expect_cache_dtype == "fp8_e5m2"
+    assert specs["nvfp4_4over6-emulated"].emulated_format == "nvfp4_4over6"
+    assert emulate_fp8(specs["fp8_e5m2"]).emulated_format == "fp8_e5m2"
+    assert not emulate_fp8(specs["int8_per_token_head"]).emulated  # not an FP8 format
+    turned = {n: emulate_kv(s) for n, s in specs.items()}
+    assert turned["int8_per_token_head"].kv_cache_dtype == "int8_per_token_head-emulated"
+    assert turned["nvfp4"].emulated_format == "nvfp4" and not turned["bf16"].emulated
+
+
 def test_targets_file_declares_an_emulated_target(tmp_path: Path) -> None:
     path = tmp_path / "t.toml"
     path.write_text('[targets.fp8-emu]\nmodel = "/m"\nkv_cache_dtype = "fp8-emulated"\n')
     assert load_targets_config(path)["fp8-emu"].emulated
+    path.write_text(
+        '[targets.nv]\nmodel = "/m"\nkv_cache_dtype = "nvfp4-emulated"\nrounding = "cpu"\n'
+    )
+    nv = load_targets_config(path)["nv"]
+    assert nv.emulated_format == "nvfp4" and nv.rounding == "cpu"
+    path.write_text('[targets.nv]\nmodel = "/m"\nrounding = "nearest"\n')
+    with pytest.raises(Exception, match="'rounding' must be"):
+        load_targets_config(path)
 
 
 def test_served_dtype_check_of_an_emulated_target() -> None:
     spec = _emulated()
     problems: list[str] = []
-    check_served_dtype(spec, "auto", f"... {EMULATION_MARKER} (E4M3 ...)\n", problems)
+    check_served_dtype(spec, "auto", f"... {EMULATION_MARKER} [fp8, cpu rounding] ...\n", problems)
     assert problems == []
+    with pytest.raises(ServingMismatch, match="emulates another format"):
+        check_served_dtype(spec, "auto", f"{EMULATION_MARKER} [fp8_e5m2, cpu rounding]", problems)
     with pytest.raises(ServingMismatch, match="never logged"):
         check_served_dtype(spec, "auto", "INFO engine started\n", problems)
     with pytest.raises(ServingMismatch, match="served cache_dtype is 'fp8_e4m3'"):
-        check_served_dtype(spec, "fp8_e4m3", EMULATION_MARKER, problems)
+        check_served_dtype(spec, "fp8_e4m3", f"{EMULATION_MARKER} [fp8, cpu", problems)
     check_served_dtype(spec, "auto", None, problems)  # a URL target: no log to read
     assert len(problems) == 1 and "cannot see" in problems[0]
 
@@ -80,7 +115,11 @@ def test_plugin_is_a_no_op_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv(EMULATION_ENV, raising=False)
     vllm_plugin.register()  # imports nothing from vLLM, patches nothing
     monkeypatch.setenv(EMULATION_ENV, "e5m2")
-    with pytest.raises(ValueError, match="e4m3"):
+    with pytest.raises(ValueError, match="not an emulated KV format"):
+        vllm_plugin.register()
+    monkeypatch.setenv(EMULATION_ENV, "nvfp4")
+    monkeypatch.setenv(EMULATION_ROUNDING_ENV, "nearest")
+    with pytest.raises(ValueError, match="expected cpu or cuda"):
         vllm_plugin.register()
     assert vllm_plugin.parse_skip_layers(" 0, 3") == {0, 3}
     with pytest.raises(ValueError, match="layer indices"):
@@ -108,7 +147,7 @@ def test_plugin_rounds_k_and_v_at_the_cache_write(monkeypatch: pytest.MonkeyPatc
         seen.append((key, value))
 
     monkeypatch.setattr(cpu_attn.CPUAttentionBackendImpl, "do_kv_cache_update", record)
-    monkeypatch.setenv(EMULATION_ENV, "e4m3")
+    monkeypatch.setenv(EMULATION_ENV, "fp8")
     monkeypatch.setenv(EMULATION_SKIP_ENV, "2")
     vllm_plugin.register()
     write = cpu_attn.CPUAttentionBackendImpl.do_kv_cache_update
@@ -127,6 +166,30 @@ def test_plugin_rounds_k_and_v_at_the_cache_write(monkeypatch: pytest.MonkeyPatc
     served = type("Impl", (), {"kv_cache_dtype": "fp8"})()
     write(served, _Layer(0), key, value, None, None)  # a real FP8 cache rounds itself
     assert seen[-1][0] is key
+
+
+def test_plugin_rounds_through_the_format_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A per-token-head format ignores the layer's scale; NVFP4 reads it (one, per tensor)."""
+    torch = pytest.importorskip("torch")
+    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    from kvcal import vllm_plugin
+    from kvcal._kv_formats import kv_roundtrip
+
+    seen: list[tuple[Any, Any]] = []
+
+    def record(self: Any, layer: Any, key: Any, value: Any, kv_cache: Any, slots: Any) -> None:
+        seen.append((key, value))
+
+    impl = type("Impl", (), {"kv_cache_dtype": "auto"})()
+    key = (torch.randn(5, 2, 32) * 3).to(torch.bfloat16)
+    for fmt, scale in (("int8_per_token_head", 1.0), ("nvfp4", 2.0)):
+        monkeypatch.setattr(cpu_attn.CPUAttentionBackendImpl, "do_kv_cache_update", record)
+        monkeypatch.setenv(EMULATION_ENV, fmt)
+        monkeypatch.setenv(EMULATION_ROUNDING_ENV, "cuda")
+        vllm_plugin.register()
+        write = cpu_attn.CPUAttentionBackendImpl.do_kv_cache_update
+        write(impl, _Layer(0, torch.tensor([2.0, 2.0])), key, key, None, None)
+        assert torch.equal(seen[-1][0], kv_roundtrip(fmt, key, scale, rounding="cuda")), fmt
 
 
 def test_an_overlay_is_emulated_on_its_own_dtype_not_auto(tmp_path: Path) -> None:

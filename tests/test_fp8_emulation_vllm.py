@@ -171,6 +171,9 @@ def test_emulated_targets_say_so(run_dir: Path) -> None:
         assert int(info["cache_config"]["kv_cache_size_tokens"]) == int(
             manifest["targets"]["bf16"]["cache_config"]["kv_cache_size_tokens"]
         )
-        assert any("kvcanary fp8 emulation" in ln for ln in info["scale_log_lines"])
+        assert any(
+            "kvcanary kv emulation: active [fp8, cpu rounding]" in ln
+            for ln in info["scale_log_lines"]
+        )
     cal_lines = manifest["targets"]["cal-fp8-emu"]["scale_log_lines"]
     assert any("(checkpoint)" in ln for ln in cal_lines)

@@ -16,8 +16,9 @@ from click.testing import CliRunner  # noqa: E402
 
 from kvcal._emulate import EmulatingCache, teacher_forced, uniform  # noqa: E402
 from kvcal._emulate_overlay import read_overlay  # noqa: E402
-from kvcal._emulate_report import EmulateArgs, emulate, loss_is_real  # noqa: E402
+from kvcal._emulate_report import EmulateArgs, emulate  # noqa: E402
 from kvcal._emulate_requests import draw_from_run  # noqa: E402
+from kvcal._emulate_sensitivity import loss_is_real  # noqa: E402
 from kvcal._fp8 import (  # noqa: E402
     E4M3_MAX,
     e4m3_bytes,
@@ -451,6 +452,8 @@ def test_answers_come_from_the_reference_of_a_run(tmp_path: Path) -> None:
     ]
     short = draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset(), 100)
     assert [it.id for it in short.items] == ["a"] and short.info["too_long"] == 1
+    cheap = draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset(), 10_000, 50)
+    assert [it.id for it in cheap.items] == ["a"] and cheap.info["over_max_prompt"] == 1
     with pytest.raises(InputError, match="no answers of the reference target 'bf16'"):
         draw_from_run(tmp_path, Buckets.parse(BUCKETS), 8, 0, frozenset({"a"}), 100)
     with pytest.raises(InputError, match=r"manifest\.json"):
@@ -469,6 +472,8 @@ def test_answers_come_from_the_reference_of_a_run(tmp_path: Path) -> None:
         (["--trace", str(TRACE), "--buckets", "9,3"], "increasing"),
         (["--trace", "missing.jsonl"], "no such file"),
         (["--trace", str(TRACE), "--overlay", "missing-overlay"], "no such folder"),
+        (["--trace", str(TRACE), "--formats", "fp8,int2"], "int2; the emulated formats are"),
+        (["--trace", str(TRACE), "--formats", ","], "none given"),
     ],
 )
 def test_emulate_cli_refuses_bad_input(model_dir: Path, args: list[str], message: str) -> None:
@@ -477,3 +482,97 @@ def test_emulate_cli_refuses_bad_input(model_dir: Path, args: list[str], message
     res = CliRunner().invoke(main, ["emulate", str(model_dir), *args])
     assert res.exit_code == 2, res.output
     assert message in " ".join(res.output.split())
+
+
+def test_the_advisor_on_the_twin_format_by_format(twin_dir: Path, tmp_path: Path) -> None:
+    """The twin's keys clip at FP8 scale 1.0; a format that computes its own scale per token
+    and head does not clip them. One table per bucket, both roundings, the tolerance."""
+    from kvcal.cli import main
+
+    out = tmp_path / "advice.json"
+    args = ["emulate", str(twin_dir), "--trace", str(TRACE), "--buckets", BUCKETS]
+    args += ["--per-bucket", "2", "--greedy-sample", "1", "--max-new-tokens", "12"]
+    args += ["--formats", "fp8,int8_per_token_head", "--rounding", "both"]
+    args += ["--tolerance", "0.05", "--json", str(out), "--markdown", str(tmp_path / "a.md")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    names = [s["name"] for s in report["settings"]]
+    assert names == [
+        "fp8@1.0 cpu",
+        "fp8@1.0 cuda",
+        "int8_per_token_head cpu",
+        "int8_per_token_head cuda",
+    ]
+    # 4 layers x 2 KV heads x head size 64: 2 KiB a token in BF16, half in FP8, and 8 bytes of
+    # scales per head and layer more for the per-token-head format
+    facts = {s["name"]: s for s in report["settings"]}
+    assert facts["fp8@1.0 cpu"]["bytes_per_token"] == 1024
+    assert facts["int8_per_token_head cuda"]["bytes_per_token"] == 1088
+    assert facts["fp8@1.0 cpu"]["capacity_ratio"] == 2.0
+    fits = report["advice"]["within_tolerance"]
+    assert not fits["fp8@1.0 cpu"] and not fits["fp8@1.0 cuda"]
+    assert fits["int8_per_token_head cuda"]
+    assert _row(report, "int8_per_token_head cuda")["nll_delta_hi"] < 0.05
+    (cost,) = [c for c in report["advice"]["rounding"] if c["cpu"] == "fp8@1.0 cpu"]
+    assert cost["loss_cpu"] > 0.1 and cost["share"] is not None
+    text = " ".join(res.output.split())
+    for bucket in ("<128", "128-512", ">=512", "all"):
+        assert f"bucket {bucket}:" in text
+    assert "the most capacity (1.88x): int8_per_token_head" in text
+    md = (tmp_path / "a.md").read_text().splitlines()
+    assert md[0].startswith("| setting | rounding | ΔNLL/token <128 | ΔNLL/token 128-512 |")
+    assert md[2].startswith("| `fp8@1.0` | cpu |") and md[2].endswith("| 1 | 2.00x | no |")
+    assert md[5].endswith("| 1.06 | 1.88x | yes |") and md[-2].startswith("- fp8@1.0 cpu:")
+
+
+def _advice_report(losses: dict[str, tuple[float, float, float]]) -> dict[str, Any]:
+    """Settings fmt@1.0 cpu / cuda with an 'all' row each of (mean, lo, hi)."""
+    settings, results = [], []
+    for name, (mean, lo, hi) in losses.items():
+        fmt, rounding = name.split("@1.0 ")
+        settings.append(
+            {"name": name, "format": fmt, "rounding": rounding, "scales": "1.0", "skip_layers": []}
+        )
+        row = {"nll_delta_mean": mean, "nll_delta_lo": lo, "nll_delta_hi": hi}
+        results.append({"setting": name, "bucket": "all", **row})
+    return {"settings": settings, "results": results, "min_loss": 0.01, "tolerance": None}
+
+
+def test_the_advisor_says_how_much_of_a_loss_is_the_rounding() -> None:
+    from kvcal._emulate_advice import advise
+
+    report = _advice_report(
+        {
+            "fp8@1.0 cpu": (0.10, 0.05, 0.15),
+            "fp8@1.0 cuda": (0.04, 0.01, 0.07),
+            "nvfp4@1.0 cpu": (0.07, 0.02, 0.1),
+            "nvfp4@1.0 cuda": (0.14, 0.03, 0.3),
+            "fp8_e5m2@1.0 cpu": (0.004, 0.001, 0.008),
+            "fp8_e5m2@1.0 cuda": (0.0, -0.001, 0.001),
+        }
+    )
+    lines = advise(report)["lines"]
+    assert "fp8@1.0 cpu" in lines[0] and "the rounding is 60% of the truncated loss" in lines[0]
+    assert "truncation costs nothing over rounding to nearest" in lines[1]
+    assert lines[2].endswith(
+        "no real loss to split between the format and its rounding (truncated: below --min-loss "
+        "0.01; rounded to nearest: no loss)"
+    )
+
+
+def test_the_advisor_says_when_the_rounding_decides_the_tolerance() -> None:
+    from kvcal._emulate_advice import advise
+
+    report = _advice_report(
+        {"int4@1.0 cpu": (0.004, 0.001, 0.03), "int4@1.0 cuda": (0.0006, 0.0001, 0.001)}
+    )
+    report["tolerance"] = 0.02
+    for s in report["settings"]:
+        s["capacity_ratio"] = 3.56
+    advice = advise(report)
+    assert advice["within_tolerance"] == {"int4@1.0 cpu": False, "int4@1.0 cuda": True}
+    assert advice["lines"][1].endswith(
+        "(truncated: below --min-loss 0.01; rounded to nearest: below --min-loss 0.01); "
+        "within the tolerance in every bucket only when rounded to nearest: the rounding decides"
+    )

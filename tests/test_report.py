@@ -695,3 +695,23 @@ def test_an_emulated_target_never_shows_fp8_capacity(run_dir: Path) -> None:
     assert capacity["fp8"][3] == "not FP8's: emulated"
     assert "emulated FP8" in s.text["systems"]
     assert any(r[0] == "fp8" for r in s.rows["quality"])
+
+
+def test_several_candidates_each_show_their_verdict(run_dir: Path) -> None:
+    """Each candidate's verdict (summary ``candidates``) is a row under the run's verdict, in
+    the HTML and the Markdown report; an emulated format's capacity is its bytes' only."""
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    other = {
+        "verdict": "reject",
+        "exit_code": 12,
+        "headline": "REJECT int8_per_token_head for this path: no calibration applies",
+        "reasons": ["no calibration applies"],
+        "evidence": [],
+    }
+    summary["candidates"] = {"fp8": summary["verdict"], "int8_per_token_head": other}
+    write_json(run_dir / "summary.json", summary)
+    md = report.render_markdown(run_dir)
+    assert "### Every candidate" in md
+    assert "| int8_per_token_head | int8_per_token_head | REJECT | 12 |" in md
+    s = sections(report.render_html(run_dir))
+    assert "REJECT int8_per_token_head for this path" in s.text["verdict"]

@@ -40,8 +40,16 @@ GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
         ({"id": "b", "task": "poetry", "messages": GOOD["messages"]}, "task", "retrieval"),
         ({"id": "b", "colour": "red", "messages": GOOD["messages"]}, "colour", "unknown field"),
         ({"id": "b", "api": "completions", "prompt": []}, "prompt", "empty"),
-        ({"id": "b", "messages": GOOD["messages"], "params": {"n": 2}}, "params.n", "n = 1"),
-        ({"id": "b", "messages": GOOD["messages"], "params": {"n": True}}, "params.n", "n = 1"),
+        (
+            {"id": "b", "messages": GOOD["messages"], "params": {"n": 2}},
+            "params.n",
+            "one answer a request",
+        ),
+        (
+            {"id": "b", "messages": GOOD["messages"], "params": {"n": True}},
+            "params.n",
+            "one answer a request",
+        ),
     ],
 )
 def test_bad_line_names_line_field_and_reason(

@@ -35,8 +35,17 @@ def _option_name(option: Callable[[Any], Any]) -> str:
 
 
 # What advise adds to emulate's options; emulate's --skip-layers, --sensitivity and
-# --greedy-sample are its own (advise finds the layers itself and scores, not decodes).
-_NOT_HERE = {"skip_text", "sensitivity", "greedy_sample"}
+# --greedy-sample are its own (advise finds the layers itself and scores, not decodes), and
+# --formats, --tolerance and --markdown are emulate's alone (advise weighs FP8 E4M3, the
+# format kvcal calibrates, and writes JSON).
+_NOT_HERE = {
+    "skip_text",
+    "sensitivity",
+    "greedy_sample",
+    "formats_text",
+    "tolerance",
+    "markdown_path",
+}
 ADVISE_OPTIONS = [
     *(o for o in EMULATE_OPTIONS if _option_name(o) not in _NOT_HERE),
     click.option(
@@ -77,6 +86,7 @@ def advise_cmd(model_dir: Path, json_path: Path | None, **opts: Any) -> None:
             opts["recover"],
             opts["device"],
             opts["bucket_spec"],
+            opts["max_prompt_tokens"],
         )
         if not 0 < opts["max_skip_share"] <= 1 or opts["skip_candidates"] < 1:
             raise InputError("--max-skip-share must be in (0, 1], --skip-candidates at least 1")
@@ -92,6 +102,7 @@ def advise_cmd(model_dir: Path, json_path: Path | None, **opts: Any) -> None:
             on_bad_line=opts["on_bad_line"],
             overlay=opts["overlay_dir"],
             rounding=opts["rounding"],
+            max_prompt_tokens=opts["max_prompt_tokens"],
             max_new_tokens=opts["max_new_tokens"],
             greedy_sample=0,
             recover=opts["recover"],

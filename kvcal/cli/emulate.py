@@ -1,4 +1,5 @@
-"""``kvcal emulate``: FP8 KV-cache quality predicted offline, E4M3 at the cache write.
+"""``kvcal emulate``: KV-cache quality predicted offline, format by format, each format's
+round trip at the cache write.
 
 The options, their checks and the run with its progress bars; the work is
 :mod:`kvcal._emulate_report`'s, the tables :mod:`kvcal.cli.tables`'.
@@ -17,10 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.serving.kv_formats import EMULABLE as EMULATED
 from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
-from .tables import emulation_table, sensitivity_table
+from .tables import emulation_markdown, emulation_tables, sensitivity_table
 from .trace_options import BUCKETS_OPTION, ON_BAD_LINE_OPTION, TRACE_FORMAT_OPTION
 
 if TYPE_CHECKING:  # torch comes with _emulate_report, imported once torch is known to be there
@@ -60,11 +62,33 @@ EMULATE_OPTIONS = [
         "e.g. 0,3 (vLLM: --kv-cache-dtype-skip-layers 0 3).",
     ),
     click.option(
-        "--rounding",
-        type=click.Choice(["cpu", "cuda"]),
-        default="cpu",
+        "--formats",
+        "formats_text",
+        default="fp8",
         show_default=True,
-        help="vLLM's CPU kernel (truncates) or CUDA's (nearest).",
+        help="KV-cache formats to emulate, vLLM's --kv-cache-dtype names: "
+        + ", ".join(EMULATED)
+        + ".",
+    ),
+    click.option(
+        "--rounding",
+        type=click.Choice(["engine", "cpu", "cuda", "both"]),
+        default="engine",
+        show_default=True,
+        help="cpu: truncation, as vLLM's CPU kernel writes FP8; cuda: the CUDA/Triton "
+        "kernels' (nearest); engine: the FP8 formats at cpu (vLLM CPU serves them), the "
+        "rest at cuda; both: each format twice, and how much of its loss is the rounding.",
+    ),
+    click.option(
+        "--tolerance",
+        type=float,
+        help="ΔNLL/token a format may lose: name the formats whose interval stays at or "
+        "below it in every bucket.",
+    ),
+    click.option(
+        "--max-prompt-tokens",
+        type=int,
+        help="Leave out requests whose prompt is longer (counted in the report): a cheaper run.",
     ),
     click.option(
         "--max-new-tokens",
@@ -112,6 +136,13 @@ EMULATE_OPTIONS = [
         "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True
     ),
     click.option(
+        "--markdown",
+        "markdown_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Write the tables as one Markdown table here (a row per setting, a column per "
+        "bucket), with the advice below it.",
+    ),
+    click.option(
         "--json",
         "json_path",
         type=click.Path(path_type=Path, dir_okay=False),
@@ -134,7 +165,10 @@ def emulate_cmd(
     on_bad_line: str,
     overlay_dir: Path | None,
     skip_text: str | None,
+    formats_text: str,
     rounding: str,
+    tolerance: float | None,
+    max_prompt_tokens: int | None,
     max_new_tokens: int,
     greedy_sample: int,
     sensitivity: bool,
@@ -143,11 +177,13 @@ def emulate_cmd(
     chunk_tokens: int,
     dtype: str,
     device: str,
+    markdown_path: Path | None,
     json_path: Path | None,
 ) -> None:
-    """Predict FP8 KV-cache quality offline: K/V round-tripped through E4M3 where they enter
-    the cache (transformers, CPU or GPU), scored against BF16 on the trace's requests. An
-    emulation: it says nothing of capacity or kernel speed."""
+    """Predict KV-cache quality offline, format by format: K/V round-tripped through each
+    format where they enter the cache (transformers, CPU or GPU), scored against BF16 on the
+    trace's requests, with the capacity each format's bytes imply. An emulation: it measures
+    neither capacity nor kernel speed."""
 
     def run() -> int:
         nonlocal model_dir
@@ -162,31 +198,35 @@ def emulate_cmd(
             recover,
             device,
             bucket_spec,
+            max_prompt_tokens,
         )
         from .._emulate_report import EmulateArgs
 
         args = EmulateArgs(
             model_dir,
-            trace_path,
-            answers_dir,
-            trace_format,
-            bucket_spec,
-            per_bucket,
-            seed,
-            on_bad_line,
-            overlay_dir,
-            _parse_layers(skip_text),
-            rounding,
-            max_new_tokens,
-            greedy_sample,
-            sensitivity,
-            recover,
-            min_loss,
-            chunk_tokens,
-            dtype,
-            device,
+            trace=trace_path,
+            answers=answers_dir,
+            trace_format=trace_format,
+            buckets=bucket_spec,
+            per_bucket=per_bucket,
+            seed=seed,
+            on_bad_line=on_bad_line,
+            overlay=overlay_dir,
+            skip_layers=_parse_layers(skip_text),
+            rounding=rounding,
+            formats=_parse_formats(formats_text),
+            tolerance=tolerance,
+            max_prompt_tokens=max_prompt_tokens,
+            max_new_tokens=max_new_tokens,
+            greedy_sample=greedy_sample,
+            sensitivity=sensitivity,
+            recover=recover,
+            min_loss=min_loss,
+            chunk_tokens=chunk_tokens,
+            dtype=dtype,
+            device=device,
         )
-        _emulate(args, json_path)
+        _emulate(args, json_path, markdown_path)
         return EXIT_OK
 
     guard("emulate", run, EMULATE_NEEDS)
@@ -202,10 +242,13 @@ def check_options(
     recover: float,
     device: str,
     bucket_spec: str,
+    max_prompt_tokens: int | None,
 ) -> None:
     """Refuse what the emulation cannot run with, before the model loads."""
     if (trace_path is None) == (answers_dir is None):
         raise InputError("give exactly one of --trace TRACE and --answers RUN_DIR")
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise InputError("--max-prompt-tokens must be at least 1")
     for name, value, low in (
         ("--per-bucket", per_bucket, 1),
         ("--greedy-sample", greedy_sample, 0),
@@ -224,6 +267,17 @@ def check_options(
     Buckets.parse(bucket_spec)
 
 
+def _parse_formats(text: str) -> tuple[str, ...]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [n for n in names if n not in EMULATED]
+    if bad or not names:
+        raise InputError(
+            f"--formats {text!r}: {', '.join(bad) or 'none given'}; the emulated formats are "
+            + ", ".join(EMULATED)
+        )
+    return tuple(dict.fromkeys(names))
+
+
 def _parse_layers(text: str | None) -> tuple[int, ...]:
     if not text:
         return ()
@@ -236,7 +290,7 @@ def _parse_layers(text: str | None) -> tuple[int, ...]:
     return layers
 
 
-def _emulate(args: EmulateArgs, json_path: Path | None) -> None:
+def _emulate(args: EmulateArgs, json_path: Path | None, markdown_path: Path | None) -> None:
     """Run the emulation with transient progress bars on stderr; print the report's tables
     (stdout), notes and advice (stderr); write it all as JSON where asked."""
     from .._emulate_report import emulate
@@ -256,15 +310,23 @@ def _emulate(args: EmulateArgs, json_path: Path | None) -> None:
 
         report = emulate(args, track)
     out = Console()
-    out.print(emulation_table(report))
+    for table in emulation_tables(report):
+        out.print(table)
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
-    sens = report["sensitivity"]
-    if sens is not None:
+    for sens in (report["sensitivity_by_format"] or {}).values():
         out.print(sensitivity_table(sens))
         console.print(f"[yellow]advice:[/yellow] {sens['advice']}")
+    for line in report["advice"]["lines"]:
+        console.print(f"[yellow]advice:[/yellow] {line}")
     console.print(f"[dim]{report['caveat']}; intervals: {report['interval']}[/dim]")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_path}")
+    if markdown_path is not None:
+        advice = [f"- {line}" for line in report["advice"]["lines"]]
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        text = emulation_markdown(report) + ("\n" + "\n".join(advice) + "\n" if advice else "")
+        markdown_path.write_text(text, encoding="utf-8")
+        console.print(f"wrote {markdown_path}")

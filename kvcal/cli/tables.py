@@ -90,48 +90,92 @@ def advice_lines(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def emulation_table(report: dict[str, Any]) -> Table:
-    ref = report["reference"]
-    table = Table(
-        title=f"EMULATED FP8 E4M3 ({report['rounding']} rounding) vs BF16: "
-        f"{ref['requests']} requests, {ref['tokens']} answer tokens "
-        "teacher-forced (95% intervals)",
-        box=box.SIMPLE_HEAD,
+def _capacity(setting: dict[str, Any]) -> tuple[str, str]:
+    return (
+        f"{setting['bytes_per_token'] / 1024:.3g}",
+        f"{setting['capacity_ratio']:.2f}x",
     )
-    for col in (
-        "setting",
-        "bucket",
-        "req",
-        "ΔNLL/token",
-        "top-1",
-        "greedy\nexact",
-        "common\nprefix",
-    ):
-        table.add_column(col, justify="left" if col == "setting" else "right")
-    for row in report["results"]:
-        g = row["greedy"]
-        table.add_row(
-            row["setting"],
-            row["bucket"],
-            str(row["requests"]),
-            _ci(row["nll_delta_mean"], row["nll_delta_lo"], row["nll_delta_hi"]),
-            _ci(row["top1_agreement"], row["top1_lo"], row["top1_hi"], _pct1),
-            f"{g['exact']}/{g['requests']}" if g else "-",
-            f"{g['mean_common_prefix']:.1f}/{g['mean_tokens']:.1f}" if g else "-",
-            end_section=row["bucket"] == "all",
+
+
+def emulation_tables(report: dict[str, Any]) -> list[Table]:
+    """One table per bucket (and all), a row per setting: its format's loss with intervals,
+    greedy agreement, bytes per token and the capacity they imply, within the tolerance."""
+    ref = report["reference"]
+    settings = {s["name"]: s for s in report["settings"]}
+    fits = report["advice"]["within_tolerance"]
+    buckets = list(dict.fromkeys(r["bucket"] for r in report["results"]))
+    tables = []
+    for bucket in buckets:
+        rows = [r for r in report["results"] if r["bucket"] == bucket]
+        table = Table(
+            title=f"EMULATED KV formats vs BF16, bucket {bucket}: {rows[0]['requests']} "
+            f"requests ({ref['requests']} in all, {ref['tokens']} answer tokens "
+            "teacher-forced; 95% intervals)",
+            box=box.SIMPLE_HEAD,
         )
-    return table
+        cols = ["setting", "rounding", "ΔNLL/token", "top-1", "greedy\nexact", "common\nprefix"]
+        cols += ["KiB/token", "capacity\nvs BF16"] + (
+            ["within tol.\n(all buckets)"] if fits else []
+        )
+        for col in cols:
+            table.add_column(col, justify="left" if col == "setting" else "right")
+        for row in rows:
+            g = row["greedy"]
+            cells = [
+                row["setting"].removesuffix(f" {row['rounding']}"),
+                row["rounding"],
+                _ci(row["nll_delta_mean"], row["nll_delta_lo"], row["nll_delta_hi"]),
+                _ci(row["top1_agreement"], row["top1_lo"], row["top1_hi"], _pct1),
+                f"{g['exact']}/{g['requests']}" if g else "-",
+                f"{g['mean_common_prefix']:.1f}/{g['mean_tokens']:.1f}" if g else "-",
+                *_capacity(settings[row["setting"]]),
+            ]
+            if fits:
+                cells.append("yes" if fits[row["setting"]] else "no")
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def emulation_markdown(report: dict[str, Any]) -> str:
+    """The per-bucket tables as one Markdown table (a README, a PR comment): a row per setting,
+    ΔNLL/token [95% CI] per bucket, then top-1 agreement and greedy exact matches over every
+    bucket, bytes and capacity, and the tolerance."""
+    settings = {s["name"]: s for s in report["settings"]}
+    fits = report["advice"]["within_tolerance"]
+    buckets = list(dict.fromkeys(r["bucket"] for r in report["results"]))
+    rows = {(r["setting"], r["bucket"]): r for r in report["results"]}
+    head = ["setting", "rounding", *(f"ΔNLL/token {b}" for b in buckets)]
+    head += ["top-1, all", "greedy exact", "KiB/token", "x BF16"]
+    head += [f"ΔNLL <= {report['tolerance']:g} in every bucket"] if fits else []
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, s in settings.items():
+        every = rows[(name, "all")]
+        g = every["greedy"]
+        cells = [f"`{name.removesuffix(' ' + s['rounding'])}`", s["rounding"]]
+        for b in buckets:
+            r = rows[(name, b)]
+            cells.append(_ci(r["nll_delta_mean"], r["nll_delta_lo"], r["nll_delta_hi"]))
+        cells += [
+            _pct1(every["top1_agreement"]) if every["top1_agreement"] is not None else "-",
+            f"{g['exact']}/{g['requests']}" if g else "-",
+            *_capacity(s),
+        ]
+        if fits:
+            cells.append("yes" if fits[name] else "no")
+        out.append("| " + " | ".join(c.replace("\n", " ") for c in cells) + " |")
+    return "\n".join(out) + "\n"
 
 
 def sensitivity_table(sens: dict[str, Any]) -> Table:
     table = Table(
-        title=f"per-layer sensitivity on {sens['base']} (every layer FP8: ΔNLL "
+        title=f"per-layer sensitivity on {sens['base']} (every layer in it: ΔNLL "
         f"{nll(sens['loss'])}/token)",
         box=box.SIMPLE_HEAD,
     )
     for col in (
         "layer",
-        "ΔNLL/token,\nonly this layer FP8",
+        "ΔNLL/token,\nonly this layer\nquantized",
         "ΔNLL/token,\nthis layer BF16",
         "recovered",
         "share",

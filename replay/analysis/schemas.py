@@ -16,7 +16,8 @@
     ├── Saturation               a load sweep's curves (``schemas_load``), per target
     ├── Sequential               a sequential canary's decision, buckets and interval path
     ├── ReasoningLength          reasoning tokens per target x bucket against the reference
-    └── Verdict                  the stop rule's outcome (``verdict.rule.decide``)
+    └── Verdict                  the stop rule's outcome (``verdict.rule.decide``); with
+                                 several candidates, one per candidate as well
 
 Every record is a frozen dataclass (``record_json``): ``to_json()`` gives exactly the JSON
 summary.json has always held, field order being key order, and ``from_json(data)`` reads it
@@ -502,3 +503,5 @@ class Summary(Record):
     sequential: Sequential | None = absent_if_none()  # None: not a sequential canary
     reasoning: ReasoningLength | None = absent_if_none()  # None: no answer reasoned
     verdict: Verdict | None = absent_if_none()  # None: no verdict (a Locust run)
+    # Several candidates (verdict.candidates): each one's verdict; the primary's is `verdict`.
+    candidates: Mapping[str, Verdict] | None = absent_if_none()

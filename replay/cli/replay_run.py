@@ -40,7 +40,14 @@ from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
 from replay.run.workers import WorkersRunner, check_workers
-from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
+from replay.serving.targets import (
+    BUILTIN_DTYPES,
+    TargetSpec,
+    emulate_fp8,
+    emulate_kv,
+    load_targets_config,
+    parse_targets,
+)
 from replay.testmodel.named import resolve_model
 
 REDRAWS_PER_S = 2
@@ -156,11 +163,12 @@ def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
 
 
 def resolve_targets(o: RunOptions) -> list[TargetSpec]:
-    """The targets, with the embedded test model where bf16/fp8 name no other model."""
+    """The targets, with the embedded test model where bf16 or a KV format names no other
+    model."""
     config = load_targets_config(o.targets_file) if o.targets_file else None
     names = [n.strip() for n in o.targets.split(",")]
     model_dir = None if o.model_dir is None else resolve_model(o.model_dir, "replay --model")
-    needs_default = any(n in ("bf16", "fp8") for n in names)
+    needs_default = any(n.lower() in BUILTIN_DTYPES for n in names)
     if model_dir is None and needs_default and not (config and all(n in config for n in names)):
         from replay.testmodel.factory import ensure_default_model
 
@@ -169,7 +177,9 @@ def resolve_targets(o: RunOptions) -> list[TargetSpec]:
     specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config)
     if o.skip_layers:
         specs = with_skip_layers(specs, o.skip_layers)
-    if o.emulate_fp8:
+    if o.emulate_kv:
+        specs = [emulate_kv(s) for s in specs]
+    elif o.emulate_fp8:
         specs = [emulate_fp8(s) for s in specs]
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
@@ -345,6 +355,8 @@ def replay_run(opts: dict[str, Any], canary: bool, given: Mapping[str, str] | No
         verdict = summary.verdict
         assert verdict is not None  # the runner always decides
         click.echo(md.read_text(encoding="utf-8"))
+        for name, v in (summary.candidates or {}).items():
+            console.print(f"candidate {shown(name)}: {v.verdict} (exit {v.exit_code})")
         console.print(
             f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {shown(str(html))}"
         )
@@ -415,8 +427,11 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
         console.print(f"[red]target {shown(name)}:[/red] {shown(why)}")
     for line in saturation_lines(summary):
         console.print(shown(line))
-    style = "green" if verdict.verdict == "keep" else "yellow"
-    console.print(f"[bold {style}]{shown(verdict.headline)}[/bold {style}]")
+    several = summary.candidates or {}
+    for name, v in several.items() if several else [("", verdict)]:
+        style = "green" if v.verdict == "keep" else "yellow"
+        who = f"{name}: " if name else ""
+        console.print(f"[bold {style}]{shown(who + v.headline)}[/bold {style}]")
     console.print(f"results: {shown(str(run_dir))}  report: {shown(str(html))}")
     erring_names = {n for n, _ in erring}
     if any(n not in erring_names for n, _ in failed):

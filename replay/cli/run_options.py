@@ -64,6 +64,7 @@ class RunOptions:
     candidate: str | None = None
     calibrated: str | None = None
     emulate_fp8: bool = False
+    emulate_kv: bool = False
     accept_emulated: bool = False
     # None: decided when the trace is read (on in `canary` for unlabeled traffic); saved
     # resolved, so a resume replays the same arms.
@@ -293,14 +294,21 @@ RUN_OPTIONS = [
     click.option(
         "--emulate-fp8",
         is_flag=True,
-        help="Serve local fp8 targets with a BF16 cache and kvcal's E4M3 round trip of "
-        "K/V at the cache write (where the CPU cannot serve FP8): quality "
-        "evidence only; capacity and speed are BF16's.",
+        help="Serve local FP8 targets (fp8, fp8_e4m3, fp8_e5m2) with a BF16 cache and "
+        "kvcal's FP8 round trip of K/V at the cache write (where the CPU cannot serve "
+        "FP8): quality evidence only; capacity and speed are BF16's.",
+    ),
+    click.option(
+        "--emulate-kv",
+        is_flag=True,
+        help="Serve every local target of a quantized KV format kvcanary emulates (FP8, "
+        "per-token-head INT8/FP8/INT4, NVFP4) with a BF16 cache and that format's round "
+        "trip of K/V at the cache write: quality evidence only.",
     ),
     click.option(
         "--accept-emulated",
         is_flag=True,
-        help="Let the verdict rest on emulated FP8 targets (otherwise it refuses).",
+        help="Let the verdict rest on emulated targets (otherwise it refuses).",
     ),
     click.option(
         "--control/--no-control",

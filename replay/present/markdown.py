@@ -61,6 +61,8 @@ def _md_verdict(run: Run, v: Mapping[str, Any]) -> list[str]:
             where = f" ({md(bucket.text)})" if bucket.text != DASH else ""
             out.append(f"- **{md(kind.text)}**{where}: {md(finding.text)}")
         out.append("")
+    if v.get("candidates") is not None:
+        out += _md_section("Every candidate", v["candidates"])
     return out
 
 

@@ -18,7 +18,9 @@ import orjson
 
 from replay.analysis.roles import Roles
 from replay.analysis.schemas import Summary
+from replay.analysis.verdict.candidates import format_of
 from replay.run.rundir import GRADES, MANIFEST, RESULTS, SUMMARY
+from replay.serving.kv_formats import label
 from replay.serving.scale_log import is_emulated
 
 CONTROL_SUFFIX = "-control"
@@ -89,8 +91,16 @@ class Run:
         return self.roles().candidate
 
     def emulated(self, name: object) -> bool:
-        """An emulated FP8 target: its quality is FP8's, its capacity and speed BF16's."""
+        """An emulated target: its quality is its format's, its capacity and speed BF16's."""
         return isinstance(name, str) and is_emulated(obj(dig(self.manifest, "targets", name)))
+
+    def kv_format(self, name: str) -> str | None:
+        """The KV format a target is meant to run (an emulated one's too), if known."""
+        return format_of(name, self.manifest)[0]
+
+    def format_label(self, name: str) -> str:
+        """FP8 for FP8 E4M3, else the format's name (for "emulated ..." labels)."""
+        return label(self.kv_format(name) or "fp8")
 
     def roles(self) -> Roles:
         return Roles.from_manifest(

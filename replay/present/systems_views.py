@@ -28,6 +28,7 @@ from replay.present.formatting import (
 )
 from replay.present.reading import Run, dig, lst, obj, to_float
 from replay.present.views import Cell, Table
+from replay.serving import kv_formats
 
 SYS_METRICS = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E"))
 
@@ -42,7 +43,8 @@ def systems_view(run: Run) -> dict[str, Any] | None:
         return None
     ref, cand = text(s.reference), text(s.candidate)
     emulated = (
-        f"; {cand} is emulated FP8: a BF16 server rounding K/V, not FP8's speed"
+        f"; {cand} is emulated {run.format_label(cand)}: a BF16 server rounding K/V, not its "
+        "format's speed"
         if run.emulated(s.candidate)
         else ""
     )
@@ -280,6 +282,7 @@ def capacity_view(run: Run) -> dict[str, Any]:
                 "Served cache dtype",
                 "KV cache (tokens)",
                 "× reference",
+                "Its format's bytes imply (× BF16)",
                 "Block size",
                 "Blocks",
                 "Max concurrency (engine)",
@@ -298,16 +301,18 @@ def capacity_view(run: Run) -> dict[str, Any]:
             for b, row in run.in_order(first[1].buckets if first else {}, "bucket")
         ]
         emulated = run.emulated(name)
-        if emulated:  # BF16 storage: never shown as FP8's capacity
+        fmt = run.format_label(name)
+        if emulated:  # BF16 storage: never shown as the format's capacity
             bars.pop()
         t.add(
             name,
             text(s.cache_dtype or cfg.get("cache_dtype"))
-            + (" (emulated FP8: BF16 storage)" if emulated else ""),
+            + (f" (emulated {fmt}: BF16 storage)" if emulated else ""),
             f_int(size),
-            "not FP8's: emulated"
+            f"not {fmt}'s: emulated"
             if emulated
             else f_ratio(size / ref_size if size and ref_size else None),
+            _implied(run, name),
             text(cfg.get("block_size")),
             text(cfg.get("num_gpu_blocks")),
             text(cfg.get("kv_cache_max_concurrency")),
@@ -315,6 +320,17 @@ def capacity_view(run: Run) -> dict[str, Any]:
         )
     chart = bar_chart(bars, "tokens", "KV-cache capacity per target (tokens)")
     return {"chart": chart, "table": t if t.rows else None}
+
+
+def _implied(run: Run, name: str) -> str:
+    """The capacity a target's format implies over BF16 at the model's head size (its bytes
+    per token, replay.serving.kv_formats): for an emulated target the only capacity figure,
+    for a served one a check of the measured one."""
+    fmt = kv_formats.get(run.kv_format(name) or "")
+    head = kv_formats.head_size_of(dig(run.manifest, "targets", name, "spec", "model"))
+    if fmt is None or fmt.family == "other" or head is None:  # "other": layout not modelled
+        return DASH
+    return f_ratio(fmt.capacity_ratio(head))
 
 
 def kv_view(run: Run) -> dict[str, Any]:

@@ -61,7 +61,30 @@ def verdict_view(run: Run) -> dict[str, Any]:
         "reasons": [r for r in (v.reasons if v else ()) if not str(headline).endswith(r)],
         "evidence": ev,
         "glance": glance(run),
+        "candidates": candidates_table(run),
     }
+
+
+def candidates_table(run: Run) -> Table | None:
+    """With several candidates, each one's own verdict (the first row decides the run)."""
+    verdicts = run.summary.candidates
+    if not verdicts:
+        return None
+    t = Table(["Candidate", "KV format", "Verdict", "Exit code", "Why"])
+    for name, v in verdicts.items():
+        fmt = run.kv_format(name)
+        t.add(
+            name,
+            text(fmt) + (" (emulated)" if run.emulated(name) else ""),
+            Cell(SHORT.get(v.verdict, v.verdict.upper()), "good" if v.verdict == "keep" else "bad"),
+            text(v.exit_code),
+            Cell(text(v.headline)),
+        )
+    t.caption = (
+        "each candidate decided on its own against the reference, at alpha divided by the "
+        "number of candidates; the primary candidate's verdict is the run's"
+    )
+    return t
 
 
 def glance(run: Run) -> list[tuple[str, str]]:
@@ -118,7 +141,7 @@ def serving_view(run: Run) -> dict[str, Any]:
                 "good" if (s.status or m.get("status")) == "ok" else "bad",
             ),
             text(dig(m, "spec", "expect_cache_dtype") or dig(m, "spec", "kv_cache_dtype")),
-            text(served) + (" (emulated FP8)" if run.emulated(name) else ""),
+            text(served) + (f" (emulated {run.format_label(name)})" if run.emulated(name) else ""),
             f_int(
                 s.kv_cache_size_tokens
                 or num(to_float(dig(m, "cache_config", "kv_cache_size_tokens")))

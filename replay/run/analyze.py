@@ -22,6 +22,7 @@ from replay.analysis.saturation import saturation_of
 from replay.analysis.schemas import Sequential, Summary
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
+from replay.analysis.verdict.candidates import decide_candidates
 from replay.analysis.verdict.facts import Thresholds, facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
@@ -126,24 +127,41 @@ def analyse(a: Analysis) -> Summary:
     if a.sequential is not None:
         summary = replace(summary, sequential=a.sequential)
     if a.verdict:
-        if a.candidate is not None:
-            compared = systems(results, a.reference, a.candidate, a.first_phase, a.seed)
-            summary = replace(
-                summary,
-                systems=replace(
-                    compared,
-                    throughput_ratio=(
-                        throughput_ratio(summary, a.reference, a.candidate, a.first_phase)
-                    ),
-                ),
-            )
-        verdict = decide(
-            facts_from_run(summary, a.manifest, candidate=a.candidate, thresholds=a.thresholds),
-            a.thresholds,
-        )
-        summary = replace(summary, verdict=verdict)
+        summary = _decide(a, results, summary)
     write_json(a.run_dir / SUMMARY, summary.to_json())
     return summary
+
+
+def candidates_of(a: Analysis) -> list[str]:
+    """The targets compared with the reference, in the order --targets gave them: the primary
+    candidate and every other target but the calibrated and layers arms and the A/A control."""
+    roles = Roles.from_manifest(a.manifest, list(a.targets))
+    order = _ordered(list(a.targets), (a.manifest.get("cli_options") or {}).get("targets"))
+    arms = (a.reference, a.candidate, roles.calibrated, roles.layers)
+    others = [n for n in order if n not in arms and not n.endswith(CONTROL_SUFFIX)]
+    return ([a.candidate] if a.candidate is not None else []) + others
+
+
+def _decide(a: Analysis, results: Sequence[Result], summary: Summary) -> Summary:
+    """The systems comparison of each candidate with the reference, and the verdicts: the
+    primary candidate's decides the run; with several, each has its own
+    (``verdict.candidates``)."""
+    names = candidates_of(a) if a.candidate is not None else []
+    systems_of = {}
+    for name in names:
+        compared = systems(results, a.reference, name, a.first_phase, a.seed)
+        ratio = throughput_ratio(summary, a.reference, name, a.first_phase)
+        systems_of[name] = replace(compared, throughput_ratio=ratio)
+    if a.candidate is None:
+        facts = facts_from_run(summary, a.manifest, candidate=None, thresholds=a.thresholds)
+        return replace(summary, verdict=decide(facts, a.thresholds))
+    summary = replace(summary, systems=systems_of[a.candidate])
+    verdicts = decide_candidates(summary, a.manifest, names, a.candidate, systems_of, a.thresholds)
+    return replace(
+        summary,
+        verdict=verdicts[a.candidate],
+        candidates=verdicts if len(verdicts) > 1 else None,
+    )
 
 
 def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:

@@ -27,10 +27,11 @@ from replay.serving.prompt_scores import CACHED_SCORING_ARGS
 from replay.serving.targets import TargetSpec
 
 DEFAULT_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE when the user sets none
-# The emulated FP8 target's server (kvcal/vllm_plugin.py): these names are the plugin's
-# contract (the line it logs when active is targets.EMULATION_MARKER).
-EMULATION_ENV = "KVCANARY_FP8_EMULATION"
-EMULATION_SKIP_ENV = "KVCANARY_FP8_EMULATION_SKIP_LAYERS"
+# An emulated target's server (kvcal/vllm_plugin.py): these names are the plugin's contract
+# (the line it logs when active is targets.EMULATION_MARKER).
+EMULATION_ENV = "KVCANARY_KV_EMULATION"  # the format: fp8, fp8_e5m2, int8_per_token_head ...
+EMULATION_ROUNDING_ENV = "KVCANARY_KV_EMULATION_ROUNDING"  # cpu or cuda; unset: the engine's
+EMULATION_SKIP_ENV = "KVCANARY_KV_EMULATION_SKIP_LAYERS"
 SKIP_LAYERS_FLAG = "--kv-cache-dtype-skip-layers"
 
 
@@ -136,9 +137,12 @@ class LocalServer:
         """The server's arguments and the plugin's environment. An emulated target's
         --kv-cache-dtype-skip-layers goes to the plugin: a BF16 cache skips nothing."""
         args = list(self.spec.args)
-        if not self.spec.emulated:
+        fmt = self.spec.emulated_format
+        if fmt is None:
             return args, {}
-        env = {EMULATION_ENV: "e4m3"}
+        env = {EMULATION_ENV: fmt}
+        if self.spec.rounding:
+            env[EMULATION_ROUNDING_ENV] = self.spec.rounding
         if SKIP_LAYERS_FLAG in args:
             i = args.index(SKIP_LAYERS_FLAG)
             j = i + 1

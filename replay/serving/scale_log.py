@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from replay.serving import kv_formats
 from replay.serving.introspect import engine_config_from_log
 
 SCALE_ONE_WARNING = "Using KV cache scaling factor 1.0"
 # An FP8 E4M3 cache emulated in a BF16 server by kvcal's vLLM plugin (kvcal/vllm_plugin.py):
-# the kv_cache_dtype of such a target's spec. Its quality is FP8's; its capacity and speed
-# are BF16's, so the verdict and the report never present them as FP8's.
+# the kv_cache_dtype of such a target's spec (any format's: FORMAT-emulated). Its quality is
+# the format's; its capacity and speed are BF16's, so the verdict and the report never
+# present them as the format's.
 EMULATED_FP8 = "fp8-emulated"
 
 CHECKPOINT = "checkpoint"  # a quantization method loaded the checkpoint's scales
@@ -94,11 +96,14 @@ def from_engine_config(engine: Mapping[str, str], warning: bool) -> ScaleEvidenc
 
 
 def is_emulated(target_info: Mapping[str, object]) -> bool:
-    """Whether a manifest's target entry is an emulated FP8 target."""
+    """Whether a manifest's target entry is an emulated target (of any format)."""
     spec = target_info.get("spec")
     if not isinstance(spec, Mapping):
         return False
-    return EMULATED_FP8 in (spec.get("kv_cache_dtype"), spec.get("expect_cache_dtype"))
+    return any(
+        isinstance(d, str) and kv_formats.emulated_format(d) is not None
+        for d in (spec.get("kv_cache_dtype"), spec.get("expect_cache_dtype"))
+    )
 
 
 def scale_lines(log_text: str) -> list[str]:
@@ -112,7 +117,9 @@ def scale_lines(log_text: str) -> list[str]:
         "fp8 data type",
         "kv cache dtype",
         "compressed-tensors",
-        "kvcanary fp8 emulation",
+        "kvcanary fp8 emulation",  # run directories of versions before every format
+        "kvcanary kv emulation",
+        "per-token-head scales",
     )
     out = []
     for line in log_text.splitlines():

@@ -16,12 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from replay.core.errors import ConfigError, ServingMismatch
-from replay.serving.scale_log import EMULATED_FP8
+from replay.serving import kv_formats
+from replay.serving.scale_log import EMULATED_FP8 as EMULATED_FP8
 
-BUILTIN_DTYPES = {"bf16": "auto", "fp8": "fp8"}
-# What the emulated FP8 target's server logs when kvcal's plugin (kvcal/vllm_plugin.py) runs:
-# the plugin's contract, with the environment local_server gives it.
-EMULATION_MARKER = "kvcanary fp8 emulation: active"
+# Target names that need no definition: bf16 (the model's own dtype), every --kv-cache-dtype
+# value vLLM takes (fp8, fp8_e5m2, int8_per_token_head, ...) and each emulable one with
+# "-emulated" (a BF16 server rounding K/V through it). All on the default model.
+BUILTIN_DTYPES = {
+    "bf16": "auto",
+    **{name: name for name in kv_formats.FORMATS},
+    **{kv_formats.emulated(name): kv_formats.emulated(name) for name in kv_formats.EMULABLE},
+}
+# What an emulated target's server logs when kvcal's plugin (kvcal/vllm_plugin.py) runs,
+# followed by "[FORMAT, ROUNDING rounding]": the plugin's contract, with the environment
+# local_server gives it.
+EMULATION_MARKER = "kvcanary kv emulation: active"
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,8 @@ class TargetSpec:
     expect_cache_dtype: str | None = None
     # reference, candidate or calibrated (replay/analysis/roles.py); None: guessed from the name.
     role: str | None = None
+    # An emulated cache's rounding: cpu (truncation) or cuda; None: the engine's for its format.
+    rounding: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -46,8 +57,15 @@ class TargetSpec:
 
     @property
     def emulated(self) -> bool:
-        """An emulated FP8 cache: quality evidence only, never capacity or speed."""
-        return EMULATED_FP8 in (self.kv_cache_dtype, self.expect_cache_dtype)
+        """An emulated cache: quality evidence only, never capacity or speed."""
+        return self.emulated_format is not None
+
+    @property
+    def emulated_format(self) -> str | None:
+        """The format an emulated target rounds K/V through (fp8-emulated -> fp8)."""
+        return kv_formats.emulated_format(self.kv_cache_dtype) or kv_formats.emulated_format(
+            self.expect_cache_dtype
+        )
 
     def api_key(self) -> str | None:
         """Read from the environment at connect time; never stored or written anywhere."""
@@ -79,34 +97,41 @@ class TargetSpec:
             "env": dict(self.env),
             "expect_cache_dtype": self.expect_cache_dtype,
             "role": self.role,
+            "rounding": self.rounding,
         }
 
 
 def expected_dtype_for(name: str, kv_cache_dtype: str | None) -> str | None:
+    """The cache a target means: its kv_cache_dtype, else the format its name starts with
+    (``fp8_e5m2-b`` -> fp8_e5m2, ``bf16-b`` -> auto, ``nvfp4-emulated`` itself)."""
     if kv_cache_dtype is not None:
         return kv_cache_dtype
-    base = name.split("-")[0].split("_")[0].lower()
-    return BUILTIN_DTYPES.get(base)
+    if name.lower() in BUILTIN_DTYPES:
+        return BUILTIN_DTYPES[name.lower()]
+    return kv_formats.format_of_name(name)
 
 
 def cache_dtype_matches(expected: str, served: str) -> bool:
-    """vLLM reports 'auto' for the model's own dtype; 'fp8' covers fp8_e4m3/fp8_e5m2."""
-    e, s = expected.lower(), served.lower()
-    bf16_like = {"auto", "bfloat16", "bf16", "half", "float16"}
-    if e in bf16_like:
-        return s in bf16_like
-    if e == "fp8":
-        return s.startswith("fp8")
-    if e == EMULATED_FP8:  # the server stores BF16; the plugin's log line shows the rest
-        return s in bf16_like
-    return e == s
+    """vLLM reports 'auto' for the model's own dtype; fp8 is fp8_e4m3, fp8_e5m2 is not;
+    an emulated cache stores BF16 (the plugin's log line shows the rest)."""
+    return kv_formats.same_format(expected, served)
+
+
+def emulate_kv(spec: TargetSpec, families: frozenset[str] | None = None) -> TargetSpec:
+    """``--emulate-kv`` (``--emulate-fp8``: the FP8 family only): a local target of a
+    quantized format kvcanary emulates, served as BF16 with that format's round trip."""
+    fmt = kv_formats.FORMATS.get(spec.kv_cache_dtype)
+    if not spec.is_local or fmt is None or not fmt.emulable:
+        return spec
+    if families is not None and fmt.family not in families:
+        return spec
+    dtype = kv_formats.emulated(fmt.name)
+    return replace(spec, kv_cache_dtype=dtype, expect_cache_dtype=dtype)
 
 
 def emulate_fp8(spec: TargetSpec) -> TargetSpec:
-    """``--emulate-fp8``: a local FP8 target served as BF16 with the E4M3 round trip."""
-    if not spec.is_local or spec.kv_cache_dtype != "fp8":
-        return spec
-    return replace(spec, kv_cache_dtype=EMULATED_FP8, expect_cache_dtype=EMULATED_FP8)
+    """``--emulate-fp8``: a local FP8 target (fp8, fp8_e4m3, fp8_e5m2) emulated."""
+    return emulate_kv(spec, frozenset({"fp8"}))
 
 
 def check_served_dtype(
@@ -126,27 +151,35 @@ def check_served_dtype(
             f"'{spec.expect_cache_dtype}': the server is not running the KV cache "
             "this target is meant to test"
         )
-    if not spec.emulated:
+    fmt = spec.emulated_format
+    if fmt is None:
         return
     if log_text is None:
         problems.append(
-            f"'{spec.name}' is declared FP8-emulated; without the server's log "
+            f"'{spec.name}' is declared {fmt}-emulated; without the server's log "
             "kvcanary cannot see that the emulation plugin runs"
         )
     elif EMULATION_MARKER not in log_text:
         raise ServingMismatch(
-            f"target '{spec.name}' is FP8-emulated but its server never logged "
+            f"target '{spec.name}' is {fmt}-emulated but its server never logged "
             f"'{EMULATION_MARKER}': install kvcanary in the server's environment (its "
             "vllm.general_plugins entry point) and keep VLLM_PLUGINS unset or naming "
             "kvcanary_fp8_emulation"
+        )
+    elif f"{EMULATION_MARKER} [{fmt}," not in log_text:
+        raise ServingMismatch(
+            f"target '{spec.name}' is {fmt}-emulated but its server's plugin emulates "
+            "another format (its log line: "
+            f"{next(ln for ln in log_text.splitlines() if EMULATION_MARKER in ln).strip()})"
         )
 
 
 def parse_targets(
     text: str, default_model: Path | None, config: Mapping[str, TargetSpec] | None = None
 ) -> list[TargetSpec]:
-    """``bf16,fp8`` (built-ins on the default model), ``name=URL``, ``name=MODEL_DIR`` (a
-    local server; dtype from the name: ``fp8-cal=DIR``) or names from a config."""
+    """``bf16,fp8,fp8_e5m2`` (built-ins on the default model: bf16 and every KV format),
+    ``name=URL``, ``name=MODEL_DIR`` (a local server; dtype from the name: ``fp8-cal=DIR``)
+    or names from a config."""
     specs: list[TargetSpec] = []
     for raw in (p.strip() for p in text.split(",")):
         if not raw:
@@ -169,7 +202,8 @@ def parse_targets(
             )
         elif config and name in config:
             specs.append(config[name])
-        elif name in BUILTIN_DTYPES:
+        elif name.lower() in BUILTIN_DTYPES:
+            name = name.lower()
             if default_model is None:
                 raise ConfigError(f"--targets: '{name}' needs a local model (--model)")
             specs.append(
@@ -182,10 +216,12 @@ def parse_targets(
                 )
             )
         else:
-            known = sorted(set(BUILTIN_DTYPES) | set(config or {}))
+            quantized = [n for n, f in kv_formats.FORMATS.items() if f.quantized]
+            known = ["bf16", *quantized, *kv_formats.UNQUANTIZED, *sorted(config or {})]
             raise ConfigError(
                 f"--targets: unknown target '{name}'. Available: "
-                f"{', '.join(known)}; or name=URL for an external server"
+                f"{', '.join(known)} (a format with -emulated: emulated in a BF16 "
+                "server); or name=URL for an external server"
             )
     if not specs:
         raise ConfigError("--targets: no targets given")
@@ -197,7 +233,7 @@ def parse_targets(
 
 def _local_dir_target(name: str, raw: str, model: Path) -> TargetSpec:
     """``fp8-cal=DIR``: a local server on another checkpoint folder (a calibrated overlay,
-    say), its KV cache dtype taken from the name's bf16/fp8 prefix."""
+    say), its KV cache dtype taken from the format its name starts with."""
     if not (model / "config.json").is_file():
         raise ConfigError(
             f"--targets: '{raw}': expected name=http://host:port or "
@@ -206,8 +242,8 @@ def _local_dir_target(name: str, raw: str, model: Path) -> TargetSpec:
     dtype = expected_dtype_for(name, None)
     if dtype is None:
         raise ConfigError(
-            f"--targets: '{raw}': name a local model target bf16-... or fp8-... "
-            "(e.g. fp8-cal=DIR) so its KV cache dtype is known"
+            f"--targets: '{raw}': start a local model target's name with bf16 or a KV "
+            "format (e.g. fp8-cal=DIR, fp8_e5m2-b=DIR) so its KV cache dtype is known"
         )
     return TargetSpec(
         name=name,
@@ -230,6 +266,7 @@ _TARGET_KEYS = {
     "env",
     "expect_cache_dtype",
     "role",
+    "rounding",
 }
 
 
@@ -259,9 +296,12 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
                 f"{where}: set exactly one of 'url' (external server) and "
                 "'model' (a local server kvcanary starts)"
             )
-        for key in ("url", "api_key_env", "model", "kv_cache_dtype", "expect_cache_dtype", "role"):
+        strings = ("url", "api_key_env", "model", "kv_cache_dtype", "expect_cache_dtype", "role")
+        for key in (*strings, "rounding"):
             if key in t and not isinstance(t[key], str):
                 raise ConfigError(f"{where}: '{key}' must be a string")
+        if t.get("rounding") not in (None, "cpu", "cuda"):
+            raise ConfigError(f'{where}: \'rounding\' must be "cpu" or "cuda"')
         args = t.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise ConfigError(f"{where}: 'args' must be a list of strings")
@@ -283,6 +323,7 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
                 "expect_cache_dtype", dtype if "model" in t else expected_dtype_for(name, None)
             ),
             role=t.get("role"),
+            rounding=t.get("rounding"),
         )
     return out
 

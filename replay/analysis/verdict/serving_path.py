@@ -1,6 +1,8 @@
-"""What the serving path says before any quality does: a target that does not run the FP8
-path it is meant to test, or not the engine and model of the reference, or whose requests
-fail, cannot be judged on its answers (the stop rule rejects the path instead)."""
+"""What the serving path says before any quality does: a target that does not run the KV
+cache it is meant to test (the format its spec names, FP8 when it names none), or not the
+engine and model of the reference, or whose requests fail, cannot be judged on its answers
+(the stop rule rejects the path instead). A calibrated arm must run a format that reads
+checkpoint scales: the per-token-head formats compute theirs when the cache is written."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replay.analysis.schemas import TargetSummary
-from replay.serving.scale_log import EMULATED_FP8, SCALE_ONE_WARNING, from_engine_config
+from replay.serving import kv_formats
+from replay.serving.scale_log import SCALE_ONE_WARNING, from_engine_config
 
 
 def _target(name: str, target: TargetSummary | Mapping[str, Any]) -> TargetSummary:
@@ -53,12 +56,16 @@ def serving_problems(
     info = manifest.get("targets", {}).get(name, {}) or {}
     spec = info.get("spec") or {}
     meant = spec.get("expect_cache_dtype") or spec.get("kv_cache_dtype")
-    # A candidate whose spec says BF16 is a deliberate BF16 comparison (another checkpoint,
-    # other server flags); one meant to be FP8, or of unknown kind, must serve FP8. An
-    # emulated one stores BF16 by design (the runner checked its plugin ran).
-    meant_fp8 = (meant is None or str(meant).startswith("fp8")) and meant != EMULATED_FP8
-    if meant_fp8 and dtype is not None and not str(dtype).startswith("fp8"):
-        out.append(f"served cache_dtype is '{dtype}', not FP8 (the backend fell back)")
+    emulated = kv_formats.emulated_format(str(meant)) is not None
+    fell_back = _fallback(None if meant is None else str(meant), dtype)
+    if fell_back:
+        out.append(fell_back)
+    fmt = kv_formats.get(str(meant)) if meant else None
+    if calibrated and fmt is not None and fmt.quantized and not fmt.reads_checkpoint_scales:
+        out.append(
+            f"{fmt.name} computes its K/V scales per token and head when the cache is "
+            "written and ignores the checkpoint's: a calibrated arm cannot apply to it"
+        )
     ref = manifest.get("targets", {}).get(manifest.get("reference", ""), {}) or {}
     for key, what in (("engine_version", "engine version"), ("max_model_len", "max_model_len")):
         if info.get(key) is not None and ref.get(key) is not None and info[key] != ref[key]:
@@ -74,7 +81,7 @@ def serving_problems(
         list(spec.get("args") or []),
         str((info.get("cache_config") or {}).get("kv_cache_dtype_skip_layers", "")),
     )
-    if skip and meant != EMULATED_FP8:  # an emulated target's plugin does the skipping
+    if skip and not emulated:  # an emulated target's plugin does the skipping
         out.append(skip)
     failing = error_problem(name, summary, max_error_rate)
     if failing:
@@ -83,7 +90,7 @@ def serving_problems(
     scales = from_engine_config(
         info.get("engine_config") or {}, any(SCALE_ONE_WARNING in ln for ln in lines)
     )
-    if calibrated and scales.runs_at_scale_one:
+    if calibrated and scales.runs_at_scale_one and (fmt is None or fmt.reads_checkpoint_scales):
         out.append(f"{scales.explain()}: the calibrated scales were not applied")
     if any(
         "per-head" in ln.lower() and ("not supported" in ln.lower() or "reject" in ln.lower())
@@ -91,6 +98,27 @@ def serving_problems(
     ):
         out.append("the backend rejected per-head scales")
     return out
+
+
+def _fallback(meant: str | None, served: str | None) -> str | None:
+    """A candidate whose spec says BF16 is a deliberate BF16 comparison (another checkpoint,
+    other server flags); one meant to be quantized must serve that format, and one of unknown
+    kind must serve FP8. An emulated one stores BF16 by design (the runner checked its plugin
+    ran)."""
+    if served is None or (meant is not None and kv_formats.emulated_format(meant) is not None):
+        return None
+    if meant is None:
+        if not kv_formats.same_format("auto", served):
+            return None
+        return (
+            f"served cache_dtype is '{served}', not FP8 or another quantized cache (the "
+            "backend fell back)"
+        )
+    fmt = kv_formats.get(meant)
+    if fmt is None or not fmt.quantized or kv_formats.same_format(meant, served):
+        return None
+    what = "FP8" if fmt.name in ("fp8", "fp8_e4m3") else fmt.name
+    return f"served cache_dtype is '{served}', not {what} (the backend fell back)"
 
 
 def _skip_layers_problem(args: Sequence[str], served: str) -> str | None:
