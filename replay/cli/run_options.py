@@ -79,6 +79,15 @@ class RunOptions:
     max_requests: int | None = None
     max_time: float | None = None
     workers: int = 1
+    # None: decided when the plan is known (on when targets are compared, where it can be);
+    # saved resolved, so a resume sends the same way.
+    interleave: bool | None = None
+    block_size: int = 0
+    systems_threshold: float = 0.05
+    # None: on for `canary` when the workload's own load never fills the reference's cache.
+    capacity_phase: bool | None = None
+    capacity_concurrency: int = 16
+    capacity_cache_mib: int = 0
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -124,6 +133,7 @@ class RunOptions:
             required_capacity_ratio=self.required_capacity_ratio,
             max_error_rate=self.max_error_rate,
             accept_emulated=self.accept_emulated,
+            systems_threshold=self.systems_threshold,
         )
 
 
@@ -233,7 +243,55 @@ RUN_OPTIONS = [
     click.option(
         "--parallel-targets",
         is_flag=True,
-        help="Run targets at the same time (default: one after another, fair on shared hardware).",
+        help="Run targets at the same time, each its own schedule (default: interleaved, "
+        "see --interleave).",
+    ),
+    click.option(
+        "--interleave/--no-interleave",
+        default=None,
+        help="Serve every target at once and send each phase in blocks, arm after arm in a "
+        "rotating order, so that a machine whose load drifts cannot favour one [default: on "
+        "when targets are compared, except with --parallel-targets, --workers or "
+        "--session-history reference].",
+    ),
+    click.option(
+        "--block-size",
+        default=0,
+        show_default=True,
+        type=click.IntRange(min=0),
+        help="Interleaved: units (requests or sessions) per block; 0 = 4 x the concurrency "
+        "of a closed loop, 32 in an open loop.",
+    ),
+    click.option(
+        "--systems-threshold",
+        default=0.05,
+        show_default=True,
+        type=click.FloatRange(0.0, 1.0, min_open=True),
+        help="Smallest change in a latency or a rate that counts as faster, slower, more or "
+        "fewer (0.05: x1.05 or /1.05), beyond the A/A floor as well.",
+    ),
+    click.option(
+        "--capacity-phase/--no-capacity-phase",
+        default=None,
+        help="Restart the reference and the candidate with the same, smaller KV cache and "
+        "load them until the reference's cache is full: does the candidate's larger cache "
+        "serve more requests/s there? [default: on in `canary` when the workload's own load "
+        "never fills the reference's cache; local servers only].",
+    ),
+    click.option(
+        "--capacity-concurrency",
+        default=16,
+        show_default=True,
+        type=click.IntRange(min=2),
+        help="Capacity phase: requests in flight (the reference's cache holds half of them).",
+    ),
+    click.option(
+        "--capacity-cache-mib",
+        default=0,
+        show_default=True,
+        type=click.IntRange(min=0),
+        help="Capacity phase: KV-cache memory of each server in MiB (0: sized from the "
+        "workload's median request).",
     ),
     click.option(
         "--timeout",
@@ -279,9 +337,8 @@ RUN_OPTIONS = [
         "--control/--no-control",
         default=None,
         help="Replay the reference a second time (A/A): the noise floor of every "
-        "metric [default: on in `canary` when the trace has requests without a "
-        "check, whose grades are derived from the reference's answers; off "
-        "otherwise].",
+        "metric, latency's included [default: on when a candidate is compared with the "
+        "reference].",
     ),
     click.option(
         "--no-teacher-forced",

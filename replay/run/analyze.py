@@ -14,13 +14,26 @@ from typing import Any
 
 import orjson
 
+from replay.analysis.capacity import capacity_phase
 from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
-from replay.analysis.schemas import Sequential, Summary
+from replay.analysis.schemas import CapacityPhase, Sequential, Summary, SystemsRule
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
+from replay.analysis.systems_cells import (
+    THRESHOLD as SYSTEMS_THRESHOLD,
+)
+from replay.analysis.systems_cells import (
+    Planned,
+    block_counts,
+    block_list,
+    block_rates,
+    latency_cells,
+    rate_cell,
+)
+from replay.analysis.systems_cells import rule as rule_of
 from replay.analysis.verdict.facts import Thresholds, facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
@@ -28,6 +41,7 @@ from replay.core.importers import stream
 from replay.core.records import Result
 from replay.core.slo import SloSpec, parse_slo
 from replay.run.rundir import (
+    CAPACITY_DIR,
     GRADES,
     MANIFEST,
     RESULTS,
@@ -124,7 +138,11 @@ def analyse(a: Analysis) -> Summary:
         summary = replace(summary, sequential=a.sequential)
     if a.verdict:
         if a.candidate is not None:
-            compared = systems(results, a.reference, a.candidate, a.first_phase, a.seed)
+            rule, capacity = systems_rule(a, results, a.candidate)
+            compared = replace(
+                systems(results, a.reference, a.candidate, a.first_phase, a.seed, rule=rule),
+                capacity=capacity,
+            )
             summary = replace(
                 summary,
                 systems=replace(
@@ -141,6 +159,59 @@ def analyse(a: Analysis) -> Summary:
         summary = replace(summary, verdict=verdict)
     write_json(a.run_dir / SUMMARY, summary.to_json())
     return summary
+
+
+def systems_rule(
+    a: Analysis, results: Sequence[Result], candidate: str
+) -> tuple[SystemsRule, CapacityPhase | None]:
+    """The systems rule's cells (``analysis.systems_cells``): latency per phase and bucket;
+    with SLOs, goodput per interleaved phase over its blocks; the capacity phase's rate."""
+    control = a.reference + CONTROL_SUFFIX
+    control_name = control if control in a.targets else None
+    phases = [str(p) for p in (a.manifest.get("schedules") or [a.first_phase])]
+    planned = latency_cells(results, a.reference, candidate, control_name, phases)
+    blocks = {
+        name: {ph: block_list(w) for ph, w in t["phases"].items()} for name, t in a.targets.items()
+    }
+    if a.slo is not None:
+        for ph in phases:
+            arms = [n for n in (a.reference, candidate, control_name) if n is not None]
+            if all(blocks.get(n, {}).get(ph) for n in arms[:2]):
+                mine = {n: [r for r in results if r.target == n and r.phase == ph] for n in arms}
+                counts = {n: block_counts(mine[n], blocks[n].get(ph, []), a.slo) for n in arms}
+                rates = {n: block_rates(c) for n, c in counts.items()}
+                planned.append(
+                    rate_cell(ph, "goodput_rps", rates, a.reference, candidate, control_name)
+                )
+    capacity, cell = _capacity(a, candidate, control_name)
+    if cell is not None:
+        planned.append(cell)
+    interleaved = bool((a.manifest.get("options") or {}).get("interleave"))
+    th = a.thresholds
+    return (
+        rule_of(
+            planned,
+            alpha=th.alpha,
+            threshold=th.systems_threshold,
+            control=control_name,
+            interleaved=interleaved,
+        ),
+        capacity,
+    )
+
+
+def _capacity(
+    a: Analysis, candidate: str, control: str | None
+) -> tuple[CapacityPhase | None, Planned | None]:
+    """The capacity phase from the manifest's ``capacity`` block and its own files."""
+    block = a.manifest.get("capacity")
+    if not isinstance(block, Mapping):
+        return None, None
+    where = a.run_dir / CAPACITY_DIR
+    results = list(_complete_results(where)) if (where / RESULTS).exists() else []
+    servers = {str(i.get("server") or n) for n, i in (block.get("arms") or {}).items()}
+    series = {n: list(_complete_rows(where / "metrics" / f"{n}.jsonl")) for n in servers}
+    return capacity_phase(block, results, series, a.slo, a.reference, candidate, control)
 
 
 def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
@@ -167,6 +238,7 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
         required_capacity_ratio=float(cli.get("required_capacity_ratio", 1.5)),
         max_error_rate=float(cli.get("max_error_rate", 0.05)),
         accept_emulated=bool(cli.get("accept_emulated", False)),
+        systems_threshold=float(cli.get("systems_threshold", SYSTEMS_THRESHOLD)),
     )
     roles = Roles.from_manifest(manifest, _ordered(names, cli.get("targets")))
     schedules = list(manifest.get("schedules") or [])

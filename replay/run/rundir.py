@@ -35,6 +35,8 @@ SUMMARY = "summary.json"
 BAD_LINES = "bad_lines.jsonl"
 GRADES = "grades.jsonl"
 TEACHER_FORCED = "teacher_forced.jsonl"
+# The capacity phase's own results, metrics and server logs (replay/run/capacity.py).
+CAPACITY_DIR = "capacity"
 
 
 def new_run_dir(root: Path, run_id: str | None = None) -> Path:

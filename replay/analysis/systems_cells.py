@@ -1,0 +1,249 @@
+"""The systems rule's evidence: every metric it weighs, per phase and bucket, as a cell.
+
+A cell pairs the candidate with the reference: the same requests (TTFT, ITL, E2E; lower is
+better) or, in an interleaved phase, the same blocks of requests (goodput within the SLOs, or
+answered requests per second; higher is better). Its change is the median over pairs of
+candidate / reference, with the sign test's distribution-free interval
+(``stats.median_change``). Every cell of a run is one family: each interval is at level
+``1 - alpha / family`` (Bonferroni over phases x buckets x metrics, valid however the cells
+depend on each other), so the chance that any cell claims a change under pure noise is at most
+alpha. The A/A control (the reference replayed again) gives each cell its floor: the largest
+change its own interval reaches at the same level.
+
+A cell's call (:func:`direction`, the one rule, also applied to whole simulated arrays):
+
+* better or worse only when its interval lies beyond the threshold (a change of at least
+  ``threshold`` either way: a ratio past 1.05 or 1/1.05 at 5%) **and** its median lies beyond
+  the floor, on the same side;
+* same otherwise;
+* unweighed when it cannot be judged: too few pairs for an interval at the level, no A/A
+  control (no floor), or a control with too few pairs of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from replay.analysis.schemas import SystemsCell, SystemsRule
+from replay.analysis.stats.median_change import Change, log_ratios, median_change, min_pairs
+from replay.analysis.summary import tpot
+from replay.core.records import Result
+from replay.core.slo import SloSpec, meets
+
+THRESHOLD = 0.05  # the smallest change that counts (--systems-threshold)
+LOWER_IS_BETTER = ("ttft_ms", "itl_ms", "e2e_ms")
+Metric = Callable[[Result], float | None]
+
+
+def _itl_ms(r: Result) -> float | None:
+    gaps = r.itl()
+    return 1000 * float(np.mean(gaps)) if gaps else None
+
+
+LATENCY: dict[str, Metric] = {
+    "ttft_ms": lambda r: None if r.ttft is None else 1000 * r.ttft,
+    "itl_ms": _itl_ms,
+    "e2e_ms": lambda r: None if r.e2e is None else 1000 * r.e2e,
+}
+Block = tuple[int, float, float]  # (index, start, end) on the run's clock
+
+
+def direction(
+    median: npt.ArrayLike,
+    lo: npt.ArrayLike,
+    hi: npt.ArrayLike,
+    floor: npt.ArrayLike,
+    threshold: float,
+) -> npt.NDArray[np.int_]:
+    """+1 where the candidate's values are higher beyond the threshold and the floor, -1 where
+    lower, 0 otherwise (log ratios; NaN bounds or floor give 0: nothing to judge)."""
+    t = math.log1p(threshold)
+    med, a, b, f = (np.asarray(x, dtype=float) for x in (median, lo, hi, floor))
+    with np.errstate(invalid="ignore"):
+        up = (a > t) & (med > f)
+        down = (b < -t) & (med < -f)
+    return np.where(up, 1, np.where(down, -1, 0))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A cell before it is judged: its values, and the A/A control's over the same pairs."""
+
+    phase: str
+    bucket: str | None
+    metric: str
+    unit: str
+    reference: list[float]
+    candidate: list[float]
+    control: tuple[list[float], list[float]] | None  # (reference, control) pairs
+    unweighed: str = ""  # why it cannot be judged whatever its figures (kept for display)
+
+
+def judge(p: Planned, miss: float, threshold: float) -> SystemsCell:
+    """One cell's change, interval, floor and call at level ``1 - miss``."""
+    d = log_ratios(p.reference, p.candidate)
+    ch = median_change(d, miss)
+    base = _cell(p, ch, d)
+    if p.unweighed:
+        return base(None, "unweighed", p.unweighed)
+    if ch is None or ch.lo is None or ch.hi is None:
+        n = 0 if ch is None else ch.n
+        return base(None, "unweighed", f"{n} pair(s): an interval needs {min_pairs(miss)}")
+    if p.control is None:
+        return base(None, "unweighed", "no A/A control: no floor")
+    aa = median_change(log_ratios(*p.control), miss)
+    if aa is None or aa.lo is None or aa.hi is None:
+        n = 0 if aa is None else aa.n
+        return base(None, "unweighed", f"the A/A control has {n} pair(s) here")
+    floor = max(abs(aa.lo), abs(aa.hi))
+    way = int(direction(ch.median, ch.lo, ch.hi, floor, threshold))
+    higher_better = p.metric not in LOWER_IS_BETTER
+    call = "same" if way == 0 else "better" if (way > 0) == higher_better else "worse"
+    return base(math.expm1(floor), call, "")
+
+
+def _cell(
+    p: Planned, ch: Change | None, d: npt.NDArray[np.float64]
+) -> Callable[[float | None, str, str], SystemsCell]:
+    def med(xs: Sequence[float]) -> float | None:
+        return float(np.median(xs)) if len(xs) else None
+
+    def rel(x: float | None) -> float | None:
+        return None if x is None else math.expm1(x)
+
+    def make(floor: float | None, call: str, why: str) -> SystemsCell:
+        return SystemsCell(
+            phase=p.phase,
+            bucket=p.bucket,
+            metric=p.metric,
+            unit=p.unit,
+            pairs=int(d.size),
+            reference=med(p.reference),
+            candidate=med(p.candidate),
+            change=rel(ch.median) if ch else None,
+            lo=rel(ch.lo) if ch else None,
+            hi=rel(ch.hi) if ch else None,
+            floor=floor,
+            call=call,
+            why=why,
+        )
+
+    return make
+
+
+def latency_cells(
+    results: Sequence[Result], ref: str, cand: str, control: str | None, phases: Sequence[str]
+) -> list[Planned]:
+    """TTFT, ITL and E2E per phase and bucket, paired by request (the bucket is the
+    reference's); the control's pairs are the reference's requests it also answered."""
+    by: dict[tuple[str, str], dict[str, Result]] = defaultdict(dict)
+    for r in results:
+        if r.status == "ok":
+            by[(r.target, r.phase)][r.request_id] = r
+    out = []
+    for ph in phases:
+        a, b = by.get((ref, ph), {}), by.get((cand, ph), {})
+        c = by.get((control, ph), {}) if control else None
+        buckets = list(dict.fromkeys(a[i].bucket for i in a if i in b))
+        for bucket in buckets:
+            for name, metric in LATENCY.items():
+                pairs = _pairs(a, b, bucket, metric)
+                aa = None if c is None else _pairs(a, c, bucket, metric)
+                out.append(Planned(ph, bucket, name, "requests", *pairs, aa))
+    return out
+
+
+def _pairs(
+    a: Mapping[str, Result], b: Mapping[str, Result], bucket: str, metric: Metric
+) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for rid in sorted(set(a) & set(b)):
+        if a[rid].bucket != bucket:
+            continue
+        x, y = metric(a[rid]), metric(b[rid])
+        if x is not None and y is not None:
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
+def block_list(window: Mapping[str, Any]) -> list[Block]:
+    """A phase window's (or a capacity arm's) blocks, as the manifest stores them."""
+    return [(int(k), float(a), float(b)) for k, a, b in window.get("blocks") or []]
+
+
+def block_counts(
+    results: Sequence[Result], blocks: Sequence[Block], slo: SloSpec | None
+) -> dict[int, tuple[int, float]]:
+    """Per block (one arm, one phase): how many requests sent in it met the SLOs (with no
+    SLOs, were answered), and the block's seconds."""
+    good = sorted(r.scheduled for r in results if _counts(r, slo))
+    at = np.asarray(good, dtype=float)
+    out = {}
+    for k, start, end in blocks:
+        if end > start:
+            n = int(np.searchsorted(at, end, "right") - np.searchsorted(at, start, "left"))
+            out[k] = (n, end - start)
+    return out
+
+
+def block_rates(counts: Mapping[int, tuple[int, float]]) -> dict[int, float]:
+    """Each block's requests per second."""
+    return {k: n / seconds for k, (n, seconds) in counts.items()}
+
+
+def _counts(r: Result, slo: SloSpec | None) -> bool:
+    ok = r.status == "ok"
+    if slo is None:
+        return ok
+    return meets(slo.for_bucket(r.bucket), ok, r.ttft, tpot(r), r.e2e)
+
+
+def rate_cell(
+    phase: str,
+    metric: str,
+    rates: Mapping[str, Mapping[int, float]],
+    ref: str,
+    cand: str,
+    control: str | None,
+    unweighed: str = "",
+) -> Planned:
+    """One phase's rate, paired by block: the same requests sent to every arm in turn."""
+
+    def paired(x: str, y: str) -> tuple[list[float], list[float]]:
+        a, b = rates.get(x, {}), rates.get(y, {})
+        common = sorted(set(a) & set(b))
+        return [a[k] for k in common], [b[k] for k in common]
+
+    aa = paired(ref, control) if control else None
+    return Planned(phase, None, metric, "blocks", *paired(ref, cand), aa, unweighed)
+
+
+def rule(
+    planned: Sequence[Planned],
+    *,
+    alpha: float,
+    threshold: float,
+    control: str | None,
+    interleaved: bool,
+) -> SystemsRule:
+    """Every planned cell judged as one family (each at ``1 - alpha / len(planned)``)."""
+    family = max(1, len(planned))
+    miss = alpha / family
+    return SystemsRule(
+        alpha=alpha,
+        threshold=threshold,
+        family=family,
+        level=1.0 - miss,
+        min_pairs=min_pairs(miss),
+        control=control,
+        interleaved=interleaved,
+        cells=tuple(judge(p, miss, threshold) for p in planned),
+    )
