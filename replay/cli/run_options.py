@@ -86,7 +86,7 @@ class RunOptions:
     systems_threshold: float = 0.05
     # None: on for `canary` when the workload's own load never fills the reference's cache.
     capacity_phase: bool | None = None
-    capacity_concurrency: int = 16
+    capacity_concurrency: int = 12
     capacity_cache_mib: int = 0
 
     @classmethod
@@ -280,10 +280,10 @@ RUN_OPTIONS = [
     ),
     click.option(
         "--capacity-concurrency",
-        default=16,
+        default=12,
         show_default=True,
         type=click.IntRange(min=2),
-        help="Capacity phase: requests in flight (the reference's cache holds half of them).",
+        help="Capacity phase: requests in flight (the reference's cache holds 0.6 of them).",
     ),
     click.option(
         "--capacity-cache-mib",

@@ -293,11 +293,12 @@ def _manifest(run_dir: Path) -> dict[str, Any]:
 def read_series(
     run_dir: Path, names: Iterator[str] | Mapping[str, Any], reference: str
 ) -> dict[str, list[Any]]:
-    """Each target's /metrics snapshots, from ``metrics/<target>.jsonl``. The A/A control ran
-    on the reference's server, which the reference's snapshots describe."""
+    """Each target's /metrics snapshots, from ``metrics/<target>.jsonl``. An A/A control that
+    ran on the reference's server (it has no file of its own) is described by the reference's
+    snapshots."""
     series = {n: list(_complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names}
     for n in series:
-        if n == reference + CONTROL_SUFFIX:
+        if n == reference + CONTROL_SUFFIX and not series[n]:
             series[n] = series.get(reference, [])
     return series
 

@@ -2,14 +2,15 @@
 
 FP8's point is a cache twice as large, which a light replay never touches. This phase measures
 it: the reference and the candidate are started again with the same, smaller KV-cache memory
-(``--kv-cache-memory-bytes``, stated in the manifest; VLLM_CPU_KVCACHE_SPACE is left out, since
-vLLM CPU would take it instead), sized so that the reference holds half of ``concurrency``
-requests of the workload's median length (and at least twice its longest), and loaded with a
-closed loop of ``concurrency``. The reference's cache then fills and it queues or preempts,
-while the candidate's, at the same bytes, holds what its dtype gives it. Both servers run at
-once and are sent the same blocks in turn, with the A/A control on the reference's server (as
-``interleave`` sends a phase); the trace is cycled to give ``BLOCKS`` blocks, each cycle under
-its own cache salt, each block a stride of the trace so that every block mixes its lengths.
+(``--kv-cache-memory-bytes``, stated in the manifest; VLLM_CPU_KVCACHE_SPACE is left out,
+since vLLM CPU would take it instead), sized so that the reference holds ``HOLDS`` of
+``concurrency`` requests of the workload's median length (and at least its longest), and
+loaded with a closed loop of ``concurrency``. The reference's cache then fills and it queues
+or preempts, while the candidate's, at the same bytes, holds what its dtype gives it. The
+servers run at once (the A/A control on a third, of the reference's spec) and are sent the
+same blocks in turn, as ``interleave`` sends a phase; the trace is cycled to give ``BLOCKS``
+blocks, each cycle under its own cache salt, each block a stride of the trace so that every
+block mixes its lengths (only the trace's first ``units_needed`` units are used, and held).
 
 The manifest's ``capacity`` block says what ran, or why it did not (remote targets cannot be
 restarted with a smaller cache; a workload that fills the reference's cache already shows the
@@ -37,6 +38,8 @@ from replay.analysis.summary import server_over, spans_of
 from replay.core.errors import TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
+from replay.core.sessions import Unit
+from replay.core.trace import Request
 from replay.run.analyze import read_series
 from replay.run.budget import ErrorBudget
 from replay.run.config import CapacityOptions, RunConfig
@@ -51,7 +54,11 @@ from replay.serving.targets import TargetSpec, check_served_dtype
 
 MIB, GIB = 1 << 20, 1 << 30
 BLOCKS = 12  # blocks per arm: enough pairs for an interval at a run's usual family
-PER_BLOCK = 4  # a block is this many times the concurrency (its ramp down stays small)
+PER_BLOCK = 3  # a block is this many times the concurrency (its ramp down stays small)
+# The reference's cache holds this share of the concurrency's requests of median length, so
+# that it queues; the candidate's, at twice the tokens, holds them all with room to spare.
+HOLDS = 0.6
+MARGIN_TOKENS = 512  # the cache holds the longest request and this much more
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,7 @@ def size(
     longest = max(
         int(r.prompt_tokens or 0) + max_tokens.get(r.request_id, r.output_tokens) for r in ok
     )
-    tokens = max(math.ceil(opts.concurrency / 2 * median), 2 * longest)
+    tokens = max(math.ceil(HOLDS * opts.concurrency * median), longest + MARGIN_TOKENS)
     if opts.cache_mib > 0:
         cache, how = opts.cache_mib * MIB, f"--capacity-cache-mib {opts.cache_mib}"
     elif per_token is None:
@@ -125,12 +132,12 @@ def size(
     else:
         cache = math.ceil(tokens * per_token / MIB) * MIB
         how = (
-            f"sized for the reference to hold {opts.concurrency / 2:g} requests of the "
-            f"workload's median {median:.0f} tokens (and twice its longest, {longest}) at "
+            f"sized for the reference to hold {HOLDS * opts.concurrency:g} requests of the "
+            f"workload's median {median:.0f} tokens (and its longest, {longest}) at "
             f"{per_token:.0f} bytes a token"
         )
-    length = min(tokens // 2, served_max_len or tokens)
-    return Plan(opts.concurrency, cache, max(length, longest), how)
+    length = min(longest, served_max_len or longest)
+    return Plan(opts.concurrency, cache, length, how)
 
 
 def finished_capacity(cfg: RunConfig) -> dict[str, Any] | None:
@@ -191,18 +198,23 @@ def why_not(
 
 
 def strided_blocks(
-    unit_ids: Sequence[Sequence[str]], per_block: int, blocks: int
-) -> Iterator[tuple[int, int, set[str]]]:
-    """(k, cycle, ids): the trace cycled to ``blocks`` blocks, block j of a cycle every
+    units: Sequence[Unit], per_block: int, blocks: int
+) -> Iterator[tuple[int, int, list[tuple[int, Request]]]]:
+    """(k, cycle, requests): ``units`` cycled to ``blocks`` blocks, block j of a cycle every
     (cycle's blocks)-th unit from j, so that each block mixes the trace's lengths."""
-    per_cycle = max(1, round(len(unit_ids) / max(1, per_block)))
+    per_cycle = max(1, round(len(units) / max(1, per_block)))
     k = 0
     for cycle in range(math.ceil(blocks / per_cycle)):
         for j in range(per_cycle):
-            ids = {rid for unit in unit_ids[j::per_cycle] for rid in unit}
-            if ids:
-                yield k, cycle, ids
+            reqs = [pair for unit in units[j::per_cycle] for pair in unit]
+            if reqs:
+                yield k, cycle, reqs
                 k += 1
+
+
+def units_needed(concurrency: int) -> int:
+    """The trace's first units the phase sends (and holds): what its blocks need at most."""
+    return BLOCKS * PER_BLOCK * concurrency
 
 
 @dataclass
@@ -213,10 +225,10 @@ class CapacityRun:
     run_dir: Path
     reference: TargetSpec
     candidate: TargetSpec
-    control: str | None
+    control: TargetSpec | None  # the A/A control: a server of the reference's spec
     arms: Mapping[str, TargetSession]
     plan: Plan
-    unit_ids: Sequence[Sequence[str]]
+    units: Sequence[Unit]  # the trace's first ``units_needed`` units
     phase: Callable[..., Phase]  # a Phase of the run (trace, buckets, clock...) from these
     progress: Progress
     clock: MonotonicClock
@@ -248,7 +260,7 @@ class CapacityRun:
                 where / "servers" / f"{s.name}.log",
                 startup_timeout_s=self.startup_timeout_s,
             )
-            for s in (self.reference, self.candidate)
+            for s in self._arms()
         ]
         infos: dict[str, dict[str, Any]] = block["servers"]
         for sv in servers:
@@ -273,6 +285,11 @@ class CapacityRun:
         self.save(block)
         return block
 
+    def _arms(self) -> list[TargetSpec]:
+        """The reference, its control and the candidate: the order of each block's first turn."""
+        control = [self.control] if self.control is not None else []
+        return [self.reference, *control, self.candidate]
+
     def _spec(self, spec: TargetSpec) -> TargetSpec:
         env = {k: v for k, v in spec.env.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
         return replace(spec, args=(*spec.args, *self.plan.args()), env=env)
@@ -285,12 +302,7 @@ class CapacityRun:
                 sv.spec.name: await self._session(stack, sv, block["servers"][sv.spec.name])
                 for sv in servers
             }
-            names = [self.reference.name, self.candidate.name]
-            if self.control is not None:
-                ref = arms[self.reference.name]
-                arms[self.control] = replace(ref, name=self.control, budget=self.budget())
-                names.insert(1, self.control)
-            await self._blocks(names, arms, block, writer)
+            await self._blocks([s.name for s in self._arms()], arms, block, writer)
 
     async def _session(
         self, stack: AsyncExitStack, sv: LocalServer, info: dict[str, Any]
@@ -313,8 +325,10 @@ class CapacityRun:
         scraper = Scraper(session, sv.url, self.clock.now, lambda s: series.write(s.to_json()))
         scraper.start()
         stack.push_async_callback(scraper.stop)
-        arm = self.arms[sv.spec.name]
-        return replace(arm, client=client, budget=self.budget(), scraper=scraper)
+        # The workload's arm of the same name (the control's, or with a shared control the
+        # reference's): its prompt counts and token pool.
+        arm = self.arms.get(sv.spec.name) or self.arms[self.reference.name]
+        return replace(arm, name=sv.spec.name, client=client, budget=self.budget(), scraper=scraper)
 
     async def _blocks(
         self,
@@ -324,28 +338,24 @@ class CapacityRun:
         writer: JsonlWriter,
     ) -> None:
         """Every block to every arm in turn (the order rotated by block), as ``interleave``."""
-        plan = list(strided_blocks(self.unit_ids, PER_BLOCK * self.plan.concurrency, BLOCKS))
-        server = {n: self.reference.name if n == self.control else n for n in names}
+        plan = list(strided_blocks(self.units, PER_BLOCK * self.plan.concurrency, BLOCKS))
         info: dict[str, dict[str, Any]] = {
-            n: {
-                "server": server[n],
-                "cache_config": block["servers"][server[n]].get("cache_config", {}),
-                "blocks": [],
-            }
+            n: {"cache_config": block["servers"][n].get("cache_config", {}), "blocks": []}
             for n in names
         }
         block["arms"] = info
         for n in names:
-            self.progress.phase(n, PHASE, sum(len(ids) for _, _, ids in plan))
+            self.progress.phase(n, PHASE, sum(len(reqs) for _, _, reqs in plan))
         loop = CapacityLoop(self.plan.concurrency)
-        for k, cycle, ids in plan:
+        for k, cycle, reqs in plan:
+            ids = {req.id for _, req in reqs}
             turn = k % len(names)
             for n in [*names[turn:], *names[:turn]]:
                 if self.stopping.is_set():
                     return
                 salt = f"{self.run_dir.name}.{n}.{PHASE}.{cycle}"
                 window = await self.phase(
-                    target=arms[n], sched=loop, writer=writer, only=ids, salt=salt
+                    target=arms[n], sched=loop, writer=writer, only=ids, requests=reqs, salt=salt
                 ).run()
                 if window is not None and not window.get("interrupted"):
                     info[n]["blocks"].append([k, window["start"], window["end"]])

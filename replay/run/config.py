@@ -30,7 +30,7 @@ class CapacityOptions:
     the KV-cache memory of its servers in MiB (0: sized from the workload)."""
 
     mode: str = "off"
-    concurrency: int = 16
+    concurrency: int = 12
     cache_mib: int = 0
 
 

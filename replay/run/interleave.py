@@ -5,12 +5,15 @@ One after another, the reference is measured in one minute and the candidate in 
 a shared machine whose load changes between the two, that change is read as the candidate's.
 Here every target's server is up at once and each phase is sent in blocks: the phase's units
 (requests, or whole sessions) in trace order, cut into blocks of ``block_size``; block k goes
-to every arm in turn (the reference, its A/A control on the same server, each candidate), in
-an order rotated by k (A B C, B C A, C A B, ...) so that every arm holds every position
-equally often. Only one server works at a time, at the phase's own load: a closed loop keeps
-its concurrency within the block, an open loop's offsets start again from the block's first
-one. So each request's pair was measured seconds apart, and a slow drift falls on every arm
-alike.
+to every arm in turn (the reference, its A/A control, each candidate), in an order rotated by
+k (A B C, B C A, C A B, ...) so that every arm holds every position equally often. Only one
+server works at a time, at the phase's own load: a closed loop keeps its concurrency within
+the block, an open loop's offsets start again from the block's first one. So each request's
+pair was measured seconds apart, and a slow drift falls on every arm alike. A local
+reference's control runs on a second server of the reference's own spec, so that every arm
+starts each block on a server that sat idle through the previous one (on the reference's
+server it would sometimes follow the reference warm, as the candidate never can: measured on
+the 2-core machine, that gave the control a TTFT 27% below the reference's).
 
 Each arm's block is a ``Phase`` limited to the block's requests, with the phase's label and
 its own edge scrapes. The arm's window in the manifest keeps its blocks (``[k, start, end]``,
@@ -23,6 +26,7 @@ each arm's own time in the phase.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,6 +34,7 @@ from typing import Any
 from replay.core.iterate import closing
 from replay.core.schedule import ClosedLoop, OpenLoop
 from replay.core.sessions import Unit, units
+from replay.core.trace import Request
 from replay.run.analyze import load_results
 from replay.run.capacity import (
     CapacityRun,
@@ -38,6 +43,7 @@ from replay.run.capacity import (
     kv_bytes_per_token,
     peak_usage,
     size,
+    units_needed,
     why_not,
 )
 from replay.run.config import RunConfig, TargetRun
@@ -62,21 +68,29 @@ def block_size(sched: Schedule, asked: int) -> int:
 
 @dataclass(frozen=True)
 class Block:
-    """Block k of a phase: its units' request ids and, for an open loop, their offsets."""
+    """Block k of a phase: its units (requests by trace position) and, for an open loop, their
+    offsets. A block is held whole while every arm sends it: ``block_size`` units."""
 
     k: int
-    units: list[list[str]]
+    units: list[Unit]
     offsets: list[float] | None
 
     def ids(self) -> set[str]:
-        return {rid for unit in self.units for rid in unit}
+        return {req.id for unit in self.units for _, req in unit}
+
+    def requests(self) -> list[tuple[int, Request]]:
+        return [pair for unit in self.units for pair in unit]
 
     def schedule(self, sched: Schedule, todo: set[str]) -> Schedule:
         """The phase's schedule for the units of ``todo``: an open loop's offsets from the
         first of them."""
         if not isinstance(sched, OpenLoop) or self.offsets is None:
             return sched
-        mine = [o for u, o in zip(self.units, self.offsets, strict=True) if set(u) <= todo]
+        mine = [
+            o
+            for u, o in zip(self.units, self.offsets, strict=True)
+            if {req.id for _, req in u} <= todo
+        ]
         start = mine[0] if mine else 0.0
         return OpenLoop([o - start for o in mine], sched.max_in_flight, sched.name)
 
@@ -131,6 +145,15 @@ class InterleavedRunner(Runner):
 
     def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
         super().__init__(replace(cfg, parallel_targets=True), progress)
+        # A local reference's A/A control gets a server of its own, started like the others:
+        # every arm then starts each of its blocks on a server the previous block left idle.
+        # (Sharing the reference's, it would follow it warm in some blocks, which the
+        # candidate never can.) A remote reference's control shares its server.
+        ref = self.runs[self.reference]
+        self.control_server = self.control is not None and ref.spec.is_local
+        if self.control is not None and self.control_server:
+            rest = {n: r for n, r in self.runs.items() if n != self.reference}
+            self.runs = {self.reference: ref, self.control.spec.name: self.control, **rest}
         self.arms: dict[str, TargetSession] = {}
         self._ready = {n: asyncio.Event() for n in self.runs}
         self._over = asyncio.Event()
@@ -185,10 +208,10 @@ class InterleavedRunner(Runner):
             run_dir=c.run_dir,
             reference=ref_run.spec,
             candidate=cand_run.spec,
-            control=self.control.spec.name if self.control else None,
+            control=self.control.spec if self.control else None,
             arms=self.arms,
             plan=plan,
-            unit_ids=self._unit_ids(),
+            units=self._first_units(units_needed(c.capacity.concurrency)),
             phase=self._capacity_block,
             progress=self.progress,
             clock=self.clock,
@@ -215,12 +238,12 @@ class InterleavedRunner(Runner):
         self.capacity = block
         self.save_manifest()
 
-    def _unit_ids(self) -> list[list[str]]:
+    def _first_units(self, n: int) -> list[Unit]:
         with closing(self.cfg.trace.iter_requests()) as reqs:
             items: Iterator[Unit] = (
                 units(enumerate(reqs)) if self.sessions else ([t] for t in enumerate(reqs))
             )
-            return [[req.id for _, req in unit] for unit in items]
+            return list(itertools.islice(items, n))
 
     def _capacity_block(self, **kw: Any) -> Phase:
         """A Phase of the capacity phase: the run's trace, buckets, clock and interrupt."""
@@ -245,7 +268,7 @@ class InterleavedRunner(Runner):
         """Register the target's arms (and the reference's A/A control) for the blocks, and
         hold its server until every phase is sent."""
         self.arms[arm.name] = arm
-        if run.spec.name == self.reference and self.control is not None:
+        if self._names(run.spec.name)[1:] and self.control is not None:
             self.control.info = dict(run.info)
             self.arms[self.control.spec.name] = replace(
                 arm, name=self.control.spec.name, budget=self.control.budget
@@ -278,9 +301,15 @@ class InterleavedRunner(Runner):
                 stopped = {t for t in self.runs if t in live and self._stops(t, rest)}
                 live = [n for n in live if self._owner(n) not in stopped]
 
+    def _names(self, name: str) -> list[str]:
+        """A target and the arms on its server: the control has its own when it can."""
+        return [name] if self.control_server else super()._names(name)
+
     def _owner(self, name: str) -> str:
-        """The target whose server an arm runs on (the control's is the reference)."""
-        return self.reference if self.control and name == self.control.spec.name else name
+        """The target whose server an arm runs on (a shared control's is the reference's)."""
+        if self.control and name == self.control.spec.name and not self.control_server:
+            return self.reference
+        return name
 
     def _stops(self, target: str, rest: Sequence[str]) -> bool:
         run = self.runs[target]
@@ -342,6 +371,7 @@ class InterleavedRunner(Runner):
             timeout_s=max(1e-3, self.cfg.phase_timeout_s - spent),
             salt=self.cfg.phase_salt(name, sched.label),
             only=todo,
+            requests=block.requests(),
             sessions=self._sessions(name),
         ).run()
 
@@ -357,7 +387,7 @@ class InterleavedRunner(Runner):
             items: Iterator[Unit] = (
                 units(enumerate(reqs)) if self.sessions else ([t] for t in enumerate(reqs))
             )
-            chunk: list[list[str]] = []
+            chunk: list[Unit] = []
             offs: list[float] = []
             k = 0
             for unit in items:
@@ -366,7 +396,7 @@ class InterleavedRunner(Runner):
                     if o is None:  # never: Poisson and trace offsets cover every unit
                         break
                     offs.append(o)
-                chunk.append([req.id for _, req in unit])
+                chunk.append(unit)
                 if len(chunk) == size:
                     yield Block(k, chunk, offs if offsets is not None else None)
                     chunk, offs, k = [], [], k + 1

@@ -386,9 +386,8 @@ class Runner:
                     self.cfg.timeout_s,
                     salt="",
                 )
-                await self._teacher_forced(run, scoring)
-                if run.spec.name == self.reference and self.control is not None:
-                    await self._teacher_forced(self.control, scoring)
+                for name in self._names(run.spec.name):  # its own, then its A/A control's
+                    await self._teacher_forced(self.all_runs()[name], scoring)
 
     async def _send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
         """Every phase of one target, then, for the reference, its A/A control on the same

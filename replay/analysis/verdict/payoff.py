@@ -197,9 +197,7 @@ def _at_load(cells: Sequence[SystemsCell], ref: str, ev: list[dict[str, Any]]) -
     return None
 
 
-def _capacity(
-    f: Facts, goodput: Sequence[SystemsCell], ev: list[dict[str, Any]]
-) -> Verdict | None:
+def _capacity(f: Facts, goodput: Sequence[SystemsCell], ev: list[dict[str, Any]]) -> Verdict | None:
     """Step 4: no loss at the workload's load; does the larger cache pay where it is full?"""
     cells = [c for c in _cells(f, "capacity") if c.call != "unweighed"]
     if not cells:

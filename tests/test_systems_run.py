@@ -1,0 +1,108 @@
+"""The systems rule through a whole replay, against in-process servers whose timing a test
+sets: two targets that differ only by noise give no systems claim, interleaved or not; on a
+machine whose load rises through the run, arms measured one after another make the candidate
+(measured last) look slower, and interleaved they do not.
+
+A fake server here only stands in for what a real one cannot be made to do on demand (a given
+latency distribution, a load that rises on schedule); the real servers' runs are in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .fault_server import fault_server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _trace(path: Path, n: int = 160) -> Path:
+    with path.open("w") as fh:
+        for i in range(n):
+            rec = {
+                "id": f"r{i}",
+                "api": "chat",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": f"say a {i}"}],
+                "check": {"type": "contains", "values": ["a"]},
+            }
+            fh.write(json.dumps(rec) + "\n")
+    return path
+
+
+class RisingLoad:
+    """One machine's load, shared by its servers: 1 at the run's first request, then rising
+    by ``per_s`` each second."""
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s = per_s
+        self.start: float | None = None
+
+    def __call__(self) -> float:
+        now = time.perf_counter()
+        self.start = now if self.start is None else self.start
+        return 1.0 + self.per_s * (now - self.start)
+
+
+def _replay(tmp: Path, run_id: str, *, drift: float, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    load = RisingLoad(drift)
+    timing = {"chunks": 4, "gap_s": 0.02, "first_s": 0.05, "jitter": 0.2, "load": load}
+    with (
+        fault_server("usage_every", seed=1, **timing) as a,
+        fault_server("usage_every", seed=2, **timing) as b,
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "--trace",
+            str(_trace(tmp / "trace.jsonl")),
+            "--targets",
+            f"ref={a.url},cand={b.url}",
+            "--reference",
+            "ref",
+            "--candidate",
+            "cand",
+            "--no-teacher-forced",
+            "--out",
+            str(tmp),
+            "--run-id",
+            run_id,
+            *extra,
+        ]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    path = tmp / run_id / "summary.json"
+    assert path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(path.read_text())
+    return summary
+
+
+def _calls(summary: dict[str, Any]) -> dict[tuple[str, str], str]:
+    rule = summary["systems"]["rule"]
+    assert rule["control"] == "ref-control", rule  # on by default when targets are compared
+    return {(c["metric"], str(c["bucket"])): c["call"] for c in rule["cells"]}
+
+
+def test_targets_that_differ_only_by_noise_give_no_systems_claim(tmp_path: Path) -> None:
+    summary = _replay(tmp_path, "noise", drift=0.0)
+    calls = _calls(summary)
+    assert set(calls.values()) == {"same"}, calls  # all weighed, none beyond the floor
+    assert {m for m, _ in calls} == {"ttft_ms", "itl_ms", "e2e_ms"}
+    headline = summary["verdict"]["headline"]
+    assert "faster" not in headline and "slower" not in headline, headline
+    manifest = json.loads((tmp_path / "noise" / "manifest.json").read_text())
+    assert manifest["options"]["interleave"] == {"block_size": "auto"}
+    blocks = manifest["targets"]["cand"]["phases"]["c4"]["blocks"]
+    assert len(blocks) == 160 // 16 and [b[0] for b in blocks] == list(range(10))
+
+
+def test_a_drifting_machine_favours_the_first_arm_unless_interleaved(tmp_path: Path) -> None:
+    apart = _calls(_replay(tmp_path, "apart", drift=0.05, extra=("--no-interleave",)))
+    assert "worse" in apart.values(), apart  # the candidate ran last, on the busiest machine
+    together = _calls(_replay(tmp_path, "together", drift=0.05))
+    assert set(together.values()) <= {"same"}, together
