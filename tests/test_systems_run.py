@@ -95,6 +95,10 @@ def test_targets_that_differ_only_by_noise_give_no_systems_claim(tmp_path: Path)
     assert {m for m, _ in calls} == {"ttft_ms", "itl_ms", "e2e_ms"}
     headline = summary["verdict"]["headline"]
     assert "faster" not in headline and "slower" not in headline, headline
+    # The report lists every cell weighed, with its interval and floor.
+    md = (tmp_path / "noise" / "report.md").read_text()
+    rows = [line for line in md.split("### Systems")[1].splitlines() if line.startswith("| c4 |")]
+    assert len(rows) == len(calls) and all("±" in r and "same" in r for r in rows), rows
     manifest = json.loads((tmp_path / "noise" / "manifest.json").read_text())
     assert manifest["options"]["interleave"] == {"block_size": "auto"}
     blocks = manifest["targets"]["cand"]["phases"]["c4"]["blocks"]

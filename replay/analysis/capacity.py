@@ -17,6 +17,7 @@ from typing import Any
 
 from replay.analysis.schemas import CapacityArm, CapacityPhase
 from replay.analysis.summary import server_over
+from replay.analysis.systems_cells import CAPACITY as PHASE
 from replay.analysis.systems_cells import (
     Block,
     Planned,
@@ -28,7 +29,6 @@ from replay.analysis.systems_cells import (
 from replay.core.records import Result
 from replay.core.slo import SloSpec
 
-PHASE = "capacity"
 FULL_USAGE = 0.9  # peak KV usage of the reference that counts as a full cache
 
 

@@ -30,6 +30,7 @@ class SystemsCell(Record):
     floor: float | None  # largest change the A/A control's interval reaches; None: none
     call: str  # better | worse | same | unweighed
     why: str = ""  # unweighed: why
+    level: float | None = None  # its interval's (two-sided) level: 1 - its share of alpha
 
 
 @record
@@ -38,8 +39,8 @@ class SystemsRule(Record):
 
     alpha: float
     threshold: float  # smallest change that counts, either way (0.05: x1.05 or /1.05)
-    family: int  # cells weighed together: each interval is at 1 - alpha / family
-    level: float
+    family: int  # cells weighed together (Bonferroni; a capacity cell has half of alpha)
+    level: float  # the workload's cells' level (each cell states its own)
     min_pairs: int  # the fewest pairs with an interval at that level
     control: str | None  # the A/A control that gave the floors
     interleaved: bool  # arms measured in alternating blocks

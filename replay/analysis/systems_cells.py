@@ -6,9 +6,10 @@ answered requests per second; higher is better). Its change is the median over p
 candidate / reference, with the sign test's distribution-free interval
 (``stats.median_change``). Every cell of a run is one family: each interval is at level
 ``1 - alpha / family`` (Bonferroni over phases x buckets x metrics, valid however the cells
-depend on each other), so the chance that any cell claims a change under pure noise is at most
-alpha. The A/A control (the reference replayed again) gives each cell its floor: the largest
-change its own interval reaches at the same level.
+depend on each other; with a capacity phase its cell gets half of alpha, :func:`rule`), so the
+chance that any cell claims a change under pure noise is at most alpha. The A/A control (the
+reference replayed again) gives each cell its floor: the largest change its own interval
+reaches at the same level.
 
 A cell's call (:func:`direction`, the one rule, also applied to whole simulated arrays):
 
@@ -90,7 +91,7 @@ def judge(p: Planned, miss: float, threshold: float) -> SystemsCell:
     """One cell's change, interval, floor and call at level ``1 - miss``."""
     d = log_ratios(p.reference, p.candidate)
     ch = median_change(d, miss)
-    base = _cell(p, ch, d)
+    base = _cell(p, ch, d, 1.0 - miss)
     if p.unweighed:
         return base(None, "unweighed", p.unweighed)
     if ch is None or ch.lo is None or ch.hi is None:
@@ -110,7 +111,7 @@ def judge(p: Planned, miss: float, threshold: float) -> SystemsCell:
 
 
 def _cell(
-    p: Planned, ch: Change | None, d: npt.NDArray[np.float64]
+    p: Planned, ch: Change | None, d: npt.NDArray[np.float64], level: float
 ) -> Callable[[float | None, str, str], SystemsCell]:
     def med(xs: Sequence[float]) -> float | None:
         return float(np.median(xs)) if len(xs) else None
@@ -133,6 +134,7 @@ def _cell(
             floor=floor,
             call=call,
             why=why,
+            level=level,
         )
 
     return make
@@ -226,6 +228,9 @@ def rate_cell(
     return Planned(phase, None, metric, "blocks", *paired(ref, cand), aa, unweighed)
 
 
+CAPACITY = "capacity"  # the capacity phase's label (``analysis.capacity``)
+
+
 def rule(
     planned: Sequence[Planned],
     *,
@@ -234,16 +239,23 @@ def rule(
     control: str | None,
     interleaved: bool,
 ) -> SystemsRule:
-    """Every planned cell judged as one family (each at ``1 - alpha / len(planned)``)."""
-    family = max(1, len(planned))
-    miss = alpha / family
+    """Every planned cell judged as one family. Bonferroni, weighted by question: the cells of
+    the workload's own load share alpha equally; with a capacity phase, which asks another
+    question on a dozen blocks, its cell gets half of alpha and the workload's cells share the
+    other half. Each cell's miss is at most its share, so the family's is at most alpha."""
+    capacity = [p for p in planned if p.phase == CAPACITY]
+    load = [p for p in planned if p.phase != CAPACITY]
+    load_alpha = alpha / 2 if capacity else alpha
+    miss = load_alpha / max(1, len(load))
+    cells = [judge(p, miss, threshold) for p in load]
+    cells += [judge(p, (alpha - load_alpha) / len(capacity), threshold) for p in capacity]
     return SystemsRule(
         alpha=alpha,
         threshold=threshold,
-        family=family,
+        family=max(1, len(planned)),
         level=1.0 - miss,
         min_pairs=min_pairs(miss),
         control=control,
         interleaved=interleaved,
-        cells=tuple(judge(p, miss, threshold) for p in planned),
+        cells=tuple(cells),
     )

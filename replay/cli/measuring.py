@@ -5,12 +5,16 @@ same way."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from replay.cli.common import console
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
 from replay.core.importers import StreamedTrace
 from replay.core.sessions import has_sessions
 from replay.run.config import CapacityOptions
+from replay.run.interleave import SERVERS_AT_ONCE
+from replay.serving.targets import TargetSpec
 
 
 def resolve_control(o: RunOptions, trace: StreamedTrace) -> RunOptions:
@@ -27,17 +31,20 @@ def resolve_control(o: RunOptions, trace: StreamedTrace) -> RunOptions:
             else "every latency compared needs a floor"
         )
         console.print(
-            f"{why}: the reference is replayed a second time on its server (A/A; "
-            "--no-control to skip)"
+            f"{why}: the reference is replayed a second time, as its A/A control (a server "
+            "of its own when local; --no-control to skip)"
         )
     return o.replace(control=control)
 
 
-def resolve_interleave(o: RunOptions, trace: StreamedTrace, targets: int) -> RunOptions:
+def resolve_interleave(
+    o: RunOptions, trace: StreamedTrace, targets: Sequence[TargetSpec]
+) -> RunOptions:
     """Interleaved by default when targets are compared (replay/run/interleave.py), except
     where a run cannot be: several load processes, targets run at once each on its own
     schedule, later turns built from the reference's answers (it must answer first), or the
-    sequential canary's rounds. Saved resolved: a resume sends the same way."""
+    sequential canary's rounds; and by default not with more local servers than can be held
+    at once. Saved resolved: a resume sends the same way."""
     sessions = o.session_history == "reference" and has_sessions(trace.iter_requests())
     blocked = next(
         (
@@ -56,7 +63,13 @@ def resolve_interleave(o: RunOptions, trace: StreamedTrace, targets: int) -> Run
         raise InputError(f"--interleave cannot be combined with {blocked}")
     if o.interleave is not None:
         return o
-    return o.replace(interleave=targets > 1 and blocked is None)
+    local = sum(t.is_local for t in targets)
+    if blocked is None and len(targets) > 1 and local > SERVERS_AT_ONCE:
+        console.print(
+            f"{local} local servers: more than {SERVERS_AT_ONCE} held at once, so targets run "
+            "one after another (--interleave to hold them all)"
+        )
+    return o.replace(interleave=len(targets) > 1 and blocked is None and local <= SERVERS_AT_ONCE)
 
 
 def capacity_options(o: RunOptions, canary: bool) -> CapacityOptions:

@@ -304,7 +304,7 @@ def replay_run(opts: dict[str, Any], canary: bool) -> int:
         o = RunOptions.from_click(opts)
     plan = Plan.of(o)
     run_dir = run_directory(o, resuming)
-    o = resolve_interleave(resolve_control(o, plan.trace), plan.trace, len(plan.targets))
+    o = resolve_interleave(resolve_control(o, plan.trace), plan.trace, plan.targets)
     cfg = run_config(o, plan, run_dir, resume=resuming is not None, canary=canary)
     console.print(
         f"run directory: [bold]{escape(str(run_dir))}[/bold] - {plan.trace.count} requests, "

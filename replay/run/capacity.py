@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from replay.analysis.capacity import PHASE
 from replay.analysis.summary import server_over, spans_of
+from replay.analysis.systems_cells import CAPACITY as PHASE
 from replay.core.errors import TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
@@ -53,8 +53,8 @@ from replay.serving.local_server import DEFAULT_KV_CACHE_GIB, KV_CACHE_BYTES_FLA
 from replay.serving.targets import TargetSpec, check_served_dtype
 
 MIB, GIB = 1 << 20, 1 << 30
-BLOCKS = 12  # blocks per arm: enough pairs for an interval at a run's usual family
-PER_BLOCK = 3  # a block is this many times the concurrency (its ramp down stays small)
+BLOCKS = 24  # blocks per arm: the sign interval of 24 at alpha / 2 reaches from d(7) to d(18)
+PER_BLOCK = 2  # a block is this many times the concurrency
 # The reference's cache holds this share of the concurrency's requests of median length, so
 # that it queues; the candidate's, at twice the tokens, holds them all with room to spare.
 HOLDS = 0.6

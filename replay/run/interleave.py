@@ -10,10 +10,11 @@ k (A B C, B C A, C A B, ...) so that every arm holds every position equally ofte
 server works at a time, at the phase's own load: a closed loop keeps its concurrency within
 the block, an open loop's offsets start again from the block's first one. So each request's
 pair was measured seconds apart, and a slow drift falls on every arm alike. A local
-reference's control runs on a second server of the reference's own spec, so that every arm
-starts each block on a server that sat idle through the previous one (on the reference's
-server it would sometimes follow the reference warm, as the candidate never can: measured on
-the 2-core machine, that gave the control a TTFT 27% below the reference's).
+reference's control runs on a second server of the reference's own spec (within
+``SERVERS_AT_ONCE`` local servers), so that every arm starts each block on a server that sat
+idle through the previous one (on the reference's server it would sometimes follow the
+reference warm, as the candidate never can: measured on the 2-core machine, that gave the
+control a TTFT 27% below the reference's).
 
 Each arm's block is a ``Phase`` limited to the block's requests, with the phase's label and
 its own edge scrapes. The arm's window in the manifest keeps its blocks (``[k, start, end]``,
@@ -54,6 +55,10 @@ from replay.run.session_turns import Sessions
 
 BLOCKS_PER_CONCURRENCY = 4  # a closed loop's block: this many times its concurrency
 OPEN_LOOP_BLOCK = 32  # an open loop's block, in units
+# Local servers held at once: a run with more local targets goes one after another by default,
+# and a local control gets a server of its own only within this many (a reference, its control
+# and a candidate: about 3 x 3 GB for the embedded model on vLLM CPU).
+SERVERS_AT_ONCE = 3
 
 
 def block_size(sched: Schedule, asked: int) -> int:
@@ -150,7 +155,10 @@ class InterleavedRunner(Runner):
         # (Sharing the reference's, it would follow it warm in some blocks, which the
         # candidate never can.) A remote reference's control shares its server.
         ref = self.runs[self.reference]
-        self.control_server = self.control is not None and ref.spec.is_local
+        local = sum(r.spec.is_local for r in self.runs.values())
+        self.control_server = (
+            self.control is not None and ref.spec.is_local and local < SERVERS_AT_ONCE
+        )
         if self.control is not None and self.control_server:
             rest = {n: r for n, r in self.runs.items() if n != self.reference}
             self.runs = {self.reference: ref, self.control.spec.name: self.control, **rest}
