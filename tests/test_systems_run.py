@@ -10,9 +10,11 @@ latency distribution, a load that rises on schedule); the real servers' runs are
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +112,62 @@ def test_a_drifting_machine_favours_the_first_arm_unless_interleaved(tmp_path: P
     assert "worse" in apart.values(), apart  # the candidate ran last, on the busiest machine
     together = _calls(_replay(tmp_path, "together", drift=0.05))
     assert set(together.values()) <= {"same"}, together
+
+
+def test_an_interrupted_interleaved_run_resumes_with_every_request_once(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of a block: the resume sends what is missing, to each arm, and
+    keeps the blocks each arm sent whole in the first process."""
+    timing = {"chunks": 4, "gap_s": 0.01, "first_s": 0.02}
+    run = tmp_path / "r"
+    with (
+        fault_server("usage_every", seed=1, **timing) as a,
+        fault_server("usage_every", seed=2, **timing) as b,
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "--trace",
+            str(_trace(tmp_path / "trace.jsonl")),
+            "--targets",
+            f"ref={a.url},cand={b.url}",
+            "--reference",
+            "ref",
+            "--concurrency",
+            "2,4",
+            "--no-teacher-forced",
+            "--drain",
+            "0.2",
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "r",
+        ]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 300
+        while len(_rows(run)) < 200 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err.decode()[-2000:]
+        first = json.loads((run / "manifest.json").read_text())
+        kept = {n: t["phases"]["c2"]["blocks"] for n, t in first["targets"].items()}
+        again = [sys.executable, "-m", "replay.cli", "--resume", str(run)]
+        done = subprocess.run(again, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = Counter((r["target"], r["phase"], r["request_id"]) for r in _rows(run))
+    arms = ("ref", "ref-control", "cand")
+    assert set(seen) == {(t, p, f"r{i}") for t in arms for p in ("c2", "c4") for i in range(160)}
+    assert set(seen.values()) == {1}, "a request appears twice"
+    manifest = json.loads((run / "manifest.json").read_text())
+    for name in arms:
+        blocks = manifest["targets"][name]["phases"]["c2"]["blocks"]
+        assert all(b in blocks for b in kept[name]), name  # the first process's whole blocks
+        assert len({b[0] for b in blocks}) == len(blocks) <= 160 // 8
+
+
+def _rows(run: Path) -> list[dict[str, Any]]:
+    path = run / "results.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
