@@ -20,7 +20,14 @@ from replay.analysis.stats.median_change import (
     order_rank,
 )
 from replay.analysis.systems import compare_systems
-from replay.analysis.systems_cells import Planned, direction, judge
+from replay.analysis.systems_cells import (
+    ONE_BLOCK,
+    Planned,
+    block_changes,
+    direction,
+    judge,
+    latency_cells,
+)
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
 from replay.analysis.verdict.rule import decide
 from replay.core.records import Result
@@ -100,11 +107,15 @@ def test_direction(median: float, lo: float, hi: float, floor: float, want: int)
 
 
 def _planned(cand_scale: float, control: bool = True, n: int = 40) -> Planned:
+    """n blocks of two requests each."""
     rng = np.random.default_rng(7)
-    ref = list(100 * np.exp(rng.normal(0, 0.05, n)))
-    cand = list(cand_scale * 100 * np.exp(rng.normal(0, 0.05, n)))
-    ctl = (ref, list(100 * np.exp(rng.normal(0, 0.05, n)))) if control else None
-    return Planned("c4", "<256", "ttft_ms", "requests", ref, cand, ctl)
+    ref = 100 * np.exp(rng.normal(0, 0.05, 2 * n))
+    cand = cand_scale * 100 * np.exp(rng.normal(0, 0.05, 2 * n))
+    ctl = 100 * np.exp(rng.normal(0, 0.05, 2 * n))
+    blocks = [i // 2 for i in range(2 * n)]
+    pairs = list(zip(blocks, ref.tolist(), cand.tolist(), strict=True))
+    aa = list(zip(blocks, ref.tolist(), ctl.tolist(), strict=True)) if control else None
+    return Planned("c4", "<256", "ttft_ms", pairs, aa)
 
 
 def test_judge_calls_a_slower_a_faster_and_an_unchanged_cell() -> None:
@@ -112,6 +123,7 @@ def test_judge_calls_a_slower_a_faster_and_an_unchanged_cell() -> None:
     assert judge(_planned(0.7), 0.05 / 9, 0.05).call == "better"
     same = judge(_planned(1.0), 0.05 / 9, 0.05)
     assert same.call == "same" and same.floor is not None and same.lo is not None
+    assert same.pairs == 40 and same.requests == 80 and same.unit == "blocks"
 
 
 def test_judge_leaves_unweighed_what_it_cannot_judge() -> None:
@@ -119,8 +131,20 @@ def test_judge_leaves_unweighed_what_it_cannot_judge() -> None:
     few = judge(_planned(1.3, n=3), 0.05, 0.05)
     assert few.call == "unweighed" and few.lo is None and "needs 6" in few.why
     p = _planned(1.3)
-    short = Planned(p.phase, p.bucket, p.metric, p.unit, p.reference, p.candidate, ([1.0], [1.0]))
-    assert "A/A control has 1 pair" in judge(short, 0.05, 0.05).why
+    short = Planned(p.phase, p.bucket, p.metric, p.pairs, [(0, 1.0, 1.0)])
+    assert "A/A control has 1 block" in judge(short, 0.05, 0.05).why
+
+
+def test_a_block_is_one_unit_whatever_its_requests() -> None:
+    """Requests of one block moved together (a neighbour's burst in one arm's turn): twenty
+    of them in one block are one value, so no interval rests on them."""
+    p = _planned(1.3, n=1)
+    one = Planned(p.phase, p.bucket, p.metric, [(0, 100.0, 130.0)] * 20, [(0, 100.0, 100.0)] * 20)
+    cell = judge(one, 0.05, 0.05)
+    assert cell.pairs == 1 and cell.requests == 20 and cell.call == "unweighed"
+    assert block_changes([(0, 1.0, 2.0), (0, 1.0, 4.0), (1, 1.0, 1.0)]) == pytest.approx(
+        [math.log(2.0) * 1.5, 0.0]
+    )
 
 
 def _result(target: str, rid: str, bucket: str, ttft: float) -> Result:
@@ -144,6 +168,17 @@ def test_a_bucket_with_one_pair_gives_no_interval() -> None:
     results = [_result("bf16", "r0", ">=1K", 1.0), _result("fp8", "r0", ">=1K", 0.075)]
     row = compare_systems(results, "bf16", "fp8", "c4")["buckets"][">=1K"]["e2e_ms"]
     assert row["pairs"] == 1 and row["lo"] is None and row["hi"] is None
+    blocks = {"bf16": {"c4": [(0, -1.0, 10.0)]}, "fp8": {"c4": [(0, -1.0, 10.0)]}}
+    cells = latency_cells(results, "bf16", "fp8", None, ["c4"], blocks)
+    assert {judge(c, 0.05, 0.05).call for c in cells} == {"unweighed"}
+
+
+def test_a_phase_sent_whole_is_one_block_and_weighs_nothing() -> None:
+    results = [
+        _result(t, f"r{i}", "<256", 0.1 * (1 + i % 3)) for i in range(40) for t in ("a", "b")
+    ]
+    cells = latency_cells(results, "a", "b", "a", ["c4"], {})
+    assert cells and all(judge(c, 0.05, 0.05).why == ONE_BLOCK for c in cells)
 
 
 # -- the decision ------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ class SystemsCell(Record):
     phase: str
     bucket: str | None  # None: the whole phase (a rate over its blocks)
     metric: str  # ttft_ms | itl_ms | e2e_ms (lower is better) | goodput_rps | answered_rps
-    unit: str  # what was paired: "requests" or "blocks"
-    pairs: int
+    unit: str  # what the interval is over: "blocks" (each the median of its pairs)
+    pairs: int  # of those
     reference: float | None  # medians over the pairs
     candidate: float | None
     change: float | None  # median of candidate / reference - 1
@@ -31,6 +31,7 @@ class SystemsCell(Record):
     call: str  # better | worse | same | unweighed
     why: str = ""  # unweighed: why
     level: float | None = None  # its interval's (two-sided) level: 1 - its share of alpha
+    requests: int | None = None  # a latency cell's requests paired within those blocks
 
 
 @record

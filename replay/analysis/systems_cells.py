@@ -73,36 +73,53 @@ def direction(
     return np.where(up, 1, np.where(down, -1, 0))
 
 
+Pair = tuple[int, float, float]  # (block, reference's value, candidate's value)
+ONE_BLOCK = (
+    "measured one after another: one block per arm, so the machine's drift and the "
+    "candidate cannot be told apart"
+)
+
+
 @dataclass(frozen=True)
 class Planned:
-    """A cell before it is judged: its values, and the A/A control's over the same pairs."""
+    """A cell before it is judged: its pairs by block, and the A/A control's."""
 
     phase: str
     bucket: str | None
     metric: str
-    unit: str
-    reference: list[float]
-    candidate: list[float]
-    control: tuple[list[float], list[float]] | None  # (reference, control) pairs
+    pairs: list[Pair]
+    control: list[Pair] | None  # (block, reference's, control's)
     unweighed: str = ""  # why it cannot be judged whatever its figures (kept for display)
+
+
+def block_changes(pairs: Sequence[Pair]) -> npt.NDArray[np.float64]:
+    """The median log ratio of each block's pairs: the units the interval is over. Requests of
+    one block share the machine's state while each arm sent it (a neighbour's burst in one
+    arm's turn moves all of them), so they are not independent pairs; blocks are."""
+    by: dict[int, list[float]] = defaultdict(list)
+    for k, a, b in pairs:
+        d = log_ratios([a], [b])
+        if d.size:
+            by[k].append(float(d[0]))
+    return np.asarray([np.median(v) for _, v in sorted(by.items())], dtype=float)
 
 
 def judge(p: Planned, miss: float, threshold: float) -> SystemsCell:
     """One cell's change, interval, floor and call at level ``1 - miss``."""
-    d = log_ratios(p.reference, p.candidate)
+    d = block_changes(p.pairs)
     ch = median_change(d, miss)
-    base = _cell(p, ch, d, 1.0 - miss)
+    base = _cell(p, ch, int(d.size), 1.0 - miss)
     if p.unweighed:
         return base(None, "unweighed", p.unweighed)
     if ch is None or ch.lo is None or ch.hi is None:
         n = 0 if ch is None else ch.n
-        return base(None, "unweighed", f"{n} pair(s): an interval needs {min_pairs(miss)}")
+        return base(None, "unweighed", f"{n} block(s): an interval needs {min_pairs(miss)}")
     if p.control is None:
         return base(None, "unweighed", "no A/A control: no floor")
-    aa = median_change(log_ratios(*p.control), miss)
+    aa = median_change(block_changes(p.control), miss)
     if aa is None or aa.lo is None or aa.hi is None:
         n = 0 if aa is None else aa.n
-        return base(None, "unweighed", f"the A/A control has {n} pair(s) here")
+        return base(None, "unweighed", f"the A/A control has {n} block(s) here")
     floor = max(abs(aa.lo), abs(aa.hi))
     way = int(direction(ch.median, ch.lo, ch.hi, floor, threshold))
     higher_better = p.metric not in LOWER_IS_BETTER
@@ -111,7 +128,7 @@ def judge(p: Planned, miss: float, threshold: float) -> SystemsCell:
 
 
 def _cell(
-    p: Planned, ch: Change | None, d: npt.NDArray[np.float64], level: float
+    p: Planned, ch: Change | None, blocks: int, level: float
 ) -> Callable[[float | None, str, str], SystemsCell]:
     def med(xs: Sequence[float]) -> float | None:
         return float(np.median(xs)) if len(xs) else None
@@ -124,10 +141,10 @@ def _cell(
             phase=p.phase,
             bucket=p.bucket,
             metric=p.metric,
-            unit=p.unit,
-            pairs=int(d.size),
-            reference=med(p.reference),
-            candidate=med(p.candidate),
+            unit="blocks",
+            pairs=blocks,
+            reference=med([a for _, a, _ in p.pairs]),
+            candidate=med([b for _, _, b in p.pairs]),
             change=rel(ch.median) if ch else None,
             lo=rel(ch.lo) if ch else None,
             hi=rel(ch.hi) if ch else None,
@@ -135,16 +152,23 @@ def _cell(
             call=call,
             why=why,
             level=level,
+            requests=len(p.pairs) if p.metric in LOWER_IS_BETTER else None,
         )
 
     return make
 
 
 def latency_cells(
-    results: Sequence[Result], ref: str, cand: str, control: str | None, phases: Sequence[str]
+    results: Sequence[Result],
+    ref: str,
+    cand: str,
+    control: str | None,
+    phases: Sequence[str],
+    blocks: Mapping[str, Mapping[str, Sequence[Block]]],
 ) -> list[Planned]:
-    """TTFT, ITL and E2E per phase and bucket, paired by request (the bucket is the
-    reference's); the control's pairs are the reference's requests it also answered."""
+    """TTFT, ITL and E2E per phase and bucket, paired by request and grouped by the block the
+    reference sent it in (the bucket is the reference's); a pair counts where both arms sent
+    that block whole. A phase sent whole (not interleaved) is one block: unweighed."""
     by: dict[tuple[str, str], dict[str, Result]] = defaultdict(dict)
     for r in results:
         if r.status == "ok":
@@ -153,27 +177,56 @@ def latency_cells(
     for ph in phases:
         a, b = by.get((ref, ph), {}), by.get((cand, ph), {})
         c = by.get((control, ph), {}) if control else None
-        buckets = list(dict.fromkeys(a[i].bucket for i in a if i in b))
-        for bucket in buckets:
+        mine = list(blocks.get(ref, {}).get(ph, ()))
+        k_of = _blocks_of(a, mine)
+        whole = {t: _whole(blocks, t, ph) if mine else None for t in (cand, control) if t}
+        why = "" if mine else ONE_BLOCK
+        for bucket in dict.fromkeys(a[i].bucket for i in a if i in b):
             for name, metric in LATENCY.items():
-                pairs = _pairs(a, b, bucket, metric)
-                aa = None if c is None else _pairs(a, c, bucket, metric)
-                out.append(Planned(ph, bucket, name, "requests", *pairs, aa))
+                pairs = _pairs(a, b, bucket, metric, k_of, whole[cand])
+                aa = None
+                if c is not None and control is not None:
+                    aa = _pairs(a, c, bucket, metric, k_of, whole[control])
+                out.append(Planned(ph, bucket, name, pairs, aa, why))
+    return out
+
+
+def _whole(blocks: Mapping[str, Mapping[str, Sequence[Block]]], arm: str, phase: str) -> set[int]:
+    """The blocks ``arm`` sent whole in ``phase``."""
+    return {k for k, _, _ in blocks.get(arm, {}).get(phase, ())}
+
+
+def _blocks_of(results: Mapping[str, Result], blocks: Sequence[Block]) -> dict[str, int]:
+    """The block each request was sent in (its scheduled time in the block's window); 0 for
+    all of them when the phase has no blocks."""
+    if not blocks:
+        return dict.fromkeys(results, 0)
+    starts = np.asarray([s for _, s, _ in blocks])
+    out = {}
+    for rid, r in results.items():
+        i = int(np.searchsorted(starts, r.scheduled, "right")) - 1
+        if i >= 0 and r.scheduled <= blocks[i][2]:
+            out[rid] = blocks[i][0]
     return out
 
 
 def _pairs(
-    a: Mapping[str, Result], b: Mapping[str, Result], bucket: str, metric: Metric
-) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for rid in sorted(set(a) & set(b)):
-        if a[rid].bucket != bucket:
+    a: Mapping[str, Result],
+    b: Mapping[str, Result],
+    bucket: str,
+    metric: Metric,
+    k_of: Mapping[str, int],
+    whole: set[int] | None,
+) -> list[Pair]:
+    out = []
+    for rid in sorted(set(a) & set(b) & set(k_of)):
+        k = k_of[rid]
+        if a[rid].bucket != bucket or (whole is not None and k not in whole):
             continue
         x, y = metric(a[rid]), metric(b[rid])
         if x is not None and y is not None:
-            xs.append(x)
-            ys.append(y)
-    return xs, ys
+            out.append((k, x, y))
+    return out
 
 
 def block_list(window: Mapping[str, Any]) -> list[Block]:
@@ -219,13 +272,12 @@ def rate_cell(
 ) -> Planned:
     """One phase's rate, paired by block: the same requests sent to every arm in turn."""
 
-    def paired(x: str, y: str) -> tuple[list[float], list[float]]:
+    def paired(x: str, y: str) -> list[Pair]:
         a, b = rates.get(x, {}), rates.get(y, {})
-        common = sorted(set(a) & set(b))
-        return [a[k] for k in common], [b[k] for k in common]
+        return [(k, a[k], b[k]) for k in sorted(set(a) & set(b))]
 
     aa = paired(ref, control) if control else None
-    return Planned(phase, None, metric, "blocks", *paired(ref, cand), aa, unweighed)
+    return Planned(phase, None, metric, paired(ref, cand), aa, unweighed)
 
 
 CAPACITY = "capacity"  # the capacity phase's label (``analysis.capacity``)

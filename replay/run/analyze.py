@@ -169,10 +169,10 @@ def systems_rule(
     control = a.reference + CONTROL_SUFFIX
     control_name = control if control in a.targets else None
     phases = [str(p) for p in (a.manifest.get("schedules") or [a.first_phase])]
-    planned = latency_cells(results, a.reference, candidate, control_name, phases)
     blocks = {
         name: {ph: block_list(w) for ph, w in t["phases"].items()} for name, t in a.targets.items()
     }
+    planned = latency_cells(results, a.reference, candidate, control_name, phases, blocks)
     if a.slo is not None:
         for ph in phases:
             arms = [n for n in (a.reference, candidate, control_name) if n is not None]

@@ -3,13 +3,16 @@ drifts cannot favour one of them (the default whenever a run compares targets).
 
 One after another, the reference is measured in one minute and the candidate in the next: on
 a shared machine whose load changes between the two, that change is read as the candidate's.
-Here every target's server is up at once and each phase is sent in blocks: the phase's units
-(requests, or whole sessions) in trace order, cut into blocks of ``block_size``; block k goes
-to every arm in turn (the reference, its A/A control, each candidate), in an order rotated by
-k (A B C, B C A, C A B, ...) so that every arm holds every position equally often. Only one
-server works at a time, at the phase's own load: a closed loop keeps its concurrency within
-the block, an open loop's offsets start again from the block's first one. So each request's
-pair was measured seconds apart, and a slow drift falls on every arm alike. A local
+Here every target's server is up at once and each phase is sent in blocks (``block_size``
+units: requests, or whole sessions): a closed loop's blocks are strided through windows of the
+trace (block j of a window takes every n-th unit from j, so a trace sorted by length still
+gives every bucket many blocks), an open loop's are consecutive, with their arrival offsets
+started again from each block's first. Block k goes to every arm in turn (the reference, its
+A/A control, each candidate), in an order rotated by k (A B C, B C A, C A B, ...) so that every
+arm holds every position equally often. Only one server works at a time, at the phase's own
+load. So each request's pair was measured seconds apart, and a slow drift falls on every arm
+alike; what the machine does during one arm's turn moves all of that block's requests, which
+is why the systems rule's intervals are over blocks, not requests (``systems_cells``). A local
 reference's control runs on a second server of the reference's own spec (within
 ``SERVERS_AT_ONCE`` local servers), so that every arm starts each block on a server that sat
 idle through the previous one (on the reference's server it would sometimes follow the
@@ -20,14 +23,14 @@ Each arm's block is a ``Phase`` limited to the block's requests, with the phase'
 its own edge scrapes. The arm's window in the manifest keeps its blocks (``[k, start, end]``,
 only blocks the arm sent whole in one process) and ``busy_s``; the summary's rates and server
 figures of the phase are over the arm's own blocks (``summary.server_over``), and the systems
-rule pairs the arms' blocks by k (``systems_cells.block_counts``). A phase time limit counts
-each arm's own time in the phase.
+rule pairs the arms' blocks by k. A phase time limit counts each arm's own time in the phase.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,8 +56,9 @@ from replay.run.progress import Progress
 from replay.run.runner import Runner
 from replay.run.session_turns import Sessions
 
-BLOCKS_PER_CONCURRENCY = 4  # a closed loop's block: this many times its concurrency
+BLOCKS_PER_CONCURRENCY = 2  # a closed loop's block: this many times its concurrency
 OPEN_LOOP_BLOCK = 32  # an open loop's block, in units
+STRIDE_WINDOW = 32  # a closed loop's blocks are strided within this many blocks of the trace
 # Local servers held at once: a run with more local targets goes one after another by default,
 # and a local control gets a server of its own only within this many (a reference, its control
 # and a candidate: about 3 x 3 GB for the embedded model on vLLM CPU).
@@ -62,8 +66,11 @@ SERVERS_AT_ONCE = 3
 
 
 def block_size(sched: Schedule, asked: int) -> int:
-    """``asked`` (``--block-size``), or by default 4 x a closed loop's concurrency (its ramp
-    down at a block's end is then a small part of it), 32 units of an open loop."""
+    """``asked`` (``--block-size``), or by default 2 x a closed loop's concurrency, 32 units of
+    an open loop. Blocks are the units the systems rule's intervals are over (a block's
+    requests share the machine's state while an arm sends it), so many small blocks weigh
+    more than a few large ones; the price is a ramp down at every block's end, the same for
+    every arm."""
     if asked > 0:
         return asked
     if isinstance(sched, ClosedLoop):
@@ -389,24 +396,45 @@ class InterleavedRunner(Runner):
         return Sessions(self.cfg.think, self.history, is_reference=name == self.reference)
 
     def _blocks(self, sched: Schedule, size: int) -> Iterator[Block]:
-        """The phase's units in trace order, ``size`` to a block, with open-loop offsets."""
-        offsets = iter(sched.offsets) if isinstance(sched, OpenLoop) else None
+        """The phase's blocks: an open loop's consecutive units with their offsets; a closed
+        loop's strided within windows of ``STRIDE_WINDOW`` blocks (``strided``)."""
         with closing(self.cfg.trace.iter_requests()) as reqs:
             items: Iterator[Unit] = (
                 units(enumerate(reqs)) if self.sessions else ([t] for t in enumerate(reqs))
             )
-            chunk: list[Unit] = []
-            offs: list[float] = []
-            k = 0
-            for unit in items:
-                if offsets is not None:
-                    o = next(offsets, None)
-                    if o is None:  # never: Poisson and trace offsets cover every unit
-                        break
-                    offs.append(o)
-                chunk.append(unit)
-                if len(chunk) == size:
-                    yield Block(k, chunk, offs if offsets is not None else None)
-                    chunk, offs, k = [], [], k + 1
-            if chunk:
-                yield Block(k, chunk, offs if offsets is not None else None)
+            if isinstance(sched, OpenLoop):
+                yield from consecutive(items, iter(sched.offsets), size)
+            else:
+                yield from strided(items, size)
+
+
+def consecutive(items: Iterator[Unit], offsets: Iterator[float], size: int) -> Iterator[Block]:
+    """``size`` units to a block, in trace order, each with its offset (an open loop's
+    arrivals keep their order and spacing)."""
+    chunk: list[Unit] = []
+    offs: list[float] = []
+    k = 0
+    for unit in items:
+        o = next(offsets, None)
+        if o is None:  # never: Poisson and trace offsets cover every unit
+            break
+        chunk.append(unit)
+        offs.append(o)
+        if len(chunk) == size:
+            yield Block(k, chunk, offs)
+            chunk, offs, k = [], [], k + 1
+    if chunk:
+        yield Block(k, chunk, offs)
+
+
+def strided(items: Iterator[Unit], size: int) -> Iterator[Block]:
+    """Blocks of about ``size`` units: the trace is read ``STRIDE_WINDOW`` blocks at a time and
+    block j of a window takes every n-th unit from j (n blocks in the window), so that every
+    block holds every part of the window (a trace sorted by length still gives each bucket
+    many blocks) and only a window is held."""
+    k = 0
+    while window := list(itertools.islice(items, size * STRIDE_WINDOW)):
+        n = math.ceil(len(window) / size)
+        for j in range(n):
+            yield Block(k, window[j::n], None)
+            k += 1
