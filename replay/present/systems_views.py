@@ -15,7 +15,7 @@ from replay.analysis.schemas import (
     SystemsRule,
     TargetSummary,
 )
-from replay.analysis.verdict.payoff import call_word
+from replay.analysis.verdict.payoff import call_word, levels
 from replay.present.charts import BoxRow, bar_chart, box_chart, line_chart
 from replay.present.formatting import (
     DASH,
@@ -135,8 +135,7 @@ def rule_table(rule: SystemsRule | None, ref: str, cand: str) -> Table | None:
             "A/A floor",
             "Call",
         ],
-        caption=f"{cand} against {ref}; each interval at {100 * rule.level:.2f}% "
-        f"(alpha {rule.alpha:g} over {rule.family} cells), threshold "
+        caption=f"{cand} against {ref}; intervals over blocks: {levels(rule)}; threshold "
         f"{100 * rule.threshold:g}%",
     )
     for c in rule.cells:
@@ -146,7 +145,7 @@ def rule_table(rule: SystemsRule | None, ref: str, cand: str) -> Table | None:
             c.phase,
             text(c.bucket) if c.bucket is not None else "all",
             METRIC_NAMES.get(c.metric, c.metric),
-            f"{c.pairs} {c.unit}",
+            f"{c.pairs} {c.unit}" + (f" ({c.requests} requests)" if c.requests else ""),
             f_sig(c.reference),
             f_sig(c.candidate),
             Cell(f"{_rel(c.change)} [{_rel(c.lo)}, {_rel(c.hi)}]", "num " + cls),

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from replay.analysis.schemas import SystemsCell, Verdict
-from replay.analysis.systems_cells import LOWER_IS_BETTER
+from replay.analysis.schemas import SystemsCell, SystemsRule, Verdict
+from replay.analysis.systems_cells import CAPACITY, LOWER_IS_BETTER
 from replay.analysis.verdict.facts import Facts, Thresholds
 from replay.analysis.verdict.wording import evidence_entry, verdict_record
 
@@ -104,8 +104,7 @@ def systems_evidence(f: Facts, th: Thresholds) -> list[dict[str, Any]]:
         ev.append(
             evidence_entry(
                 "systems",
-                f"systems rule: {s.family} cells measured {how}, each at "
-                f"{100 * s.level:.2f}% (alpha {s.alpha:g} / {s.family}), threshold "
+                f"systems rule: {s.family} cells measured {how}, {levels(s)}, threshold "
                 f"{100 * th.systems_threshold:g}%, floor from the {floor}",
             )
         )
@@ -117,6 +116,17 @@ def systems_evidence(f: Facts, th: Thresholds) -> list[dict[str, Any]]:
     if cap is not None:
         ev.append(evidence_entry("systems", capacity_text(f)))
     return ev
+
+
+def levels(rule: SystemsRule) -> str:
+    """The cells' levels in words: alpha shared by the workload's cells (half of it, beside a
+    capacity phase's cell, which has the other half)."""
+    load = sum(c.phase != CAPACITY for c in rule.cells)
+    text = f"the workload's {load} at {100 * rule.level:.2f}% each"
+    if load == len(rule.cells):
+        return f"{text} (alpha {rule.alpha:g} / {load})"
+    capacity = 100 * (1 - rule.alpha / 2)
+    return f"{text} (alpha {rule.alpha:g} / 2 / {load}), the capacity phase's at {capacity:g}%"
 
 
 def capacity_text(f: Facts) -> str:
@@ -140,7 +150,7 @@ def capacity_text(f: Facts) -> str:
 
 def _cells(f: Facts, phase: str | None = None) -> list[SystemsCell]:
     cells = list(f.systems.cells) if f.systems is not None else []
-    return [c for c in cells if (c.phase == "capacity") == (phase == "capacity")]
+    return [c for c in cells if (c.phase == CAPACITY) == (phase == CAPACITY)]
 
 
 def gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
@@ -199,7 +209,7 @@ def _at_load(cells: Sequence[SystemsCell], ref: str, ev: list[dict[str, Any]]) -
 
 def _capacity(f: Facts, goodput: Sequence[SystemsCell], ev: list[dict[str, Any]]) -> Verdict | None:
     """Step 4: no loss at the workload's load; does the larger cache pay where it is full?"""
-    cells = [c for c in _cells(f, "capacity") if c.call != "unweighed"]
+    cells = [c for c in _cells(f, CAPACITY) if c.call != "unweighed"]
     if not cells:
         return None
     c, cap = cells[0], f.capacity_phase
