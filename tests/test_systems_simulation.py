@@ -48,7 +48,7 @@ K, M = 28, 2  # blocks, and requests of each bucket in a block (the first-run tr
 # Per-arm noise in log units: (a request's own, the block's shared) for TTFT, ITL, E2E.
 NOISE = {
     "busy": {"ttft_ms": (0.20, 0.05), "itl_ms": (0.25, 0.05), "e2e_ms": (0.15, 0.05)},
-    "overloaded": {"ttft_ms": (0.40, 0.25), "itl_ms": (0.50, 0.25), "e2e_ms": (0.35, 0.25)},
+    "overloaded": {"ttft_ms": (0.50, 0.25), "itl_ms": (0.65, 0.25), "e2e_ms": (0.55, 0.25)},
 }
 RHO = 0.5  # share of a request's noise its three metrics have in common
 DRIFT = 0.5  # the machine's load rises by half over a drifting run
@@ -129,7 +129,7 @@ CASES = [
     Case("only TTFT of one bucket 20% slower", change=1.2, only_one=True),
     Case("candidate 10% slower everywhere", change=1.1),
     Case("candidate 20% slower everywhere, overloaded", change=1.2, noise="overloaded"),
-    Case("candidate 20% slower everywhere, overloaded", change=1.2, noise="overloaded", k=112),
+    Case("candidate 20% slower everywhere, overloaded", change=1.2, noise="overloaded", k=168),
 ]
 
 
@@ -171,7 +171,7 @@ def test_pure_noise_claims_a_change_in_at_most_alpha_of_the_canaries(i: int) -> 
 
 def test_intervals_over_requests_claim_what_is_not_there_on_an_overloaded_machine() -> None:
     _, _, either = shares(CASES[4], SEED + 4)
-    assert either > 2 * ALPHA, either  # why the blocks are the units
+    assert either > ALPHA + allowance(ALPHA), either  # beyond alpha: why blocks are the units
 
 
 @pytest.mark.parametrize(
