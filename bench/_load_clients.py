@@ -119,6 +119,10 @@ async def run_kvcanary(url: str, slots: list[list[Request]], warm: list[list[Req
             "sent": r.sent,
             "first": r.first_token,
             "chunks": r.chunk_times,
+            # Chunks that came in one read are one arrival of their summed tokens
+            # (Result.shared_stamps counts the chunks folded so).
+            "chunk_tokens": r.chunk_tokens,
+            "shared": r.shared_stamps,
             "tokens": r.output_tokens,
         }
         for r in out["requests"]

@@ -32,7 +32,24 @@ def _f(x: Any, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def shared_cores_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """The shared-cores case (``--busy``): the client's ITL against the server's."""
+    busy = doc["config"]["busy_processes"]
+    for streams, per in doc["summary"].items():
+        s = per["kvcanary"]
+        client, server = _f(s.get("client_itl_p50_ms"), 3), _f(s.get("server_itl_p50_ms"), 3)
+        value = (
+            f"p50 {client} (server's {server}), {_f(s.get('zero_gaps'), 0)} gaps of 0 ms, "
+            f"{_f(s.get('chunks_sharing_a_read'), 0)} chunks shared a read (medians over runs)"
+        )
+        what = f"{streams} streams, kvcanary, {busy} busy processes, unpinned: ITL ms"
+        yield what, value, "no 0.00 ms gaps"
+
+
 def client_overhead_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    if doc.get("config", {}).get("busy_processes"):
+        yield from shared_cores_rows(doc)
+        return
     for streams, per in doc["summary"].items():
         for client, s in per.items():
             if not isinstance(s, dict):

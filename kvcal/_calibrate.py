@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replay.core.ids import write_ids
+
 from . import __version__
 from ._backend import per_head_backend_support
 from ._checkpoint import (
@@ -68,7 +70,7 @@ def calibrate(
     config = write_overlay(model_dir, out_dir, reports, recipe.strategy)
     (out_dir / RECIPE).write_text(recipe_yaml(recipe.strategy), encoding="utf-8")
     # replay's overlap refusal points here: the ids to pass to --exclude-ids
-    (out_dir / CALIBRATION_IDS).write_text("".join(s.id + "\n" for s in samples), encoding="utf-8")
+    write_ids(out_dir / CALIBRATION_IDS, (s.id for s in samples))
     with (out_dir / SAMPLES).open("w", encoding="utf-8") as fh:
         for s in samples:
             fh.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")

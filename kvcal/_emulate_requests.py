@@ -18,6 +18,7 @@ from typing import Any
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.core.strict import token_ids
 
 
 @dataclass
@@ -159,21 +160,17 @@ def draw_from_run(
 
     def rows() -> Iterable[Row]:
         for row in read_jsonl(run_dir / RESULTS):
-            if (
+            if not (
                 isinstance(row, dict)
                 and row.get("target") == reference
                 and row.get("phase") == first
                 and row.get("status") == "ok"
-                and row.get("prompt_ids")
-                and row.get("output_ids")
             ):
-                answer = tuple(int(t) for t in row["output_ids"])
-                yield (
-                    str(row["request_id"]),
-                    tuple(int(t) for t in row["prompt_ids"]),
-                    len(answer),
-                    answer,
-                )
+                continue
+            # Token ids by replay.core.strict's rule: a row that has none is not an answer.
+            prompt, answer = token_ids(row.get("prompt_ids")), token_ids(row.get("output_ids"))
+            if prompt and answer:
+                yield str(row["request_id"]), tuple(prompt), len(answer), tuple(answer)
 
     drawn = _pick(rows(), buckets, per_bucket, seed, exclude, max_len)
     if not drawn.items:

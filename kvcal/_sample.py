@@ -24,6 +24,8 @@ from typing import Any
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.core.ids import id_problem, write_ids
+from replay.core.strict import is_token_ids
 from replay.core.synth import POOL_TEXT, TokenPool, synthesize
 from replay.core.trace import Request
 
@@ -145,12 +147,8 @@ def draw(
 
 def write_split(out_dir: Path, split: Split, info: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / CALIBRATION_IDS).write_text(
-        "".join(s.id + "\n" for s in split.calibration), encoding="utf-8"
-    )
-    (out_dir / EVALUATION_IDS).write_text(
-        "".join(i + "\n" for i in split.evaluation_ids), encoding="utf-8"
-    )
+    write_ids(out_dir / CALIBRATION_IDS, (s.id for s in split.calibration))
+    write_ids(out_dir / EVALUATION_IDS, split.evaluation_ids)
     with (out_dir / SAMPLES).open("w", encoding="utf-8") as fh:
         for s in split.calibration:
             fh.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
@@ -176,16 +174,31 @@ def _iter_samples(path: Path) -> Iterator[Sample]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                ids = row["input_ids"]
-                if not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-                    raise ValueError("input_ids must be a non-empty list of token ids")
-                yield Sample(
-                    str(row["id"]), str(row.get("bucket", "")), tuple(ids), row.get("text")
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                field_name = exc.args[0] if isinstance(exc, KeyError) else "input_ids"
+                yield _sample(line)
+            except ValueError as exc:
+                field_name, _, reason = str(exc).partition(": ")
                 raise InputError(
-                    f"{path}:{lineno}: field '{field_name}': {exc}; each line "
+                    f"{path}:{lineno}: field '{field_name}': {reason}; each line "
                     "needs 'id' and 'input_ids' (as `kvcal sample` writes)"
                 ) from None
+
+
+def _sample(line: str) -> Sample:
+    """One line of a samples file; ``ValueError("FIELD: reason")`` when it is not one."""
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"(line): not valid JSON ({exc})") from None
+    if not isinstance(row, dict):
+        raise ValueError("(line): must be a JSON object")
+    for key in ("id", "input_ids"):
+        if key not in row:
+            raise ValueError(f"{key}: required")
+    rid = str(row["id"])
+    why = id_problem(rid)
+    if why is not None:
+        raise ValueError(f"id: {rid!r} {why}")
+    ids = row["input_ids"]
+    if not ids or not is_token_ids(ids):
+        raise ValueError("input_ids: must be a non-empty list of token ids")
+    return Sample(rid, str(row.get("bucket", "")), tuple(ids), row.get("text"))

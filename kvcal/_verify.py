@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.core.errors import ServerStartError
-from replay.run.teacher import TFScore, score
+from replay.run.teacher import TFScore, score_tokens
 from replay.serving.introspect import api_session, introspect
 from replay.serving.local_server import LocalServer
 from replay.serving.scale_log import EMULATED_FP8, UNKNOWN, scale_evidence, scale_lines
@@ -108,7 +108,7 @@ async def _scores(url: str, samples: Sequence[Sample], salt: str) -> list[TFScor
         out = []
         for s in samples:
             prompt, rest = split_for_scoring(s.input_ids)
-            out.append(await score(session, url, model, prompt, rest, salt=salt))
+            out.append(await score_tokens(session, url, model, prompt, rest, salt=salt))
         return out
 
 

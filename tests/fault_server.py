@@ -93,11 +93,23 @@ class FaultServer(LoopbackServer):
     content-less finish chunk with the EOS token, then a usage-only chunk), and keep the time
     each content chunk was written in ``stamps`` (``time.perf_counter``, the client's default
     clock), so a test compares the client's ITL with the server's own.
+
+    The reasoning modes (``reasoning_every``, ``reasoning_end``, ``reasoning_none``: usage as
+    above) stream as a reasoning model served with a reasoning parser does: ``thinking``
+    chunks of reasoning (in ``delta.<field>``, ``reasoning`` as vLLM 0.32 names it or the
+    older ``reasoning_content``), then ``chunks`` chunks of answer, every one ``gap_s``
+    apart; with ``details`` the usage carries ``completion_tokens_details.reasoning_tokens``.
+    ``thinking_only`` ends with ``finish_reason: length`` before any answer (a chain of
+    thought cut by max_tokens). ``stamps`` as above, for every chunk of either kind.
     """
 
     def __init__(self, mode: str, **options: Any) -> None:
         self.mode = mode
         self.requests = 0
+        self.thinking = int(options.pop("thinking", 10))
+        self.field = str(options.pop("field", "reasoning"))
+        self.details = bool(options.pop("details", True))
+        self.thinking_only = bool(options.pop("thinking_only", False))
         self.chunks = int(options.pop("chunks", 40))
         self.per_chunk = int(options.pop("per_chunk", 1))
         self.gap_s = float(options.pop("gap_s", 0.005))
@@ -206,6 +218,50 @@ class FaultServer(LoopbackServer):
 
     async def _mode_usage_none(self, request: web.Request) -> web.StreamResponse:
         return await self._usage_stream(request, "none")
+
+    async def _reasoning_stream(self, request: web.Request, usage: str) -> web.StreamResponse:
+        resp = await self._sse(request)
+        thinking = self.thinking
+
+        def ev(delta: dict[str, Any], done: int, finish: str | None = None) -> bytes:
+            out: dict[str, Any] = {
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+            }
+            if usage == "every":
+                out["usage"] = self._reasoning_usage(done, min(done, thinking))
+            return _event(out)
+
+        await resp.write(ev({"role": "assistant", "content": ""}, 0))
+        answer = 0 if self.thinking_only else self.chunks
+        for i in range(1, thinking + answer + 1):
+            await asyncio.sleep(self.gap_s)
+            self.stamps.append(time.perf_counter())
+            delta = {self.field: f"t{i} "} if i <= thinking else {"content": "ab"[i % 2]}
+            last = self.thinking_only and i == thinking
+            await resp.write(ev(delta, i, "length" if last else None))
+        total = thinking + answer
+        if not self.thinking_only:
+            total += 1  # the EOS token
+            await resp.write(ev({"content": ""}, total, "stop"))
+        if usage != "none":
+            last_usage = self._reasoning_usage(total, thinking)
+            await resp.write(_event({"choices": [], "usage": last_usage}))
+        return await self._written(resp, b"data: [DONE]\n\n")
+
+    def _reasoning_usage(self, done: int, thinking: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"prompt_tokens": 3, "completion_tokens": done}
+        if self.details:
+            out["completion_tokens_details"] = {"reasoning_tokens": thinking}
+        return out
+
+    async def _mode_reasoning_every(self, request: web.Request) -> web.StreamResponse:
+        return await self._reasoning_stream(request, "every")
+
+    async def _mode_reasoning_end(self, request: web.Request) -> web.StreamResponse:
+        return await self._reasoning_stream(request, "end")
+
+    async def _mode_reasoning_none(self, request: web.Request) -> web.StreamResponse:
+        return await self._reasoning_stream(request, "none")
 
     async def _written(self, resp: web.StreamResponse, body: bytes) -> web.StreamResponse:
         await resp.write(body)
@@ -354,6 +410,91 @@ class FaultServer(LoopbackServer):
         for path in ("/v1/models", "/version", "/metrics", "/health"):
             app.router.add_get(path, self._get)
         return app
+
+
+# What the server does for the n-th request (0-based) on a connection: pieces to write, each
+# after a pause in seconds, then whether to close the connection.
+Script = Callable[[int], tuple[list[tuple[float, bytes]], bool]]
+
+
+class ScriptedServer:
+    """A loopback server of raw bytes in a thread of its own, for what an HTTP server library
+    will not send (interim responses, bad heads, any framing): ``connections`` accepted,
+    ``paths`` and ``bodies`` asked for, and when (perf_counter) each piece was written."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.paths: list[str] = []
+        self.bodies: list[bytes] = []
+        self.written: list[float] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.handlers: list[asyncio.Task[None]] = []
+        self.url = ""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.append(task)
+        n = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                self.paths.append(lines[0].split(" ")[1])
+                length = next(
+                    int(v)
+                    for k, _, v in (ln.partition(":") for ln in lines[1:])
+                    if k.lower() == "content-length"
+                )
+                self.bodies.append(await reader.readexactly(length))
+                pieces, close = self.script(n)
+                n += 1
+                for pause, data in pieces:
+                    if pause:
+                        await asyncio.sleep(pause)
+                    writer.write(data)
+                    self.written.append(time.perf_counter())
+                    await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @contextmanager
+    def running(self) -> Iterator[ScriptedServer]:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        holder: list[asyncio.Server] = []
+
+        async def boot() -> None:
+            server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            holder.append(server)
+            self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            ready.set()
+
+        thread = threading.Thread(
+            target=lambda: (loop.run_until_complete(boot()), loop.run_forever()), daemon=True
+        )
+        thread.start()
+        assert ready.wait(10)
+        try:
+            yield self
+        finally:
+
+            async def down() -> None:
+                holder[0].close()
+                for writer in self.writers:
+                    writer.transport.abort()
+                await asyncio.wait_for(asyncio.gather(*self.handlers), 5)
+
+            asyncio.run_coroutine_threadsafe(down(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
 
 
 @contextmanager

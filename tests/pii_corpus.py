@@ -5,8 +5,8 @@ piece of a planted value.
 
 Items are what realistic logs leak and the plain patterns miss: tokens in query strings and in
 ``key=value`` / ``key: value`` / JSON-like text, PEM blocks whole, cut or in fragments, e-mail
-addresses in full-width, look-alike or obfuscated spelling, card numbers split across a line,
-and what a string cut in the middle of a secret leaves.
+addresses in full-width, look-alike, obfuscated, percent-encoded or HTML-entity spelling, card
+numbers split across a line, and what a string cut in the middle of a secret leaves.
 """
 
 from __future__ import annotations
@@ -260,6 +260,20 @@ PLANTED: list[Planted] = [
         pem_block("PRIVATE KEY", PKCS8[4:8]),
         "label:private_key",
     ),
+    # a field cut a few characters into the key: too short a body to look like key data
+    Planted(
+        "pem-short-body-at-end",
+        "pem",
+        "my key:\n-----BEGIN RSA PRIVATE KEY-----\nMIIBOg",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIBOg",
+        "content",
+    ),
+    Planted(
+        "pem-short-body-cut-mark",
+        "pem",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNz… [truncated]",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNz",
+    ),
     # -- e-mail addresses in disguise ---------------------------------------------------------
     Planted(
         "email-fullwidth",
@@ -310,6 +324,45 @@ PLANTED: list[Planted] = [
     Planted("email-idn", "email", "иван.петров@почта.рф", "иван.петров@почта.рф"),
     Planted("email-accented", "email", "josé.garcía@correo.es", "josé.garcía@correo.es"),
     Planted("email-cut", "email", "contact: alice.smith@corp-ma…", "alice.smith@corp-ma"),
+    # encoded as a URL or an HTML page has it
+    Planted(
+        "email-percent",
+        "email",
+        "GET /unsubscribe?email=kim%40example.com&list=7",
+        "kim%40example.com",
+        "content",
+        ("kim@example.com",),
+    ),
+    Planted(
+        "email-percent-dot",
+        "email",
+        "mailto:lee%40mail%2Eexample%2Eorg",
+        "lee%40mail%2Eexample%2Eorg",
+        also=("lee@mail.example.org",),
+    ),
+    Planted(
+        "email-html-decimal",
+        "email",
+        "<a>kim&#64;example.com</a>",
+        "kim&#64;example.com",
+        "prompt",
+        ("kim@example.com",),
+    ),
+    Planted(
+        "email-html-hex",
+        "email",
+        "reply to ana&#x40;corp&#x2e;net please",
+        "ana&#x40;corp&#x2e;net",
+        also=("ana@corp.net",),
+    ),
+    Planted(
+        "email-html-named",
+        "email",
+        "contact: raj&commat;example&period;in",
+        "raj&commat;example&period;in",
+        "content",
+        ("raj@example.in",),
+    ),
     # -- card numbers split or disguised ------------------------------------------------------
     Planted(
         "card-split-spaces",

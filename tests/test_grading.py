@@ -8,7 +8,7 @@ from replay.analysis.grading.quality import quality
 from replay.analysis.grading.rows import GradingSpec, agreement, first_divergence, grade_rows
 from replay.core.records import Result
 from replay.core.trace import Request
-from replay.run.teacher import parse_scores
+from replay.serving.prompt_scores import parse_positions
 
 
 def res(
@@ -41,26 +41,19 @@ def test_agreement_exact_normalized_and_position() -> None:
     assert a == {"exact": False, "normalized": True, "first_divergence": 2}
 
 
-def test_parse_scores_reads_the_reference_tokens() -> None:
-    body: dict[str, Any] = {
-        "choices": [
-            {
-                "prompt_logprobs": [
-                    None,
-                    {"7": {"logprob": -0.5, "rank": 1}},
-                    {"8": {"logprob": -2.0, "rank": 3}, "9": {"logprob": -0.1, "rank": 1}},
-                    {"4": {"logprob": -0.25, "rank": 1}},
-                ]
-            }
-        ]
-    }
-    s = parse_scores(body, prompt_len=2, output_ids=[8, 4])
-    assert (s.n, s.nll, s.top1, s.error) == (2, (2.0, 0.25), (False, True), None)
-    assert parse_scores({"choices": [{}]}, 2, [8]).error is not None
-    assert (
-        parse_scores(body, prompt_len=1, output_ids=[8]).error
-        == "prompt_logprobs has the wrong length"
+def test_prompt_logprobs_are_read_for_the_positions_asked() -> None:
+    plp: list[Any] = [
+        None,
+        {"7": {"logprob": -0.5, "rank": 1}},
+        {"8": {"logprob": -2.0, "rank": 3}, "9": {"logprob": -0.1, "rank": 1}},
+        {"4": {"logprob": -0.25, "rank": 1}},
+    ]
+    s = parse_positions(plp, [1, 7, 8, 4], start=2)
+    assert (s.nll, s.top1, s.error) == ((2.0, 0.25), (False, True), None)
+    assert parse_positions(plp, [1, 7, 5, 4], 2).error == (
+        "position 2: the token is missing from logprobs"
     )
+    assert parse_positions(plp, [1, 7, 8], 2).error == "prompt_logprobs has the wrong length"
 
 
 def test_quality_pairs_only_answered_requests_and_flags_identical_tf() -> None:

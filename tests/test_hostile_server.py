@@ -557,11 +557,11 @@ def test_locust_preparation_fails_with_the_endpoint_named() -> None:
     ],
 )
 def test_teacher_forced_scoring_names_what_came_back(canned: Canned, words: str) -> None:
-    from replay.run.teacher import score
+    from replay.run.teacher import score_tokens
 
     async def go(url: str) -> str | None:
         async with aiohttp.ClientSession() as session:
-            return (await score(session, url, "fake", [1, 2], [3, 4])).error
+            return (await score_tokens(session, url, "fake", [1, 2], [3, 4])).error
 
     with fake_server({"/v1/completions": canned}) as srv:
         error = asyncio.run(go(srv.url))

@@ -13,8 +13,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -22,6 +20,8 @@ from replay.core.records import Result
 from replay.core.trace import Request
 from replay.serving import http1, kernel_stamps
 from replay.serving.client import Client
+
+from .fault_server import Script, ScriptedServer
 
 REQ = Request(id="r", api="completions", prompt="hello", max_tokens=4)
 EVENT = (
@@ -34,89 +34,6 @@ SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
 
 def chunk(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
-
-
-# What the server does for the n-th request (0-based) on a connection: pieces to write, each
-# after a pause in seconds, then whether to close the connection.
-Script = Callable[[int], tuple[list[tuple[float, bytes]], bool]]
-
-
-class ScriptedServer:
-    """A loopback server of raw bytes in a thread of its own: ``connections`` accepted,
-    ``paths`` asked for, and when (perf_counter) each piece was written."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.connections = 0
-        self.paths: list[str] = []
-        self.written: list[float] = []
-        self.writers: list[asyncio.StreamWriter] = []
-        self.handlers: list[asyncio.Task[None]] = []
-        self.url = ""
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self.writers.append(writer)
-        task = asyncio.current_task()
-        assert task is not None
-        self.handlers.append(task)
-        n = 0
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                self.paths.append(lines[0].split(" ")[1])
-                length = next(
-                    int(v)
-                    for k, _, v in (ln.partition(":") for ln in lines[1:])
-                    if k.lower() == "content-length"
-                )
-                await reader.readexactly(length)
-                pieces, close = self.script(n)
-                n += 1
-                for pause, data in pieces:
-                    if pause:
-                        await asyncio.sleep(pause)
-                    writer.write(data)
-                    self.written.append(time.perf_counter())
-                    await writer.drain()
-                if close:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    @contextmanager
-    def running(self) -> Iterator[ScriptedServer]:
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        holder: list[asyncio.Server] = []
-
-        async def boot() -> None:
-            server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-            holder.append(server)
-            self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-            ready.set()
-
-        thread = threading.Thread(
-            target=lambda: (loop.run_until_complete(boot()), loop.run_forever()), daemon=True
-        )
-        thread.start()
-        assert ready.wait(10)
-        try:
-            yield self
-        finally:
-
-            async def down() -> None:
-                holder[0].close()
-                for writer in self.writers:
-                    writer.transport.abort()
-                await asyncio.wait_for(asyncio.gather(*self.handlers), 5)
-
-            asyncio.run_coroutine_threadsafe(down(), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
 
 
 def send_all(url: str, n: int, timeout_s: float = 10.0, pause_s: float = 0.0) -> list[Result]:

@@ -449,6 +449,8 @@ def test_openai_log_becomes_chat_requests_with_reference_answers(tmp_path: Path)
         ({"t": 1.0}, "t", "not both"),
         ({"response": {"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}},
          "response.choices.0.message.tool_calls.0.function", "name"),
+        ({"request": {"messages": [{"role": "user", "content": "x"}], "n": 2}},
+         "request.n", "only one answer a request"),
     ],
 )  # fmt: skip
 def test_openai_log_malformed_rows_name_the_field(

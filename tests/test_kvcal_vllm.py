@@ -27,7 +27,7 @@ from kvcal._verify import split_for_scoring
 from kvcal.cli import main as kvcal_main
 from replay.core.buckets import Buckets
 from replay.core.trace import Request
-from replay.run.teacher import TFScore, score
+from replay.run.teacher import TFScore, score_tokens
 from replay.serving.introspect import introspect
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import DEFAULT_MODEL_ARGS, TargetSpec
@@ -66,7 +66,7 @@ async def _scores(url: str, samples: list[Sample]) -> tuple[dict[str, Any], list
         out = []
         for s in samples:
             prompt, rest = split_for_scoring(s.input_ids)
-            out.append(await score(session, url, info["model_id"], prompt, rest))
+            out.append(await score_tokens(session, url, info["model_id"], prompt, rest))
         return info, out
 
 

@@ -152,6 +152,18 @@ def test_ok_result_events_per_bucket() -> None:
     assert all(e.error is None and e.request_type == "LLM" for e in events)
 
 
+def test_an_answer_that_reasoned_adds_its_time_to_answer_and_reasoning_tokens() -> None:
+    r = _ok("<256")
+    r.first_answer_token, r.reasoning_tokens = 1.55, 3
+    by = {e.name: e for e in locust_events(r)}
+    assert by["ttft <256"].response_time == pytest.approx(250.0)  # the first token of any kind
+    assert by["answer <256"].response_time == pytest.approx(550.0)
+    assert by["answer <256"].response_length == 3
+    assert by["reasoning_tokens <256"].response_time == 3.0
+    r.first_answer_token = None  # cut by max_tokens while reasoning: no time to an answer
+    assert "answer <256" not in {e.name for e in locust_events(r)}
+
+
 def test_itl_events_are_capped_and_sampled_evenly() -> None:
     assert (
         len([e for e in locust_events(_ok(chunks=1001), itl_cap=10) if e.name.startswith("itl")])

@@ -75,6 +75,18 @@ def test_a_line_cut_short_by_a_kill_is_repaired(tmp_path: Path) -> None:
     assert state.note["repaired_bytes"] == len('{"request_id": "b", "tar') + len('{"tar')
 
 
+def test_a_target_that_wrote_every_result_before_the_crash_counts_as_served(
+    tmp_path: Path,
+) -> None:
+    """A process killed (or stopped by a full disk) after a target's last result but before it
+    said so leaves it ``pending``: resumed complete, it served the run, with no reason."""
+    write_json(tmp_path / MANIFEST, {"targets": {"bf16": {"status": "pending", "phases": {}}}})
+    state = ResumeState.load(tmp_path)
+    assert state.restore("bf16")[:2] == ("ok", None)
+    write_json(tmp_path / MANIFEST, {"targets": {"bf16": {"status": "failed", "reason": "x"}}})
+    assert ResumeState.load(tmp_path).restore("bf16")[:2] == ("failed", "x")
+
+
 def test_a_run_without_a_readable_manifest_resends_every_cancelled(tmp_path: Path) -> None:
     w = JsonlWriter(tmp_path / RESULTS)
     w.write(result("a", "c1", "cancelled", "cancelled"))

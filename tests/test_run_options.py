@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.cli.replay_run import resume_options
+from replay.cli.run_directory import resume_options
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
 

@@ -49,6 +49,27 @@ def test_split_into_many_pieces(cuts: list[int]) -> None:
     assert decode(chunks) == EXPECTED
 
 
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=10), mixed=st.booleans())
+def test_every_line_end_the_spec_allows_gives_the_same_events(
+    end: bytes, cuts: list[int], mixed: bool
+) -> None:
+    """A server that ends its lines with CRLF, LF or a bare CR (the SSE spec allows all
+    three, mixed too), cut into reads anywhere (a CRLF split between two reads included)."""
+    lines = STREAM.replace(b"\r\n", b"\n").split(b"\n")
+    ends = [b"\n", b"\r\n", b"\r"] if mixed else [end]
+    stream = b"".join(line + ends[i % len(ends)] for i, line in enumerate(lines[:-1]))
+    bounds = sorted({c for c in cuts if c < len(stream)} | {0, len(stream)})
+    assert decode([stream[a:b] for a, b in itertools.pairwise(bounds)]) == EXPECTED
+
+
+def test_a_crlf_split_between_reads_is_one_line_end() -> None:
+    """Not a blank line: the event's second data line is not cut off from its first."""
+    assert decode([b'data: {"a":\r', b"\ndata: 1}\r", b"\n\r\n"]) == [{"a": 1}]
+    assert decode([b'data: {"a": 1}\r', b"\r"]) == [{"a": 1}]
+
+
 def test_one_event_per_read_gives_the_same_events() -> None:
     """How servers usually stream: each read is one whole event (the decoder's fast path)."""
     events = [e + b"\n\n" for e in STREAM.split(b"\n\n") if e]

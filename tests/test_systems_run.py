@@ -51,7 +51,9 @@ class RisingLoad:
         return 1.0 + self.per_s * (now - self.start)
 
 
-def _replay(tmp: Path, run_id: str, *, drift: float, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+def _replay(
+    tmp: Path, run_id: str, *, drift: float, extra: tuple[str, ...] = (), n: int = 160
+) -> dict[str, Any]:
     load = RisingLoad(drift)
     timing = {"chunks": 4, "gap_s": 0.02, "first_s": 0.05, "jitter": 0.2, "load": load}
     with (
@@ -63,7 +65,7 @@ def _replay(tmp: Path, run_id: str, *, drift: float, extra: tuple[str, ...] = ()
             "-m",
             "replay.cli",
             "--trace",
-            str(_trace(tmp / "trace.jsonl")),
+            str(_trace(tmp / f"{run_id}.jsonl", n)),
             "--targets",
             f"ref={a.url},cand={b.url}",
             "--reference",
@@ -117,6 +119,22 @@ def test_a_drifting_machine_favours_no_arm(tmp_path: Path) -> None:
     assert all(c["change"] > 0.15 for c in cells), cells  # the drift, read as the candidate's
     together = _calls(_replay(tmp_path, "together", drift=0.05))
     assert set(together.values()) == {"same"}, together
+
+
+def test_the_serial_quality_pass_is_interleaved_and_weighs_no_systems_cell(tmp_path: Path) -> None:
+    """--quality-pass serial: c1 goes first, in blocks of 2 arm after arm (each answer computed
+    alone, one server working at a time); the quality side reads it, the systems rule only the
+    workload's own phase."""
+    summary = _replay(tmp_path, "serial", drift=0.0, extra=("--quality-pass", "serial"), n=48)
+    manifest = json.loads((tmp_path / "serial" / "manifest.json").read_text())
+    assert manifest["schedules"] == ["c1", "c4"]
+    assert manifest["options"]["quality_phase"] == "c1"
+    for arm in ("ref", "ref-control", "cand"):
+        blocks = manifest["targets"][arm]["phases"]["c1"]["blocks"]
+        assert [b[0] for b in blocks] == list(range(24)), (arm, blocks)
+    cells = summary["systems"]["rule"]["cells"]
+    assert cells and {c["phase"] for c in cells} == {"c4"}, cells
+    assert summary["systems"]["phase"] == "c4"
 
 
 def test_an_interrupted_interleaved_run_resumes_with_every_request_once(tmp_path: Path) -> None:

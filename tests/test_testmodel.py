@@ -203,3 +203,37 @@ def test_twin_computes_the_same_bits_with_keys_past_the_fp8_range(
     assert max(clipped) > 0.05, clipped
     with pytest.raises(ValueError, match="power of two"):
         derive_twin(model_dir, tmp_path / "bad", factor=100)
+
+
+def test_the_thinker_writes_a_think_block_and_then_the_same_answer(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """The thinker's prompt tokens are the model's; greedy, it writes what the model writes
+    with ``The`` and `` of`` replaced by ``<think>`` and ``</think>``: one reasoning token, the
+    answer after it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from replay.testmodel.thinker import derive_thinker
+
+    thinker = derive_thinker(model_dir, tmp_path / "thinker")
+    toks = [AutoTokenizer.from_pretrained(str(p)) for p in (model_dir, thinker)]
+    models = [
+        AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.bfloat16)
+        for p in (model_dir, thinker)
+    ]
+    for ex in [e for e in tasks.heldout_set(1) if e.family == "retrieval"][:3]:
+        ids = [
+            t.apply_chat_template(
+                ex.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            for t in toks
+        ]
+        assert ids[0] == ids[1]  # the prompt is unchanged
+        prompt = torch.tensor([ids[0]])
+        texts = [
+            tok.decode(m.generate(prompt, max_new_tokens=12, do_sample=False)[0][len(ids[0]) :])
+            for tok, m in zip(toks, models, strict=True)
+        ]
+        assert texts[0].startswith("The value of ")
+        assert texts[1] == texts[0].replace("The", "<think>", 1).replace(" of", "</think>", 1)

@@ -40,6 +40,8 @@ GOOD = {"id": "a", "messages": [{"role": "user", "content": "hi"}]}
         ({"id": "b", "task": "poetry", "messages": GOOD["messages"]}, "task", "retrieval"),
         ({"id": "b", "colour": "red", "messages": GOOD["messages"]}, "colour", "unknown field"),
         ({"id": "b", "api": "completions", "prompt": []}, "prompt", "empty"),
+        ({"id": "b", "messages": GOOD["messages"], "params": {"n": 2}}, "params.n", "n = 1"),
+        ({"id": "b", "messages": GOOD["messages"], "params": {"n": True}}, "params.n", "n = 1"),
     ],
 )
 def test_bad_line_names_line_field_and_reason(

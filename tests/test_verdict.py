@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from replay.analysis.verdict.advice import Advice
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
 from replay.analysis.verdict.rule import decide
 from replay.analysis.verdict.wording import VERDICTS
@@ -95,6 +96,53 @@ CASES = {
         ),
         "reject",
     ),
+    "per-head/skip: a served layers arm matches after calibration still missed": (
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts("fp8-cal", buckets=lose("<8K")[:1] + lose("8K-32K")[1:]),
+            layers=ArmFacts("fp8-skip", buckets=same()),
+            layers_skipped=(0, 29),
+        ),
+        "per_head_or_skip_layers",
+    ),
+    "per-head/skip: no calibration, a served layers arm matches": (
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            layers=ArmFacts("fp8-skip", buckets=same()),
+            layers_skipped=(0,),
+        ),
+        "per_head_or_skip_layers",
+    ),
+    "per-head/skip: calibration misses broadly, emulation measured a layer set": (
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts("fp8-cal", buckets=lose("<8K")[:1] + lose("8K-32K")[1:]),
+            advice=Advice("skip_layers", ("layers [0, 29] recover 85%",), (0, 29), 0.2, "cpu"),
+        ),
+        "per_head_or_skip_layers",
+    ),
+    "reject: the served layers arm still loses": (
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts("fp8-cal", buckets=lose("<8K")),
+            layers=ArmFacts("fp8-skip", buckets=lose("<8K")),
+            layers_skipped=(0, 29),
+        ),
+        "reject",
+    ),
+    "reject: emulation found nothing that recovers it (the backend's rounding)": (
+        Facts(
+            "bf16",
+            ArmFacts("fp8", buckets=lose("<8K")),
+            calibrated=ArmFacts("fp8-cal", buckets=lose("<8K")),
+            advice=Advice("reject", ("76% of the loss is the backend's rounding",), (), 0.76),
+        ),
+        "reject",
+    ),
     "reject: served cache dtype fell back": (
         Facts(
             "bf16",
@@ -150,6 +198,31 @@ def test_stop_rule(name: str) -> None:
     assert v.verdict == expected, v.reasons
     assert v.exit_code == VERDICTS[expected][0]
     assert v.reasons and v.headline.startswith(VERDICTS[expected][1])
+
+
+def test_the_next_step_names_what_was_measured() -> None:
+    """A served arm names its layers; emulated advice is evidence and names its command;
+    without any measurement the reason says how to measure, never a placeholder."""
+    served = decide(
+        CASES["per-head/skip: a served layers arm matches after calibration still missed"][0]
+    )
+    assert "--kv-cache-dtype-skip-layers 0 29" in served.reasons[0]
+    emulated = decide(
+        CASES["per-head/skip: calibration misses broadly, emulation measured a layer set"][0]
+    )
+    assert "--skip-layers NAME=0,29" in emulated.reasons[0]
+    assert any(e["kind"] == "emulation" for e in emulated.evidence)
+    rounding = decide(
+        CASES["reject: emulation found nothing that recovers it (the backend's rounding)"][0]
+    )
+    assert any("backend's rounding" in e["text"] for e in rounding.evidence)
+    bare = decide(CASES["reject: calibrated still misses broadly"][0])
+    assert any("kvcal advise" in r for r in bare.reasons)
+    one_bucket = replace(
+        CASES["per-head/skip: calibration leaves one bucket"][0], outlier_layers=()
+    )
+    assert "LAYERS" not in decide(one_bucket).reasons[0]
+    assert "kvcal advise" in decide(one_bucket).reasons[0]
 
 
 def test_every_verdict_is_covered_and_codes_are_distinct() -> None:

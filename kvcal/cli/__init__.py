@@ -5,6 +5,7 @@
     kvcal verify OUT                          did an FP8 server apply the scales? (or refuse?)
     kvcal inspect MODEL                       what KV scheme and k/v scales a checkpoint carries
     kvcal emulate MODEL --trace T             FP8 quality offline: E4M3 at the cache write
+    kvcal advise MODEL --trace T --overlay O  still losing: BF16 layers, per-head, rounding?
 
 Exit codes: 0 done (verify: scales applied); 1 verify: not applied; 2 bad input (or a missing
 optional dependency); 3 verify: the FP8 server refused (unsupported on this backend).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import click
 
+from .advise import advise_cmd
 from .calibrate import calibrate_cmd
 from .emulate import emulate_cmd
 from .inspect import inspect_cmd
@@ -32,5 +34,5 @@ def main() -> None:
     """Calibrate FP8 K/V scales from the traffic you serve (see README)."""
 
 
-for command in (inspect_cmd, sample_cmd, calibrate_cmd, verify_cmd, emulate_cmd):
+for command in (inspect_cmd, sample_cmd, calibrate_cmd, verify_cmd, emulate_cmd, advise_cmd):
     main.add_command(command)

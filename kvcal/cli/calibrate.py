@@ -19,6 +19,7 @@ from rich.progress import (
 )
 
 from replay.core.errors import InputError
+from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
 from .sample import SAMPLING_OPTIONS, TraceDraw, draw_split, takes_draw
@@ -81,7 +82,7 @@ CALIBRATE_OPTIONS = [
 
 
 @click.command("calibrate")
-@click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("model_dir", type=click.Path(path_type=Path), metavar="MODEL")
 @with_options(CALIBRATE_OPTIONS)
 @takes_draw
 def calibrate_cmd(
@@ -99,6 +100,8 @@ def calibrate_cmd(
     """Observe K/V on the samples, write scales as an overlay checkpoint vLLM loads."""
 
     def run() -> int:
+        nonlocal model_dir
+        model_dir = resolve_model(model_dir, "kvcal calibrate")
         if (samples_path is None) == (draw.trace_path is None):
             raise InputError("give exactly one of --samples FILE and --trace TRACE")
         if chunk_tokens < 16:

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
 from .tables import emulation_table, sensitivity_table
@@ -120,7 +121,7 @@ EMULATE_OPTIONS = [
 
 
 @click.command("emulate")
-@click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("model_dir", type=click.Path(path_type=Path), metavar="MODEL")
 @with_options(EMULATE_OPTIONS)
 def emulate_cmd(
     model_dir: Path,
@@ -149,7 +150,9 @@ def emulate_cmd(
     emulation: it says nothing of capacity or kernel speed."""
 
     def run() -> int:
-        _check_options(
+        nonlocal model_dir
+        model_dir = resolve_model(model_dir, "kvcal emulate")
+        check_options(
             trace_path,
             answers_dir,
             per_bucket,
@@ -189,7 +192,7 @@ def emulate_cmd(
     guard("emulate", run, EMULATE_NEEDS)
 
 
-def _check_options(
+def check_options(
     trace_path: Path | None,
     answers_dir: Path | None,
     per_bucket: int,

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
 from .tables import bucket_table
@@ -152,7 +153,7 @@ def _note_short_buckets(split: Any, opts: TraceDraw) -> None:
 
 
 @click.command("sample")
-@click.argument("model_dir", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.argument("model_dir", type=click.Path(path_type=Path), metavar="MODEL")
 @sampling_options
 @click.option(
     "-o",
@@ -165,7 +166,11 @@ def _note_short_buckets(split: Any, opts: TraceDraw) -> None:
 @takes_draw
 def sample_cmd(model_dir: Path, draw: TraceDraw, out_dir: Path) -> None:
     """Draw calibration requests from a trace, stratified by context-length bucket."""
-    guard("sample", lambda: _sample(model_dir, draw, out_dir), SAMPLE_NEEDS)
+    guard(
+        "sample",
+        lambda: _sample(resolve_model(model_dir, "kvcal sample"), draw, out_dir),
+        SAMPLE_NEEDS,
+    )
 
 
 def _sample(model_dir: Path, opts: TraceDraw, out_dir: Path) -> int:

@@ -1,5 +1,6 @@
 """Which target plays which part: the reference others are compared with, the candidate (FP8
-at scale 1.0) and the calibrated arm (FP8 with kvcal's scales).
+at scale 1.0), the calibrated arm (FP8 with kvcal's scales) and the layers arm (FP8 with some
+layers' cache kept in BF16: ``--skip-layers NAME=LAYERS`` gives a target this role).
 
 Roles are explicit where the user gives them: ``--reference``, ``--candidate`` and
 ``--calibrated`` on the command line, or ``role = "..."`` in a ``[targets.NAME]`` table (the
@@ -21,7 +22,7 @@ from typing import Any
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.core.errors import ConfigError
 
-ROLES = ("reference", "candidate", "calibrated")
+ROLES = ("reference", "candidate", "calibrated", "layers")
 _CAL_WORDS = frozenset({"cal", "calibrated", "kvcal"})
 
 
@@ -30,13 +31,15 @@ class Roles:
     reference: str
     candidate: str | None = None
     calibrated: str | None = None
+    layers: str | None = None
 
     def to_json(self) -> dict[str, str | None]:
-        return {
+        out = {
             "reference": self.reference,
             "candidate": self.candidate,
             "calibrated": self.calibrated,
         }
+        return {**out, "layers": self.layers} if self.layers else out
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any], names: Sequence[str]) -> Roles:
@@ -49,7 +52,7 @@ class Roles:
                 v = saved.get(key)
                 return v if isinstance(v, str) else None
 
-            return cls(saved["reference"], name("candidate"), name("calibrated"))
+            return cls(saved["reference"], name("candidate"), name("calibrated"), name("layers"))
         if not names:
             return cls(str(manifest.get("reference") or "bf16"))
         ref = manifest.get("reference")
@@ -75,6 +78,7 @@ def resolve(
         "reference": reference,
         "candidate": candidate,
         "calibrated": calibrated,
+        "layers": None,  # declared only: a target served with some layers in BF16
     }
     for target, role in (declared or {}).items():
         if role not in ROLES:
@@ -91,4 +95,4 @@ def resolve(
     rest = [n for n in names if n != ref and n not in picked]
     cal = given["calibrated"] or next((n for n in rest if looks_calibrated(n)), None)
     cand = given["candidate"] or next((n for n in rest if n != cal), None)
-    return Roles(ref, cand, cal)
+    return Roles(ref, cand, cal, given["layers"])

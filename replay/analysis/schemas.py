@@ -6,7 +6,8 @@
     │       ├── PhaseTotals      ResultStats of the whole phase, with output throughput
     │       ├── ServerStats      figures from the scraped /metrics over the phase
     │       └── BucketStats      ResultStats of one bucket, with the KV-cache capacity
-    │                            (ResultStats hold SloStats when the run has --slo)
+    │                            (ResultStats hold SloStats when the run has --slo, and
+    │                            ReasoningStats where the answers reasoned)
     ├── Quality                  phase -> target -> TargetQuality, and notes
     │   └── TargetQuality        buckets (BucketQuality), all (QualityTotals), shift, TF
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
@@ -15,6 +16,7 @@
     │                            systems rule's cells (SystemsRule), the capacity phase
     ├── Saturation               a load sweep's curves (``schemas_load``), per target
     ├── Sequential               a sequential canary's decision, buckets and interval path
+    ├── ReasoningLength          reasoning tokens per target x bucket against the reference
     └── Verdict                  the stop rule's outcome (``verdict.rule.decide``)
 
 Every record is a frozen dataclass (``record_json``): ``to_json()`` gives exactly the JSON
@@ -29,6 +31,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from replay.analysis.schemas_load import Saturation
+from replay.analysis.schemas_reasoning import ReasoningDelta as ReasoningDelta
+from replay.analysis.schemas_reasoning import ReasoningLength as ReasoningLength
 from replay.analysis.schemas_systems import CapacityArm as CapacityArm
 from replay.analysis.schemas_systems import CapacityPhase as CapacityPhase
 from replay.analysis.schemas_systems import SystemsCell as SystemsCell
@@ -88,6 +92,22 @@ class SessionStats(Record):
 
 
 @record
+class ReasoningStats(Record):
+    """The answers of a group that reasoned before answering (a reasoning model behind a
+    reasoning parser). ``ttft_ms`` beside it counts the first token of either kind; this is
+    the time to the first answer token, over the answers that gave one. Reasoning tokens are
+    in ``output_tokens`` too (the server generated them); ``no_answer`` counts the ok answers
+    whose reasoning was cut (by max_tokens) before any answer."""
+
+    answers: int  # ok answers with reasoning
+    tokens: int  # their reasoning tokens
+    tokens_median: float | None
+    tokens_estimated: bool  # some counts are the client's (no count from the server)
+    time_to_answer_ms: Percentiles
+    no_answer: int
+
+
+@record
 class ResultStats(Record):
     """Client-side figures of a group of results (a phase, or one bucket of it)."""
 
@@ -107,6 +127,10 @@ class ResultStats(Record):
     tokens_estimated: bool
     slo: SloStats | None = absent_if_none()  # only with --slo
     sessions: SessionStats | None = absent_if_none()  # only for traces with sessions
+    # Requests not sent because their prompt does not fit the target's max_model_len: neither
+    # ok nor errors (absent when there are none).
+    skipped_too_long: int | None = absent_if_none()
+    reasoning: ReasoningStats | None = absent_if_none()  # only where answers reasoned
 
 
 @record
@@ -466,4 +490,5 @@ class Summary(Record):
     systems: Systems | None = absent_if_none()  # None: no candidate compared
     saturation: Saturation | None = absent_if_none()  # None: the phases are not a load sweep
     sequential: Sequential | None = absent_if_none()  # None: not a sequential canary
+    reasoning: ReasoningLength | None = absent_if_none()  # None: no answer reasoned
     verdict: Verdict | None = absent_if_none()  # None: no verdict (a Locust run)

@@ -19,6 +19,7 @@ from replay.analysis.schemas import (
     Percentiles,
     PhaseSummary,
     PhaseTotals,
+    ReasoningStats,
     ResultStats,
     ServerStats,
     SessionStats,
@@ -53,6 +54,10 @@ COLUMNS = (
     "cancelled",
     "turn",
     "reused",
+    "skipped",
+    "time_to_answer",
+    "reasoning_tokens",
+    "reasoning_estimated",
 )
 
 
@@ -109,12 +114,24 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
             r.status == "cancelled",
             r.turn,
             r.reused_prefix_tokens,
+            r.status == "skipped",
+            r.time_to_answer,
+            r.reasoning_tokens,
+            r.reasoning_tokens_estimated,
         )
         for r in results
     ]
     frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
     return frame.astype(
-        {"ok": bool, "estimated": bool, "cancelled": bool, "output_tokens": "int64"}
+        {
+            "ok": bool,
+            "estimated": bool,
+            "cancelled": bool,
+            "skipped": bool,
+            "output_tokens": "int64",
+            "reasoning_tokens": "int64",
+            "reasoning_estimated": bool,
+        }
     )
 
 
@@ -153,7 +170,7 @@ def _session_stats(group: pd.DataFrame) -> SessionStats:
 
 
 def _slo_stats(group: pd.DataFrame, bounds: Mapping[str, float], dur: float | None) -> SloStats:
-    sent = group[~group["cancelled"]]
+    sent = group[~group["cancelled"] & ~group["skipped"]]
     met = int(sent["met"].sum())
     return SloStats(
         bounds_ms=dict(bounds),
@@ -171,11 +188,13 @@ def _figures(
     """``ResultStats``' fields of one group of results; with ``slo`` (the bounds that apply
     and the phase's duration), how the group did against them."""
     ok = group[group["ok"]]
-    errors = group.loc[~group["ok"], "error_kind"].value_counts()
+    # A request never sent because it cannot fit the target is counted apart: not an error.
+    errors = group.loc[~group["ok"] & ~group["skipped"], "error_kind"].value_counts()
     return {
         "requests": len(group),
         "ok": len(ok),
         "errors": int(errors.sum()),
+        "skipped_too_long": int(group["skipped"].sum()) or None,
         "errors_by_kind": {str(k): int(n) for k, n in sorted(errors.items())},
         "output_tokens": int(ok["output_tokens"].sum()),
         "prompt_tokens_median": _median(group["prompt_tokens"]),
@@ -187,9 +206,22 @@ def _figures(
         "e2e_ms": pct(ok["e2e"]),
         "decode_tok_s_median": _median(ok["decode_rate"]),
         "tokens_estimated": bool(ok["estimated"].any()),
+        **({"reasoning": _reasoning_stats(ok)} if ok["reasoning_tokens"].any() else {}),
         **({"slo": _slo_stats(group, *slo)} if slo is not None else {}),
         **({"sessions": _session_stats(group)} if group["turn"].notna().any() else {}),
     }
+
+
+def _reasoning_stats(ok: pd.DataFrame) -> ReasoningStats:
+    reasoned = ok[ok["reasoning_tokens"] > 0]
+    return ReasoningStats(
+        answers=len(reasoned),
+        tokens=int(reasoned["reasoning_tokens"].sum()),
+        tokens_median=_median(reasoned["reasoning_tokens"]),
+        tokens_estimated=bool(reasoned["reasoning_estimated"].any()),
+        time_to_answer_ms=pct(ok["time_to_answer"]),
+        no_answer=int(reasoned["time_to_answer"].isna().sum()),
+    )
 
 
 def summarize(results: Iterable[Result]) -> ResultStats:

@@ -14,8 +14,9 @@ time
     Every checker but ``code`` runs in a worker process. An answer it has not graded within
     ``time_s`` is failed ("checker error: timed out ...") and the worker is killed; the next
     answer gets a fresh one. Only a process boundary makes the limit hold for any checker: a
-    thread cannot be stopped, and a backtracking regular expression (a ``pattern`` inside a
-    JSON schema) or the JSON parser runs in C without ever looking at signals. ``code`` checks
+    thread cannot be stopped, and the JSON parser or jsonschema's own loops (``uniqueItems``
+    compares every pair) run without ever looking at signals. (Regular expressions, a
+    ``regex`` check's or a schema's ``pattern``, have their own, shorter bound.) ``code`` checks
     run in this process because the sandbox already is a separate process tree with its own
     wall timeout, killed whole when it expires.
 errors

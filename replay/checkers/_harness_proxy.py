@@ -347,6 +347,11 @@ def _solution_module(server: Server, exports: list[Any]) -> types.ModuleType:
         except Exception:
             continue
         setattr(module, name, value)
-        names.append(name)
+        if not hasattr(builtins, name):
+            names.append(name)
+    # ``from solution import *`` takes no builtin's name (``range``, ``sorted``, ``len``,
+    # ``AssertionError``...): the tests run with the builtins they were written against, so a
+    # wrong function cannot pass by redefining what its tests check it with. A solution's own
+    # ``max`` is still ``solution.max`` (``import solution``, ``from solution import max``).
     setattr(module, "__all__", names)  # noqa: B010 - not an attribute a ModuleType declares
     return module

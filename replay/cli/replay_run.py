@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,11 +22,13 @@ from rich.progress import (
 )
 
 from replay.analysis.schemas import Summary
-from replay.cli.common import console, table_console
+from replay.analysis.verdict.advice import read_advice
+from replay.cli.common import console, shown, table_console
 from replay.cli.measuring import capacity_options, resolve_control, resolve_interleave
+from replay.cli.run_directory import run_directory, run_options_of
 from replay.cli.run_options import RunOptions
 from replay.core.buckets import Buckets
-from replay.core.errors import InputError
+from replay.core.errors import InputError, RunDirError
 from replay.core.event_loop import run_loop
 from replay.core.exit_codes import ExitCode
 from replay.core.importers import StreamedTrace, scan, skipped_note, sniff_format
@@ -38,11 +39,11 @@ from replay.present.table import quality_table, summary_table
 from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.interleave import InterleavedRunner
-from replay.run.rundir import MANIFEST, file_digest, new_run_dir, read_json
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
 from replay.run.workers import WorkersRunner, check_workers
 from replay.serving.targets import TargetSpec, emulate_fp8, load_targets_config, parse_targets
+from replay.testmodel.named import resolve_model
 
 REDRAWS_PER_S = 2
 
@@ -56,11 +57,11 @@ class RichProgress:
         self.status_task = progress.add_task("", total=None)
 
     def status(self, message: str) -> None:
-        self.p.update(self.status_task, description=escape(message))
+        self.p.update(self.status_task, description=shown(message))
 
     def phase(self, target: str, label: str, total: int) -> None:
         self.status(f"[{target}] replaying ({label})")  # status() escapes the brackets
-        self.tasks[(target, label)] = self.p.add_task(escape(f"{target} {label}"), total=total)
+        self.tasks[(target, label)] = self.p.add_task(shown(f"{target} {label}"), total=total)
 
     def advance(self, target: str, label: str, ok: bool) -> None:
         self.p.advance(self.tasks[(target, label)])
@@ -121,34 +122,10 @@ def _warn_unscanned(path: Path, has_text: bool) -> None:
 
     if has_text and path.suffix == ".jsonl" and not is_scanned(path):
         console.print(
-            f"[yellow]warning:[/yellow] {escape(str(path))} was not anonymized by kvcanary; run "
+            f"[yellow]warning:[/yellow] {shown(str(path))} was not anonymized by kvcanary; run "
             "`replay trace anonymize` (and `replay trace scan`) before sharing "
             "production traces"
         )
-
-
-@dataclass(frozen=True)
-class Resuming:
-    """The run being continued, and the digest its trace must still have."""
-
-    run_dir: Path
-    trace_sha256: str
-
-
-def resume_options(run_dir: Path) -> tuple[RunOptions, Resuming]:
-    """The options the interrupted run was started with, from its manifest."""
-    where = f"--resume {run_dir}: {MANIFEST}"
-    try:
-        manifest = read_json(run_dir / MANIFEST)
-        saved, sha = manifest["cli_options"], manifest["trace"]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(
-            f"--resume {run_dir}: no readable manifest.json with the run's "
-            "options; is this a kvcanary run directory?"
-        ) from None
-    if not isinstance(saved, dict):
-        raise InputError(f"{where}: cli_options is not an object")
-    return RunOptions.from_saved(saved, where), Resuming(run_dir, str(sha))
 
 
 def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
@@ -160,13 +137,17 @@ def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
     trace = scan(path, fmt, o.length_policy, o.on_bad_line, o.limit, keep=keep)  # type: ignore[arg-type]
     if keep is not None:
         console.print(
-            f"--exclude-ids: left out {keep.dropped} request(s) listed in "
-            f"{escape(str(keep.source))}"
+            f"--exclude-ids: left out {keep.dropped} request(s) listed in {shown(str(keep.source))}"
         )
+        if keep.dropped < len(keep.ids):  # a file of another trace, or an edited one
+            console.print(
+                f"[yellow]warning:[/yellow] {len(keep.ids) - keep.dropped} id(s) it lists are "
+                "not in this trace"
+            )
     if trace.bad_count:
         console.print(
             f"[yellow]skipped {trace.bad_count} bad line(s)[/yellow] "
-            f"(first: {escape(str(trace.first_bad))}); all are listed in bad_lines.jsonl"
+            f"(first: {shown(str(trace.first_bad))}); all are listed in bad_lines.jsonl"
         )
     if trace.skipped:
         console.print(f"[yellow]{skipped_note(trace.skipped)}[/yellow] (counted in the manifest)")
@@ -180,14 +161,16 @@ def resolve_targets(o: RunOptions) -> list[TargetSpec]:
     """The targets, with the embedded test model where bf16/fp8 name no other model."""
     config = load_targets_config(o.targets_file) if o.targets_file else None
     names = [n.strip() for n in o.targets.split(",")]
-    model_dir = o.model_dir
+    model_dir = None if o.model_dir is None else resolve_model(o.model_dir, "replay --model")
     needs_default = any(n in ("bf16", "fp8") for n in names)
     if model_dir is None and needs_default and not (config and all(n in config for n in names)):
         from replay.testmodel.factory import ensure_default_model
 
         model_dir = ensure_default_model()
-        console.print(f"using the embedded test model {escape(str(model_dir))}")
+        console.print(f"using the embedded test model {shown(str(model_dir))}")
     specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config)
+    if o.skip_layers:
+        specs = with_skip_layers(specs, o.skip_layers)
     if o.emulate_fp8:
         specs = [emulate_fp8(s) for s in specs]
     for spec in specs:
@@ -195,15 +178,31 @@ def resolve_targets(o: RunOptions) -> list[TargetSpec]:
     return specs
 
 
-def run_directory(o: RunOptions, resuming: Resuming | None) -> Path:
-    if resuming is None:
-        return new_run_dir(o.out_dir, o.run_id)
-    if file_digest(o.trace_path) != resuming.trace_sha256:
+def with_skip_layers(specs: list[TargetSpec], text: str) -> list[TargetSpec]:
+    """``--skip-layers NAME=0,29``: NAME's server keeps those layers' KV cache in BF16
+    (vLLM's flag takes one index a word), and NAME is the layers arm (unless declared)."""
+    name, sep, layers = text.partition("=")
+    name = name.strip()
+    try:
+        indices = sorted({int(x) for x in layers.replace(",", " ").split()})
+    except ValueError:
+        indices = []
+    if not sep or not indices or any(i < 0 for i in indices):
         raise InputError(
-            f"--resume: {o.trace_path} changed since the run started (its "
-            "sha256 differs); resuming would mix two traces"
+            f"--skip-layers {text!r}: expected NAME=LAYERS, layer indices from 0 (fp8-skip=0,29)"
         )
-    return resuming.run_dir
+    spec = next((s for s in specs if s.name == name), None)
+    if spec is None:
+        raise InputError(f"--skip-layers: '{name}' is not one of the targets")
+    if not spec.is_local:
+        raise InputError(
+            f"--skip-layers: '{name}' is a server kvcanary does not start; start it with "
+            f"--kv-cache-dtype-skip-layers {' '.join(map(str, indices))} and give it "
+            'role = "layers" in a targets file'
+        )
+    flag = ("--kv-cache-dtype-skip-layers", *map(str, indices))
+    changed = replace(spec, args=(*spec.args, *flag), role=spec.role or "layers")
+    return [changed if s.name == name else s for s in specs]
 
 
 @dataclass(frozen=True)
@@ -233,12 +232,23 @@ class Plan:
             o.seed,
             sessions,
         )
+        if o.quality_pass == "serial" and o.sequential:
+            raise InputError(
+                "--quality-pass serial and --sequential: the sequential canary sends its own "
+                "rounds; leave one out"
+            )
+        if o.quality_pass == "serial" and schedules[0].label != SERIAL_PHASE:
+            schedules = [ClosedLoop(1), *(s for s in schedules if s.label != SERIAL_PHASE)]
         check_workers(o.workers, schedules, o.session_history)
         if o.sequential and o.workers > 1:
             raise InputError("--sequential sends its rounds from one process: leave out --workers")
         specs = resolve_targets(o)
         refuse_overlap(trace.iter_requests(), specs, o.trace_path)
         return cls(trace, fmt, buckets, schedules, specs, slo)
+
+
+# --quality-pass serial: the phase whose answers are graded, one request at a time.
+SERIAL_PHASE = "c1"
 
 
 def think_time(text: str, time_scale: float) -> ThinkTime:
@@ -292,43 +302,52 @@ def run_config(
         drain_s=o.drain_s,
         resume=resume,
         cli_options=o.to_json(),
+        advice=read_advice(o.advice_path) if o.advice_path else None,
+        quality_phase=SERIAL_PHASE if o.quality_pass == "serial" else None,
     )
 
 
-def replay_run(opts: dict[str, Any], canary: bool) -> int:
-    """The whole command: options in, exit code out."""
-    resuming: Resuming | None = None
-    if opts.get("resume_dir") is not None:
-        o, resuming = resume_options(opts["resume_dir"])
-    else:
-        o = RunOptions.from_click(opts)
+def replay_run(opts: dict[str, Any], canary: bool, given: Mapping[str, str] | None = None) -> int:
+    """The whole command: options in, exit code out. ``given``: the options the command line
+    named (parameter name to flag)."""
+    o, resuming = run_options_of(opts, given or {})
     plan = Plan.of(o)
     run_dir = run_directory(o, resuming)
     o = resolve_interleave(resolve_control(o, plan.trace), plan.trace, plan.targets)
     cfg = run_config(o, plan, run_dir, resume=resuming is not None, canary=canary)
     console.print(
-        f"run directory: [bold]{escape(str(run_dir))}[/bold] - {plan.trace.count} requests, "
+        f"run directory: [bold]{shown(str(run_dir))}[/bold] - {plan.trace.count} requests, "
         f"{len(plan.targets)} target(s), schedules {', '.join(s.label for s in plan.schedules)}"
     )
-    runner, summary = _replay(cfg, canary, o)
-    html, md = write_reports(run_dir)
+    try:
+        runner, summary = _replay(cfg, canary, o)
+        html, md = write_reports(run_dir)
+    except RunDirError as err:  # a full disk: say which run --resume finishes
+        raise err.in_run(str(run_dir)) from None
     if runner.interrupted:
         console.print(
             f"[yellow]interrupted[/yellow]: partial summary and report written; "
-            f"continue with: replay --resume {escape(str(run_dir))}"
+            f"continue with: replay --resume {shown(str(run_dir))}"
         )
         return ExitCode.INTERRUPTED
     if o.markdown_path:
-        o.markdown_path.write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
+        _copy(md, o.markdown_path)
     if canary:
         verdict = summary.verdict
         assert verdict is not None  # the runner always decides
         click.echo(md.read_text(encoding="utf-8"))
         console.print(
-            f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {escape(str(html))}"
+            f"verdict: {verdict.verdict} (exit {verdict.exit_code}); report: {shown(str(html))}"
         )
         return verdict.exit_code
     return _conclude(summary, o.max_error_rate, run_dir, html)
+
+
+def _copy(md: Path, to: Path) -> None:
+    try:
+        to.write_text(md.read_text(encoding="utf-8"), encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--markdown {to}: cannot write it ({exc}); {md} has it") from None
 
 
 def _runner(cfg: RunConfig, o: RunOptions, progress: RichProgress) -> Runner:
@@ -380,18 +399,18 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
     if summary.quality and summary.quality.phases:
         out.print(quality_table(summary.quality))
         for note in summary.quality.notes:
-            console.print(f"[yellow]note:[/yellow] {escape(note)}")
+            console.print(f"[yellow]note:[/yellow] {shown(note)}")
     failed = [(n, t.reason) for n, t in summary.targets.items() if t.status != "ok"]
     for name, reason in failed:
-        console.print(f"[red]target {escape(name)} failed:[/red] {escape(str(reason))}")
+        console.print(f"[red]target {shown(name)} failed:[/red] {shown(str(reason))}")
     erring = target_errors(summary, max_error_rate)
     for name, why in erring:
-        console.print(f"[red]target {escape(name)}:[/red] {escape(why)}")
+        console.print(f"[red]target {shown(name)}:[/red] {shown(why)}")
     for line in saturation_lines(summary):
-        console.print(escape(line))
+        console.print(shown(line))
     style = "green" if verdict.verdict == "keep" else "yellow"
-    console.print(f"[bold {style}]{escape(verdict.headline)}[/bold {style}]")
-    console.print(f"results: {escape(str(run_dir))}  report: {escape(str(html))}")
+    console.print(f"[bold {style}]{shown(verdict.headline)}[/bold {style}]")
+    console.print(f"results: {shown(str(run_dir))}  report: {shown(str(html))}")
     erring_names = {n for n, _ in erring}
     if any(n not in erring_names for n, _ in failed):
         return ExitCode.TARGET_FAILED
@@ -430,8 +449,12 @@ def target_errors(
         if t.status != "ok":
             continue  # could not be used at all: ExitCode.TARGET_FAILED says so
         phases = [p.all for p in t.phases.values()]
-        # Requests a time limit or an interrupt left unsent are not the target's failures.
-        total = sum(p.requests - p.errors_by_kind.get("cancelled", 0) for p in phases)
+        # Requests a time limit or an interrupt left unsent, and those too long for the target,
+        # are not the target's failures.
+        total = sum(
+            p.requests - p.errors_by_kind.get("cancelled", 0) - (p.skipped_too_long or 0)
+            for p in phases
+        )
         failed = total - sum(p.ok for p in phases)
         if total and failed == total:
             out.append((name, f"answered none of its {total} requests"))

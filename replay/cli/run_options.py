@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from replay.analysis.verdict.facts import Thresholds
+from replay.cli.measuring_options import MEASURING_OPTIONS
 from replay.core.buckets import DEFAULT_BOUNDS
 from replay.core.errors import InputError
 from replay.core.importers import FORMAT_HELP, LengthPolicy
@@ -88,6 +89,9 @@ class RunOptions:
     capacity_phase: bool | None = None
     capacity_concurrency: int = 12
     capacity_cache_mib: int = 0
+    skip_layers: str | None = None
+    advice_path: Path | None = None
+    quality_pass: str = "load"
 
     @classmethod
     def from_click(cls, opts: Mapping[str, Any]) -> RunOptions:
@@ -188,8 +192,9 @@ RUN_OPTIONS = [
         "--model",
         "model_dir",
         type=click.Path(path_type=Path),
-        help="Model for the built-in bf16/fp8 local targets [default: the embedded "
-        "test model: `replay model` prints it].",
+        help="Model folder for the built-in bf16/fp8 local targets, or a built-in model: "
+        "embedded (the default: `replay model` prints it), twin, real (SmolLM2-135M-Instruct: "
+        "`replay model --real`).",
     ),
     click.option(
         "--concurrency",
@@ -246,53 +251,7 @@ RUN_OPTIONS = [
         help="Run targets at the same time, each its own schedule (default: interleaved, "
         "see --interleave).",
     ),
-    click.option(
-        "--interleave/--no-interleave",
-        default=None,
-        help="Serve every target at once and send each phase in blocks, arm after arm in a "
-        "rotating order, so that a machine whose load drifts cannot favour one [default: on "
-        "when targets are compared, except with --parallel-targets, --workers or "
-        "--session-history reference].",
-    ),
-    click.option(
-        "--block-size",
-        default=0,
-        show_default=True,
-        type=click.IntRange(min=0),
-        help="Interleaved: units (requests or sessions) per block; 0 = 4 x the concurrency "
-        "of a closed loop, 32 in an open loop.",
-    ),
-    click.option(
-        "--systems-threshold",
-        default=0.05,
-        show_default=True,
-        type=click.FloatRange(0.0, 1.0, min_open=True),
-        help="Smallest change in a latency or a rate that counts as faster, slower, more or "
-        "fewer (0.05: x1.05 or /1.05), beyond the A/A floor as well.",
-    ),
-    click.option(
-        "--capacity-phase/--no-capacity-phase",
-        default=None,
-        help="Restart the reference and the candidate with the same, smaller KV cache and "
-        "load them until the reference's cache is full: does the candidate's larger cache "
-        "serve more requests/s there? [default: on in `canary` when the workload's own load "
-        "never fills the reference's cache; local servers only].",
-    ),
-    click.option(
-        "--capacity-concurrency",
-        default=12,
-        show_default=True,
-        type=click.IntRange(min=2),
-        help="Capacity phase: requests in flight (the reference's cache holds 0.6 of them).",
-    ),
-    click.option(
-        "--capacity-cache-mib",
-        default=0,
-        show_default=True,
-        type=click.IntRange(min=0),
-        help="Capacity phase: KV-cache memory of each server in MiB (0: sized from the "
-        "workload's median request).",
-    ),
+    *MEASURING_OPTIONS,
     click.option(
         "--timeout",
         "timeout_s",
@@ -320,6 +279,29 @@ RUN_OPTIONS = [
         "--calibrated",
         help="Target with calibrated scales [default: a targets-file "
         "`role`, else a name with the word cal, calibrated or kvcal, as fp8-cal].",
+    ),
+    click.option(
+        "--quality-pass",
+        type=click.Choice(["load", "serial"]),
+        default="load",
+        show_default=True,
+        help="Where quality is graded: the load phases' answers, or a first phase at "
+        "concurrency 1 (c1) whose answers do not depend on batching (vLLM CPU cannot serve "
+        "batch-invariant kernels); the load phases still measure the systems side.",
+    ),
+    click.option(
+        "--skip-layers",
+        metavar="NAME=LAYERS",
+        help="Serve the local target NAME with these layers' KV cache in BF16 "
+        "(--kv-cache-dtype-skip-layers; e.g. fp8-skip=0,29): the layers arm of the stop rule, "
+        "what `kvcal advise` proposes.",
+    ),
+    click.option(
+        "--advice",
+        "advice_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="A `kvcal advise --json` file: its emulated figures (layers to keep in BF16, "
+        "per-head scales, the backend's rounding) become the verdict's next-step evidence.",
     ),
     click.option(
         "--emulate-fp8",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
 
-from replay.cli.common import guard
+from replay.cli.common import guard, writing
 from replay.core.errors import InputError, TraceError
 from replay.core.exit_codes import ExitCode
 from replay.core.importers import FORMAT_HELP, LengthPolicy, skipped_note, stream
@@ -66,7 +67,7 @@ def trace_import(
         # checked: a bad line in "fail" mode leaves no half-written output behind.
         tmp = output.with_name(output.name + ".part")
         try:
-            with tmp.open("w", encoding="utf-8") as fh:
+            with writing("-o", output, tmp), tmp.open("w", encoding="utf-8") as fh:
                 for req in stream(
                     path,
                     fmt,
@@ -76,9 +77,11 @@ def trace_import(
                     stats,
                 ):
                     fh.write(req.model_dump_json(exclude_none=True) + "\n")
-            tmp.replace(output)
+            with writing("-o", output, tmp):
+                tmp.replace(output)
         finally:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         note = f"; {skipped_note(stats.skipped)}" if stats.skipped else ""
         click.echo(
             f"wrote {stats.requests} request(s) to {output}; {bad[0]} bad line(s) skipped{note}"
@@ -131,7 +134,9 @@ def trace_anonymize(
     def run() -> int:
         from replay.tools.anonymize import anonymize_file, scan_file
 
-        counts = anonymize_file(path, output, _secret(secret_env, secret_file))
+        secret = _secret(secret_env, secret_file)
+        with writing("-o", output, output.with_name(f".{output.name}.partial")):
+            counts = anonymize_file(path, output, secret)
         found = {k: n for k, n in counts.items() if n}
         click.echo(f"wrote {output}: replaced {sum(found.values())} item(s) {found or ''}")
         lines, left = scan_file(output)

@@ -5,9 +5,10 @@ data (``Result.status == "error"``), recorded and reported.
     ├── InputError                the user's input is wrong (their fault)
     │   ├── TraceError            a trace line: file, line, field, reason
     │   └── ConfigError           targets / scenario configuration
-    └── TargetError               a target cannot be used for this run
-        ├── ServerStartError      a local server did not come up (log tail attached)
-        └── ServingMismatch       the server runs something other than its spec says
+    ├── TargetError               a target cannot be used for this run
+    │   ├── ServerStartError      a local server did not come up (log tail attached)
+    │   └── ServingMismatch       the server runs something other than its spec says
+    └── RunDirError               the run directory cannot be written mid-run (a full disk)
 """
 
 from __future__ import annotations
@@ -50,3 +51,25 @@ class ServerStartError(TargetError):
 
 class ServingMismatch(TargetError):
     """The server serves something other than what its spec asks for (e.g. cache dtype)."""
+
+
+class RunDirError(KvcanaryError):
+    """A file of the run directory could not be written once the run had started (a full disk,
+    a quota, a folder made read-only): the machine's fault, not the input's. What was written
+    before stays whole; ``run_dir`` names the run to finish with ``--resume`` once it can be
+    written again (None: not known where this was raised)."""
+
+    def __init__(self, path: str, reason: str, run_dir: str | None = None) -> None:
+        self.path, self.reason, self.run_dir = path, reason, run_dir
+        then = (
+            f"; the run stopped, and every result written before it is kept: make room (or "
+            f"make the folder writable again), then finish the run with `replay --resume "
+            f"{run_dir}`"
+            if run_dir is not None
+            else ""
+        )
+        super().__init__(f"cannot write {path}: {reason}{then}")
+
+    def in_run(self, run_dir: str) -> RunDirError:
+        """The same failure, saying which run to resume."""
+        return self if self.run_dir is not None else RunDirError(self.path, self.reason, run_dir)

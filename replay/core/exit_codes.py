@@ -22,6 +22,9 @@ class ExitCode(IntEnum):
     # A target was used but did not answer: none of its requests, more than the allowed
     # share of them, or it was stopped by its error budget.
     TARGET_ERRORS = 4
+    # The run directory could not be written mid-run (a full disk): every result written
+    # before is kept, and ``--resume`` finishes the run once there is room.
+    RUN_DIR = 5
     # ``replay canary``'s verdicts (``replay.analysis.verdict.VERDICTS``); "keep" is OK.
     VERDICT_CALIBRATE = 10
     VERDICT_PER_HEAD_OR_SKIP_LAYERS = 11

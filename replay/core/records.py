@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Status = Literal["ok", "error", "cancelled"]
+# "skipped": never sent, because the request cannot be served as it is (its prompt does not fit
+# the target's context): a property of the request, not a failure of the server.
+Status = Literal["ok", "error", "cancelled", "skipped"]
 ErrorKind = Literal[
     "timeout",
     "http",
@@ -20,7 +22,12 @@ ErrorKind = Literal[
     "cancelled",
     "server_error",
     "unavailable",
+    "too_long",
 ]
+
+
+# What ``to_json`` adds to the fields (computed, so not read back).
+_DERIVED = ("ttft", "e2e", "queue_delay", "time_to_answer")
 
 
 @dataclass(slots=True)
@@ -43,6 +50,7 @@ class Result:
     bucket: str
     scheduled: float
     sent: float | None = None
+    # The first token of any kind (reasoning or answer): TTFT, as GuideLLM counts it.
     first_token: float | None = None
     done: float | None = None
     status: Status = "ok"
@@ -54,11 +62,15 @@ class Result:
     # Arrival time of each chunk that carried tokens, and how many tokens it carried.
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    # The answer (``delta.content``, or the completion's ``text``): what grading reads.
     output_text: str = ""
     # Token ids as the server reports them (``return_token_ids``): the chat-templated prompt
     # and the output, for agreement positions and teacher-forced scoring.
     prompt_ids: list[int] | None = None
     output_ids: list[int] = field(default_factory=list)
+    # The log-probability of each output token under this target, as it generated it (asked
+    # for when teacher-forced scoring is on: a target's own answer scores itself for free).
+    output_logprobs: list[float] | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     # True when the server reported no usage at all, so ``output_tokens`` counts content chunks.
@@ -76,12 +88,40 @@ class Result:
     session: str | None = None
     turn: int | None = None
     reused_prefix_tokens: int | None = None
+    # Reasoning models (``delta.reasoning_content``, or ``delta.reasoning`` in newer vLLM):
+    # the chain of thought, kept apart from the answer and never graded, and its tokens.
+    # ``output_tokens`` counts them too (the server generated them); ``reasoning_tokens`` is
+    # the server's ``completion_tokens_details.reasoning_tokens`` where it reports a count,
+    # else the tokens of the arrivals that carried reasoning alone
+    # (``reasoning_tokens_estimated``). ``first_answer_token`` is when the first answer token
+    # (text or tool call) arrived: the time to first answer token beside TTFT.
+    first_answer_token: float | None = None
+    reasoning_text: str = ""
+    reasoning_tokens: int = 0
+    reasoning_tokens_estimated: bool = False
+    # Content parts of a type other than text (``delta.content`` as a list), counted by type:
+    # recorded, not read as the answer.
+    other_content_parts: dict[str, int] = field(default_factory=dict)
+    # The stream ended in good order after the choice's finish_reason but without
+    # ``data: [DONE]``: the answer is complete and kept (some servers and gateways omit it).
+    no_done: bool = False
+    # Content chunks that came in one read with a later chunk: the kernel stamps a read
+    # once (its last segment's arrival), so they are folded into that chunk's arrival, their
+    # tokens with its own, and the read's gap is spread over them all (never a 0 ms gap).
+    shared_stamps: int = 0
 
     @property
     def ttft(self) -> float | None:
         if self.first_token is None or self.sent is None:
             return None
         return self.first_token - self.sent
+
+    @property
+    def time_to_answer(self) -> float | None:
+        """Time to the first answer token (after any reasoning); None without an answer."""
+        if self.first_answer_token is None or self.sent is None:
+            return None
+        return self.first_answer_token - self.sent
 
     @property
     def e2e(self) -> float | None:
@@ -107,10 +147,11 @@ class Result:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["ttft"], d["e2e"], d["queue_delay"] = self.ttft, self.e2e, self.queue_delay
+        d["time_to_answer"] = self.time_to_answer
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Result:
-        d = {k: v for k, v in d.items() if k not in ("ttft", "e2e", "queue_delay")}
+        d = {k: v for k, v in d.items() if k not in _DERIVED}
         d["tool_calls"] = [ToolCall(**c) for c in d.get("tool_calls", [])]
         return cls(**d)

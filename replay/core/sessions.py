@@ -14,7 +14,7 @@ Within a session, turns are ordered by ``meta.turn`` where the importer gives it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from replay.core.trace import Request
@@ -78,8 +78,8 @@ class ThinkTime:
         return f"the trace's gaps x{self.scale:g}"
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Tokens two prompts share from the start: what a prefix cache can serve the second."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Tokens two sequences share from the start: what a prefix cache can serve the second."""
     n = min(len(a), len(b))
     k = 0
     while k < n and a[k] == b[k]:

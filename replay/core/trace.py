@@ -19,14 +19,35 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from replay.checkers import SpecError, parse_check
 from replay.core.errors import TraceError
+from replay.core.ids import id_problem
+from replay.core.strict import StrictInt, StrictNumber, shown, token_ids
 
 FORMAT_VERSION = 1
+TOOLS_AND_PROMPT = ("messages", "prompt", "tools", "tool_choice")
 TASKS = ("retrieval", "tool", "code", "json", "chat", "perf")
 OnBadLine = Literal["fail", "skip"]
+
+
+# Request fields a record's ``params`` may not set (it would override what the record says, or
+# what the replay controls to measure and compare), and what sets each one instead.
+_REPLAY = "the replay sets it"
+FIRST_CLASS = {
+    **{key: f"the record's own '{key}' sets it" for key in TOOLS_AND_PROMPT},
+    "max_tokens": "the record's own 'max_tokens' sets it",
+    "max_completion_tokens": "the record's own 'max_tokens' sets it",
+    "model": f"{_REPLAY} (the target's served model)",
+    "stream": f"{_REPLAY} (every answer streams, to time each token)",
+    "stream_options": f"{_REPLAY} (usage on every chunk, to count tokens)",
+    "return_token_ids": f"{_REPLAY} (token ids for agreement and scoring)",
+    "cache_salt": f"{_REPLAY} (one prefix cache a phase)",
+    "n": f"{_REPLAY} (one answer a request, n = 1, is replayed and graded)",
+    "best_of": f"{_REPLAY} (one answer a request)",
+    "echo": f"{_REPLAY} (the answer is the model's text alone)",
+}
 
 
 class Synth(BaseModel):
@@ -35,9 +56,11 @@ class Synth(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input_tokens: int = Field(gt=0, description="exact prompt length in the target's tokens")
-    hash_ids: tuple[int, ...] = Field(default=(), description="ids of prefix blocks, in order")
-    block_tokens: int = Field(default=512, gt=0, description="tokens per hash-id block")
+    input_tokens: StrictInt = Field(gt=0, description="exact prompt length in the target's tokens")
+    hash_ids: tuple[StrictInt, ...] = Field(
+        default=(), description="ids of prefix blocks, in order"
+    )
+    block_tokens: StrictInt = Field(default=512, gt=0, description="tokens per hash-id block")
 
 
 class Request(BaseModel):
@@ -46,20 +69,47 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1)
-    t: float | None = Field(default=None, ge=0, description="arrival offset, seconds")
+    t: StrictNumber | None = Field(default=None, ge=0, description="arrival offset, seconds")
     session: str | None = None
     api: Literal["chat", "completions"] = "chat"
     messages: tuple[dict[str, Any], ...] | None = None
-    prompt: str | tuple[int, ...] | None = None
+    prompt: str | tuple[StrictInt, ...] | None = None
     synth: Synth | None = None
     tools: tuple[dict[str, Any], ...] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    max_tokens: int = Field(default=128, gt=0)
+    max_tokens: StrictInt = Field(default=128, gt=0)
     params: dict[str, Any] = Field(default_factory=dict)
     task: Literal["retrieval", "tool", "code", "json", "chat", "perf"] = "chat"
     check: dict[str, Any] | None = None
-    input_tokens: int | None = Field(default=None, gt=0)
+    input_tokens: StrictInt | None = Field(default=None, gt=0)
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list | tuple) and token_ids(prompt) is None:
+            bad = next((i, v) for i, v in enumerate(prompt) if token_ids([v]) is None)
+            raise ValueError(
+                f"prompt: token ids are integers >= 0; item {bad[0]} is {shown(bad[1])}"
+            )
+        return prompt
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        for key in params:
+            owner = FIRST_CLASS.get(key)
+            if owner is not None:
+                raise ValueError(f"params.{key}: {owner}; params cannot override it")
+        return params
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, rid: str) -> str:
+        why = id_problem(rid)
+        if why is not None:
+            raise ValueError(f"id: {why}")
+        return rid
 
     @model_validator(mode="after")
     def _shape(self) -> Request:

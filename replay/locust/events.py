@@ -40,13 +40,17 @@ def sample_evenly(values: Sequence[float], cap: int) -> list[float]:
 def locust_events(r: Result, itl_cap: int = DEFAULT_ITL_EVENTS) -> list[LocustEvent]:
     """A Result as Locust request events, one entry name per metric and bucket:
 
-    ``ttft <b>``            time to first token, ms (length: prompt tokens)
+    ``ttft <b>``            time to first token of any kind (reasoning or answer), ms
+                            (length: prompt tokens)
+    ``answer <b>``          time to first answer token, ms, for an answer that reasoned
+                            first (length: its reasoning tokens); otherwise it is the TTFT
     ``itl <b>``             one event per inter-token gap, ms (a chunk of n tokens counts n
                             gaps of a nth of its gap, as ``Result.itl``), at most ``itl_cap``
                             per request, sampled evenly (length: 1 token)
     ``e2e <b>``             whole request, ms (length: output tokens); a failed request is
                             one failure here, with its error kind and message
     ``output_tokens <b>``   the response-time columns hold the output token count
+    ``reasoning_tokens <b>`` the same for its reasoning tokens, for an answer that reasoned
 
     Cancelled requests (the test stopped) are not server outcomes and fire nothing.
     """
@@ -60,6 +64,9 @@ def locust_events(r: Result, itl_cap: int = DEFAULT_ITL_EVENTS) -> list[LocustEv
     out: list[LocustEvent] = []
     if r.ttft is not None:
         out.append(LocustEvent(REQUEST_TYPE, f"ttft {b}", r.ttft * 1000, r.prompt_tokens or 0))
+    reasoned = r.reasoning_tokens
+    if reasoned and r.time_to_answer is not None:
+        out.append(LocustEvent(REQUEST_TYPE, f"answer {b}", r.time_to_answer * 1000, reasoned))
     out += [
         LocustEvent(REQUEST_TYPE, f"itl {b}", gap * 1000, 1)
         for gap in sample_evenly(r.itl(), itl_cap)
@@ -69,6 +76,8 @@ def locust_events(r: Result, itl_cap: int = DEFAULT_ITL_EVENTS) -> list[LocustEv
     out.append(
         LocustEvent(REQUEST_TYPE, f"output_tokens {b}", float(r.output_tokens), r.output_tokens)
     )
+    if reasoned:
+        out.append(LocustEvent(REQUEST_TYPE, f"reasoning_tokens {b}", float(reasoned), reasoned))
     return out
 
 

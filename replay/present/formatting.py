@@ -1,6 +1,7 @@
-"""How a number reads in everything a person reads: the HTML and Markdown reports and the
-terminal tables. One vocabulary, so that a percentage, a difference in points or a count
-looks the same wherever it appears.
+"""How a number and a text read in everything a person reads: the HTML and Markdown reports
+and the terminal. One vocabulary, so that a percentage, a difference in points or a count
+looks the same wherever it appears, and one escape (``visible``), so that no text from a model,
+a server or a trace acts on the reader instead of showing itself.
 
 A missing value is a dash, never 0. The reports take any JSON value (``num`` turns what is
 not a finite number into a missing one) and show an em dash (``DASH``); the terminal tables
@@ -9,11 +10,41 @@ take the summary's typed numbers as they are and show an en dash (``TERMINAL_DAS
 
 from __future__ import annotations
 
+import functools
 import math
+import re
+import unicodedata
 from collections.abc import Callable
 
 DASH = "—"
 TERMINAL_DASH = "–"
+
+
+# -- text: what shows, never what acts ---------------------------------------------------------
+
+# Characters that act instead of showing: controls (NUL, BEL, ESC...; newline and tab stay),
+# format characters (the bidi overrides U+202A-U+202E and isolates U+2066-U+2069, zero-width
+# spaces, the soft hyphen), line and paragraph separators, lone surrogates, private-use and
+# unassigned code points. The zero-width joiner and non-joiner stay: scripts and emoji need them.
+_ACTING = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_JOINERS = frozenset({"\u200c", "\u200d"})
+_NOT_PLAIN = re.compile(r"[^\n\t\x20-\x7e]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _shown(ch: str) -> str:
+    if ch in _JOINERS or unicodedata.category(ch) not in _ACTING:
+        return ch
+    cp = ord(ch)
+    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with every character that would act instead of show written as its escape
+    (``\\x1b``, ``\\u202e``): the one escape every report and terminal line applies to text it did
+    not write itself (answers, ids, trace and server text), after which HTML or Markdown
+    escaping makes it safe markup."""
+    return _NOT_PLAIN.sub(lambda m: _shown(m.group(0)), text)
 
 
 def num(x: object) -> float | None:

@@ -1,6 +1,8 @@
 """The self-contained HTML report: the section views and a header rendered through the Jinja
 template beside this module (``report_template.html.j2``), with autoescape on and nothing
-marked safe, so model and trace text stays text."""
+marked safe, so model and trace text stays text; every value the template prints passes
+through ``visible`` first (its ``finalize``), so no control or bidi character reaches the page
+raw."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from replay.present.formatting import DASH, f_int, num, text
+from replay.present.formatting import DASH, f_int, num, text, visible
 from replay.present.reading import Run, dig, lst, obj
 from replay.present.sections import build_views, shown_sections
 
@@ -42,6 +44,14 @@ def _f_sha(x: object) -> str:
     return f"{x[:12]}…" if isinstance(x, str) and x else DASH
 
 
+def _finalize(value: object) -> object:
+    """Every printed value: text made visible; a macro's output (markup built from values
+    that already went through here) as it is."""
+    if isinstance(value, str) and not hasattr(value, "__html__"):  # Markup has it
+        return visible(value)
+    return value
+
+
 @functools.cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -50,6 +60,7 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_finalize,
     )
     env.globals["DASH"] = DASH
     return env

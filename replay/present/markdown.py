@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from replay.present.formatting import DASH
+from replay.present.formatting import DASH, visible
 from replay.present.quality_views import QUALITY_HEADERS
 from replay.present.reading import Run
 from replay.present.sections import build_views
@@ -71,8 +71,9 @@ def _md_verdict(run: Run, v: Mapping[str, Any]) -> list[str]:
 
 
 def md(s: object) -> str:
-    """Text for a Markdown table cell or bullet: one line, pipes and angle brackets escaped."""
-    t = " ".join(str(s).split())
+    """Text for a Markdown table cell or bullet: one line, nothing that acts (``visible``),
+    pipes and angle brackets escaped."""
+    t = visible(" ".join(str(s).split()))
     return t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 

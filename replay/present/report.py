@@ -20,12 +20,12 @@ number), ``sections`` puts them in order, and ``html`` and ``markdown`` render t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from replay.present.html import html_report
 from replay.present.markdown import markdown_report
 from replay.present.reading import load_run
+from replay.run.rundir import write_text
 
 
 def render_html(run_dir: Path) -> str:
@@ -43,12 +43,6 @@ def write_reports(run_dir: Path) -> tuple[Path, Path]:
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
-    _write(html_path, html_report(run))
-    _write(md_path, markdown_report(run))
+    write_text(html_path, html_report(run))  # whole or not at all; RunDirError when it cannot
+    write_text(md_path, markdown_report(run))
     return html_path, md_path
-
-
-def _write(path: Path, content: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(content, encoding="utf-8")
-    os.replace(tmp, path)

@@ -11,6 +11,7 @@ from replay.analysis.schemas import (
     CapacityPhase,
     LatencyDelta,
     Percentiles,
+    ReasoningStats,
     SystemsBucket,
     SystemsRule,
     TargetSummary,
@@ -280,6 +281,7 @@ def _latency_table(run: Run, phase: str) -> Table | None:
     phases = [t.phases.get(phase) for t in run.summary.targets.values()]
     slo = [b.slo for ph in phases if ph for b in ph.buckets.values() if b.slo is not None]
     sessions = any(b.sessions for ph in phases if ph for b in ph.buckets.values())
+    reasoning = any(b.reasoning for ph in phases if ph for b in ph.buckets.values())
     t = Table(
         [
             "Target",
@@ -293,6 +295,11 @@ def _latency_table(run: Run, phase: str) -> Table | None:
             "Queue delay p90 (ms)",
             *(["SLO met", "Goodput (req/s)"] if slo else []),
             *(["Later turns", "Prefix reused"] if sessions else []),
+            *(
+                ["First answer token p50 / p90 (ms)", "Reasoning tokens median"]
+                if reasoning
+                else []
+            ),
         ],
         caption=_slo_caption(slo[0].bounds_ms) if slo else "",
     )
@@ -322,7 +329,13 @@ def _latency_table(run: Run, phase: str) -> Table | None:
                         "answer began with (what a prefix cache can serve)",
                     ),
                 ]
+            if reasoning:
+                extra += _reasoning_cells(row.reasoning)
             kinds = ", ".join(f"{k}: {n}" for k, n in row.errors_by_kind.items())
+            if row.skipped_too_long:
+                kinds += (", " if kinds else "") + (
+                    f"{row.skipped_too_long} not sent: longer than max_model_len"
+                )
             t.add(
                 name,
                 bucket,
@@ -339,6 +352,16 @@ def _latency_table(run: Run, phase: str) -> Table | None:
                 *extra,
             )
     return t if t.rows else None
+
+
+def _reasoning_cells(r: ReasoningStats | None) -> list[str | Cell]:
+    """Time to the first answer token (TTFT counts the first reasoning token) and the median
+    reasoning length; answers cut while reasoning have no answer token, and are counted."""
+    if r is None:
+        return [DASH, DASH]
+    cut = f" ({r.no_answer} cut before an answer)" if r.no_answer else ""
+    est = " (client's count)" if r.tokens_estimated else ""
+    return [_f_pcts(r.time_to_answer_ms, False) + cut, f_sig(r.tokens_median) + est]
 
 
 def _slo_caption(bounds_ms: Mapping[str, float]) -> str:

@@ -33,9 +33,19 @@ def _has_slo(summary: Summary) -> bool:
     )
 
 
+def _has_reasoning(summary: Summary) -> bool:
+    return any(
+        row.reasoning is not None
+        for tgt in summary.targets.values()
+        for ph in tgt.phases.values()
+        for row in ph.buckets.values()
+    )
+
+
 def summary_table(summary: Summary) -> Table:
     t = Table(title="kvcanary replay: per target x phase x bucket", show_lines=False)
     slo = _has_slo(summary)
+    reasoning = _has_reasoning(summary)
     columns = [
         ("target", "left"),
         ("phase", "left"),
@@ -54,13 +64,15 @@ def summary_table(summary: Summary) -> Table:
     ]
     if slo:
         columns += [("SLO met", "right"), ("goodput/s", "right")]
+    if reasoning:  # TTFT is the first token of either kind; this, the first answer token's
+        columns += [("answer p50 ms", "right"), ("reasoning tok", "right")]
     for col, just in columns:
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for name, tgt in summary.targets.items():
         if tgt.status != "ok":
             row = [name, "", "", "", "all", f"[red]{tgt.status}[/red]", "", "", ""]
             row += [_f(tgt.kv_cache_size_tokens, ",.0f"), "", "", "", ""]
-            t.add_row(*row, *(["", ""] if slo else []))
+            t.add_row(*row, *(["", ""] if slo else []), *(["", ""] if reasoning else []))
         for label, ph in tgt.phases.items():
             srv = ph.server
             for i, (bucket, b) in enumerate(ph.buckets.items()):
@@ -70,7 +82,8 @@ def summary_table(summary: Summary) -> Table:
                     label,
                     bucket,
                     str(b.requests),
-                    str(b.errors),
+                    str(b.errors)
+                    + (f" +{b.skipped_too_long} too long" if b.skipped_too_long else ""),
                     f"{_f(b.ttft_ms.p50)} / {_f(b.ttft_ms.p99)}",
                     f"{_f(b.itl_ms.p50, '.2f')} / {_f(b.itl_ms.p99, '.2f')}",
                     _f(b.e2e_ms.p50, ".0f"),
@@ -85,6 +98,12 @@ def summary_table(summary: Summary) -> Table:
                     cells += [
                         _pct(b.slo.attainment) if b.slo else "",
                         _f(b.slo.goodput_rps, ".2f") if b.slo else "",
+                    ]
+                if reasoning:
+                    rs = b.reasoning
+                    cells += [
+                        _f(rs.time_to_answer_ms.p50) if rs else "",
+                        _f(rs.tokens_median, ".0f") if rs else "",
                     ]
                 t.add_row(*cells)
     return t

@@ -17,6 +17,7 @@ import orjson
 from replay.analysis.capacity import capacity_phase
 from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
+from replay.analysis.reasoning import reasoning_length
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
 from replay.analysis.schemas import CapacityPhase, Sequential, Summary, SystemsRule
@@ -50,6 +51,7 @@ from replay.run.rundir import (
     file_digest,
     read_json,
     read_results,
+    rewrite_jsonl,
     write_json,
 )
 from replay.run.sequential_file import load_record
@@ -117,9 +119,7 @@ def analyse(a: Analysis) -> Summary:
         summary = replace(summary, saturation=sweep)
     if a.grading:
         rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
-        with (a.run_dir / GRADES).open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(orjson.dumps(row).decode() + "\n")
+        rewrite_jsonl(a.run_dir / GRADES, rows)
         tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
         summary = replace(
             summary,
@@ -134,22 +134,24 @@ def analyse(a: Analysis) -> Summary:
                 min_pairs=a.thresholds.min_pairs,
             ),
         )
+    length = reasoning_length(results, a.reference, a.bucket_labels, a.seed)
+    if length is not None:
+        summary = replace(summary, reasoning=length)
     if a.sequential is not None:
         summary = replace(summary, sequential=a.sequential)
     if a.verdict:
         if a.candidate is not None:
             rule, capacity = systems_rule(a, results, a.candidate)
+            first = load_phases(a)[0]
             compared = replace(
-                systems(results, a.reference, a.candidate, a.first_phase, a.seed, rule=rule),
+                systems(results, a.reference, a.candidate, first, a.seed, rule=rule),
                 capacity=capacity,
             )
             summary = replace(
                 summary,
                 systems=replace(
                     compared,
-                    throughput_ratio=(
-                        throughput_ratio(summary, a.reference, a.candidate, a.first_phase)
-                    ),
+                    throughput_ratio=throughput_ratio(summary, a.reference, a.candidate, first),
                 ),
             )
         verdict = decide(
@@ -168,7 +170,7 @@ def systems_rule(
     with SLOs, goodput per interleaved phase over its blocks; the capacity phase's rate."""
     control = a.reference + CONTROL_SUFFIX
     control_name = control if control in a.targets else None
-    phases = [str(p) for p in (a.manifest.get("schedules") or [a.first_phase])]
+    phases = load_phases(a)
     blocks = {
         name: {ph: block_list(w) for ph, w in t["phases"].items()} for name, t in a.targets.items()
     }
@@ -198,6 +200,15 @@ def systems_rule(
         ),
         capacity,
     )
+
+
+def load_phases(a: Analysis) -> list[str]:
+    """The phases the systems side reads: every phase but the quality pass (--quality-pass
+    serial's c1 answers one request at a time for quality, not at the workload's load), unless
+    it is the run's only phase."""
+    phases = [str(p) for p in (a.manifest.get("schedules") or [a.first_phase])]
+    quality = (a.manifest.get("options") or {}).get("quality_phase")
+    return [p for p in phases if p != quality] or phases
 
 
 def _capacity(

@@ -35,7 +35,7 @@ import numpy as np
 
 from replay.analysis.summary import server_over, spans_of
 from replay.analysis.systems_cells import CAPACITY as PHASE
-from replay.core.errors import TargetError
+from replay.core.errors import RunDirError, TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
 from replay.core.sessions import Unit
@@ -45,7 +45,14 @@ from replay.run.budget import ErrorBudget
 from replay.run.config import CapacityOptions, RunConfig
 from replay.run.phase import Phase, TargetSession
 from replay.run.progress import Progress
-from replay.run.rundir import CAPACITY_DIR, MANIFEST, RESULTS, JsonlWriter, read_json
+from replay.run.rundir import (
+    CAPACITY_DIR,
+    MANIFEST,
+    RESULTS,
+    JsonlWriter,
+    read_json,
+    write_failure,
+)
 from replay.run.servers import launch, stop
 from replay.serving.client import Client
 from replay.serving.introspect import Scraper, api_session, introspect, served_model
@@ -238,12 +245,18 @@ class CapacityRun:
     timeout_s: float = 600.0
     seed: int = 0
     startup_timeout_s: float = 900.0
+    # A file of the run directory that cannot be written (the run's ``RunStop``: it stops the
+    # run, exit 5); None: the writer raises.
+    cannot_write: Callable[[RunDirError], None] | None = None
 
     async def run(self) -> dict[str, Any]:
         """Start both servers, send the blocks, stop them; the manifest's block."""
         where = self.run_dir / CAPACITY_DIR
         shutil.rmtree(where, ignore_errors=True)  # a resume runs the whole phase again
-        (where / "metrics").mkdir(parents=True)
+        try:
+            (where / "metrics").mkdir(parents=True)
+        except OSError as exc:
+            raise write_failure(where, exc) from None
         p = self.plan
         block: dict[str, Any] = {
             "status": "running",
@@ -265,7 +278,7 @@ class CapacityRun:
         infos: dict[str, dict[str, Any]] = block["servers"]
         for sv in servers:
             infos[sv.spec.name] = {}
-        writer = JsonlWriter(where / RESULTS)
+        writer = JsonlWriter(where / RESULTS, self.cannot_write)
         try:
             started = await asyncio.gather(
                 *(launch(sv, infos[sv.spec.name], lambda: None, self.stopping) for sv in servers)
@@ -320,7 +333,9 @@ class CapacityRun:
             epoch=self.clock.epoch,
         )
         stack.push_async_callback(client.close)
-        series = JsonlWriter(self.run_dir / CAPACITY_DIR / "metrics" / f"{sv.spec.name}.jsonl")
+        series = JsonlWriter(
+            self.run_dir / CAPACITY_DIR / "metrics" / f"{sv.spec.name}.jsonl", self.cannot_write
+        )
         stack.callback(series.close)
         scraper = Scraper(session, sv.url, self.clock.now, lambda s: series.write(s.to_json()))
         scraper.start()

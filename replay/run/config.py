@@ -84,6 +84,10 @@ class RunConfig:
     max_errors: int | None = None
     max_error_rate: float | None = 0.05
     cli_options: dict[str, Any] = field(default_factory=dict)
+    # ``kvcal advise``'s figures, for the verdict's next step (``analysis.verdict.advice``).
+    advice: dict[str, Any] | None = None
+    # The one phase the stop rule's quality side reads (--quality-pass serial: c1); None: all.
+    quality_phase: str | None = None
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
 
     def phase_salt(self, target: str, label: str) -> str | None:
@@ -125,6 +129,10 @@ class RunConfig:
             options["stop_at_saturation"] = True
         if self.workers > 1:
             options["workers"] = self.workers
+        if self.advice is not None:
+            options["advice"] = self.advice
+        if self.quality_phase is not None:
+            options["quality_phase"] = self.quality_phase
         return options
 
 

@@ -2,8 +2,9 @@
 
 Scales calibrated on a request and then judged on the same request measure reuse, not
 generalization. ``--exclude-ids FILE`` drops the ids a calibration used (``kvcal sample``
-writes them, one per line); a target serving a calibrated checkpoint whose manifest lists
-sample ids that are still among the evaluated requests stops the run before anything is sent.
+writes them, one a line: ``replay.core.ids`` makes that file name every request exactly); a
+target serving a calibrated checkpoint whose manifest lists sample ids that are still among the
+evaluated requests stops the run before anything is sent.
 This module reads kvcal's files by name and never imports kvcal.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from replay.core.errors import InputError
+from replay.core.ids import read_ids as ids_in_file
 from replay.core.trace import Request
 from replay.serving.targets import TargetSpec
 
@@ -21,16 +23,9 @@ CALIBRATION_MANIFEST = "kvcal_manifest.json"  # written by `kvcal calibrate` nex
 
 
 def read_ids(path: Path) -> set[str]:
-    """One request id a line; blank lines and lines starting with '#' are ignored."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--exclude-ids: cannot read {path}: {exc}") from None
-    ids = {line.strip() for line in text.splitlines()}
-    ids = {i for i in ids if i and not i.startswith("#")}
-    if not ids:
-        raise InputError(f"--exclude-ids: {path} lists no request ids (one a line expected)")
-    return ids
+    """One request id a line (``replay.core.ids``: blank lines and lines starting with '#' are
+    skipped, a line that is no id is an error naming it)."""
+    return ids_in_file(path, "--exclude-ids")
 
 
 class Exclusion:

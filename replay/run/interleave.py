@@ -236,6 +236,7 @@ class InterleavedRunner(Runner):
             timeout_s=c.timeout_s,
             seed=c.seed,
             startup_timeout_s=c.startup_timeout_s,
+            cannot_write=self.stop.cannot_write,
         ).run()
 
     def _capacity_plan(self, ref_run: TargetRun) -> Plan | str:

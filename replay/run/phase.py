@@ -91,6 +91,8 @@ class TargetSession:
     pool: TokenPool | None
     budget: ErrorBudget
     scraper: EdgeScraper
+    # The target's context (/v1/models): a prompt that fills it is not sent (no room to answer).
+    max_model_len: int | None = None
 
 
 @dataclass
@@ -230,6 +232,13 @@ class Phase:
         )
         if turn is not None:
             res.session, res.turn = turn.session, turn.number
+        if (why := does_not_fit(res.prompt_tokens, t.max_model_len)) is not None:
+            # Known before sending: a 400 from the server would be charged to its budget.
+            res.status, res.error_kind, res.error = "skipped", "too_long", why
+            self.writer.write(res.to_json())
+            self.pending.pop(i, None)
+            self.progress.advance(t.name, self.label, False)
+            return res
         ids = synthesize(req, t.pool) if req.synth is not None and t.pool is not None else None
         try:
             await t.client.send(req, res, ids, self.salt)
@@ -287,6 +296,18 @@ class Phase:
             res.status, res.error_kind = "cancelled", "cancelled"
             res.error = f"not sent: phase time limit {self.timeout_s:g} s"
         return res.to_json()
+
+
+def does_not_fit(prompt_tokens: int | None, max_model_len: int | None) -> str | None:
+    """Why a prompt of ``prompt_tokens`` cannot be sent to a model of ``max_model_len``
+    tokens, or None when it can (or either is unknown). vLLM refuses a longer prompt with a
+    400 and gives one of exactly that length no room for a single output token."""
+    if prompt_tokens is None or max_model_len is None or prompt_tokens < max_model_len:
+        return None
+    return (
+        f"not sent: its prompt of {prompt_tokens:,} tokens does not fit the target's "
+        f"max_model_len of {max_model_len:,} (no room for an answer)"
+    )
 
 
 async def _pause(seconds: float, halt: asyncio.Event) -> None:

@@ -79,9 +79,13 @@ class ResumeState:
         return isinstance(window, dict) and not window.get("interrupted")
 
     def restore(self, name: str) -> tuple[str, str | None, dict[str, Any], dict[str, Any]]:
-        """A target the earlier process completed: its status, reason, phases and info."""
+        """A target the earlier process completed: its status, reason, phases and info. One
+        still ``pending`` there has every result it needs, and the process ended (a kill, a full
+        disk) before it could say so: it served the run."""
         prev = dict(self.previous.get(name) or {})
         status, reason = prev.pop("status", "ok"), prev.pop("reason", None)
+        if status == "pending":
+            status = "ok"
         phases = prev.pop("phases", {}) or {}
         prev.pop("spec", None)
         return status, reason, phases, prev

@@ -113,6 +113,11 @@ RESULT_COLUMNS = [
     "chunk_tokens_estimated",
     "output_truncated",
     "output_text",
+    "first_answer_token",
+    "time_to_answer_s",
+    "reasoning_tokens",
+    "reasoning_tokens_estimated",
+    "shared_stamps",
 ]
 
 
@@ -146,6 +151,11 @@ def _result_rows(run_dir: Path) -> Iterator[dict[str, Any]]:
             "chunk_tokens_estimated": r.chunk_tokens_estimated,
             "output_truncated": r.output_truncated,
             "output_text": r.output_text,
+            "first_answer_token": r.first_answer_token,
+            "time_to_answer_s": r.time_to_answer,
+            "reasoning_tokens": r.reasoning_tokens,
+            "reasoning_tokens_estimated": r.reasoning_tokens_estimated,
+            "shared_stamps": r.shared_stamps,
         }
 
 

@@ -22,7 +22,6 @@ from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
 from replay.core.errors import ServerStartError, TargetError
-from replay.core.records import Result
 from replay.core.schedule import MonotonicClock
 from replay.core.sessions import has_sessions
 from replay.run.analyze import Analysis, analyse, target_for_summary
@@ -44,8 +43,9 @@ from replay.run.servers import launch, stop
 from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
+from replay.run.stopping import RunStop
 from replay.run.sweep import stop_rising
-from replay.run.teacher import Scoring, reference_answers, score_answers
+from replay.run.teacher import Scoring, reference_offsets, score_answers
 from replay.serving.client import Client
 from replay.serving.introspect import (
     MetricsSnapshot,
@@ -56,6 +56,7 @@ from replay.serving.introspect import (
     served_model,
 )
 from replay.serving.local_server import LocalServer
+from replay.serving.prompt_scores import serves_cached_scores
 from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_pool
 from replay.serving.scale_log import scale_lines
 from replay.serving.targets import check_served_dtype
@@ -87,19 +88,18 @@ class Runner:
                 replace(ref, name=ref.name + CONTROL_SUFFIX), budget=self._budget()
             )
         self.ref_done: asyncio.Event | None = None
-        self.stopping = asyncio.Event()
-        self.interrupted = False
-        self._drain_task: asyncio.Task[None] | None = None
+        self.stop = RunStop(cfg.run_dir, cfg.drain_s, self.progress)
+        self.stopping = self.stop.event
         self.resume = ResumeState.load(cfg.run_dir) if cfg.resume else ResumeState()
         self.sessions = has_sessions(cfg.trace.iter_requests())
         self.history = (
-            ReferenceHistory(cfg.run_dir, self.reference)
+            ReferenceHistory(cfg.run_dir, self.reference, on_failure=self.stop.cannot_write)
             if self.sessions
             and check_mode(cfg.session_history, cfg.parallel_targets) == "reference"
             else None
         )
-        self.writer = JsonlWriter(cfg.run_dir / RESULTS)
-        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED)
+        self.writer = JsonlWriter(cfg.run_dir / RESULTS, self.stop.cannot_write)
+        self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self.stop.cannot_write)
         self.started_at = time.time()
 
     def _budget(self) -> ErrorBudget:
@@ -128,30 +128,43 @@ class Runner:
         return {**self.runs, **extra}
 
     def save_manifest(self) -> None:
-        write_json(self.cfg.run_dir / MANIFEST, self.manifest())
+        self.stop.guarded(lambda: write_json(self.cfg.run_dir / MANIFEST, self.manifest()))
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop.interrupted
+
+    def interrupt(self) -> None:
+        self.stop.interrupt()
 
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad())
+        """Every target, then the analysis; a run directory that could not be written stops
+        the run (``stopping``) and is raised here, once every server is stopped."""
+        self.stop.guarded(lambda: write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad()))
         self.save_manifest()
         self.ref_done = asyncio.Event()
-        main = asyncio.ensure_future(self._all_targets())
-        self._main = main
+        if self.stop.storage is None:
+            await self._run_targets()
+        if self.stop.storage is not None:
+            raise self.stop.storage
+        return self.write_summary()
+
+    async def _run_targets(self) -> None:
+        main = self.stop.main = asyncio.ensure_future(self._all_targets())
         try:
             with interrupts(self.interrupt):
                 await main
         except asyncio.CancelledError:
-            if not self.interrupted:
+            if not (self.stop.interrupted or self.stop.storage):
                 raise
         finally:
-            if self._drain_task is not None:
-                self._drain_task.cancel()
+            self.stop.close()
             self.writer.close()
             self.tf_writer.close()
             if self.history is not None:
                 self.history.close()
             self.save_manifest()
-        return self.write_summary()
 
     async def _all_targets(self) -> None:
         if self.cfg.parallel_targets:
@@ -161,26 +174,6 @@ class Runner:
             if self.stopping.is_set():
                 break
             await self._target(r)
-
-    def interrupt(self) -> None:
-        """First Ctrl-C/SIGTERM: send nothing more, let in-flight requests finish for up to
-        ``drain_s``, then cancel them. A second one cancels at once. Summary and reports are
-        written either way; ``--resume`` completes the run."""
-        if self.stopping.is_set():
-            self._main.cancel()
-            return
-        self.interrupted = True
-        self.stopping.set()
-        self.progress.status(
-            f"interrupted: draining in-flight requests (up to "
-            f"{self.cfg.drain_s:g} s; Ctrl-C again to stop now)"
-        )
-
-        async def drain() -> None:
-            await asyncio.sleep(self.cfg.drain_s)
-            self._main.cancel()
-
-        self._drain_task = asyncio.ensure_future(drain())
 
     def write_summary(self) -> dict[str, Any]:
         return analyse(self.analysis()).to_json()
@@ -210,10 +203,10 @@ class Runner:
         trace, with the prompt's text (capped) only where derived grading reads it."""
         return {r.id: grading_spec(r) for r in self.cfg.trace.iter_requests() if r.id in ids}
 
-    def _reference_answers(self) -> Iterator[Result]:
-        return reference_answers(
-            self.cfg.run_dir / RESULTS, self.reference, self.cfg.schedules[0].label
-        )
+    def _reference_ids(self) -> Iterator[str]:
+        """The reference's first-phase answers that teacher-forced scoring can use."""
+        c = self.cfg
+        return iter(reference_offsets(c.run_dir / RESULTS, self.reference, c.schedules[0].label))
 
     # -- resume ---------------------------------------------------------------------------
     def _names(self, name: str) -> list[str]:
@@ -233,9 +226,7 @@ class Runner:
         ]
         phases_done = all(all(req.id in d for d in done) for req in self.cfg.trace.iter_requests())
         tf_due = self.cfg.teacher_forced and any(
-            (n, r.request_id) not in self.resume.tf_done
-            for r in self._reference_answers()
-            for n in names
+            (n, rid) not in self.resume.tf_done for rid in self._reference_ids() for n in names
         )
         return phases_done and not tf_due
 
@@ -324,6 +315,7 @@ class Runner:
                 timeout_s=self.cfg.timeout_s,
                 seed=self.cfg.seed,
                 epoch=self.clock.epoch,
+                token_logprobs=self.cfg.teacher_forced,
             )
             try:
                 await self._phases(run, session, client, url)
@@ -350,7 +342,9 @@ class Runner:
             problems=run.info["problems"],
         )
         run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
-        series = JsonlWriter(self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl")
+        series = JsonlWriter(
+            self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl", self.stop.cannot_write
+        )
 
         def sink(snap: MetricsSnapshot) -> None:
             series.write(snap.to_json())
@@ -358,7 +352,8 @@ class Runner:
         scraper = Scraper(session, url, self.clock.now, sink)
         scraper.start()
         try:
-            yield TargetSession(run.spec.name, client, counts, pool, run.budget, scraper)
+            mml = run.info.get("max_model_len")
+            yield TargetSession(run.spec.name, client, counts, pool, run.budget, scraper, mml)
         finally:
             await scraper.stop()
             series.close()
@@ -384,7 +379,9 @@ class Runner:
                     self.tf_writer,
                     self.progress,
                     self.cfg.timeout_s,
-                    salt="",
+                    salt=None,
+                    # A local server is started to serve them; an external one is asked.
+                    cached=run.spec.is_local or await serves_cached_scores(session, url),
                 )
                 for name in self._names(run.spec.name):  # its own, then its A/A control's
                     await self._teacher_forced(self.all_runs()[name], scoring)
@@ -471,17 +468,19 @@ class Runner:
         return await phase.run()
 
     async def _teacher_forced(self, run: TargetRun, scoring: Scoring) -> None:
-        """Score the reference's first-phase answers under this target."""
+        """Score the reference's first-phase answers under this target (its own answers and
+        its prefix cache under its first phase's salt save most of the work)."""
         assert self.ref_done is not None
         await self.ref_done.wait()
-        name = run.spec.name
-
-        def answers() -> Iterator[Result]:
-            done = self.resume.tf_done
-            return (r for r in self._reference_answers() if (name, r.request_id) not in done)
-
-        salt = f"{self.cfg.run_dir.name}.{name}.tf"
-        await score_answers(name, answers, replace(scoring, salt=salt))
+        name, first = run.spec.name, self.cfg.schedules[0].label
+        await score_answers(
+            name,
+            self.cfg.run_dir / RESULTS,
+            self.reference,
+            first,
+            self.resume.tf_done,
+            replace(scoring, salt=self.cfg.phase_salt(name, first)),
+        )
 
     def _budget_spent(self, run: TargetRun) -> None:
         run.spend_budget()

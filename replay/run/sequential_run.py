@@ -31,7 +31,7 @@ import aiohttp
 from replay.analysis.grading.rows import grade_rows, grading_spec
 from replay.analysis.sequential import Rule, SequentialState
 from replay.analysis.sequential_plan import plan_round
-from replay.core.errors import ConfigError
+from replay.core.errors import ConfigError, RunDirError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop
 from replay.run.analyze import Analysis
@@ -70,7 +70,11 @@ class _Tee(JsonlWriter):
     def __init__(self, inner: JsonlWriter) -> None:
         self.inner, self.path = inner, inner.path
         self.rows: list[dict[str, Any]] = []
-        self._fh = None
+        self._fd = None
+
+    @property
+    def failed(self) -> RunDirError | None:
+        return self.inner.failed
 
     def write(self, obj: Any) -> None:
         self.inner.write(obj)
@@ -204,7 +208,8 @@ class SequentialRunner(Runner):
         for r in self.all_runs().values():
             if r.budget.spent and r.status != "failed":
                 self._budget_spent(r)
-        self.seq.save(self.cfg.run_dir, self.unsent())
+        seq = self.seq
+        self.stop.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
 
     async def _round(self, names: list[str]) -> None:
         """One round: plan, send to every arm, grade, fold in, save."""
@@ -223,7 +228,7 @@ class SequentialRunner(Runner):
         counts = self._grade(tee.rows, {ids[i]: b for i, b in chosen.items()})
         seq.state = seq.state.update(counts)
         seq.sent += [ids[i] for i in sorted(chosen)]
-        seq.save(self.cfg.run_dir, self.unsent())
+        self.stop.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
         self.save_manifest()
 
     async def _send(self, name: str, ids: set[str], tee: _Tee) -> None:

@@ -10,11 +10,12 @@ The manifest records which it was."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.core.errors import InputError
+from replay.core.errors import InputError, RunDirError
 from replay.core.records import Result
 from replay.core.trace import Request
 from replay.run.rundir import JsonlWriter, read_jsonl
@@ -55,12 +56,13 @@ class ReferenceHistory:
     run_dir: Path
     reference: str
     answers: dict[tuple[str, str, int], dict[str, Any]] = field(default_factory=dict)
+    on_failure: Callable[[RunDirError], None] | None = None  # the file cannot be written
 
     def __post_init__(self) -> None:
         path = self.run_dir / SESSION_HISTORY
         for row in read_jsonl(path) if path.exists() else ():
             self.answers[(row["phase"], row["session"], row["turn"])] = row["message"]
-        self._writer = JsonlWriter(path)
+        self._writer = JsonlWriter(path, self.on_failure)
 
     def record(self, phase: str, session: str, turn: int, res: Result) -> None:
         calls = [

@@ -48,12 +48,14 @@ def complete_rows(path: Path) -> Iterator[dict[str, Any]]:
 
 def merge_shards(paths: list[Path], writer: JsonlWriter) -> list[dict[str, Any]]:
     """Append the workers' rows to results.jsonl (``writer``), then remove their files: what
-    one phase of this process wrote, whose rows are new by construction."""
+    one phase of this process wrote, whose rows are new by construction. When results.jsonl
+    could not take them all (a full disk), the files stay for ``--resume`` to merge."""
     rows = [row for p in paths for row in complete_rows(p)]
     for row in rows:
         writer.write(row)
-    for p in paths:
-        p.unlink(missing_ok=True)
+    if writer.failed is None:
+        for p in paths:
+            p.unlink(missing_ok=True)
     return rows
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.core.buckets import Buckets
+from replay.core.errors import RunDirError
 from replay.core.event_loop import run_loop
 from replay.core.schedule import MonotonicClock, OpenLoop
 from replay.core.shards import AnyShard, Shard, ShardedOffsets
@@ -63,6 +64,7 @@ class WorkerSpec:
     salt: str | None
     before_done: set[str]
     sessions: Sessions | None
+    max_model_len: int | None = None
 
     def clock(self) -> MonotonicClock:
         """The run's clock in this process: the same zero, by the wall clock, then monotonic."""
@@ -159,7 +161,13 @@ async def _work(spec: WorkerSpec, conn: Connection) -> None:
         seed=spec.seed,
         epoch=clock.epoch,
     )
-    writer = JsonlWriter(spec.results)
+    cannot_write: list[RunDirError] = []
+
+    def stop_writing(err: RunDirError) -> None:  # a full disk: this share stops, said below
+        cannot_write.append(err)
+        stopping.set()
+
+    writer = JsonlWriter(spec.results, stop_writing)
     progress = PipeProgress(conn)
     try:
         conn.send(("ready",))
@@ -175,7 +183,8 @@ async def _work(spec: WorkerSpec, conn: Connection) -> None:
         await client.close()
         loop.remove_reader(conn.fileno())
     try:
-        conn.send(("done",))
+        err = cannot_write[0] if cannot_write else None
+        conn.send(("done",) if err is None else ("cannot_write", err.path, err.reason))
     except OSError:
         pass
 
@@ -189,7 +198,15 @@ def _phase(
     stopping: asyncio.Event,
     start: float,
 ) -> Phase:
-    target = TargetSession(spec.target, client, spec.counts, spec.pool, spec.budget, NoScrape())
+    target = TargetSession(
+        spec.target,
+        client,
+        spec.counts,
+        spec.pool,
+        spec.budget,
+        NoScrape(),
+        max_model_len=spec.max_model_len,
+    )
     return Phase(
         target=target,
         sched=spec.schedule(start),

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from replay.core.errors import InputError
+from replay.core.errors import InputError, RunDirError
 from replay.core.records import Result
 from replay.core.schedule import OpenLoop
 from replay.core.shards import (
@@ -88,6 +88,7 @@ class WorkerPool:
         self.done: set[int] = set()
         self.ended: set[int] = set()
         self.reported: set[int] = set()  # lost workers already said
+        self.cannot_write: dict[int, RunDirError] = {}  # workers stopped by a full disk
         self.changed = asyncio.Event()
         self.stop_sent = False
 
@@ -118,6 +119,8 @@ class WorkerPool:
                     self.ready.add(k)
                 elif msg[0] == "done":
                     self.done.add(k)
+                elif msg[0] == "cannot_write":
+                    self.cannot_write[k] = RunDirError(str(msg[1]), str(msg[2]))
         except (EOFError, OSError):
             asyncio.get_running_loop().remove_reader(conn.fileno())
         self.changed.set()
@@ -217,6 +220,7 @@ class WorkersRunner(Runner):
                 salt=phase.salt,
                 before_done=phase.before_done,
                 sessions=phase.sessions,
+                max_model_len=t.max_model_len,
             )
             for k, (sched, shard) in enumerate(
                 worker_schedules(phase.sched, c.workers, multiprocessing.get_context("spawn"))
@@ -267,6 +271,9 @@ class WorkersRunner(Runner):
             if k in pool.reported:
                 continue
             pool.reported.add(k)
+            if k in pool.cannot_write:
+                self.stop.cannot_write(pool.cannot_write[k])
+                continue
             code = pool.procs[k].exitcode
             why = f"load process {k} ended before its share of the phase was sent (exit {code})"
             self.all_runs()[name].info.setdefault("problems", []).append(why)

@@ -16,8 +16,28 @@ none follows, as vLLM's EOS does):
 What a result stores is capped (``MAX_ANSWER_CHARS``, ``MAX_STORED_TOKENS``,
 ``MAX_TOOL_CALLS``, flagged ``output_truncated``) so that an endless answer neither fills
 memory nor goes whole into ``results.jsonl``; timing and token counts still run to the end.
-A stream that breaks these rules (impossible usage, no content, no ``[DONE]``) is the
-server's ``ProtocolError``.
+A stream that breaks these rules (impossible usage, no content, cut short) is the server's
+``ProtocolError``.
+
+Reasoning (``delta.reasoning_content``, or ``delta.reasoning`` as vLLM names it since 0.10)
+is kept apart from the answer: its text in ``reasoning_text``, never in ``output_text``. Its
+tokens are arrivals like the answer's (``first_token`` is the first token of either kind, ITL
+covers both, ``output_tokens`` counts both); ``first_answer_token`` is the first arrival that
+carried answer text or a tool call. ``reasoning_tokens`` is the server's own count
+(``usage.completion_tokens_details.reasoning_tokens``) where it gives one, else the tokens of
+the arrivals that carried reasoning and no answer (``reasoning_tokens_estimated``).
+
+Events that came in one read share its stamp (the kernel's receive time of the read's last
+segment, kernel_stamps.py): they are one arrival, their tokens summed, so the read's gap is
+spread over all of them rather than giving each a gap of 0 ms; ``shared_stamps`` counts the
+content chunks folded so. ``delta.content`` may be a list of content parts: text parts are the
+answer, other parts are counted by type (``other_content_parts``). One choice a request: a
+choice with another index is a protocol error (two answers must never be merged into one).
+
+A stream that ends in good order after its choice's ``finish_reason`` but without
+``data: [DONE]`` is a complete answer, kept (``no_done`` says so): some servers and gateways
+never send it, and the finish reason is the model's own word that it stopped. One that ends
+with neither was cut short: a protocol error.
 """
 
 from __future__ import annotations
@@ -26,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replay.core.records import Result, ToolCall
+from replay.core.strict import integer, number, shown, token_ids
 from replay.serving.error_answers import fail
 from replay.serving.sse import ProtocolError
 
@@ -40,6 +61,11 @@ MAX_TOOL_CALLS = 128
 _MAX_COUNT = 1 << 40
 
 
+# What one choice's delta carried (``_choices``): nothing, answer text or a tool call, or
+# reasoning alone.
+_NOTHING, _ANSWER, _REASONING = 0, 1, 2
+
+
 class StreamAccumulator:
     """Folds streamed chunks into a Result."""
 
@@ -49,6 +75,11 @@ class StreamAccumulator:
         "_calls",
         "_estimated",
         "_id_room",
+        "_last_t",
+        "_reasoning",
+        "_reasoning_arrived",
+        "_reasoning_reported",
+        "_reasoning_room",
         "_reported",
         "_room",
         "_stamps_left",
@@ -69,9 +100,14 @@ class StreamAccumulator:
         self._arrivals = 0  # content chunks counted as one token each (usage not per chunk)
         self._estimated = False  # an arrival's token count was not reported
         self._room = max_chars  # answer characters that may still be kept
+        self._reasoning_room = max_chars  # and reasoning characters, apart
         self._id_room = MAX_STORED_TOKENS
         self._stamps_left = MAX_STORED_TOKENS
+        self._last_t = -1.0  # the last arrival's stamp
         self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._reasoning_reported: int | None = None  # the server's reasoning_tokens, if any
+        self._reasoning_arrived = 0  # tokens of arrivals that carried reasoning alone
         self._calls: dict[int, ToolCall] = {}
 
     def add(self, ev: Any, t: float | None = None) -> None:
@@ -95,26 +131,36 @@ class StreamAccumulator:
                 fail(r, "server_error", str(msg)[:2000])
                 return
             if r.prompt_ids is None and ev.get("prompt_token_ids"):
-                r.prompt_ids = list(ev["prompt_token_ids"])
+                r.prompt_ids = _ids(ev["prompt_token_ids"], "prompt_token_ids")
             usage = ev.get("usage")
             ct = None
             if isinstance(usage, dict):
                 pt = usage.get("prompt_tokens")
-                if pt != r.prompt_tokens and isinstance(pt, int):  # checked when it changes
+                if pt is not None and pt != r.prompt_tokens:  # checked when it changes
+                    pt = pt if type(pt) is int else _count(pt, "prompt_tokens")
                     if not 0 <= pt <= _MAX_COUNT:
                         raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
                     r.prompt_tokens = pt
                 ct = usage.get("completion_tokens")
-                if isinstance(ct, int):
+                if ct is not None:
+                    ct = ct if type(ct) is int else _count(ct, "completion_tokens")
                     if ct < self._reported:  # below 0 too; too large is checked at the end
                         after = f" after {self._reported}" if ct >= 0 else ""
                         raise ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
                     self._reported = ct
                     self._usage_seen = True
-                else:
-                    ct = None
-            if not (choices and self._choices(choices)):
+                    details = usage.get("completion_tokens_details")
+                    if details:  # vLLM sends it only with a reasoning parser
+                        self._reasoning_usage(details, ct)
+            elif usage is not None:
+                raise ProtocolError(f"usage is not an object: {shown(usage)}")
+            kind = self._choices(choices) if choices else _NOTHING
+            if not kind:
                 return  # no content: never a token arrival (its tokens go to the next one)
+            if t is None:
+                t = self.now()
+            if kind == _ANSWER and r.first_answer_token is None:
+                r.first_answer_token = t
             if ct is None or self._estimated:
                 # Usage only at the end, or none: one token per content chunk, so ITL is the
                 # gap between content chunks.
@@ -126,10 +172,16 @@ class StreamAccumulator:
                 if n <= 0 and r.first_token is not None:
                     return  # content without a new token belongs to the last arrival
                 self._attributed = ct
-            if t is None:
-                t = self.now()
+            if kind == _REASONING:
+                self._reasoning_arrived += n
             if r.first_token is None:
                 r.first_token = t
+            elif t == self._last_t and self._stamps_left < MAX_STORED_TOKENS:
+                # Another chunk of the same read: one arrival (its stamp is the read's).
+                r.chunk_tokens[-1] += n
+                r.shared_stamps += 1
+                return
+            self._last_t = t
             if self._stamps_left:
                 self._stamps_left -= 1
                 r.chunk_times.append(t)
@@ -139,13 +191,33 @@ class StreamAccumulator:
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             raise ProtocolError(f"malformed SSE event ({exc}): {str(ev)[:200]}") from None
 
-    def _choices(self, choices: Any) -> bool:
-        """Keep the choices' token ids, text and tool calls; whether any produced content."""
+    def _reasoning_usage(self, details: dict[str, Any], ct: int) -> None:
+        """The server's count of reasoning tokens so far, from completion_tokens_details."""
+        rt = details.get("reasoning_tokens")
+        if isinstance(rt, int) and not isinstance(rt, bool):
+            if not 0 <= rt <= ct:
+                raise ProtocolError(
+                    f"impossible usage: reasoning_tokens {rt} of completion_tokens {ct}"
+                )
+            self._reasoning_reported = rt
+
+    def _choices(self, choices: Any) -> int:
+        """Keep the choice's token ids, text, reasoning and tool calls; what it carried."""
         r = self.r
-        produced = False
+        kind = _NOTHING
         for choice in choices:
+            if choice.get("index", 0):
+                raise ProtocolError(
+                    f"a choice with index {str(choice.get('index'))[:20]}: one answer a request "
+                    "was asked for (n = 1), and two are never merged into one"
+                )
             ids = choice.get("token_ids")
             if ids:
+                # One plain id is what a chunk carries; anything else is read by the rule.
+                if not (
+                    type(ids) is list and len(ids) == 1 and type(ids[0]) is int and ids[0] >= 0
+                ):
+                    ids = _ids(ids, "token_ids")
                 room = self._id_room - len(ids)
                 self._id_room = room
                 if room >= 0:
@@ -153,44 +225,111 @@ class StreamAccumulator:
                 else:
                     r.output_truncated = True
             if r.prompt_ids is None and choice.get("prompt_token_ids"):
-                r.prompt_ids = list(choice["prompt_token_ids"])
+                r.prompt_ids = _ids(choice["prompt_token_ids"], "prompt_token_ids")
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                self._logprobs(logprobs)
             delta = choice.get("delta")
             if delta is not None or "delta" in choice:
                 delta = delta or {}
                 content = delta.get("content")
-                if content and isinstance(content, str):
-                    room = self._room - len(content)
-                    if room >= 0:
-                        self._room = room
-                        self._text.append(content)
-                    else:
-                        self._cut(content)
-                    produced = True
+                if content:
+                    if type(content) is not str:
+                        content = self._parts(content)
+                    if content:
+                        room = self._room - len(content)
+                        if room >= 0:
+                            self._room = room
+                            self._text.append(content)
+                        else:
+                            self._cut(content, self._text)
+                        kind = _ANSWER
                 for frag in delta.get("tool_calls") or ():
                     if self._tool_fragment(frag):
-                        produced = True
+                        kind = _ANSWER
+                # Either name (a server that sends both sends the same text twice); a delta
+                # of its answer's text alone (vLLM's usual one) cannot hold any.
+                if not (kind and len(delta) == 1):
+                    thought = delta.get("reasoning_content") or delta.get("reasoning")
+                    if thought:
+                        self._keep_reasoning(thought)
+                        kind = kind or _REASONING
             else:
                 text = choice.get("text")
-                if text and isinstance(text, str):
+                if text is not None and type(text) is not str:
+                    text = _text(text, "text")
+                if text:
                     room = self._room - len(text)
                     if room >= 0:
                         self._room = room
                         self._text.append(text)
                     else:
-                        self._cut(text)
-                    produced = True
+                        self._cut(text, self._text)
+                    kind = _ANSWER
             finish = choice.get("finish_reason")
             if finish:
                 if not isinstance(finish, str):
                     raise TypeError(f"finish_reason {str(finish)[:50]} is not a string")
                 r.finish_reason = finish[:100]
-        return produced
+        return kind
 
-    def _cut(self, text: str) -> None:
+    def _logprobs(self, logprobs: Any) -> None:
+        """The log-probabilities of this chunk's tokens: chat's ``content`` entries or
+        completions' ``token_logprobs``, kept beside ``output_ids`` (and cut with them)."""
+        r = self.r
+        if "content" in logprobs:
+            values = [entry["logprob"] for entry in logprobs["content"] or ()]
+        else:
+            values = list(logprobs.get("token_logprobs") or ())
+        checked = [number(v) for v in values]
+        for v, x in zip(values, checked, strict=True):
+            if x is None or x > 0.0:
+                raise TypeError(f"token logprob {str(v)[:50]} is not a finite number <= 0")
+        if r.output_logprobs is None:
+            r.output_logprobs = []
+        if len(r.output_logprobs) + len(values) <= MAX_STORED_TOKENS:
+            r.output_logprobs.extend(x for x in checked if x is not None)
+        else:
+            r.output_truncated = True
+
+    def _keep_reasoning(self, text: Any) -> None:
+        """Keep a delta's reasoning text, under its own cap."""
+        if not isinstance(text, str):
+            raise TypeError(f"reasoning {str(text)[:50]} is not a string")
+        room = self._reasoning_room - len(text)
+        if room >= 0:
+            self._reasoning_room = room
+            self._reasoning.append(text)
+        else:  # its own cap: a long chain of thought never crowds out the answer
+            self.r.output_truncated = True
+            self._reasoning.append(text[: self._reasoning_room])
+            self._reasoning_room = 0
+
+    def _parts(self, parts: Any) -> str:
+        """``delta.content`` as a list of content parts: the text of its text parts; any
+        other part is counted by its type."""
+        if not isinstance(parts, list):
+            raise TypeError(
+                f"delta.content {str(parts)[:50]} is neither a string nor a list of parts"
+            )
+        texts = []
+        other = self.r.other_content_parts
+        for part in parts:
+            kind = part.get("type") if isinstance(part, dict) else None
+            text = part.get("text") if kind in ("text", "output_text") else None
+            if isinstance(text, str):
+                texts.append(text)
+            else:
+                name = str(kind)[:50] if isinstance(kind, str) else "(no type)"
+                if name in other or len(other) < MAX_TOOL_CALLS:
+                    other[name] = other.get(name, 0) + 1
+        return "".join(texts)
+
+    def _cut(self, text: str, into: list[str]) -> None:
         """Keep what of ``text`` still fits under the answer cap."""
         part = self._fit(text)
         if part:
-            self._text.append(part)
+            into.append(part)
 
     def _fit(self, text: str) -> str:
         """What of ``text`` fits under the answer cap; a cut is recorded on the result."""
@@ -204,9 +343,9 @@ class StreamAccumulator:
 
     def _tool_fragment(self, frag: dict[str, Any]) -> bool:
         """Join one streamed tool-call fragment; whether it carried anything."""
-        idx = frag.get("index", 0)
-        if type(idx) is not int:
-            raise TypeError(f"tool call index {idx!r} is not an integer")
+        idx = integer(frag.get("index", 0))
+        if idx is None:
+            raise TypeError(f"tool call index {shown(frag.get('index'))} is not an integer")
         call = self._calls.get(idx)
         if call is None:
             if len(self._calls) >= MAX_TOOL_CALLS:
@@ -215,10 +354,11 @@ class StreamAccumulator:
             call = self._calls[idx] = ToolCall(index=idx)
         carried = False
         if frag.get("id"):
-            call.id = str(frag["id"])[:200]
+            call.id = _text(frag["id"], "tool call id")[:200]
             carried = True
         fn = frag.get("function") or {}
-        name, args = fn.get("name"), fn.get("arguments")
+        name = _text(fn.get("name"), "tool call name")
+        args = _text(fn.get("arguments"), "tool call arguments")
         if name:
             call.name += self._fit(name)
             carried = True
@@ -228,12 +368,14 @@ class StreamAccumulator:
         return carried
 
     def finish(self, *, done: bool = True, head: bytes = b"", at: float | None = None) -> None:
-        """Fill in the result (``at``: when the stream's end arrived, else now); a stream that
-        ended without ``[DONE]``, without content, or with usage no answer can have is the
-        server's protocol error."""
+        """Fill in the result (``at``: when the stream's end arrived, else now). ``done``:
+        the stream said ``[DONE]``; without it, the message must have ended in good order
+        after a finish reason. A stream cut short, without content, or with usage no answer
+        can have is the server's protocol error."""
         r = self.r
         r.done = self.now() if at is None else at
         r.output_text = "".join(self._text)
+        r.reasoning_text = "".join(self._reasoning)
         r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
         too_many = self._reported > _MAX_COUNT  # kept out of the result: no JSON integer
         if self._usage_seen:
@@ -242,6 +384,7 @@ class StreamAccumulator:
             r.output_tokens = self._arrivals
             r.tokens_estimated = True
         r.chunk_tokens_estimated = self._estimated
+        self._reasoning_count()
         if r.status != "ok":  # the server already said what went wrong
             return
         if too_many:
@@ -251,12 +394,54 @@ class StreamAccumulator:
         empty = r.first_token is None and not (r.finish_reason and self._reported > 0)
         quoted = f"; the body starts: {head[:200]!r}" if empty and head else ""
         if not done:
-            raise ProtocolError(
-                "stream ended without [DONE]"
-                + (" and without any content" if empty else "")
-                + quoted
-            )
+            if not r.finish_reason or empty:
+                raise ProtocolError(
+                    "stream ended without [DONE] and without a finish_reason"
+                    + (" and without any content" if empty else "")
+                    + quoted
+                )
+            r.no_done = True  # complete by the model's own finish reason
         if empty:
             raise ProtocolError("stream ended without any content (no text, no tool call)" + quoted)
         if self._usage_seen and self._reported == 0 and r.first_token is not None:
             raise ProtocolError("impossible usage: completion_tokens 0 for an answer with content")
+
+    def _reasoning_count(self) -> None:
+        """The server's count of reasoning tokens where it gave one that counts what came;
+        else the tokens of the arrivals that carried reasoning alone. A count of 0 beside
+        reasoning text is no count (vLLM's deepseek_r1 parser counts only inside a
+        ``<think>`` the model generated, so a template that opens the block reads 0)."""
+        r = self.r
+        reported = self._reasoning_reported
+        if reported is not None and (reported > 0 or not self._reasoning):
+            r.reasoning_tokens = reported
+            return
+        if self._reasoning:
+            r.reasoning_tokens = self._reasoning_arrived
+            r.reasoning_tokens_estimated = True
+
+
+# -- the strictness rule (``replay.core.strict``) on an answer's fields ----------------------
+
+
+def _count(value: object, name: str) -> int:
+    n = integer(value)
+    if n is None:
+        raise ProtocolError(f"impossible usage: {name} is not a count: {shown(value)}")
+    return n
+
+
+def _ids(value: object, name: str) -> list[int]:
+    ids = token_ids(value)
+    if ids is None:
+        raise ProtocolError(f"{name} is not a list of token ids: {shown(value)}")
+    return ids
+
+
+def _text(value: object, name: str) -> str:
+    """A text field of a chunk: a string, or nothing (null or absent)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ProtocolError(f"{name} is not a string: {shown(value)}")
+    return value

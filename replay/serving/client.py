@@ -128,10 +128,13 @@ class Client:
         epoch: float = 0.0,
         max_event_bytes: int = MAX_EVENT_BYTES,
         max_answer_chars: int = MAX_ANSWER_CHARS,
+        token_logprobs: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_event_bytes = max_event_bytes
         self.max_answer_chars = max_answer_chars
+        # Ask for each output token's log-probability (teacher-forced scoring reads them).
+        self.token_logprobs = token_logprobs
         self.model = model
         self.seed = seed
         self.timeout_s = timeout_s
@@ -153,19 +156,26 @@ class Client:
     ) -> tuple[str, dict[str, Any]]:
         """The endpoint and JSON body for a request (deterministic sampling by default).
         ``cache_salt`` isolates vLLM's prefix cache (requests share only within one salt)."""
+        # The record's params replace the sampling defaults (a logged temperature); what the
+        # record and the replay set themselves comes after them, so no param overrides it
+        # (the trace refuses one that tries: ``replay.core.trace.FIRST_CLASS``).
         body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": req.max_tokens,
             "temperature": 0.0,
             "seed": self.seed,
+            **req.params,
+            "model": self.model,
+            "max_tokens": req.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "return_token_ids": True,
         }
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
-        body.update(req.params)
-        if req.api == "chat":
+        chat = req.api == "chat"
+        if self.token_logprobs:
+            # The sampled token's own log-probability only: no alternatives, little to send.
+            body.update({"logprobs": True, "top_logprobs": 0} if chat else {"logprobs": 0})
+        if chat:
             body["messages"] = list(req.messages or ())
             if req.tools:
                 body["tools"] = list(req.tools)

@@ -11,14 +11,25 @@ runs. aiohttp still makes every other call (introspection, /metrics, /tokenize).
 http on Linux a connection is a kernel-stamped socket (kernel_stamps.py): a read is stamped
 with when its bytes arrived, not when this process got to read them.
 
-Not done, on purpose: redirects (an answer must come from the target), compression (no
-Accept-Encoding is sent), proxies, HTTP/2, retries (a POST is sent once).
+What a response may hold, as RFC 9110/9112 allow it: interim 1xx responses (103 Early Hints,
+100 Continue) before the final one are read and skipped; a body framed by Content-Length, by
+chunks, or by the close of the connection (HTTP/1.0, or HTTP/1.1 without either); a
+Content-Encoding of gzip or deflate, decoded (no Accept-Encoding is sent, but a proxy may
+compress anyway), any other refused by name. The head is bounded (each line
+``MAX_LINE_BYTES``, the whole ``MAX_HEAD_BYTES``, interim heads included). A connection never
+gets out of step with its requests: bytes that arrive when no request waits, or a second
+message after the answer's in the same read, close it, so no later request can be answered
+with them.
+
+Not done, on purpose: redirects (an answer must come from the target), proxies, HTTP/2,
+retries (a POST is sent once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import zlib
 from collections.abc import Callable
 from typing import Protocol, cast
 from urllib.parse import urlsplit
@@ -36,6 +47,14 @@ DRAIN_BYTES = 1 << 16
 # written on one just as the server closes it fails ("closed by the server") although the
 # server never read it; so a connection idle longer than this is closed, not reused.
 KEEP_IDLE_S = 2.0
+# A response's head: each line (the status line, a header field) at most aiohttp's
+# max_line_size and max_field_size, the whole head (interim responses' heads included) at
+# most this; a server past either is refused, so an endless head costs neither memory nor CPU.
+MAX_LINE_BYTES = 8190
+MAX_HEAD_BYTES = 1 << 16
+# A compressed body is inflated this much at a time, so one small read cannot become a
+# large allocation (what it inflates to is bounded by the SSE decoder's own limits).
+INFLATE_PIECE = 1 << 20
 
 
 class Sink(Protocol):
@@ -99,6 +118,11 @@ class _Connection(asyncio.Protocol):
         self.drain: asyncio.TimerHandle | None = None
         self.drained = 0
         self.idle_since = 0.0  # the loop's time when it was last put back in the pool
+        self.in_head = False  # the final response's head is not complete yet
+        self.head_bytes = 0  # the heads' bytes in reads that ended inside a head
+        self.line_bytes = 0  # the unfinished head line's bytes so far
+        self.interim = False  # the message being parsed is a 1xx interim response
+        self.inflate: zlib._Decompress | None = None  # a gzip or deflate body's decoder
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -118,50 +142,110 @@ class _Connection(asyncio.Protocol):
             if self.drained > DRAIN_BYTES:
                 self._close()
                 return
+        in_head = self.in_head
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             self._fail(exc.__context__ or exc)
+            return
         except httptools.HttpParserError as exc:
             self._fail(BadResponse(f"bad HTTP response: {exc}"))
+            return
+        if in_head and self.in_head:  # the whole read was head: bound what it holds
+            self._count_head(data)
+
+    def _count_head(self, data: bytes) -> None:
+        self.head_bytes += len(data)
+        end = data.rfind(b"\n")
+        self.line_bytes = len(data) - end - 1 if end >= 0 else self.line_bytes + len(data)
+        if self.line_bytes > MAX_LINE_BYTES:
+            self._fail(BadResponse(f"a response head line over {MAX_LINE_BYTES} bytes"))
+        elif self.head_bytes > MAX_HEAD_BYTES:
+            self._fail(BadResponse(f"a response head over {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.forget(self)
         if self.drain is not None:
             self.drain.cancel()
-        if self.in_message and self.until_eof and exc is None:
-            self.on_message_complete()  # the close is the end of this body
+        if self.in_message and self.until_eof and exc is None and not self.in_head:
+            try:
+                self.on_message_complete()  # the close is the end of this body
+            except BadResponse as bad:
+                self._fail(bad)
         if self.in_message:
             self._fail(Disconnected(repr(exc) if exc is not None else "closed by the server"))
 
     # --- httptools callbacks --------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if not self.in_message:  # after the answer's message, in the same read: not ours
+            raise BadResponse("bytes after the end of the response (a second response?)")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > MAX_LINE_BYTES:
+            raise BadResponse(f"a response header line over {MAX_LINE_BYTES} bytes")
         self.names.append(name)
         self.values.append(value)
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:
+            if status == 101:
+                raise BadResponse("HTTP 101 Switching Protocols, but no upgrade was asked for")
+            self.interim = True  # 100 Continue, 103 Early Hints: the answer is still to come
+            self.names, self.values = [], []
+            return
+        self.in_head = False
         headers: dict[str, str] = {}
         for name, value in zip(self.names, self.values, strict=True):
             headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-        self.until_eof = "content-length" not in headers and "chunked" not in headers.get(
-            "transfer-encoding", ""
-        )
+        codings = _codings(headers.get("transfer-encoding", ""))
+        self.until_eof = "content-length" not in headers and "chunked" not in codings
+        self.inflate = _inflater(headers.get("content-encoding", ""), codings)
         # Read now: once the message is complete the parser has moved on to the next one.
         self.keep_alive = self.parser.should_keep_alive()
         if self.sink is not None:
-            self.sink.head(self.parser.get_status_code(), headers)
+            self.sink.head(status, headers)
 
     def on_body(self, body: bytes) -> None:
         sink = self.sink
-        if sink is not None and sink.body(body, self.arrived):
-            self.sink = None  # what follows the complete answer is read, not kept
-            self._settle(None)
+        if sink is None:
+            return
+        if self.inflate is not None:
+            self._inflated(sink, body)
+        elif sink.body(body, self.arrived):
+            self._answered()
+
+    def _inflated(self, sink: Sink, body: bytes) -> None:
+        """Give the sink what a compressed piece of the body inflates to, a piece at a time."""
+        inflate = self.inflate
+        assert inflate is not None
+        try:
+            while body:
+                out = inflate.decompress(body, INFLATE_PIECE)
+                body = inflate.unconsumed_tail
+                if out and sink.body(out, self.arrived):
+                    self._answered()
+                    return
+        except zlib.error as exc:
+            raise BadResponse(f"a Content-Encoding body that does not decode: {exc}") from None
+
+    def _answered(self) -> None:
+        self.sink = None  # what follows the complete answer is read, not kept
+        self._settle(None)
 
     def on_message_complete(self) -> None:
+        if self.interim:  # an interim response ends: its final response follows
+            self.interim = False
+            return
         self.in_message = False
-        if self.sink is not None:
-            self._settle(None)
+        sink = self.sink
+        if sink is not None:
+            rest = self.inflate.flush() if self.inflate is not None else b""
+            if not (rest and sink.body(rest, self.arrived)):
+                self._settle(None)
+            else:
+                self._answered()
         if self.drain is not None:  # the answer was already complete: reuse the connection
             self.drain.cancel()
             self.drain = None
@@ -173,6 +257,8 @@ class _Connection(asyncio.Protocol):
         self.sink = sink
         self.names, self.values = [], []
         self.in_message, self.keep_alive = True, False
+        self.in_head, self.head_bytes, self.line_bytes = True, 0, 0
+        self.interim, self.inflate = False, None
         self.waiter = asyncio.get_running_loop().create_future()
         return self.waiter
 
@@ -210,8 +296,34 @@ class _Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.in_message = False
+        self.pool.forget(self)  # now: never handed out again, even before connection_lost
         if self.transport is not None:
             self.transport.abort()
+
+
+def _codings(transfer_encoding: str) -> list[str]:
+    return [c.strip().lower() for c in transfer_encoding.split(",") if c.strip()]
+
+
+def _inflater(content_encoding: str, transfer_codings: list[str]) -> zlib._Decompress | None:
+    """A decoder for the body's Content-Encoding (gzip or deflate; None for none or identity);
+    any other coding, of the content or of the transfer, is refused by name."""
+    other = [c for c in transfer_codings if c not in ("chunked", "identity")]
+    if other:
+        raise BadResponse(
+            f"Transfer-Encoding {', '.join(other)!r} is not decoded (only chunked is): the "
+            "server or a proxy between sent a coding this client did not ask for"
+        )
+    codings = [c for c in _codings(content_encoding) if c != "identity"]
+    if not codings:
+        return None
+    if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompressobj(32 + zlib.MAX_WBITS)  # a zlib or gzip header, either
+    raise BadResponse(
+        f"Content-Encoding {', '.join(codings)!r} is not decoded (gzip and deflate are): no "
+        "Accept-Encoding was sent, so the server or a proxy between compressed on its own; "
+        "turn compression off there"
+    )
 
 
 class ConnectionPool:
@@ -293,11 +405,16 @@ class ConnectionPool:
         return conn
 
     def _reusable(self) -> _Connection | None:
-        """The most recently used idle connection that is fresh enough (KEEP_IDLE_S)."""
+        """The most recently used idle connection that is fresh enough (KEEP_IDLE_S) and
+        still open."""
         now = asyncio.get_running_loop().time()
         while self._idle:
             conn = self._idle.pop()
-            if now - conn.idle_since <= KEEP_IDLE_S:
+            if (
+                now - conn.idle_since <= KEEP_IDLE_S
+                and conn.transport is not None
+                and not conn.transport.is_closing()
+            ):
                 return conn
             conn._close()
         return None

@@ -16,6 +16,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from replay.core.errors import TargetError
+from replay.core.strict import integer
 from replay.serving.http1 import KEEP_IDLE_S, ConnectError
 
 CACHE_INFO_LABELS = (
@@ -267,8 +268,8 @@ def model_fields(ans: Answer) -> tuple[dict[str, Any], list[str]]:
         out["model_root"] = root
     elif root is not None:
         notes.append(f"{ans.label}: data[0].root is not a string: {quote(orjson.dumps(root))}")
-    if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0:
-        out["max_model_len"] = mml
+    if (n := integer(mml)) is not None and n > 0:
+        out["max_model_len"] = n
     elif mml is not None:
         notes.append(
             f"{ans.label}: data[0].max_model_len is not a positive integer: "

@@ -7,9 +7,10 @@ server instead of us, and a read made 2-8 ms late (bench/README.md) would count 
 as the server's, in every stream's gap at once. Linux only; elsewhere, and for https, the
 pool uses the event loop's own transport and stamps a read when it runs.
 
-TCP hands the kernel's stamp of the last segment a read took: when a stall lets two of a
-stream's chunks arrive before one read, the earlier one is stamped with the later's time,
-which is still closer than the time of the read.
+TCP hands the kernel's stamp of the last segment a read took, and segments queued before a
+read are merged into one buffer that keeps the last one's stamp (so reading less at a time
+does not recover the earlier ones): when a stall lets several chunks arrive before one read,
+they all carry the last one's time. The accumulator makes them one arrival (accumulator.py).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.core.errors import ServerStartError
+from replay.serving.prompt_scores import CACHED_SCORING_ARGS
 from replay.serving.targets import TargetSpec
 
 DEFAULT_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE when the user sets none
@@ -129,6 +130,8 @@ class LocalServer:
             dtype,
             "--seed",
             "0",
+            # Teacher-forced scores that may read the prefix cache (serving/prompt_scores.py).
+            *CACHED_SCORING_ARGS,
             *args,
         ]
 

@@ -12,6 +12,7 @@ import aiohttp
 
 from replay.core.errors import TargetError
 from replay.core.iterate import closing, pooled
+from replay.core.strict import token_ids
 from replay.core.synth import POOL_TEXT, TokenPool
 from replay.core.trace import Request
 from replay.serving.introspect import EndpointError, fetch_json
@@ -38,10 +39,8 @@ async def _tokenize(session: aiohttp.ClientSession, url: str, body: dict[str, An
     """The token ids /tokenize gives for ``body``; EndpointError when it gives none."""
     ans = await fetch_json(session, "POST", url, "/tokenize", json_body=body, timeout_s=60.0)
     v = ans.value
-    tokens = v.get("tokens") if isinstance(v, dict) else None
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
-    ):
+    tokens = token_ids(v.get("tokens")) if isinstance(v, dict) else None
+    if tokens is None:
         raise ans.wrong('an object with a "tokens" list of token ids')
     return tokens
 

@@ -1,9 +1,11 @@
 """Server-sent events as OpenAI-compatible servers stream them.
 
 Incremental: feed it bytes as they arrive (chunks may split a line anywhere) and it yields
-the JSON payload of each complete ``data:`` event. ``[DONE]`` ends the stream. A payload that
-is not JSON, or a line or event over ``max_event_bytes``, is a ``ProtocolError`` for that
-request, not a crash and not memory that grows with whatever the server sends.
+the JSON payload of each complete ``data:`` event. Lines end as the SSE spec allows: CRLF,
+LF, or a bare CR (a CRLF split between two reads is still one line end). ``[DONE]`` ends the
+stream. A payload that is not JSON, or a line or event over ``max_event_bytes``, is a
+``ProtocolError`` for that request, not a crash and not memory that grows with whatever the
+server sends.
 
 Time and memory are linear in the stream: a line that outlasts a read is kept in a bytearray
 that each read extends in place, and is finished when its newline arrives (joining the held
@@ -49,7 +51,7 @@ class SSEDecoder:
     data (as joined) over ``max_event_bytes``.
     """
 
-    __slots__ = ("_data", "_held", "_tail", "max_event_bytes")
+    __slots__ = ("_after_cr", "_data", "_held", "_tail", "max_event_bytes")
 
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.max_event_bytes = max_event_bytes
@@ -58,6 +60,11 @@ class SSEDecoder:
         self._tail: bytes | bytearray = b""
         self._data: list[bytes | bytearray] = []  # data fields of the event not yet dispatched
         self._held = 0  # their joined size plus one, for the fields counted so far
+        # The last read ended in a CR: an LF that starts the next one is its CRLF, not a
+        # blank line. (Left set by a read that ``feed_one`` takes: such a read ends a line
+        # and leaves nothing pending, so the LF it would drop is a blank line with nothing to
+        # dispatch.)
+        self._after_cr = False
 
     def feed_one(self, chunk: bytes) -> Any:
         """The usual read, exactly one whole ``data: {...}`` event and nothing held: its
@@ -89,6 +96,13 @@ class SSEDecoder:
 
     def feed_rest(self, chunk: bytes) -> Iterator[Any]:
         """``feed`` for a read ``feed_one`` already found ``NOT_ONE`` (not tried again)."""
+        if self._after_cr:
+            self._after_cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if b"\r" in chunk:  # CRLF and bare CR become LF, the one line end split on below
+            self._after_cr = chunk[-1:] == b"\r"
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         tail = self._tail
         lines: list[bytes] | list[bytes | bytearray]
         if not tail:
@@ -117,8 +131,6 @@ class SSEDecoder:
         # over it: the common read skips the per-line checks.
         check = held + size > self.max_event_bytes
         for line in lines:
-            if line[-1:] == b"\r":
-                line = line[:-1]
             if line:
                 if check and len(line) > self.max_event_bytes:
                     raise self._too_big()
@@ -159,7 +171,9 @@ class SSEDecoder:
         end = chunk.find(b"\n")
         if end < 0:
             tail += chunk
-            if len(tail) > self.max_event_bytes + 1:  # + 1: it may end in its CR
+            if (
+                len(tail) > self.max_event_bytes + 1
+            ):  # loose by one, as feed_rest's: exact at its end
                 raise self._too_big()
             return None
         tail += chunk[:end]

@@ -157,9 +157,10 @@ def grade_rows(
         if r.status != "ok":
             row["error"] = f"{r.error_kind}: {r.error}"
         else:
+            unanswered = no_answer(r)
             if req is not None and req.check is not None:
                 answer = Answer(r.output_text, tuple(r.tool_calls))
-                row["grade"] = grader.grade(req.check, answer).to_json()
+                row["grade"] = _said(grader.grade(req.check, answer).to_json(), unanswered)
             ref = refs.get((r.phase, r.request_id))
             if r.target != reference and ref is not None and ref.status == "ok":
                 row["agreement"] = agreement(r, ref)
@@ -169,6 +170,24 @@ def grade_rows(
                         Answer(r.output_text, tuple(r.tool_calls)),
                         prompt_text(req),
                     )
-                    row["derived"] = derived_record(grade, row["agreement"]["normalized"])
+                    row["derived"] = _said(
+                        derived_record(grade, row["agreement"]["normalized"]), unanswered
+                    )
         rows.append(row)
     return rows
+
+
+def no_answer(r: Result) -> str | None:
+    """Why an ok result that reasoned holds no answer (its reasoning never reached one: cut by
+    max_tokens, as a rule); None for any other. Grading reads the answer only, never the
+    reasoning, so such a result is graded as the empty answer it is, and says why."""
+    if r.reasoning_tokens and r.first_answer_token is None:
+        why = f"finish_reason {r.finish_reason}" if r.finish_reason else "no finish_reason"
+        return f"no answer: {r.reasoning_tokens} reasoning tokens and then none ({why})"
+    return None
+
+
+def _said(grade: dict[str, Any], unanswered: str | None) -> dict[str, Any]:
+    if unanswered is not None:
+        grade["reason"] = f"{unanswered}; {grade.get('reason') or ''}".rstrip("; ")
+    return grade

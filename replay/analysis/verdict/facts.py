@@ -20,6 +20,8 @@ from replay.analysis.schemas import (
     BucketQuality,
     CapacityPhase,
     Combined,
+    ReasoningDelta,
+    ReasoningLength,
     Sequential,
     Shift,
     Summary,
@@ -31,6 +33,7 @@ from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
 from replay.analysis.stats.evidence import Evidence
 from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.analysis.systems_cells import THRESHOLD as SYSTEMS_THRESHOLD
+from replay.analysis.verdict.advice import Advice, advice_facts
 from replay.analysis.verdict.serving_path import error_problem, serving_problems
 from replay.serving.scale_log import is_emulated
 
@@ -48,6 +51,11 @@ class Thresholds:
     # lies below 1 - this and below the floor's.
     tf_warn_nll: float = 0.05
     tf_warn_top1: float = 0.05
+    # Reasoning length that warns (never decides): a bucket where the target's reasoning
+    # tokens exceed the reference's by an interval lying above this share of the
+    # reference's mean and above the A/A floor, over at least ``reasoning_warn_pairs``.
+    reasoning_warn: float = 0.10
+    reasoning_warn_pairs: int = 5
     # Decide on emulated FP8 arms (quality only) instead of refusing to.
     accept_emulated: bool = False
     # The systems rule (``systems_cells``): the smallest change of a latency or a rate that
@@ -106,6 +114,9 @@ class ArmFacts:
     shift_direction: str | None = None
     phases: int = 1  # loss and shift tests run at alpha / phases
     emulated: bool = False  # FP8 emulated in a BF16 server (no systems facts)
+    # Its reasoning length against the reference's, per bucket: (phase, named only when the
+    # run has several; bucket; the difference and the A/A floor), for the early warning.
+    reasoning: tuple[tuple[str | None, str, ReasoningDelta], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,11 @@ class Facts:
     below_break_even: bool | None = None
     per_head_supported: bool = False
     outlier_layers: tuple[int, ...] = ()
+    # FP8 with some layers' cache in BF16, served (``--skip-layers``): the layers it keeps.
+    layers: ArmFacts | None = None
+    layers_skipped: tuple[int, ...] = ()
+    # ``kvcal advise``'s emulated figures and advice (``--advice``), for the next step.
+    advice: Advice | None = None
     # A sequential canary: its decision replaces the fixed design's at scale 1.0.
     sequential: Sequential | None = None
 
@@ -182,6 +198,10 @@ def facts_from_run(
     cal = calibrated or roles.calibrated
     cand = candidate or roles.candidate
     phases = s.quality.phases if s.quality else {}
+    # --quality-pass serial: quality is decided on the answers that do not depend on batching.
+    only = (manifest.get("options") or {}).get("quality_phase")
+    if isinstance(only, str) and only in phases:
+        phases = {only: phases[only]}
     ref_t = targets.get(reference)
     ref_problem = (
         None if ref_t is None else error_problem(reference, ref_t, thresholds.max_error_rate)
@@ -192,7 +212,9 @@ def facts_from_run(
         for ph in (ref_t.phases.values() if ref_t else ())
         if ph.server.peak_kv_usage is not None
     ]
-    candidate_arm = _arm_facts(cand, False, targets, phases, manifest, thresholds)
+    candidate_arm = _with_reasoning(
+        _arm_facts(cand, False, targets, phases, manifest, thresholds), s.reasoning
+    )
     if ref_problem and candidate_arm is not None:
         # Without a working reference there is nothing to compare with.
         candidate_arm = replace(
@@ -202,10 +224,20 @@ def facts_from_run(
                 *candidate_arm.serving_problems,
             ),
         )
+    layers = roles.layers
     return Facts(
         reference=reference,
         candidate=candidate_arm,
-        calibrated=_arm_facts(cal, True, targets, phases, manifest, thresholds),
+        calibrated=_with_reasoning(
+            _arm_facts(cal, True, targets, phases, manifest, thresholds), s.reasoning
+        ),
+        layers=_arm_facts(
+            layers, _on_overlay(manifest, layers, reference), targets, phases, manifest, thresholds
+        ),
+        layers_skipped=_skipped(manifest, layers),
+        advice=advice_facts(manifest.get("options") or {}),
+        per_head_supported=_per_head_supported(manifest, cal),
+        outlier_layers=_outlier_layers(manifest, cal),
         capacity_ratio=_capacity_ratio(ref_t, targets.get(cand or ""), cand_emulated),
         capacity_needed=(max(usage) >= thresholds.capacity_needed_usage) if usage else None,
         systems=s.systems.rule if s.systems and not cand_emulated else None,
@@ -213,6 +245,59 @@ def facts_from_run(
         below_break_even=s.systems.below_break_even if s.systems else None,
         sequential=s.sequential,
     )
+
+
+def _on_overlay(manifest: Mapping[str, Any], name: str | None, reference: str) -> bool:
+    """Whether a target serves another checkpoint than the reference (a calibrated overlay:
+    its scales must be applied, and its model path differs by design)."""
+    targets = manifest.get("targets") or {}
+    mine = ((targets.get(name or "") or {}).get("spec") or {}).get("model")
+    ref = ((targets.get(reference) or {}).get("spec") or {}).get("model")
+    return bool(mine and ref and mine != ref)
+
+
+def _skipped(manifest: Mapping[str, Any], name: str | None) -> tuple[int, ...]:
+    """The layers a target's server keeps in BF16 (its ``--kv-cache-dtype-skip-layers``)."""
+    args = list(
+        (((manifest.get("targets") or {}).get(name or "") or {}).get("spec") or {}).get("args")
+        or []
+    )
+    flag = "--kv-cache-dtype-skip-layers"
+    if flag not in args:
+        return ()
+    out = []
+    for word in args[args.index(flag) + 1 :]:
+        if str(word).startswith("-"):
+            break
+        out += [int(x) for x in str(word).split(",") if x.strip().isdigit()]
+    return tuple(out)
+
+
+def _calibration_report(manifest: Mapping[str, Any], name: str | None) -> Mapping[str, Any]:
+    """The calibrated target's ``kvcal_report.json`` (its overlay's), when it is local."""
+    import json
+    from pathlib import Path
+
+    model = (((manifest.get("targets") or {}).get(name or "") or {}).get("spec") or {}).get("model")
+    path = Path(str(model)) / "kvcal_report.json" if model else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _per_head_supported(manifest: Mapping[str, Any], cal: str | None) -> bool:
+    return bool(_calibration_report(manifest, cal).get("per_head_supported"))
+
+
+def _outlier_layers(manifest: Mapping[str, Any], cal: str | None) -> tuple[int, ...]:
+    """The layers calibration found standing out (its advice), measured on the samples."""
+    advice = _calibration_report(manifest, cal).get("advice") or {}
+    layers = advice.get("outlier_layers") if isinstance(advice, dict) else None
+    return tuple(int(x) for x in layers or () if isinstance(x, int))
 
 
 def _capacity_ratio(
@@ -265,6 +350,18 @@ def _arm_facts(
         max(1, len(per_phase)),
         is_emulated(manifest.get("targets", {}).get(name) or {}),
     )
+
+
+def _with_reasoning(arm: ArmFacts | None, length: ReasoningLength | None) -> ArmFacts | None:
+    """The arm with its reasoning length per bucket and phase, where answers reasoned."""
+    if arm is None or length is None:
+        return arm
+    per_phase = [(ph, rows[arm.name]) for ph, rows in length.phases.items() if arm.name in rows]
+    several = len(per_phase) > 1
+    cells = tuple(
+        (ph if several else None, bucket, d) for ph, rows in per_phase for bucket, d in rows.items()
+    )
+    return replace(arm, reasoning=cells)
 
 
 def _strongest_shift(shifts: Sequence[Shift | None]) -> Shift | None:

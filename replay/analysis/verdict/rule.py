@@ -4,7 +4,8 @@ what each verdict means and how the phases of a sweep combine).
 :func:`decide` goes in order: the serving path (a fallback rejects the path; an emulated FP8
 arm gets no rollout decision unless accepted), then a calibrated arm if there is one, else
 scale 1.0 against the reference (:func:`losses`, a consistent shift, :func:`matches`), and
-last whether FP8 pays for itself. Teacher-forced divergence only warns (:func:`tf_warnings`).
+last whether FP8 pays for itself. Teacher-forced divergence and a longer chain of thought only
+warn (:func:`tf_warnings`, :func:`reasoning_warnings`).
 """
 
 from __future__ import annotations
@@ -84,7 +85,10 @@ def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
     evidence: perplexity warns, it never decides (the outcomes do)."""
     v = _decide(f, th)
     warnings = [
-        w for arm in (f.candidate, f.calibrated) if arm is not None for w in tf_warnings(arm, th)
+        w
+        for arm in (f.candidate, f.calibrated, f.layers)
+        if arm is not None
+        for w in (*tf_warnings(arm, th), *reasoning_warnings(arm, th))
     ]
     return replace(v, evidence=(*v.evidence, *warnings)) if warnings else v
 
@@ -118,11 +122,36 @@ def tf_warnings(arm: ArmFacts, th: Thresholds) -> list[dict[str, Any]]:
     return out
 
 
+def reasoning_warnings(arm: ArmFacts, th: Thresholds) -> list[dict[str, Any]]:
+    """Buckets where the arm reasons longer than the reference on the same requests: the
+    interval of the difference lies above ``reasoning_warn`` of the reference's mean and
+    above the A/A floor (zero without a control). A systems cost (decode time and cache the
+    answer did not need) and an early warning, like teacher-forced divergence."""
+    out = []
+    for phase, bucket, d in arm.reasoning:
+        if d.pairs < th.reasoning_warn_pairs or d.lo is None or d.reference_mean is None:
+            continue
+        floor = d.floor_hi if d.floor_hi is not None else 0.0
+        if d.lo <= max(floor, th.reasoning_warn * d.reference_mean):
+            continue
+        at = bucket if phase is None else f"{bucket} ({phase})"
+        said = "no A/A control" if d.floor_hi is None else f"A/A floor up to {d.floor_hi:+.1f}"
+        text = (
+            f"{arm.name} in {at}: reasons longer than the reference on the same requests: "
+            f"{d.target_mean:.1f} reasoning tokens per answer against {d.reference_mean:.1f}, "
+            f"{d.delta_mean:+.1f} [{d.lo:+.1f}, {d.hi:+.1f}] over {d.pairs} pairs ({said}). "
+            "A systems cost (decode time and cache the answer did not need) and an early "
+            "warning only: the verdict rests on the graded outcomes"
+        )
+        out.append({"kind": "warning", "text": text, "bucket": bucket, "phase": phase})
+    return out
+
+
 def _decide(f: Facts, th: Thresholds) -> Verdict:
     """The stop rule itself, its steps in order; each step's evidence is kept in ``ev``."""
     ev: list[dict[str, Any]] = []
     # 1. The serving path: a fallback means this path cannot be tested, so it is rejected.
-    for arm in (f.candidate, f.calibrated):
+    for arm in (f.candidate, f.calibrated, f.layers):
         if arm is not None and arm.serving_problems:
             ev += [evidence_entry("serving", p) for p in arm.serving_problems]
             return verdict_record("reject", [f"{arm.name}: {arm.serving_problems[0]}"], ev)
@@ -142,15 +171,20 @@ def _decide(f: Facts, th: Thresholds) -> Verdict:
             ],
             ev,
         )
-    # 2. With a calibrated target, judge the calibration.
+    # 2. With a calibrated target, judge the calibration (and a layers arm after it).
     if f.calibrated is not None:
         return _calibration(f, f.calibrated, th, ev)
+    if f.layers is not None and (losses(f.candidate, th) or _shifted(f.candidate, th)):
+        ev += quality_evidence(f.candidate, f.reference, th)
+        return _layers_arm(f, f.layers, th, ev, "FP8 at scale 1.0")
     # 3. Scale 1.0 against the reference.
     return _scale_one(f, f.candidate, th, ev)
 
 
 def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
-    """A calibrated arm: it fixes the gap, fixes it but for one bucket, or still misses."""
+    """A calibrated arm: it fixes the gap, fixes it but for one bucket, or still misses;
+    then what was measured of the next step decides (a served layers arm, else kvcal
+    advise's emulated figures)."""
     cal_loss = losses(cal, th)
     ev += quality_evidence(cal, f.reference, th)
     if not cal_loss and not _shifted(cal, th):
@@ -162,26 +196,104 @@ def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any
                 ev,
             )
         return _insufficient(cal, thin, ev, th)
-    # One bucket, in however many phases: a localized problem, not a broad miss.
-    if len({b.bucket for b in cal_loss}) == 1 and len({b.bucket for b in cal.buckets}) > 1:
-        b = min(cal_loss, key=lambda c: c.diff if c.diff is not None else 0.0)
+    if f.layers is not None:
+        return _layers_arm(f, f.layers, th, ev, f"calibrated ({cal.name})")
+    ev += _advice_evidence(f)
+    lost_in = ", ".join(where(b) for b in cal_loss) or "across buckets"
+    advice = f.advice
+    if advice is not None and advice.action in ("skip_layers", "per_head"):
         how = (
-            "per-head scales (the backend supports them)"
-            if f.per_head_supported
-            else "BF16 for the outlier layers (--kv-cache-dtype-skip-layers "
-            f"{' '.join(map(str, f.outlier_layers)) or 'LAYERS'}); per-head scales "
-            "need FlashAttention"
+            f"BF16 for layers {list(advice.skip_layers)} ({advice.flag()}; kvcal advise "
+            "measured it in emulation): serve it with --skip-layers NAME="
+            f"{','.join(map(str, advice.skip_layers))} and replay to confirm"
+            if advice.action == "skip_layers"
+            else "per-head scales (kvcal advise measured them recovering it, and the backend "
+            "takes them)"
         )
         return verdict_record(
             "per_head_or_skip_layers",
+            [f"calibrated quality still misses ({lost_in}): try {how}"],
+            ev,
+        )
+    if (
+        advice is None
+        and len({b.bucket for b in cal_loss}) == 1
+        and len({b.bucket for b in cal.buckets}) > 1
+    ):
+        # One bucket: a localized problem, and no measurement yet of what fixes it.
+        b = min(cal_loss, key=lambda c: c.diff if c.diff is not None else 0.0)
+        return verdict_record(
+            "per_head_or_skip_layers",
             [
-                f"after calibration only {where(b)} still loses ({points(b.diff)} points): try "
-                + how
+                f"after calibration only {where(b)} still loses ({points(b.diff)} points): "
+                + _untested_next_step(f)
             ],
             ev,
         )
-    lost_in = ", ".join(where(b) for b in cal_loss) or "across buckets"
-    return verdict_record("reject", [f"calibrated quality still misses ({lost_in})"], ev)
+    why = [f"calibrated quality still misses ({lost_in})"]
+    if advice is None:
+        why.append(
+            "to know whether BF16 layers or another backend would keep FP8, measure it: "
+            "kvcal advise MODEL --trace TRACE --overlay OVERLAY --json advice.json, then "
+            "replay with --advice advice.json"
+        )
+    return verdict_record("reject", why, ev)
+
+
+def _untested_next_step(f: Facts) -> str:
+    """What to try when nothing has measured the fix yet: calibration's own outlier layers,
+    or the command that measures it."""
+    if f.per_head_supported:
+        return "try per-head scales (the backend supports them)"
+    if f.outlier_layers:
+        layers = " ".join(map(str, f.outlier_layers))
+        return (
+            f"try BF16 for the layers calibration found standing out (--kv-cache-dtype-skip-layers "
+            f"{layers}); per-head scales need FlashAttention"
+        )
+    return (
+        "no layer stood out in calibration: measure which to keep in BF16 with "
+        "kvcal advise MODEL --trace TRACE --overlay OVERLAY (per-head scales need FlashAttention)"
+    )
+
+
+def _layers_arm(
+    f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]], after: str
+) -> Verdict:
+    """FP8 with some layers' cache in BF16, served after ``after`` still lost: it matches
+    (keep FP8 that way), still loses (reject, with what was measured), or is not decided."""
+    ev += quality_evidence(arm, f.reference, th)
+    ev += _advice_evidence(f)
+    kept = " ".join(map(str, f.layers_skipped)) or "?"
+    if not losses(arm, th) and not _shifted(arm, th):
+        ok, thin = matches(arm, th)
+        if ok:
+            return verdict_record(
+                "per_head_or_skip_layers",
+                [
+                    f"{after} still loses, but {arm.name} (layers {kept} in BF16) matches "
+                    f"{f.reference} in every bucket: serve FP8 with "
+                    f"--kv-cache-dtype-skip-layers {kept}"
+                ],
+                ev,
+            )
+        return _insufficient(arm, thin, ev, th)
+    lost_in = ", ".join(where(b) for b in losses(arm, th)) or "across buckets"
+    return verdict_record(
+        "reject",
+        [f"{after} and {arm.name} (layers {kept} in BF16) both still lose ({lost_in})"],
+        ev,
+    )
+
+
+def _advice_evidence(f: Facts) -> list[dict[str, Any]]:
+    """kvcal advise's emulated figures, each a line of evidence (never the decision alone)."""
+    if f.advice is None:
+        return []
+    return [
+        evidence_entry("emulation", f"kvcal advise (emulated, {f.advice.action}): {reason}")
+        for reason in f.advice.reasons
+    ]
 
 
 def _scale_one(f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:

@@ -46,6 +46,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from replay.core.errors import TraceError
+from replay.core.ids import id_problem
 from replay.core.importers.lengths import LengthPolicy
 from replay.core.importers.rows import (
     Records,
@@ -151,6 +152,8 @@ def _request(
         rid = str(rid)
     if not isinstance(rid, str) or not rid:
         raise ValueError(f"id: must be a non-empty string or an integer, got {rid!r}")
+    if (why := id_problem(rid)) is not None:  # a top-level field, not the body's
+        raise ValueError(f"id: {why}")
     meta: dict[str, Any] = {"source": "openai-log", "line": lineno}
     if "model" in body:
         meta["model"] = body["model"]

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from replay.core.errors import InputError, TraceError
 from replay.core.importers.lengths import LengthPolicy
+from replay.core.strict import integer, number, shown
 from replay.core.trace import Parsed, first_error, iter_lines
 
 # Generators, not just iterators: a reader that stops early closes them (and their file).
@@ -115,35 +116,29 @@ def refuse_unknown(obj: dict[str, Any], known: Collection[str], name: str, hint:
 
 
 def json_int(obj: dict[str, Any], key: str, minimum: int = 1) -> int:
-    """An integral JSON number >= ``minimum`` (2.0 counts as 2; true does not count as 1)."""
-    v = obj.get(key)
-    if (
-        isinstance(v, bool)
-        or not isinstance(v, int | float)
-        or not math.isfinite(v)
-        or v < minimum
-        or int(v) != v
-    ):
+    """An integer >= ``minimum`` by ``replay.core.strict``'s rule (2.0 counts as 2; true does
+    not count as 1)."""
+    v = integer(obj.get(key))
+    if v is None or v < minimum:
         want = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{key}: must be {want}, got {v!r}")
-    return int(v)
+        raise ValueError(f"{key}: must be {want}, got {shown(obj.get(key))}")
+    return v
 
 
 def json_seconds(obj: dict[str, Any], key: str, unit: str = "seconds") -> float:
     """A finite JSON number >= 0, in ``unit`` (named in the error)."""
-    v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{key}: must be {unit} >= 0, got {v!r}")
-    return float(v)
+    v = number(obj.get(key))
+    if v is None or v < 0:
+        raise ValueError(f"{key}: must be {unit} >= 0, got {shown(obj.get(key))}")
+    return v
 
 
 def json_hash_ids(obj: dict[str, Any], key: str = "hash_ids") -> tuple[int, ...]:
     v = obj.get(key, [])
-    if not isinstance(v, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) for h in v
-    ):
+    ids = [integer(h) for h in v] if isinstance(v, list) else None
+    if ids is None or None in ids:
         raise ValueError(f"{key}: must be a list of integers")
-    return tuple(v)
+    return tuple(h for h in ids if h is not None)
 
 
 def csv_int(row: dict[str, Any], key: str, minimum: int = 1) -> int:

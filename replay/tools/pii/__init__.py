@@ -4,7 +4,9 @@ detectors (``_table``), used by both, so the two cannot drift.
 Detection runs on a folded view of the text (``fold``): characters that NFKC maps to one ASCII
 character (full-width ``ｊｏｈｎ＠ｅｘａｍｐｌｅ．ｃｏｍ``, mathematical letters, no-break spaces),
 Cyrillic and Greek letters that look like Latin ones, and dash variants are read as their ASCII
-look-alike, and zero-width characters are skipped; spans are mapped back, so the original
+look-alike, zero-width characters are skipped, and ``@`` and ``.`` percent-encoded (``%40``,
+``%2E``) or written as HTML character references (``&#64;``, ``&#x40;``, ``&commat;``,
+``&#46;``, ``&period;``) are read as themselves; spans are mapped back, so the original
 characters are what gets replaced, and one value written two ways gets one placeholder.
 
 Kinds (``Finding.kind``), in priority order (an earlier kind wins an overlap):
@@ -13,7 +15,8 @@ Kinds (``Finding.kind``), in priority order (an earlier kind wins an overlap):
                      ``-----BEGIN …`` through ``-----END …-----`` when a base64 body (after
                      optional ``Proc-Type:``-style headers) follows the BEGIN line; with no END
                      line (a truncated field), through the end of the text, as when the text
-                     ends in the BEGIN line itself (``-----BEGIN RSA PRIV``); an END line with the
+                     ends in the BEGIN line itself (``-----BEGIN RSA PRIV``) or a few base64
+                     characters into its body (``...KEY-----\nMIIBOg``); an END line with the
                      body lines before it (and the tail of a cut BEGIN line, ``IVATE KEY-----``);
                      and body lines alone: a base64 run starting like DER or OpenSSH key data
                      (``MII``/``MIG``/``MHc``/``MC4C``, ``b3BlbnNzaC1rZXkt``) of 40+ characters, or
@@ -55,7 +58,9 @@ Kinds (``Finding.kind``), in priority order (an earlier kind wins an overlap):
                      of vLLM, transformers, Hugging Face, OpenAI and Anthropic client code, what
                      is left are literal values in examples (``password='IAmSensitive'``).
 ``email``            ``local@domain.tld`` (Unicode letters allowed); ``john [at] example [dot]
-                     com``, ``jane(at)corp(dot)org``, ``bob@example[.]com``; and at the end of a
+                     com``, ``jane(at)corp(dot)org``, ``bob@example[.]com``; encoded as a URL or
+                     an HTML page writes it (``kim%40example.com``, ``kim&#64;example.com``:
+                     the fold above); and at the end of a
                      truncated text ``local@`` with a cut domain. Not ``git@host`` (an SSH
                      remote) nor ``name@2x.png`` (an image-density suffix).
 ``iban``             country code + check digits + BBAN, compact or in groups of four, with the

@@ -8,7 +8,7 @@ import bisect
 import re
 from collections.abc import Iterator
 
-from replay.tools.pii._reading import NL, Hit
+from replay.tools.pii._reading import NL, Hit, cut_end
 
 # (?<!-) before a run of dashes: a long run is tried once, from its first dash, not from each.
 # A type follows BEGIN/END ("RSA PRIVATE KEY"), unless the text was cut right there.
@@ -21,6 +21,13 @@ _BODY_LINE = re.compile(r"[ \t]*=?[A-Za-z0-9+/]{4,}={0,2}[ \t]*")
 _PEM_LINE = re.compile(rf"[ \t]*(?:=?[A-Za-z0-9+/]{{4,}}={{0,2}}|{_PEM_HEADER})?[ \t]*{NL}")
 _PEM_BODY_AHEAD = re.compile(rf"(?:[ \t]*{_PEM_HEADER}{NL}|[ \t]*{NL})*[ \t]*[A-Za-z0-9+/]{{16}}")
 _B64_TAIL = re.compile(r"[ \t]*[A-Za-z0-9+/]+={0,2}")
+# What follows a BEGIN line when the text was cut inside a short body: base64 lines (and
+# headers) up to the end of the truncated text's content, too few characters for
+# _PEM_BODY_AHEAD ("-----BEGIN RSA PRIVATE KEY-----\nMIIBOg" at the end of a field).
+_PEM_CUT_BODY = re.compile(
+    rf"(?:[ \t]*{_PEM_HEADER}{NL}|[ \t]*{NL})*"
+    rf"(?:[ \t]*[A-Za-z0-9+/]+={{0,2}}[ \t]*(?:{NL}|\Z))*[ \t]*"
+)
 _B64_LINE_END = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{8,}={0,2}[ \t]*\Z")
 # The end of an armour line whose start was cut off: "IVATE KEY-----".
 _ARMOUR_TAIL = re.compile(r"(?<![A-Za-z0-9])(?:[A-Z0-9]+ )*[A-Z0-9]{2,}-{2,5}[ \t]*\Z")
@@ -82,7 +89,11 @@ def pem(text: str) -> Iterator[Hit]:
         if ends_left and (end is None or end.start() < m.end()):
             end = _PEM_END.search(text, m.end())
             ends_left = end is not None
-        if not (_PEM_BODY_AHEAD.match(text, m.end()) or not text[m.end() :].strip()):
+        if not (
+            _PEM_BODY_AHEAD.match(text, m.end())
+            or not text[m.end() :].strip()
+            or _PEM_CUT_BODY.fullmatch(text, m.end(), max(m.end(), cut_end(text)))
+        ):
             pos = m.end()  # a BEGIN line quoted in code or prose, no key after it
             continue
         # to the END line, or, cut off inside the block, to the end: the rest is key material

@@ -32,7 +32,17 @@ _LOOKALIKE = dict(
     )
 )
 _INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
-_INVISIBLE_RE = re.compile(f"[{_INVISIBLE}]")
+# The characters an address is written with, percent-encoded (``kim%40example.com``, as a URL's
+# query string has it) or as an HTML character reference (``kim&#64;example.com``,
+# ``&#x40;``, ``&commat;``): read as the character itself.
+_ENCODED = {
+    "@": r"%40|&#0*64;|&#[xX]0*40;|&commat;",
+    ".": r"%2[eE]|&#0*46;|&#[xX]0*2[eE];|&period;",
+}
+_DECODE = re.compile(
+    "|".join(f"(?P<{'at' if ch == '@' else 'dot'}>{rx})" for ch, rx in _ENCODED.items())
+)
+_SPECIAL = re.compile(f"[{_INVISIBLE}]|{_DECODE.pattern}")
 
 
 class _FoldTable(dict[int, int | None]):
@@ -55,20 +65,27 @@ _FOLD = _FoldTable()
 
 
 def fold(text: str) -> tuple[str, list[int] | None]:
-    """The text as detectors read it and, when characters were skipped, where each of its
-    characters (and its end) is in ``text``; ``None`` when positions are unchanged."""
-    if text.isascii():
+    """The text as detectors read it and, when characters were skipped or encoded ones read as
+    one, where each of its characters (and its end) is in ``text``; ``None`` when positions are
+    unchanged."""
+    plain = text.isascii()
+    if plain and "%" not in text and "&" not in text:
         return text, None
-    shown = text.translate(_FOLD)
-    if len(shown) == len(text):
-        return shown, None
+    if not _SPECIAL.search(text):
+        return (text if plain else text.translate(_FOLD)), None
+    parts: list[str] = []
     where: list[int] = []
     prev = 0
-    for m in _INVISIBLE_RE.finditer(text):
+    for m in _SPECIAL.finditer(text):
+        parts.append(text[prev : m.start()].translate(_FOLD))
         where.extend(range(prev, m.start()))
+        if m.lastgroup is not None:  # an encoded character, read as itself
+            parts.append("@" if m.lastgroup == "at" else ".")
+            where.append(m.start())
         prev = m.end()
+    parts.append(text[prev:].translate(_FOLD))
     where.extend(range(prev, len(text) + 1))
-    return shown, where
+    return "".join(parts), where
 
 
 # -- truncation ---------------------------------------------------------------------------------
@@ -81,7 +98,7 @@ _TRUNC_MARK = re.compile(
 _TAIL = 600  # how far before the end a cut item may start
 
 
-def _cut_end(text: str) -> int:
+def cut_end(text: str) -> int:
     """Where a truncated text's content ends: before a trailing truncation mark, if any."""
     base = max(0, len(text) - 160)
     m = _TRUNC_MARK.search(text, base)
@@ -92,5 +109,5 @@ def _cut_end(text: str) -> int:
 
 def at_cut(text: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
     """``pattern`` (ending in ``\\Z``) matched at the end of the truncated text's content."""
-    end = _cut_end(text)
+    end = cut_end(text)
     return pattern.search(text, max(0, end - _TAIL), end)

@@ -1,0 +1,280 @@
+"""``kvcal advise``: what to try when FP8 (calibrated or not) still loses, from measurements.
+
+One model load, one BF16 reference, then the settings a decision needs, each scored
+teacher-forced on the same requests (``kvcal._emulate_report``'s scorer and intervals):
+
+* FP8 at scale 1.0 and at the calibrated scales (``--overlay``), each with the backend's own
+  rounding (``--rounding``: vLLM CPU truncates the mantissa, CUDA rounds to nearest) and with
+  the other one: how much of the loss is the kernel's rounding rather than the format;
+* per-head scales from the overlay's calibration report (``kvcal_report.json``: each head's
+  amax / 448), and whether the backend here takes them (vLLM's own answer);
+* the layers to keep in BF16: each layer kept BF16 alone, ranked by the loss it recovers on
+  the best per-tensor setting the backend serves, and the smallest set that recovers
+  ``--recover`` of it, scored again to confirm; with its cost in cache capacity
+  (``--kv-cache-dtype-skip-layers`` keeps those layers' cache in BF16).
+
+Then the advice, in this order: nothing to do when the best setting shows no real loss; keep
+the confirmed layers in BF16 when that recovers enough with at most ``--max-skip-share`` of
+the layers; per-head scales when they recover it and the backend takes them; otherwise reject
+FP8 on this backend, saying how much of the loss the backend's rounding makes (a backend that
+rounds to nearest may keep it: test there). Each step names its figures. An emulation: it
+predicts quality, never capacity or kernel speed; ``replay canary`` with the advised arm
+served (``--skip-layers NAME=LAYERS``) checks it, and ``--advice`` shows this file's figures
+in the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from replay.core.buckets import Buckets
+from replay.core.errors import InputError
+
+from ._emulate import Setting, uniform
+from ._emulate_overlay import overlay_setting, read_overlay
+from ._emulate_report import (
+    CAVEAT,
+    INTERVAL,
+    EmulateArgs,
+    Scorer,
+    Track,
+    _draw,
+    _no_track,
+    by_bucket,
+    loss_is_real,
+    tf_summary,
+)
+from ._emulate_score import bf16_answers, reference_scores
+from ._fp8 import E4M3_MAX, hf_head_scale
+
+FLAG = "--kv-cache-dtype-skip-layers"
+OTHER_ROUNDING = {"cpu": "cuda", "cuda": "cpu"}
+ROUNDING_WORDS = {
+    "cpu": "vLLM CPU's truncation",
+    "cuda": "CUDA's round-to-nearest",
+}
+
+
+@dataclass
+class AdviseArgs(EmulateArgs):
+    """``EmulateArgs`` plus what the advice weighs."""
+
+    max_skip_share: float = 0.5  # more layers in BF16 than this share is not worth FP8
+    per_head_supported: bool = False
+    per_head_why: str = ""
+    skip_candidates: int = 8  # best-ranked layers tried for the confirmed set, at most
+    notes: list[str] = field(default_factory=list)
+
+
+def per_head_setting(overlay: Path, base: Setting, kv_heads: int) -> Setting | None:
+    """Per-head scales from the overlay's calibration report (each head's amax / 448), at
+    the base setting's rounding; None when the report has no per-head amax."""
+    report = overlay / "kvcal_report.json"
+    if not report.is_file():
+        return None
+    try:
+        rows = json.loads(report.read_text("utf-8"))["tensors"]
+        amax = {(int(r["layer"]), str(r["which"])): list(map(float, r["head_amax"])) for r in rows}
+    except (ValueError, KeyError, TypeError):
+        return None
+    k: list[torch.Tensor] = []
+    v: list[torch.Tensor] = []
+    for layer in range(len(base.k)):
+        for which, out in (("k", k), ("v", v)):
+            heads = amax.get((layer, which))
+            if heads is None or len(heads) != kv_heads:
+                return None
+            scale = torch.tensor([max(h, 1e-12) / E4M3_MAX for h in heads])
+            out.append(hf_head_scale(scale, kv_heads))
+    return Setting("fp8@per-head", tuple(k), tuple(v), str(overlay), base.rounding)
+
+
+def capacity_ratio(layers: int, skipped: int) -> float:
+    """BF16 cache bytes over FP8's with ``skipped`` layers kept in BF16 (2x with none)."""
+    return 2 * layers / (layers + skipped)
+
+
+def _row(scorer: Scorer, s: Setting, labels: list[str]) -> dict[str, Any]:
+    scores, overall = scorer.overall(s)
+    buckets = by_bucket(scorer.items, labels)
+    return {
+        "setting": s.name,
+        "rounding": s.rounding,
+        "scales": s.scales,
+        "skip_layers": list(s.skip),
+        "all": overall,
+        "buckets": {b: tf_summary(scores, scorer.ref, ids) for b, ids in buckets.items()},
+    }
+
+
+def _mean(row: dict[str, Any] | None) -> float | None:
+    return None if row is None else row["all"].get("nll_delta_mean")
+
+
+def rank_layers(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, Any]]:
+    """Each layer kept in BF16 alone (the others as ``base``): the loss it recovers."""
+    rows = []
+    for layer in range(len(base.k)):
+        _, kept = scorer.overall(base.skipping([layer]), f"layer {layer} kept BF16")
+        recovered = loss - float(kept.get("nll_delta_mean") or 0.0)
+        rows.append({"layer": layer, "kept_bf16": kept, "recovered": recovered})
+    return sorted(rows, key=lambda r: -r["recovered"])
+
+
+def confirm_skip(
+    scorer: Scorer, base: Setting, ranked: list[dict[str, Any]], loss: float, args: AdviseArgs
+) -> dict[str, Any]:
+    """The smallest prefix of the ranking whose confirmed recovery reaches ``recover`` of
+    the loss, scored set by set (up to ``skip_candidates`` layers)."""
+    tries: list[dict[str, Any]] = []
+    for k in range(1, min(args.skip_candidates, len(ranked)) + 1):
+        chosen: list[int] = sorted(int(r["layer"]) for r in ranked[:k])
+        _, summary = scorer.overall(
+            base.skipping(chosen, f"{base.name} skip {chosen}"), f"confirming layers {chosen}"
+        )
+        share = (loss - float(summary.get("nll_delta_mean") or 0.0)) / loss
+        tries.append({"skip_layers": chosen, "summary": summary, "recovered_share": share})
+        if share >= args.recover:
+            break
+    best = max(tries, key=lambda t: float(t["recovered_share"]))
+    skip: list[int] = best["skip_layers"]
+    return {
+        "tries": tries,
+        "skip_layers": skip,
+        "recovered_share": best["recovered_share"],
+        "reached": best["recovered_share"] >= args.recover,
+        "flag": f"{FLAG} {' '.join(map(str, skip))}",
+        "capacity_ratio": capacity_ratio(len(base.k), len(skip)),
+    }
+
+
+def next_step(
+    rows: dict[str, dict[str, Any]], skip: dict[str, Any] | None, args: AdviseArgs, layers: int
+) -> dict[str, Any]:
+    """The advice: one ``action`` (none, skip_layers, per_head, reject) with its reasons."""
+    best = rows.get("fp8@cal") or rows["fp8@1.0"]
+    real, why = loss_is_real(best["all"], args.min_loss)
+    reasons = [f"{best['setting']} ({ROUNDING_WORDS[best['rounding']]}): {why}"]
+    if not real:
+        return {"action": "none", "reasons": reasons}
+    loss = float(_mean(best) or 0.0)
+    other = rows.get(best["setting"] + "/" + OTHER_ROUNDING[best["rounding"]])
+    rounding_share = None
+    if other is not None and loss > 0:
+        rounding_share = max(0.0, min(1.0, (loss - float(_mean(other) or 0.0)) / loss))
+        reasons.append(
+            f"with {ROUNDING_WORDS[other['rounding']]} the same scales lose "
+            f"ΔNLL {float(_mean(other) or 0.0):+.4f}/token: {rounding_share:.0%} of the loss is "
+            "the backend's rounding"
+        )
+    out: dict[str, Any] = {"rounding_share": rounding_share, "loss": loss}
+    if skip is not None:
+        k = len(skip["skip_layers"])
+        reasons.append(
+            f"layers {skip['skip_layers']} in BF16 recover {skip['recovered_share']:.0%} of the "
+            f"loss (confirmed; capacity {skip['capacity_ratio']:.2f}x BF16 instead of 2x)"
+        )
+        if skip["reached"] and k <= args.max_skip_share * layers:
+            return {
+                **out,
+                "action": "skip_layers",
+                "skip_layers": skip["skip_layers"],
+                "flag": skip["flag"],
+                "reasons": reasons,
+            }
+    head = rows.get("fp8@per-head")
+    if head is not None:
+        head_share = (loss - float(_mean(head) or 0.0)) / loss
+        support = "the backend here takes them" if args.per_head_supported else args.per_head_why
+        reasons.append(f"per-head scales recover {head_share:.0%} of the loss; {support}")
+        if head_share >= args.recover and args.per_head_supported:
+            return {**out, "action": "per_head", "reasons": reasons}
+    if rounding_share is not None and rounding_share >= 0.5:
+        reasons.append(
+            "reject FP8 on this backend; a backend that rounds to nearest may keep it: replay "
+            "the canary there before rejecting it everywhere"
+        )
+    return {**out, "action": "reject", "reasons": reasons}
+
+
+def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    from ._observe import kv_shape, load_model
+
+    started = time.perf_counter()
+    if not (args.model_dir / "config.json").is_file():
+        raise InputError(
+            f"{args.model_dir}: no config.json; give the model folder the server loads"
+        )
+    config = AutoConfig.from_pretrained(str(args.model_dir))
+    layers, kv_heads, _ = kv_shape(config)
+    backend = args.rounding
+    settings = [uniform("fp8@1.0", layers, 1.0, backend)]
+    exclude: frozenset[str] = frozenset()
+    if args.overlay is not None:
+        scales = read_overlay(args.overlay, layers, kv_heads)
+        exclude = scales.calibration_ids
+        args.notes += list(scales.notes)
+        settings.append(overlay_setting("fp8@cal", scales, args.overlay, backend))
+    settings += [
+        Setting(f"{s.name}/{OTHER_ROUNDING[backend]}", s.k, s.v, s.scales, OTHER_ROUNDING[backend])
+        for s in list(settings)
+    ]
+    head = per_head_setting(args.overlay, settings[-1], kv_heads) if args.overlay else None
+    if head is not None:
+        settings.append(Setting(head.name, head.k, head.v, head.scales, backend))
+    elif args.overlay is not None:
+        args.notes.append(
+            "no per-head amax in the overlay's kvcal_report.json: per-head not scored"
+        )
+    drawn = _draw(args, config, exclude)
+    if not drawn.items:
+        raise InputError("no requests to score: the trace has none that fit the model")
+    model = load_model(str(args.model_dir), args.dtype, args.device)
+    labels = Buckets.parse(args.buckets).labels
+    missing = [it for it in drawn.items if not it.answer]
+    bf16_answers(model, missing, args.chunk_tokens, track("BF16 greedy answers", len(missing)))
+    ref = reference_scores(
+        model, drawn.items, args.chunk_tokens, track("BF16 scores", len(drawn.items))
+    )
+    scorer = Scorer(model, drawn.items, ref, args.chunk_tokens, track)
+    rows = {s.name: _row(scorer, s, list(labels)) for s in settings}
+    base = settings[1] if args.overlay is not None else settings[0]
+    real, _ = loss_is_real(rows[base.name]["all"], args.min_loss)
+    skip = None
+    ranking: list[dict[str, Any]] = []
+    if real:
+        loss = float(_mean(rows[base.name]) or 0.0)
+        ranking = rank_layers(scorer, base, loss)
+        skip = confirm_skip(scorer, base, ranking, loss, args)
+    return {
+        "emulated": True,
+        "caveat": CAVEAT,
+        "interval": INTERVAL,
+        "model": str(args.model_dir.resolve()),
+        "overlay": str(args.overlay.resolve()) if args.overlay else None,
+        "backend_rounding": backend,
+        "layers": layers,
+        "kv_heads": kv_heads,
+        "per_head_supported": args.per_head_supported,
+        "per_head_why": args.per_head_why,
+        "sampling": drawn.info,
+        "notes": args.notes,
+        "settings": list(rows.values()),
+        "sensitivity_base": base.name,
+        "ranking": ranking,
+        "skip": skip,
+        "next_step": next_step(rows, skip, args, layers),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+AdviseTrack = Callable[[str, int], Callable[[int], None]]

@@ -1,0 +1,98 @@
+"""Where a run is written: a new run directory (checked before the trace is read), or the run
+``--resume`` continues, with its own options and only what may be given beside them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from replay.cli.common import console, shown
+from replay.cli.run_options import RunOptions
+from replay.core.errors import InputError
+from replay.run.rundir import MANIFEST, check_run_location, file_digest, new_run_dir, read_json
+
+
+def run_options_of(
+    opts: Mapping[str, Any], given: Mapping[str, str]
+) -> tuple[RunOptions, Resuming | None]:
+    """This run's options: the command line's (their run directory checked before the trace is
+    read), or with ``--resume`` the run's own, with what may be given beside it."""
+    if opts.get("resume_dir") is None:
+        o = RunOptions.from_click(opts)
+        check_run_location(o.out_dir, o.run_id)
+        return o, None
+    o, resuming = resume_options(opts["resume_dir"])
+    return reconcile_resume(o, resuming, given, opts), resuming
+
+
+@dataclass(frozen=True)
+class Resuming:
+    """The run being continued, and the digest its trace must still have."""
+
+    run_dir: Path
+    trace_sha256: str
+
+
+# Beside --resume, what may be given: where the run's trace is now, where the Markdown goes.
+RESUME_MAY_GIVE = frozenset({"resume_dir", "trace_path", "markdown_path"})
+
+
+def reconcile_resume(
+    o: RunOptions, resuming: Resuming, given: Mapping[str, str], opts: Mapping[str, Any]
+) -> RunOptions:
+    """``--resume`` continues a run with the options it started with (its manifest). Beside it,
+    ``--trace`` may say where that trace is now (the same file: its sha256 is checked) and
+    ``--markdown`` where the summary goes; any other option would change the run half-way and
+    is refused, as is another trace."""
+    where = f"--resume {resuming.run_dir}"
+    others = [flag for name, flag in given.items() if name not in RESUME_MAY_GIVE]
+    if others:
+        raise InputError(
+            f"{where}: a run continues with the options it started with (its manifest.json); "
+            f"leave out {', '.join(others)}, or start a new run"
+        )
+    if "trace_path" in given and opts.get("trace_path") is not None:
+        moved = Path(opts["trace_path"])
+        if not moved.is_file():
+            raise InputError(f"{where}: --trace {moved}: no such file")
+        if file_digest(moved) != resuming.trace_sha256:
+            raise InputError(
+                f"{where}: --trace {moved} is not the trace this run replays ({o.trace_path}: "
+                f"its sha256 differs); a run resumes on its own trace only: replay {moved} "
+                "in a new run"
+            )
+        if moved.resolve() != o.trace_path.resolve():
+            console.print(f"--resume: the run's trace, read from {shown(str(moved))} (same sha256)")
+        o = o.replace(trace_path=moved)
+    if "markdown_path" in given:
+        o = o.replace(markdown_path=opts.get("markdown_path"))
+    return o
+
+
+def resume_options(run_dir: Path) -> tuple[RunOptions, Resuming]:
+    """The options the interrupted run was started with, from its manifest."""
+    where = f"--resume {run_dir}: {MANIFEST}"
+    try:
+        manifest = read_json(run_dir / MANIFEST)
+        saved, sha = manifest["cli_options"], manifest["trace"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(
+            f"--resume {run_dir}: no readable manifest.json with the run's "
+            "options; is this a kvcanary run directory?"
+        ) from None
+    if not isinstance(saved, dict):
+        raise InputError(f"{where}: cli_options is not an object")
+    return RunOptions.from_saved(saved, where), Resuming(run_dir, str(sha))
+
+
+def run_directory(o: RunOptions, resuming: Resuming | None) -> Path:
+    if resuming is None:
+        return new_run_dir(o.out_dir, o.run_id)
+    if file_digest(o.trace_path) != resuming.trace_sha256:
+        raise InputError(
+            f"--resume: {o.trace_path} changed since the run started (its "
+            "sha256 differs); resuming would mix two traces"
+        )
+    return resuming.run_dir
