@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -111,6 +113,13 @@ class FaultServer(LoopbackServer):
         self.chunks = int(options.pop("chunks", 40))
         self.per_chunk = int(options.pop("per_chunk", 1))
         self.gap_s = float(options.pop("gap_s", 0.005))
+        # Timing for the systems rule's tests: the first chunk waits ``first_s``, and every
+        # wait is scaled by exp(``jitter`` x a standard normal draw, from ``seed``) and by
+        # ``load()``, the machine's load now (servers of one machine share it).
+        self.first_s = float(options.pop("first_s", 0.0))
+        self.jitter = float(options.pop("jitter", 0.0))
+        self.load: Callable[[], float] | None = options.pop("load", None)
+        self._rng = random.Random(int(options.pop("seed", 0)))
         self.size = int(options.pop("size", 50 << 20))
         if options:
             raise TypeError(f"unknown fault server options {sorted(options)}")
@@ -180,9 +189,11 @@ class FaultServer(LoopbackServer):
             return _event(out)
 
         await resp.write(ev({"role": "assistant", "content": ""}, 0))
+        if self.first_s:
+            await asyncio.sleep(self._wait(self.first_s))
         k = self.per_chunk
         for i in range(1, self.chunks + 1):
-            await asyncio.sleep(self.gap_s)
+            await asyncio.sleep(self._wait(self.gap_s))
             self.stamps.append(time.perf_counter())
             await resp.write(ev({"content": "ab"[i % 2] * k}, i * k))
         total = self.chunks * k + 1  # and the EOS token, which has no text
@@ -194,6 +205,10 @@ class FaultServer(LoopbackServer):
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    def _wait(self, seconds: float) -> float:
+        load = 1.0 if self.load is None else self.load()
+        return seconds * math.exp(self.jitter * self._rng.gauss(0.0, 1.0)) * load
 
     async def _mode_usage_every(self, request: web.Request) -> web.StreamResponse:
         return await self._usage_stream(request, "every")

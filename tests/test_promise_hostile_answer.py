@@ -121,7 +121,7 @@ def test_hostile_answer_a_function_named_like_a_builtin_is_still_reachable() -> 
         ([{**content("a", 1), "prompt_token_ids": ["1", "2"]}], "prompt_token_ids"),
         (
             [{"choices": [{"index": 0, "delta": {"content": 5}}]}],
-            "content 5 is neither a string nor a list of parts",
+            "delta.content 5 is neither a string nor a list of parts",
         ),
         ([tool(0, name=7)], "tool call name is not a string"),  # type: ignore[arg-type]
     ],

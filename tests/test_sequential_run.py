@@ -93,7 +93,9 @@ def test_max_requests_stops_undecided_and_resume_keeps_the_state(tmp_path: Path)
         assert summary["verdict"]["verdict"] == "insufficient_evidence"
         assert seq["needs"], seq
         rows = [json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().split()]
-        assert len(rows) == 40 and {r["phase"] for r in rows} == {"seq"}
+        # Each request went to the reference, its A/A control (on by default) and the candidate.
+        assert len(rows) == 60 and {r["phase"] for r in rows} == {"seq"}
+        assert {r["target"] for r in rows} == {"ref", "ref-control", "cand"}
         # --resume reloads the state; its --max-requests is spent, so nothing more is sent.
         cmd = [sys.executable, "-m", "replay.cli", "canary", "--resume", str(tmp_path / "run")]
         subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -19,6 +19,7 @@ from replay.present.table import summary_table
 from replay.run.analyze import analyse
 
 from . import analysis_run
+from .systems_cases import cell, rule
 
 
 def test_one_scope_gives_the_default_bounds() -> None:
@@ -131,23 +132,29 @@ def matching(**systems: object) -> Facts:
     ("facts", "verdict", "reason"),
     [
         # With SLOs the service's goal decides whether FP8 pays, not raw latency.
-        (matching(goodput_rps=(2.0, 2.5), goodput_ratio=1.25), "keep", "within the SLOs"),
+        (matching(systems=rule(cell("goodput_rps", "better"))), "keep", "within the SLOs"),
         (
-            matching(goodput_rps=(2.0, 2.0), goodput_ratio=1.0, latency_better=True),
+            matching(systems=rule(cell("goodput_rps", "same"), cell("ttft_ms", "better"))),
             "reject",
-            "no more requests per second within the SLOs",
+            "no memory or latency gain",
+        ),
+        (
+            matching(systems=rule(cell("goodput_rps", "worse"), cell("ttft_ms", "better"))),
+            "reject",
+            "fewer requests per second within the SLOs",
         ),
         # Capacity the workload needs still wins first.
         (
-            matching(goodput_rps=(2.0, 1.0), goodput_ratio=0.5, capacity_ratio=2.0),
+            matching(systems=rule(cell("goodput_rps", "worse")), capacity_ratio=2.0),
             "keep",
             "the KV cache",
         ),
-        (matching(latency_better=True), "keep", "is faster"),
+        (matching(systems=rule(cell("ttft_ms", "better"))), "keep", "is faster"),
     ],
 )
 def test_fp8_pays_by_goodput_when_the_run_has_slos(facts: Facts, verdict: str, reason: str) -> None:
     v = decide(facts, Thresholds())
-    assert v.verdict == verdict and reason in v.reasons[0]
-    if facts.goodput_rps is not None:
+    assert v.verdict == verdict and reason in v.reasons[0], v.reasons
+    assert facts.systems is not None
+    if any(c.metric == "goodput_rps" for c in facts.systems.cells):
         assert any("goodput" in str(e.get("text")) for e in v.evidence)

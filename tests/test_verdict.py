@@ -11,6 +11,8 @@ from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Threshol
 from replay.analysis.verdict.rule import decide
 from replay.analysis.verdict.wording import VERDICTS
 
+from .systems_cases import cell, rule
+
 BUCKETS = ("<8K", "8K-32K", "32K-64K")
 
 
@@ -51,7 +53,7 @@ CASES = {
             ArmFacts("fp8", buckets=same()),
             capacity_ratio=2.0,
             capacity_needed=False,
-            latency_better=True,
+            systems=rule(cell("ttft_ms", "better"), cell("e2e_ms", "same")),
         ),
         "keep",
     ),
@@ -168,7 +170,7 @@ CASES = {
             ArmFacts("fp8", buckets=same()),
             capacity_ratio=2.0,
             capacity_needed=False,
-            latency_better=False,
+            systems=rule(cell("ttft_ms", "worse"), cell("e2e_ms", "same")),
             below_break_even=True,
         ),
         "reject",

@@ -65,11 +65,13 @@ def test_replay_sample_bf16_fp8_from_the_command_line(tmp_path: Path) -> None:
         assert label in proc.stdout
     assert bf16["status"] == "ok" and bf16["cache_dtype"] == "auto"
 
-    # Every scheduled request appears exactly once per target and phase.
+    # Every scheduled request appears exactly once per target and phase (the A/A control, on
+    # by default when targets are compared, is the reference's second server).
     reqs = {r.id for r in load(ROOT / "traces" / "sample.jsonl").requests}
     rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     seen = Counter((r["target"], r["phase"], r["request_id"]) for r in rows)
-    expected = {(t, p, i) for t in ("bf16", "fp8") for p in ("c1", "c4") for i in reqs}
+    arms = ("bf16", "bf16-control", "fp8")
+    expected = {(t, p, i) for t in arms for p in ("c1", "c4") for i in reqs}
     assert set(seen) == expected and set(seen.values()) == {1}
     assert all(r["status"] == "ok" for r in rows if r["target"] == "bf16")
     assert {r["bucket"] for r in rows if r["target"] == "bf16"} == {"<256", "256-1K", ">=1K"}
@@ -79,6 +81,8 @@ def test_replay_sample_bf16_fp8_from_the_command_line(tmp_path: Path) -> None:
         assert fp8["status"] == "ok" and fp8["cache_dtype"].startswith("fp8")
         ratio = fp8["kv_cache_size_tokens"] / bf16["kv_cache_size_tokens"]
         assert 1.9 <= ratio <= 2.1
+        # The systems rule weighed every phase.
+        assert {c["phase"] for c in summary["systems"]["rule"]["cells"]} == {"c1", "c4"}
     else:
         # vLLM CPU refuses FP8 KV without AVX-512/AMX: the run records the refusal in the
         # server's own words, accounts for every request, and exits with the target code.
@@ -88,8 +92,12 @@ def test_replay_sample_bf16_fp8_from_the_command_line(tmp_path: Path) -> None:
         assert all(r["error_kind"] == "unavailable" for r in rows if r["target"] == "fp8")
         assert "target fp8 failed" in proc.stderr
 
+    # Both phases were sent interleaved, in blocks.
+    assert manifest["options"]["interleave"] == {"block_size": "auto"}
+    assert manifest["targets"]["bf16"]["phases"]["c4"].get("blocks")
+
     # Servers the tool started are gone.
-    for name in ("bf16", "fp8"):
+    for name in arms:
         pid = manifest["targets"][name]["server"]["pid"]
         assert not _alive(pid), f"server of {name} (pid {pid}) still running"
         assert (run_dir / "servers" / f"{name}.log").stat().st_size > 0

@@ -12,7 +12,8 @@
     │   └── TargetQuality        buckets (BucketQuality), all (QualityTotals), shift, TF
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
     │                            pairs the verdict decides on, teacher-forced scores, floor
-    ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit)
+    ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit), the
+    │                            systems rule's cells (SystemsRule), the capacity phase
     ├── Saturation               a load sweep's curves (``schemas_load``), per target
     ├── Sequential               a sequential canary's decision, buckets and interval path
     ├── ReasoningLength          reasoning tokens per target x bucket against the reference
@@ -34,6 +35,10 @@ from typing import Any
 from replay.analysis.schemas_load import Saturation
 from replay.analysis.schemas_reasoning import ReasoningDelta as ReasoningDelta
 from replay.analysis.schemas_reasoning import ReasoningLength as ReasoningLength
+from replay.analysis.schemas_systems import CapacityArm as CapacityArm
+from replay.analysis.schemas_systems import CapacityPhase as CapacityPhase
+from replay.analysis.schemas_systems import SystemsCell as SystemsCell
+from replay.analysis.schemas_systems import SystemsRule as SystemsRule
 from replay.core.record_json import OMITTED as OMITTED
 from replay.core.record_json import Omitted as Omitted
 from replay.core.record_json import Record, absent_if_none, record
@@ -427,9 +432,12 @@ class Systems(Record):
     buckets: Mapping[str, SystemsBucket]
     fits: Mapping[str, Fit]
     median_context_tokens: float | None
+    # A latency cell better and none worse (``rule``); None: nothing was weighed.
     latency_better: bool | None
     below_break_even: bool | None
     throughput_ratio: float | None
+    rule: SystemsRule | None = absent_if_none()  # None: written before the systems rule
+    capacity: CapacityPhase | None = absent_if_none()  # None: no capacity phase planned
 
 
 # -- the sequential canary ------------------------------------------------------------------

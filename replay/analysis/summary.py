@@ -76,7 +76,7 @@ def _median(values: pd.Series) -> float | None:
     return float(np.median(arr)) if arr.size else None
 
 
-def _tpot(r: Result) -> float | None:
+def tpot(r: Result) -> float | None:
     """Mean time per output token after the first (``vllm bench serve``'s TPOT)."""
     if r.done is None or r.first_token is None or r.output_tokens <= 1:
         return None
@@ -110,7 +110,7 @@ def results_frame(results: Iterable[Result]) -> pd.DataFrame:
             r.itl(),
             _decode_rate(r),
             r.tokens_estimated,
-            _tpot(r),
+            tpot(r),
             r.status == "cancelled",
             r.turn,
             r.reused_prefix_tokens,
@@ -272,6 +272,62 @@ def summarize_server(series: Sequence[Mapping[str, Any]], start: float, end: flo
     )
 
 
+def server_over(
+    series: Sequence[Mapping[str, Any]], spans: Sequence[tuple[float, float]]
+) -> ServerStats:
+    """``summarize_server`` over several spans of one phase (the blocks an interleaved phase
+    gave this arm, each with its own edge scrapes): peaks over all of them, counters summed
+    span by span, the server's means over every request it finished in them. Snapshots
+    between the spans (another arm's blocks on the same server) are left out."""
+    parts = [summarize_server(series, a, b) for a, b in spans]
+    inside = [s for s in series if any(a <= s["t"] <= b for a, b in spans)]
+
+    def peak(key: str) -> float | None:
+        vals = [s[key] for s in inside if key in s]
+        return max(vals) if vals else None
+
+    def total(values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return float(sum(known)) if known else None
+
+    def mean_ms(name: str) -> float | None:
+        sums = counts = 0.0
+        for a, b in spans:
+            snaps = [s for s in series if a <= s["t"] <= b]
+            first = snaps[0].get(f"{name}_hist") if snaps else None
+            last = snaps[-1].get(f"{name}_hist") if snaps else None
+            if first and last and last["count"] > first["count"]:
+                sums += last["sum"] - first["sum"]
+                counts += last["count"] - first["count"]
+        return 1000 * sums / counts if counts else None
+
+    q = total([_delta(series, a, b, "prefix_queries") for a, b in spans])
+    h = total([_delta(series, a, b, "prefix_hits") for a, b in spans])
+    return ServerStats(
+        scrapes=len(inside),
+        peak_kv_usage=peak("kv_usage"),
+        peak_running=peak("running"),
+        peak_waiting=peak("waiting"),
+        preemptions=total([p.preemptions for p in parts]),
+        prefix_cache_hit_rate=(h / q) if q and h is not None else None,
+        server_ttft_mean_ms=mean_ms("ttft"),
+        server_itl_mean_ms=mean_ms("itl"),
+        server_e2e_mean_ms=mean_ms("e2e"),
+        server_finished=total([p.server_finished for p in parts]),
+    )
+
+
+def _delta(series: Sequence[Mapping[str, Any]], start: float, end: float, key: str) -> float | None:
+    inside = [s for s in series if start <= s["t"] <= end and key in s]
+    return float(inside[-1][key] - inside[0][key]) if inside else None
+
+
+def spans_of(window: Mapping[str, Any]) -> list[tuple[float, float]] | None:
+    """An interleaved phase's blocks as (start, end) spans; None for a phase sent whole."""
+    blocks = window.get("blocks")
+    return [(float(b[1]), float(b[2])) for b in blocks] if blocks else None
+
+
 def capacity(cache_config: Mapping[str, str], context_tokens: float | None) -> Capacity:
     """Cache size in tokens and how many sequences of ``context_tokens`` it holds at once."""
     size = _num(cache_config.get("kv_cache_size_tokens"))
@@ -297,7 +353,9 @@ def _phase(
     import pandas as pd
 
     start, end = window["start"], window["end"]
-    dur = end - start
+    spans = spans_of(window)
+    # An interleaved phase's arm was busy only in its own blocks: its rates are over those.
+    dur = sum(b - a for a, b in spans) if spans else end - start
     by_bucket = dict(iter(group.groupby("bucket", sort=False)))
     # The phase's results bucket by bucket, as the summary has always taken them: a mean's
     # last digit depends on the order it adds in.
@@ -322,7 +380,7 @@ def _phase(
         end=end,
         duration_s=dur,
         all=PhaseTotals(**totals, throughput_out_tok_s=throughput),
-        server=summarize_server(series, start, end),
+        server=server_over(series, spans) if spans else summarize_server(series, start, end),
         buckets=buckets,
     )
 

@@ -1,5 +1,7 @@
 """Systems comparison: is FP8 faster or bigger, per bucket, and from which context length?
 
+What the verdict weighs is ``systems_cells``' rule (every metric per phase and bucket, with
+distribution-free intervals and the A/A floor); the figures here describe the first phase.
 Latency deltas are paired (same request on both targets) with bootstrap intervals. The
 break-even context length comes from a least-squares line of latency against prompt tokens per
 target: short contexts can lose to BF16 because FP8's fixed overhead has not amortized, and
@@ -14,16 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from replay.analysis.schemas import Fit, LatencyDelta, Summary, Systems, SystemsBucket
+from replay.analysis.schemas import (
+    Fit,
+    LatencyDelta,
+    Summary,
+    Systems,
+    SystemsBucket,
+    SystemsRule,
+)
 from replay.analysis.stats.intervals import paired_bootstrap
+from replay.analysis.systems_cells import LATENCY, LOWER_IS_BETTER
 from replay.core.records import Result
 
 Metric = Callable[[Result], float | None]
-METRICS: dict[str, Metric] = {
-    "ttft_ms": lambda r: None if r.ttft is None else 1000 * r.ttft,
-    "e2e_ms": lambda r: None if r.e2e is None else 1000 * r.e2e,
-    "itl_ms": lambda r: (1000 * float(np.mean(r.itl()))) if r.itl() else None,
-}
+METRICS: dict[str, Metric] = {k: LATENCY[k] for k in ("ttft_ms", "e2e_ms", "itl_ms")}
 
 
 def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
@@ -60,10 +66,17 @@ def break_even(
 
 
 def systems(
-    results: Sequence[Result], reference: str, candidate: str, phase: str, seed: int = 0
+    results: Sequence[Result],
+    reference: str,
+    candidate: str,
+    phase: str,
+    seed: int = 0,
+    *,
+    rule: SystemsRule | None = None,
 ) -> Systems:
-    """Per bucket: paired latency deltas (candidate - reference) with intervals; fits. The
-    output throughput ratio comes from the summary (``throughput_ratio``): None here."""
+    """Per bucket of ``phase``: paired latency deltas (candidate - reference) with intervals,
+    and fits; with ``rule`` (``systems_cells.rule``), the cells the verdict weighs. The output
+    throughput ratio comes from the summary (``throughput_ratio``): None here."""
     by: dict[str, dict[str, Result]] = defaultdict(dict)
     for r in results:
         if r.phase == phase and r.status == "ok" and r.target in (reference, candidate):
@@ -79,25 +92,10 @@ def systems(
                 per_bucket[ref[rid].bucket][0].append(a)
                 per_bucket[ref[rid].bucket][1].append(b)
         for bucket, (xs, ys) in per_bucket.items():
-            d = paired_bootstrap(xs, ys, seed=seed)
-            if d is not None:  # never None: a bucket here has a pair
-                buckets[bucket][name] = LatencyDelta(
-                    reference_median=float(np.median(xs)),
-                    candidate_median=float(np.median(ys)),
-                    delta_mean=d.diff,
-                    lo=d.lo,
-                    hi=d.hi,
-                    pairs=d.n,
-                )
+            buckets[bucket][name] = _delta(xs, ys, seed)
     fits = {name: _fit(METRICS[name], ref, cand) for name in ("ttft_ms", "itl_ms", "e2e_ms")}
     prompts = [float(r.prompt_tokens) for r in ref.values() if r.prompt_tokens is not None]
     median_ctx = float(np.median(prompts)) if prompts else None
-    faster = any(
-        m.hi is not None and m.hi < 0
-        for row in buckets.values()
-        for key, m in row.items()
-        if key in ("e2e_ms", "ttft_ms")
-    )
     return Systems(
         reference=reference,
         candidate=candidate,
@@ -106,10 +104,40 @@ def systems(
         buckets={b: SystemsBucket(**row) for b, row in buckets.items()},
         fits=fits,
         median_context_tokens=median_ctx,
-        latency_better=faster if common else None,
+        latency_better=_latency_better(rule),
         below_break_even=_below(fits["e2e_ms"], median_ctx),
         throughput_ratio=None,
+        rule=rule,
     )
+
+
+def _delta(xs: Sequence[float], ys: Sequence[float], seed: int) -> LatencyDelta:
+    """The mean difference in ms; its bootstrap interval only over two pairs or more (one
+    pair resampled is the same pair: a point, not an interval)."""
+    d = paired_bootstrap(xs, ys, seed=seed)
+    assert d is not None  # a bucket here has a pair
+    interval = d.n >= 2
+    return LatencyDelta(
+        reference_median=float(np.median(xs)),
+        candidate_median=float(np.median(ys)),
+        delta_mean=d.diff,
+        lo=d.lo if interval else None,
+        hi=d.hi if interval else None,
+        pairs=d.n,
+    )
+
+
+def _latency_better(rule: SystemsRule | None) -> bool | None:
+    """A latency cell better and none worse; None when no latency cell was weighed."""
+    cells = [
+        c
+        for c in (rule.cells if rule else ())
+        if c.metric in LOWER_IS_BETTER and c.call != "unweighed"
+    ]
+    if not cells:
+        return None
+    calls = {c.call for c in cells}
+    return "better" in calls and "worse" not in calls
 
 
 def _fit(metric: Metric, ref: Mapping[str, Result], cand: Mapping[str, Result]) -> Fit:

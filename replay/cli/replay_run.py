@@ -24,6 +24,7 @@ from rich.progress import (
 from replay.analysis.schemas import Summary
 from replay.analysis.verdict.advice import read_advice
 from replay.cli.common import console, shown, table_console
+from replay.cli.measuring import capacity_options, resolve_control, resolve_interleave
 from replay.cli.run_directory import run_directory, run_options_of
 from replay.cli.run_options import RunOptions
 from replay.core.buckets import Buckets
@@ -37,6 +38,7 @@ from replay.core.slo import SloSpec, parse_slo
 from replay.present.table import quality_table, summary_table
 from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
+from replay.run.interleave import InterleavedRunner
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
 from replay.run.workers import WorkersRunner, check_workers
@@ -213,22 +215,6 @@ def with_skip_layers(specs: list[TargetSpec], text: str) -> list[TargetSpec]:
     return [changed if s.name == name else s for s in specs]
 
 
-def resolve_control(o: RunOptions, canary: bool, trace: StreamedTrace) -> RunOptions:
-    """Derived grades need their own noise floor: how often the reference agrees with
-    itself. It costs one more pass of the reference (the README says so). Saved resolved: a
-    resume must replay the same arms."""
-    if o.control is not None:
-        return o
-    control = canary and trace.unlabeled > 0
-    if control:
-        console.print(
-            f"{trace.unlabeled} request(s) have no check: their grades come from "
-            "the reference's answers, so the reference is replayed a second time "
-            "for their noise floor (A/A; --no-control to skip)"
-        )
-    return o.replace(control=control)
-
-
 @dataclass(frozen=True)
 class Plan:
     """What the options resolve to, all checked before a run directory is made."""
@@ -289,7 +275,9 @@ def think_time(text: str, time_scale: float) -> ThinkTime:
     return ThinkTime(seconds, time_scale)
 
 
-def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunConfig:
+def run_config(
+    o: RunOptions, plan: Plan, run_dir: Path, resume: bool, canary: bool = False
+) -> RunConfig:
     return RunConfig(
         trace=plan.trace,
         trace_path=o.trace_path,
@@ -304,6 +292,9 @@ def run_config(o: RunOptions, plan: Plan, run_dir: Path, resume: bool) -> RunCon
         run_dir=run_dir,
         length_policy=o.length_policy,
         parallel_targets=o.parallel_targets,
+        interleave=bool(o.interleave),
+        block_size=o.block_size,
+        capacity=capacity_options(o, canary),
         workers=o.workers,
         timeout_s=o.timeout_s,
         phase_timeout_s=o.phase_timeout_s,
@@ -332,8 +323,8 @@ def replay_run(opts: dict[str, Any], canary: bool, given: Mapping[str, str] | No
     o, resuming = run_options_of(opts, given or {})
     plan = Plan.of(o)
     run_dir = run_directory(o, resuming)
-    o = resolve_control(o, canary, plan.trace)
-    cfg = run_config(o, plan, run_dir, resume=resuming is not None)
+    o = resolve_interleave(resolve_control(o, plan.trace), plan.trace, plan.targets)
+    cfg = run_config(o, plan, run_dir, resume=resuming is not None, canary=canary)
     console.print(
         f"run directory: [bold]{shown(str(run_dir))}[/bold] - {plan.trace.count} requests, "
         f"{len(plan.targets)} target(s), schedules {', '.join(s.label for s in plan.schedules)}"
@@ -376,6 +367,8 @@ def _runner(cfg: RunConfig, o: RunOptions, progress: RichProgress) -> Runner:
     rounds (--sequential)."""
     if o.workers > 1:
         return WorkersRunner(cfg, progress)
+    if cfg.interleave:
+        return InterleavedRunner(cfg, progress)
     if not o.sequential:
         return Runner(cfg, progress)
     from replay.run.sequential_run import RoundLoop, SequentialOptions, SequentialRunner

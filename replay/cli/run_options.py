@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from replay.analysis.verdict.facts import Thresholds
+from replay.cli.measuring_options import MEASURING_OPTIONS
 from replay.core.buckets import DEFAULT_BOUNDS
 from replay.core.errors import InputError
 from replay.core.importers import FORMAT_HELP, LengthPolicy
@@ -80,6 +81,15 @@ class RunOptions:
     max_requests: int | None = None
     max_time: float | None = None
     workers: int = 1
+    # None: decided when the plan is known (on when targets are compared, where it can be);
+    # saved resolved, so a resume sends the same way.
+    interleave: bool | None = None
+    block_size: int = 0
+    systems_threshold: float = 0.05
+    # None: on for `canary` when the workload's own load never fills the reference's cache.
+    capacity_phase: bool | None = None
+    capacity_concurrency: int = 12
+    capacity_cache_mib: int = 0
     skip_layers: str | None = None
     advice_path: Path | None = None
     quality_pass: str = "load"
@@ -128,6 +138,7 @@ class RunOptions:
             required_capacity_ratio=self.required_capacity_ratio,
             max_error_rate=self.max_error_rate,
             accept_emulated=self.accept_emulated,
+            systems_threshold=self.systems_threshold,
         )
 
 
@@ -238,8 +249,10 @@ RUN_OPTIONS = [
     click.option(
         "--parallel-targets",
         is_flag=True,
-        help="Run targets at the same time (default: one after another, fair on shared hardware).",
+        help="Run targets at the same time, each its own schedule (default: interleaved, "
+        "see --interleave).",
     ),
+    *MEASURING_OPTIONS,
     click.option(
         "--timeout",
         "timeout_s",
@@ -314,9 +327,8 @@ RUN_OPTIONS = [
         "--control/--no-control",
         default=None,
         help="Replay the reference a second time (A/A): the noise floor of every "
-        "metric [default: on in `canary` when the trace has requests without a "
-        "check, whose grades are derived from the reference's answers; off "
-        "otherwise].",
+        "metric, latency's included [default: on when a candidate is compared with the "
+        "reference].",
     ),
     click.option(
         "--no-teacher-forced",

@@ -44,7 +44,7 @@ FIRST_CLASS = {
     "stream_options": f"{_REPLAY} (usage on every chunk, to count tokens)",
     "return_token_ids": f"{_REPLAY} (token ids for agreement and scoring)",
     "cache_salt": f"{_REPLAY} (one prefix cache a phase)",
-    "n": f"{_REPLAY} (one answer a request)",
+    "n": f"{_REPLAY} (one answer a request, n = 1, is replayed and graded)",
     "best_of": f"{_REPLAY} (one answer a request)",
     "echo": f"{_REPLAY} (the answer is the model's text alone)",
 }
@@ -135,13 +135,6 @@ class Request(BaseModel):
                 raise ValueError("prompt: empty prompt")
             if isinstance(self.prompt, tuple) and not self.prompt:
                 raise ValueError("prompt: empty token-id list")
-        n = self.params.get("n", 1)
-        if n != 1 or isinstance(n, bool):
-            # Two answers to one request would be folded into one, or graded as if one.
-            raise ValueError(
-                f"params.n: {str(n)[:20]}: only one answer a request (n = 1) can be replayed "
-                "and graded; drop 'n' from params"
-            )
         if self.check is not None:
             # A bad checker spec is found when the trace loads, before any request is sent.
             try:

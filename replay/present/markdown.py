@@ -31,13 +31,21 @@ def markdown_report(run: Run) -> str:
         out += _md_section(f"Quality{caption}", qt["table"], MD_QUALITY)
         if qt.get("rules"):
             out += _md_section(f"Derived rules{caption}", qt["rules"])
-    out += _md_section(
-        "Latency",
-        (views["systems"] or {}).get("latency")
-        or next(
-            (p["table"] for p in (views["latency"] or {}).get("phases", []) if p["table"]), None
-        ),
-    )
+    systems = views["systems"] or {}
+    if systems.get("rule") is not None:  # what the verdict weighed
+        out += _md_section("Systems", systems["rule"])
+        out += [systems["rule_note"], ""]
+        if systems.get("capacity") is not None:
+            out += _md_section("Capacity phase", systems["capacity"])
+    else:
+        out += _md_section(
+            "Latency",
+            systems.get("latency")
+            or next(
+                (p["table"] for p in (views["latency"] or {}).get("phases", []) if p["table"]),
+                None,
+            ),
+        )
     if views["sequential"]:  # only a sequential canary has this section
         out += _md_section("Sequential canary", views["sequential"]["table"])
         out += [views["sequential"]["note"], ""]

@@ -14,14 +14,27 @@ from typing import Any
 
 import orjson
 
+from replay.analysis.capacity import capacity_phase
 from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
 from replay.analysis.reasoning import reasoning_length
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
-from replay.analysis.schemas import Sequential, Summary
+from replay.analysis.schemas import CapacityPhase, Sequential, Summary, SystemsRule
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
+from replay.analysis.systems_cells import (
+    THRESHOLD as SYSTEMS_THRESHOLD,
+)
+from replay.analysis.systems_cells import (
+    Planned,
+    block_counts,
+    block_list,
+    block_rates,
+    latency_cells,
+    rate_cell,
+)
+from replay.analysis.systems_cells import rule as rule_of
 from replay.analysis.verdict.candidates import decide_candidates
 from replay.analysis.verdict.facts import Thresholds, facts_from_run
 from replay.analysis.verdict.rule import decide
@@ -30,6 +43,7 @@ from replay.core.importers import stream
 from replay.core.records import Result
 from replay.core.slo import SloSpec, parse_slo
 from replay.run.rundir import (
+    CAPACITY_DIR,
     GRADES,
     MANIFEST,
     RESULTS,
@@ -148,10 +162,12 @@ def _decide(a: Analysis, results: Sequence[Result], summary: Summary) -> Summary
     (``verdict.candidates``)."""
     names = candidates_of(a) if a.candidate is not None else []
     systems_of = {}
+    first = load_phases(a)[0]
     for name in names:
-        compared = systems(results, a.reference, name, a.first_phase, a.seed)
-        ratio = throughput_ratio(summary, a.reference, name, a.first_phase)
-        systems_of[name] = replace(compared, throughput_ratio=ratio)
+        rule, capacity = systems_rule(a, results, name)
+        compared = systems(results, a.reference, name, first, a.seed, rule=rule)
+        ratio = throughput_ratio(summary, a.reference, name, first)
+        systems_of[name] = replace(compared, capacity=capacity, throughput_ratio=ratio)
     if a.candidate is None:
         facts = facts_from_run(summary, a.manifest, candidate=None, thresholds=a.thresholds)
         return replace(summary, verdict=decide(facts, a.thresholds))
@@ -162,6 +178,71 @@ def _decide(a: Analysis, results: Sequence[Result], summary: Summary) -> Summary
         verdict=verdicts[a.candidate],
         candidates=verdicts if len(verdicts) > 1 else None,
     )
+
+
+def systems_rule(
+    a: Analysis, results: Sequence[Result], candidate: str
+) -> tuple[SystemsRule, CapacityPhase | None]:
+    """The systems rule's cells (``analysis.systems_cells``): latency per phase and bucket;
+    with SLOs, goodput per interleaved phase over its blocks; the capacity phase's rate."""
+    control = a.reference + CONTROL_SUFFIX
+    control_name = control if control in a.targets else None
+    phases = load_phases(a)
+    blocks = {
+        name: {ph: block_list(w) for ph, w in t["phases"].items()} for name, t in a.targets.items()
+    }
+    planned = latency_cells(results, a.reference, candidate, control_name, phases, blocks)
+    if a.slo is not None:
+        for ph in phases:
+            arms = [n for n in (a.reference, candidate, control_name) if n is not None]
+            if all(blocks.get(n, {}).get(ph) for n in arms[:2]):
+                mine = {n: [r for r in results if r.target == n and r.phase == ph] for n in arms}
+                counts = {n: block_counts(mine[n], blocks[n].get(ph, []), a.slo) for n in arms}
+                rates = {n: block_rates(c) for n, c in counts.items()}
+                planned.append(
+                    rate_cell(ph, "goodput_rps", rates, a.reference, candidate, control_name)
+                )
+    # The capacity phase serves the reference and the primary candidate only.
+    capacity, cell = (
+        _capacity(a, candidate, control_name) if candidate == a.candidate else (None, None)
+    )
+    if cell is not None:
+        planned.append(cell)
+    interleaved = bool((a.manifest.get("options") or {}).get("interleave"))
+    th = a.thresholds
+    return (
+        rule_of(
+            planned,
+            alpha=th.alpha,
+            threshold=th.systems_threshold,
+            control=control_name,
+            interleaved=interleaved,
+        ),
+        capacity,
+    )
+
+
+def load_phases(a: Analysis) -> list[str]:
+    """The phases the systems side reads: every phase but the quality pass (--quality-pass
+    serial's c1 answers one request at a time for quality, not at the workload's load), unless
+    it is the run's only phase."""
+    phases = [str(p) for p in (a.manifest.get("schedules") or [a.first_phase])]
+    quality = (a.manifest.get("options") or {}).get("quality_phase")
+    return [p for p in phases if p != quality] or phases
+
+
+def _capacity(
+    a: Analysis, candidate: str, control: str | None
+) -> tuple[CapacityPhase | None, Planned | None]:
+    """The capacity phase from the manifest's ``capacity`` block and its own files."""
+    block = a.manifest.get("capacity")
+    if not isinstance(block, Mapping):
+        return None, None
+    where = a.run_dir / CAPACITY_DIR
+    results = list(_complete_results(where)) if (where / RESULTS).exists() else []
+    servers = {str(i.get("server") or n) for n, i in (block.get("arms") or {}).items()}
+    series = {n: list(_complete_rows(where / "metrics" / f"{n}.jsonl")) for n in servers}
+    return capacity_phase(block, results, series, a.slo, a.reference, candidate, control)
 
 
 def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
@@ -188,6 +269,7 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
         required_capacity_ratio=float(cli.get("required_capacity_ratio", 1.5)),
         max_error_rate=float(cli.get("max_error_rate", 0.05)),
         accept_emulated=bool(cli.get("accept_emulated", False)),
+        systems_threshold=float(cli.get("systems_threshold", SYSTEMS_THRESHOLD)),
     )
     roles = Roles.from_manifest(manifest, _ordered(names, cli.get("targets")))
     schedules = list(manifest.get("schedules") or [])
@@ -242,11 +324,12 @@ def _manifest(run_dir: Path) -> dict[str, Any]:
 def read_series(
     run_dir: Path, names: Iterator[str] | Mapping[str, Any], reference: str
 ) -> dict[str, list[Any]]:
-    """Each target's /metrics snapshots, from ``metrics/<target>.jsonl``. The A/A control ran
-    on the reference's server, which the reference's snapshots describe."""
+    """Each target's /metrics snapshots, from ``metrics/<target>.jsonl``. An A/A control that
+    ran on the reference's server (it has no file of its own) is described by the reference's
+    snapshots."""
     series = {n: list(_complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names}
     for n in series:
-        if n == reference + CONTROL_SUFFIX:
+        if n == reference + CONTROL_SUFFIX and not series[n]:
             series[n] = series.get(reference, [])
     return series
 

@@ -23,6 +23,17 @@ from replay.run.rundir import file_digest
 from replay.serving.targets import TargetSpec
 
 
+@dataclass(frozen=True)
+class CapacityOptions:
+    """The capacity phase (replay/run/capacity.py): ``mode`` on, off, or auto (run when the
+    workload's own load never filled the reference's cache); its closed loop's concurrency;
+    the KV-cache memory of its servers in MiB (0: sized from the workload)."""
+
+    mode: str = "off"
+    concurrency: int = 12
+    cache_mib: int = 0
+
+
 @dataclass
 class RunConfig:
     # A ``StreamedTrace`` (the CLI) is re-read for each pass; the runner never holds all of
@@ -42,6 +53,11 @@ class RunConfig:
     # A rising load sweep stops for a target once it is saturated (replay/run/sweep.py).
     stop_at_saturation: bool = False
     parallel_targets: bool = False
+    # Every target's server up at once, each phase sent in blocks, arm after arm in a
+    # rotating order (replay/run/interleave.py); block_size 0: by the schedule.
+    interleave: bool = False
+    block_size: int = 0
+    capacity: CapacityOptions = field(default_factory=CapacityOptions)
     # Load processes that send each phase (replay/run/workers.py); 1: this process alone.
     workers: int = 1
     timeout_s: float = 600.0
@@ -107,6 +123,8 @@ class RunConfig:
                 "history": self.session_history,
                 "think_time": self.think.describe(),
             }
+        if self.interleave:
+            options["interleave"] = {"block_size": self.block_size or "auto"}
         if self.stop_at_saturation:
             options["stop_at_saturation"] = True
         if self.workers > 1:

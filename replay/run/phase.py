@@ -110,6 +110,9 @@ class Phase:
     before_done: set[str] = field(default_factory=set)  # resume: ids with a final result
     # Only these ids (a sequential canary's round); None: every id not in ``before_done``.
     only: set[str] | None = None
+    # The requests to pick from, with their trace positions (a block of an interleaved phase,
+    # which holds them already); None: the trace, read again.
+    requests: list[tuple[int, Request]] | None = None
     # The trace's sessions (None: it has none, and requests stream one by one).
     sessions: Sessions | None = None
     # A load process's share of the phase (``--workers``); None: all of it.
@@ -141,8 +144,10 @@ class Phase:
         relay.add_done_callback(lambda f: None if f.cancelled() else self.halt.set())
         self.progress.phase(self.target.name, self.label, total)
         scraper = self.target.scraper
-        with closing(self.trace.iter_requests()) as reqs:
-            todo = ((i, r) for i, r in enumerate(reqs) if self._wanted(r.id))
+        given = self.requests
+        with closing(self.trace.iter_requests() if given is None else iter(())) as reqs:
+            pairs = enumerate(reqs) if given is None else iter(given)
+            todo = ((i, r) for i, r in pairs if self._wanted(r.id))
             # A session's turns are one item: the schedule sends it, its turns follow in order.
             items: Iterator[Unit] = (
                 units(todo) if self.sessions is not None else ([t] for t in todo)

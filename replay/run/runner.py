@@ -369,10 +369,8 @@ class Runner:
         """Every phase of one target (then, for the reference, its A/A control on the same
         server), then teacher-forced scoring, with /metrics scraped throughout."""
         async with self.target_session(run, session, client, url) as arm:
-            if not await self._arm(run, arm, skip=self._skipped_before(run.spec.name)):
+            if not await self._send_arms(run, arm):
                 return
-            if run.spec.name == self.reference:
-                await self._control(run, arm)
             if self.cfg.teacher_forced and not self.stopping.is_set():
                 scoring = Scoring(
                     session,
@@ -385,9 +383,17 @@ class Runner:
                     # A local server is started to serve them; an external one is asked.
                     cached=run.spec.is_local or await serves_cached_scores(session, url),
                 )
-                await self._teacher_forced(run, scoring)
-                if run.spec.name == self.reference and self.control is not None:
-                    await self._teacher_forced(self.control, scoring)
+                for name in self._names(run.spec.name):  # its own, then its A/A control's
+                    await self._teacher_forced(self.all_runs()[name], scoring)
+
+    async def _send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
+        """Every phase of one target, then, for the reference, its A/A control on the same
+        server; False when it must go no further (``InterleavedRunner`` sends them in blocks)."""
+        if not await self._arm(run, arm, skip=self._skipped_before(run.spec.name)):
+            return False
+        if run.spec.name == self.reference:
+            await self._control(run, arm)
+        return True
 
     async def _arm(self, run: TargetRun, arm: TargetSession, skip: Sequence[str] = ()) -> bool:
         """Every phase for one arm (but those in ``skip``, above where its sweep stopped);

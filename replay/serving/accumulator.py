@@ -309,7 +309,9 @@ class StreamAccumulator:
         """``delta.content`` as a list of content parts: the text of its text parts; any
         other part is counted by its type."""
         if not isinstance(parts, list):
-            raise TypeError(f"content {str(parts)[:50]} is neither a string nor a list of parts")
+            raise TypeError(
+                f"delta.content {str(parts)[:50]} is neither a string nor a list of parts"
+            )
         texts = []
         other = self.r.other_content_parts
         for part in parts:

@@ -27,6 +27,9 @@ from replay.serving.prompt_scores import CACHED_SCORING_ARGS
 from replay.serving.targets import TargetSpec
 
 DEFAULT_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE when the user sets none
+# vLLM CPU takes VLLM_CPU_KVCACHE_SPACE over this flag (platforms/cpu.py, "legacy setting"):
+# a server given the flag is started without the variable, so the flag is what it gets.
+KV_CACHE_BYTES_FLAG = "--kv-cache-memory-bytes"
 # An emulated target's server (kvcal/vllm_plugin.py): these names are the plugin's contract
 # (the line it logs when active is targets.EMULATION_MARKER).
 EMULATION_ENV = "KVCANARY_KV_EMULATION"  # the format: fp8, fp8_e5m2, int8_per_token_head ...
@@ -156,6 +159,8 @@ class LocalServer:
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
         env.update(self.spec.env)
+        if KV_CACHE_BYTES_FLAG in self.spec.args:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         env.update(self._emulation()[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:

@@ -18,18 +18,21 @@ from replay.analysis.roles import Roles
 from replay.analysis.schemas import (
     OMITTED,
     BucketQuality,
+    CapacityPhase,
     Combined,
     ReasoningDelta,
     ReasoningLength,
     Sequential,
     Shift,
     Summary,
+    SystemsRule,
     TargetQuality,
     TargetSummary,
 )
 from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
 from replay.analysis.stats.evidence import Evidence
 from replay.analysis.stats.evidence import evidence as pairs_evidence
+from replay.analysis.systems_cells import THRESHOLD as SYSTEMS_THRESHOLD
 from replay.analysis.verdict.advice import Advice, advice_facts
 from replay.analysis.verdict.serving_path import error_problem, serving_problems
 from replay.serving.scale_log import is_emulated
@@ -55,9 +58,9 @@ class Thresholds:
     reasoning_warn_pairs: int = 5
     # Decide on emulated FP8 arms (quality only) instead of refusing to.
     accept_emulated: bool = False
-    # With --slo, FP8 pays by goodput when its SLO-meeting requests per second are at least
-    # this multiple of the reference's (over every phase): 2% above what a rerun moves it.
-    goodput_gain: float = 1.02
+    # The systems rule (``systems_cells``): the smallest change of a latency or a rate that
+    # counts as faster, slower, more or fewer (either way: x1.05 or /1.05 at 0.05).
+    systems_threshold: float = SYSTEMS_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,11 @@ class Facts:
     candidate: ArmFacts | None
     calibrated: ArmFacts | None = None
     capacity_ratio: float | None = None
-    latency_better: bool | None = None  # FP8 faster (TTFT or E2E) somewhere that matters
     capacity_needed: bool | None = None  # the reference's cache ran close to full
-    # With SLOs: the candidate's goodput over the reference's, and each one's req/s
-    goodput_ratio: float | None = None
-    goodput_rps: tuple[float, float] | None = None  # (reference, candidate)
+    # The systems rule's cells (every latency and rate it weighs, judged against the A/A
+    # floor: ``systems_cells``) and the capacity phase; None: not measured (``verdict.payoff``).
+    systems: SystemsRule | None = None
+    capacity_phase: CapacityPhase | None = None
     below_break_even: bool | None = None
     per_head_supported: bool = False
     outlier_layers: tuple[int, ...] = ()
@@ -236,10 +239,10 @@ def facts_from_run(
         per_head_supported=_per_head_supported(manifest, cal),
         outlier_layers=_outlier_layers(manifest, cal),
         capacity_ratio=_capacity_ratio(ref_t, targets.get(cand or ""), cand_emulated),
-        latency_better=s.systems.latency_better if s.systems and not cand_emulated else None,
         capacity_needed=(max(usage) >= thresholds.capacity_needed_usage) if usage else None,
+        systems=s.systems.rule if s.systems and not cand_emulated else None,
+        capacity_phase=s.systems.capacity if s.systems and not cand_emulated else None,
         below_break_even=s.systems.below_break_even if s.systems else None,
-        **_goodput(ref_t, targets.get(cand or ""), cand_emulated),
         sequential=s.sequential,
     )
 
@@ -295,24 +298,6 @@ def _outlier_layers(manifest: Mapping[str, Any], cal: str | None) -> tuple[int, 
     advice = _calibration_report(manifest, cal).get("advice") or {}
     layers = advice.get("outlier_layers") if isinstance(advice, dict) else None
     return tuple(int(x) for x in layers or () if isinstance(x, int))
-
-
-def _goodput(
-    ref: TargetSummary | None, cand: TargetSummary | None, cand_emulated: bool
-) -> dict[str, Any]:
-    """Requests per second that met every SLO, over all phases (met requests over the
-    phases' total time), for the reference and the candidate; nothing without SLOs."""
-
-    def rps(t: TargetSummary | None) -> float | None:
-        phases = [ph for ph in (t.phases.values() if t else ()) if ph.all.slo is not None]
-        time = sum(ph.duration_s or 0.0 for ph in phases)
-        met = sum(ph.all.slo.met for ph in phases if ph.all.slo is not None)
-        return met / time if phases and time > 0 else None
-
-    a, b = rps(ref), rps(cand)
-    if a is None or b is None or cand_emulated:
-        return {}
-    return {"goodput_rps": (a, b), "goodput_ratio": (b / a) if a > 0 else None}
 
 
 def _capacity_ratio(

@@ -17,6 +17,7 @@ from typing import Any
 from replay.analysis.schemas import Sequential, Verdict
 from replay.analysis.stats.equivalence import equivalent
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
+from replay.analysis.verdict.payoff import gain
 from replay.analysis.verdict.wording import (
     bucket_text,
     evidence_entry,
@@ -363,85 +364,6 @@ def _insufficient(
     )
 
 
-def _goodput_entry(f: Facts, th: Thresholds) -> dict[str, Any]:
-    assert f.goodput_rps is not None
-    ref_rps, cand_rps = f.goodput_rps
-    ratio = f"{f.goodput_ratio:.2f}x" if f.goodput_ratio is not None else "n/a"
-    return evidence_entry(
-        "systems",
-        f"goodput {cand_rps:.3g} req/s within the SLOs against the reference's "
-        f"{ref_rps:.3g} ({ratio}; FP8 pays from {th.goodput_gain:g}x)",
-    )
-
-
 def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
-    if f.candidate is not None and f.candidate.emulated:
-        ev.append(
-            evidence_entry(
-                "systems",
-                f"{f.candidate.name} is emulated: its capacity and speed "
-                "are a BF16 server's, so FP8's gain is not measured here",
-            )
-        )
-        return verdict_record(
-            "keep",
-            [
-                f"matches {f.reference} in every bucket (emulated FP8, quality "
-                "only: capacity and speed not measured)"
-            ],
-            ev,
-        )
-    cap_ok = f.capacity_ratio is not None and f.capacity_ratio >= th.required_capacity_ratio
-    if f.capacity_ratio is not None:
-        ev.append(
-            evidence_entry(
-                "systems",
-                f"KV-cache capacity {f.capacity_ratio:.2f}x the reference "
-                f"(required {th.required_capacity_ratio:g}x)",
-            )
-        )
-    if f.goodput_rps is not None:
-        ev.append(_goodput_entry(f, th))
-    if cap_ok and f.capacity_needed is not False:
-        return verdict_record(
-            "keep",
-            [
-                f"matches {f.reference} in every bucket and holds "
-                f"{f.capacity_ratio:.2f}x the KV cache"
-            ],
-            ev,
-        )
-    if f.goodput_rps is not None:
-        ratio = f"{f.goodput_ratio:.2f}x" if f.goodput_ratio is not None else "n/a"
-        # With SLOs the service's own goal decides whether FP8 pays, not raw latency.
-        if f.goodput_ratio is not None and f.goodput_ratio >= th.goodput_gain:
-            return verdict_record(
-                "keep",
-                [
-                    f"matches {f.reference} in every bucket and serves {ratio} its "
-                    "requests per second within the SLOs"
-                ],
-                ev,
-            )
-    elif f.latency_better:
-        return verdict_record("keep", [f"matches {f.reference} in every bucket and is faster"], ev)
-    if cap_ok:
-        # Capacity is there but this workload does not need it and pays FP8's overhead.
-        why = (
-            "the workload sits below the latency break-even"
-            if f.below_break_even
-            else "FP8 is slower here"
-        )
-        return verdict_record(
-            "reject",
-            [
-                f"too short or prefill-heavy to pay off: {why}, and the "
-                "reference's cache never ran close to full"
-            ],
-            ev,
-        )
-    if f.goodput_rps is not None:
-        return verdict_record(
-            "reject", ["no memory gain, and no more requests per second within the SLOs"], ev
-        )
-    return verdict_record("reject", ["no memory or latency gain on this backend"], ev)
+    """Quality matched: whether FP8 pays for itself is the systems rule's (``payoff``)."""
+    return gain(f, th, ev)

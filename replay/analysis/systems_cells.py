@@ -1,0 +1,313 @@
+"""The systems rule's evidence: every metric it weighs, per phase and bucket, as a cell.
+
+A cell pairs the candidate with the reference: the same requests (TTFT, ITL, E2E; lower is
+better) or, in an interleaved phase, the same blocks of requests (goodput within the SLOs, or
+answered requests per second; higher is better). Its change is the median over pairs of
+candidate / reference, with the sign test's distribution-free interval
+(``stats.median_change``). Every cell of a run is one family: each interval is at level
+``1 - alpha / family`` (Bonferroni over phases x buckets x metrics, valid however the cells
+depend on each other; with a capacity phase its cell gets half of alpha, :func:`rule`), so the
+chance that any cell claims a change under pure noise is at most alpha. The A/A control (the
+reference replayed again) gives each cell its floor: the largest change its own interval
+reaches at the same level.
+
+A cell's call (:func:`direction`, the one rule, also applied to whole simulated arrays):
+
+* better or worse only when its interval lies beyond the threshold (a change of at least
+  ``threshold`` either way: a ratio past 1.05 or 1/1.05 at 5%) **and** its median lies beyond
+  the floor, on the same side;
+* same otherwise;
+* unweighed when it cannot be judged: too few pairs for an interval at the level, no A/A
+  control (no floor), or a control with too few pairs of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from replay.analysis.schemas import SystemsCell, SystemsRule
+from replay.analysis.stats.median_change import Change, log_ratios, median_change, min_pairs
+from replay.analysis.summary import tpot
+from replay.core.records import Result
+from replay.core.slo import SloSpec, meets
+
+THRESHOLD = 0.05  # the smallest change that counts (--systems-threshold)
+LOWER_IS_BETTER = ("ttft_ms", "itl_ms", "e2e_ms")
+Metric = Callable[[Result], float | None]
+
+
+def _itl_ms(r: Result) -> float | None:
+    gaps = r.itl()
+    return 1000 * float(np.mean(gaps)) if gaps else None
+
+
+LATENCY: dict[str, Metric] = {
+    "ttft_ms": lambda r: None if r.ttft is None else 1000 * r.ttft,
+    "itl_ms": _itl_ms,
+    "e2e_ms": lambda r: None if r.e2e is None else 1000 * r.e2e,
+}
+Block = tuple[int, float, float]  # (index, start, end) on the run's clock
+
+
+def direction(
+    median: npt.ArrayLike,
+    lo: npt.ArrayLike,
+    hi: npt.ArrayLike,
+    floor: npt.ArrayLike,
+    threshold: float,
+) -> npt.NDArray[np.int_]:
+    """+1 where the candidate's values are higher beyond the threshold and the floor, -1 where
+    lower, 0 otherwise (log ratios; NaN bounds or floor give 0: nothing to judge)."""
+    t = math.log1p(threshold)
+    med, a, b, f = (np.asarray(x, dtype=float) for x in (median, lo, hi, floor))
+    with np.errstate(invalid="ignore"):
+        up = (a > t) & (med > f)
+        down = (b < -t) & (med < -f)
+    return np.where(up, 1, np.where(down, -1, 0))
+
+
+Pair = tuple[int, float, float]  # (block, reference's value, candidate's value)
+ONE_BLOCK = (
+    "measured one after another: one block per arm, so the machine's drift and the "
+    "candidate cannot be told apart"
+)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A cell before it is judged: its pairs by block, and the A/A control's."""
+
+    phase: str
+    bucket: str | None
+    metric: str
+    pairs: list[Pair]
+    control: list[Pair] | None  # (block, reference's, control's)
+    unweighed: str = ""  # why it cannot be judged whatever its figures (kept for display)
+
+
+def block_changes(pairs: Sequence[Pair]) -> npt.NDArray[np.float64]:
+    """The median log ratio of each block's pairs: the units the interval is over. Requests of
+    one block share the machine's state while each arm sent it (a neighbour's burst in one
+    arm's turn moves all of them), so they are not independent pairs; blocks are."""
+    by: dict[int, list[float]] = defaultdict(list)
+    for k, a, b in pairs:
+        d = log_ratios([a], [b])
+        if d.size:
+            by[k].append(float(d[0]))
+    return np.asarray([np.median(v) for _, v in sorted(by.items())], dtype=float)
+
+
+def judge(p: Planned, miss: float, threshold: float) -> SystemsCell:
+    """One cell's change, interval, floor and call at level ``1 - miss``."""
+    d = block_changes(p.pairs)
+    ch = median_change(d, miss)
+    base = _cell(p, ch, int(d.size), 1.0 - miss)
+    if p.unweighed:
+        return base(None, "unweighed", p.unweighed)
+    if ch is None or ch.lo is None or ch.hi is None:
+        n = 0 if ch is None else ch.n
+        return base(None, "unweighed", f"{n} block(s): an interval needs {min_pairs(miss)}")
+    if p.control is None:
+        return base(None, "unweighed", "no A/A control: no floor")
+    aa = median_change(block_changes(p.control), miss)
+    if aa is None or aa.lo is None or aa.hi is None:
+        n = 0 if aa is None else aa.n
+        return base(None, "unweighed", f"the A/A control has {n} block(s) here")
+    floor = max(abs(aa.lo), abs(aa.hi))
+    way = int(direction(ch.median, ch.lo, ch.hi, floor, threshold))
+    higher_better = p.metric not in LOWER_IS_BETTER
+    call = "same" if way == 0 else "better" if (way > 0) == higher_better else "worse"
+    return base(math.expm1(floor), call, "")
+
+
+def _cell(
+    p: Planned, ch: Change | None, blocks: int, level: float
+) -> Callable[[float | None, str, str], SystemsCell]:
+    def med(xs: Sequence[float]) -> float | None:
+        return float(np.median(xs)) if len(xs) else None
+
+    def rel(x: float | None) -> float | None:
+        return None if x is None else math.expm1(x)
+
+    def make(floor: float | None, call: str, why: str) -> SystemsCell:
+        return SystemsCell(
+            phase=p.phase,
+            bucket=p.bucket,
+            metric=p.metric,
+            unit="blocks",
+            pairs=blocks,
+            reference=med([a for _, a, _ in p.pairs]),
+            candidate=med([b for _, _, b in p.pairs]),
+            change=rel(ch.median) if ch else None,
+            lo=rel(ch.lo) if ch else None,
+            hi=rel(ch.hi) if ch else None,
+            floor=floor,
+            call=call,
+            why=why,
+            level=level,
+            requests=len(p.pairs) if p.metric in LOWER_IS_BETTER else None,
+        )
+
+    return make
+
+
+def latency_cells(
+    results: Sequence[Result],
+    ref: str,
+    cand: str,
+    control: str | None,
+    phases: Sequence[str],
+    blocks: Mapping[str, Mapping[str, Sequence[Block]]],
+) -> list[Planned]:
+    """TTFT, ITL and E2E per phase and bucket, paired by request and grouped by the block the
+    reference sent it in (the bucket is the reference's); a pair counts where both arms sent
+    that block whole. A phase sent whole (not interleaved) is one block: unweighed."""
+    by: dict[tuple[str, str], dict[str, Result]] = defaultdict(dict)
+    for r in results:
+        if r.status == "ok":
+            by[(r.target, r.phase)][r.request_id] = r
+    out = []
+    for ph in phases:
+        a, b = by.get((ref, ph), {}), by.get((cand, ph), {})
+        c = by.get((control, ph), {}) if control else None
+        mine = list(blocks.get(ref, {}).get(ph, ()))
+        k_of = _blocks_of(a, mine)
+        whole = {t: _whole(blocks, t, ph) if mine else None for t in (cand, control) if t}
+        why = "" if mine else ONE_BLOCK
+        for bucket in dict.fromkeys(a[i].bucket for i in a if i in b):
+            for name, metric in LATENCY.items():
+                pairs = _pairs(a, b, bucket, metric, k_of, whole[cand])
+                aa = None
+                if c is not None and control is not None:
+                    aa = _pairs(a, c, bucket, metric, k_of, whole[control])
+                out.append(Planned(ph, bucket, name, pairs, aa, why))
+    return out
+
+
+def _whole(blocks: Mapping[str, Mapping[str, Sequence[Block]]], arm: str, phase: str) -> set[int]:
+    """The blocks ``arm`` sent whole in ``phase``."""
+    return {k for k, _, _ in blocks.get(arm, {}).get(phase, ())}
+
+
+def _blocks_of(results: Mapping[str, Result], blocks: Sequence[Block]) -> dict[str, int]:
+    """The block each request was sent in (its scheduled time in the block's window); 0 for
+    all of them when the phase has no blocks."""
+    if not blocks:
+        return dict.fromkeys(results, 0)
+    starts = np.asarray([s for _, s, _ in blocks])
+    out = {}
+    for rid, r in results.items():
+        i = int(np.searchsorted(starts, r.scheduled, "right")) - 1
+        if i >= 0 and r.scheduled <= blocks[i][2]:
+            out[rid] = blocks[i][0]
+    return out
+
+
+def _pairs(
+    a: Mapping[str, Result],
+    b: Mapping[str, Result],
+    bucket: str,
+    metric: Metric,
+    k_of: Mapping[str, int],
+    whole: set[int] | None,
+) -> list[Pair]:
+    out = []
+    for rid in sorted(set(a) & set(b) & set(k_of)):
+        k = k_of[rid]
+        if a[rid].bucket != bucket or (whole is not None and k not in whole):
+            continue
+        x, y = metric(a[rid]), metric(b[rid])
+        if x is not None and y is not None:
+            out.append((k, x, y))
+    return out
+
+
+def block_list(window: Mapping[str, Any]) -> list[Block]:
+    """A phase window's (or a capacity arm's) blocks, as the manifest stores them."""
+    return [(int(k), float(a), float(b)) for k, a, b in window.get("blocks") or []]
+
+
+def block_counts(
+    results: Sequence[Result], blocks: Sequence[Block], slo: SloSpec | None
+) -> dict[int, tuple[int, float]]:
+    """Per block (one arm, one phase): how many requests sent in it met the SLOs (with no
+    SLOs, were answered), and the block's seconds."""
+    good = sorted(r.scheduled for r in results if _counts(r, slo))
+    at = np.asarray(good, dtype=float)
+    out = {}
+    for k, start, end in blocks:
+        if end > start:
+            n = int(np.searchsorted(at, end, "right") - np.searchsorted(at, start, "left"))
+            out[k] = (n, end - start)
+    return out
+
+
+def block_rates(counts: Mapping[int, tuple[int, float]]) -> dict[int, float]:
+    """Each block's requests per second."""
+    return {k: n / seconds for k, (n, seconds) in counts.items()}
+
+
+def _counts(r: Result, slo: SloSpec | None) -> bool:
+    ok = r.status == "ok"
+    if slo is None:
+        return ok
+    return meets(slo.for_bucket(r.bucket), ok, r.ttft, tpot(r), r.e2e)
+
+
+def rate_cell(
+    phase: str,
+    metric: str,
+    rates: Mapping[str, Mapping[int, float]],
+    ref: str,
+    cand: str,
+    control: str | None,
+    unweighed: str = "",
+) -> Planned:
+    """One phase's rate, paired by block: the same requests sent to every arm in turn."""
+
+    def paired(x: str, y: str) -> list[Pair]:
+        a, b = rates.get(x, {}), rates.get(y, {})
+        return [(k, a[k], b[k]) for k in sorted(set(a) & set(b))]
+
+    aa = paired(ref, control) if control else None
+    return Planned(phase, None, metric, paired(ref, cand), aa, unweighed)
+
+
+CAPACITY = "capacity"  # the capacity phase's label (``analysis.capacity``)
+
+
+def rule(
+    planned: Sequence[Planned],
+    *,
+    alpha: float,
+    threshold: float,
+    control: str | None,
+    interleaved: bool,
+) -> SystemsRule:
+    """Every planned cell judged as one family. Bonferroni, weighted by question: the cells of
+    the workload's own load share alpha equally; with a capacity phase, which asks another
+    question on a dozen blocks, its cell gets half of alpha and the workload's cells share the
+    other half. Each cell's miss is at most its share, so the family's is at most alpha."""
+    capacity = [p for p in planned if p.phase == CAPACITY]
+    load = [p for p in planned if p.phase != CAPACITY]
+    load_alpha = alpha / 2 if capacity else alpha
+    miss = load_alpha / max(1, len(load))
+    cells = [judge(p, miss, threshold) for p in load]
+    cells += [judge(p, (alpha - load_alpha) / len(capacity), threshold) for p in capacity]
+    return SystemsRule(
+        alpha=alpha,
+        threshold=threshold,
+        family=max(1, len(planned)),
+        level=1.0 - miss,
+        min_pairs=min_pairs(miss),
+        control=control,
+        interleaved=interleaved,
+        cells=tuple(cells),
+    )

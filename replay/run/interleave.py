@@ -1,0 +1,441 @@
+"""Reference, A/A control and candidates measured interleaved, so that a machine whose load
+drifts cannot favour one of them (the default whenever a run compares targets).
+
+One after another, the reference is measured in one minute and the candidate in the next: on
+a shared machine whose load changes between the two, that change is read as the candidate's.
+Here every target's server is up at once and each phase is sent in blocks (``block_size``
+units: requests, or whole sessions): a closed loop's blocks are strided through windows of the
+trace (block j of a window takes every n-th unit from j, so a trace sorted by length still
+gives every bucket many blocks), an open loop's are consecutive, with their arrival offsets
+started again from each block's first. Block k goes to every arm in turn (the reference, its
+A/A control, each candidate), in an order rotated by k (A B C, B C A, C A B, ...) so that every
+arm holds every position equally often. Only one server works at a time, at the phase's own
+load. So each request's pair was measured seconds apart, and a slow drift falls on every arm
+alike; what the machine does during one arm's turn moves all of that block's requests, which
+is why the systems rule's intervals are over blocks, not requests (``systems_cells``). A local
+reference's control runs on a second server of the reference's own spec (within
+``SERVERS_AT_ONCE`` local servers), so that every arm starts each block on a server that sat
+idle through the previous one (on the reference's server it would sometimes follow the
+reference warm, as the candidate never can: measured on the 2-core machine, that gave the
+control a TTFT 27% below the reference's).
+
+Each arm's block is a ``Phase`` limited to the block's requests, with the phase's label and
+its own edge scrapes. The arm's window in the manifest keeps its blocks (``[k, start, end]``,
+only blocks the arm sent whole in one process) and ``busy_s``; the summary's rates and server
+figures of the phase are over the arm's own blocks (``summary.server_over``), and the systems
+rule pairs the arms' blocks by k. A phase time limit counts each arm's own time in the phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from replay.core.iterate import closing
+from replay.core.schedule import ClosedLoop, OpenLoop
+from replay.core.sessions import Unit, units
+from replay.core.trace import Request
+from replay.run.analyze import load_results
+from replay.run.capacity import (
+    CapacityRun,
+    Plan,
+    finished_capacity,
+    kv_bytes_per_token,
+    peak_usage,
+    size,
+    units_needed,
+    why_not,
+)
+from replay.run.config import RunConfig, TargetRun
+from replay.run.phase import Phase, Schedule, TargetSession
+from replay.run.progress import Progress
+from replay.run.runner import Runner
+from replay.run.session_turns import Sessions
+
+BLOCKS_PER_CONCURRENCY = 2  # a closed loop's block: this many times its concurrency
+OPEN_LOOP_BLOCK = 32  # an open loop's block, in units
+STRIDE_WINDOW = 32  # a closed loop's blocks are strided within this many blocks of the trace
+# Local servers held at once: a run with more local targets goes one after another by default,
+# and a local control gets a server of its own only within this many (a reference, its control
+# and a candidate: about 3 x 3 GB for the embedded model on vLLM CPU).
+SERVERS_AT_ONCE = 3
+
+
+def block_size(sched: Schedule, asked: int) -> int:
+    """``asked`` (``--block-size``), or by default 2 x a closed loop's concurrency, 32 units of
+    an open loop. Blocks are the units the systems rule's intervals are over (a block's
+    requests share the machine's state while an arm sends it), so many small blocks weigh
+    more than a few large ones; the price is a ramp down at every block's end, the same for
+    every arm."""
+    if asked > 0:
+        return asked
+    if isinstance(sched, ClosedLoop):
+        return BLOCKS_PER_CONCURRENCY * sched.concurrency
+    return OPEN_LOOP_BLOCK
+
+
+@dataclass(frozen=True)
+class Block:
+    """Block k of a phase: its units (requests by trace position) and, for an open loop, their
+    offsets. A block is held whole while every arm sends it: ``block_size`` units."""
+
+    k: int
+    units: list[Unit]
+    offsets: list[float] | None
+
+    def ids(self) -> set[str]:
+        return {req.id for unit in self.units for _, req in unit}
+
+    def requests(self) -> list[tuple[int, Request]]:
+        return [pair for unit in self.units for pair in unit]
+
+    def schedule(self, sched: Schedule, todo: set[str]) -> Schedule:
+        """The phase's schedule for the units of ``todo``: an open loop's offsets from the
+        first of them."""
+        if not isinstance(sched, OpenLoop) or self.offsets is None:
+            return sched
+        mine = [
+            o
+            for u, o in zip(self.units, self.offsets, strict=True)
+            if {req.id for _, req in u} <= todo
+        ]
+        start = mine[0] if mine else 0.0
+        return OpenLoop([o - start for o in mine], sched.max_in_flight, sched.name)
+
+
+class _QuietPhases:
+    """A block's ``Phase`` reports its requests, not a new bar: the bar is the phase's."""
+
+    def __init__(self, inner: Progress) -> None:
+        self.inner = inner
+
+    def status(self, message: str) -> None:
+        self.inner.status(message)
+
+    def phase(self, target: str, label: str, total: int) -> None:
+        pass
+
+    def advance(self, target: str, label: str, ok: bool) -> None:
+        self.inner.advance(target, label, ok)
+
+
+@dataclass
+class _Window:
+    """One arm's window over an interleaved phase."""
+
+    start: float | None = None
+    end: float | None = None
+    blocks: list[list[float]] = field(default_factory=list)
+    flags: dict[str, bool] = field(default_factory=dict)
+
+    def add(self, k: int, window: dict[str, Any], whole: bool) -> None:
+        self.start = window["start"] if self.start is None else self.start
+        self.end = window["end"]
+        interrupted = bool(window.get("interrupted"))
+        if interrupted:
+            self.flags["interrupted"] = True
+        if whole and not interrupted:
+            self.blocks.append([k, window["start"], window["end"]])
+
+    def json(self) -> dict[str, Any]:
+        blocks = sorted(self.blocks)
+        return {
+            "start": self.start,
+            "end": self.end,
+            "blocks": blocks,
+            "busy_s": sum(b[2] - b[1] for b in blocks),
+            **self.flags,
+        }
+
+
+class InterleavedRunner(Runner):
+    """The runner's targets, servers, manifest, scoring and analysis; phases in blocks."""
+
+    def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
+        super().__init__(replace(cfg, parallel_targets=True), progress)
+        # A local reference's A/A control gets a server of its own, started like the others:
+        # every arm then starts each of its blocks on a server the previous block left idle.
+        # (Sharing the reference's, it would follow it warm in some blocks, which the
+        # candidate never can.) A remote reference's control shares its server.
+        ref = self.runs[self.reference]
+        local = sum(r.spec.is_local for r in self.runs.values())
+        self.control_server = (
+            self.control is not None and ref.spec.is_local and local < SERVERS_AT_ONCE
+        )
+        if self.control is not None and self.control_server:
+            rest = {n: r for n, r in self.runs.items() if n != self.reference}
+            self.runs = {self.reference: ref, self.control.spec.name: self.control, **rest}
+        self.arms: dict[str, TargetSession] = {}
+        self._ready = {n: asyncio.Event() for n in self.runs}
+        self._over = asyncio.Event()
+        # The capacity phase's manifest block; a resume keeps one that finished.
+        self.capacity: dict[str, Any] | None = finished_capacity(cfg) if cfg.resume else None
+
+    def manifest(self) -> dict[str, Any]:
+        m = super().manifest()
+        if self.capacity is not None:
+            m["capacity"] = self.capacity
+        return m
+
+    # -- serving: every server up at once, waiting for the blocks ----------------------------
+    async def _all_targets(self) -> None:
+        tasks = [asyncio.ensure_future(self._serving(r)) for r in self.runs.values()]
+        try:
+            await asyncio.gather(*(e.wait() for e in self._ready.values()))
+            await self._phases_interleaved()
+        finally:
+            if self.ref_done is not None:
+                self.ref_done.set()  # teacher-forced scoring reads the reference's answers
+            self._over.set()
+            await asyncio.gather(*tasks)
+        if self.capacity is None and not self.stopping.is_set():
+            await self._capacity_phase()
+
+    # -- the capacity phase (replay/run/capacity.py), once the workload's servers stopped ----
+    async def _capacity_phase(self) -> None:
+        c, cand = self.cfg, self.roles.candidate
+        if c.capacity.mode == "off":
+            return
+        ref_run = self.runs[self.reference]
+        cand_run = self.runs.get(cand) if cand else None
+        failed = ref_run.status != "ok" or cand_run is None or cand_run.status != "ok"
+        peak = peak_usage(c.run_dir, self.reference, ref_run.phases)
+        why = why_not(
+            c.capacity.mode,
+            ref_run.spec,
+            cand_run.spec if cand_run else None,
+            failed,
+            peak,
+            c.thresholds.capacity_needed_usage,
+        )
+        plan = why or self._capacity_plan(ref_run)
+        if isinstance(plan, str):
+            self.capacity = {"status": "skipped", "reason": plan}
+            self.save_manifest()
+            return
+        assert cand_run is not None
+        self.progress.status("capacity phase: starting servers with a smaller KV cache")
+        await CapacityRun(
+            run_dir=c.run_dir,
+            reference=ref_run.spec,
+            candidate=cand_run.spec,
+            control=self.control.spec if self.control else None,
+            arms=self.arms,
+            plan=plan,
+            units=self._first_units(units_needed(c.capacity.concurrency)),
+            phase=self._capacity_block,
+            progress=self.progress,
+            clock=self.clock,
+            stopping=self.stopping,
+            save=self._save_capacity,
+            budget=self._budget,
+            timeout_s=c.timeout_s,
+            seed=c.seed,
+            startup_timeout_s=c.startup_timeout_s,
+            cannot_write=self.stop.cannot_write,
+        ).run()
+
+    def _capacity_plan(self, ref_run: TargetRun) -> Plan | str:
+        info = ref_run.info
+        results = [
+            r
+            for r in load_results(self.cfg.run_dir, prompt_ids=False)
+            if r.target == self.reference
+        ]
+        max_tokens = {r.id: r.max_tokens for r in self.cfg.trace.iter_requests()}
+        per_token = kv_bytes_per_token(ref_run.spec, info.get("cache_config") or {})
+        return size(results, max_tokens, per_token, info.get("max_model_len"), self.cfg.capacity)
+
+    def _save_capacity(self, block: dict[str, Any]) -> None:
+        self.capacity = block
+        self.save_manifest()
+
+    def _first_units(self, n: int) -> list[Unit]:
+        with closing(self.cfg.trace.iter_requests()) as reqs:
+            items: Iterator[Unit] = (
+                units(enumerate(reqs)) if self.sessions else ([t] for t in enumerate(reqs))
+            )
+            return list(itertools.islice(items, n))
+
+    def _capacity_block(self, **kw: Any) -> Phase:
+        """A Phase of the capacity phase: the run's trace, buckets, clock and interrupt."""
+        return Phase(
+            trace=self.cfg.trace,
+            buckets=self.cfg.buckets,
+            progress=_QuietPhases(self.progress),
+            clock=self.clock,
+            stopping=self.stopping,
+            timeout_s=self.cfg.phase_timeout_s,
+            sessions=self._sessions(kw["target"].name),
+            **kw,
+        )
+
+    async def _serving(self, run: TargetRun) -> None:
+        try:
+            await self._target(run)
+        finally:
+            self._ready[run.spec.name].set()  # also when it failed: the blocks do not wait
+
+    async def _send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
+        """Register the target's arms (and the reference's A/A control) for the blocks, and
+        hold its server until every phase is sent."""
+        self.arms[arm.name] = arm
+        if self._names(run.spec.name)[1:] and self.control is not None:
+            self.control.info = dict(run.info)
+            self.arms[self.control.spec.name] = replace(
+                arm, name=self.control.spec.name, budget=self.control.budget
+            )
+        self._ready[run.spec.name].set()
+        await self._over.wait()
+        for name in self._names(run.spec.name):
+            r = self.all_runs()[name]
+            if r.budget.spent:
+                self._budget_spent(r)
+            elif name != run.spec.name:
+                r.status = "ok"  # the control: its target's status is set by ``_serve``
+        return not run.budget.spent and not self.stopping.is_set()
+
+    # -- the blocks ---------------------------------------------------------------------------
+    def _order(self) -> list[str]:
+        """The arms in the runner's order: the reference, its control, then the others."""
+        names = [n for t in self.runs for n in self._names(t)]
+        return [n for n in names if n in self.arms]
+
+    async def _phases_interleaved(self) -> None:
+        live = self._order()
+        for k, sched in enumerate(self.cfg.schedules):
+            if self.stopping.is_set() or not live:
+                return
+            arms = [n for n in live if sched.label not in self._skipped_before(self._owner(n))]
+            await self._phase_in_blocks(sched, arms)
+            rest = [s.label for s in self.cfg.schedules[k + 1 :]]
+            if rest:
+                stopped = {t for t in self.runs if t in live and self._stops(t, rest)}
+                live = [n for n in live if self._owner(n) not in stopped]
+
+    def _names(self, name: str) -> list[str]:
+        """A target and the arms on its server: the control has its own when it can."""
+        return [name] if self.control_server else super()._names(name)
+
+    def _owner(self, name: str) -> str:
+        """The target whose server an arm runs on (a shared control's is the reference's)."""
+        if self.control and name == self.control.spec.name and not self.control_server:
+            return self.reference
+        return name
+
+    def _stops(self, target: str, rest: Sequence[str]) -> bool:
+        run = self.runs[target]
+        if not self._saturated(run, target):
+            return False
+        skipped = {"skipped": list(rest)}
+        for name in self._names(target):
+            r = self.all_runs()[name]
+            r.info["sweep_stopped"] = {**run.info["sweep_stopped"], **skipped}
+        self.save_manifest()
+        return True
+
+    async def _phase_in_blocks(self, sched: Schedule, names: Sequence[str]) -> None:
+        label, size = sched.label, block_size(sched, self.cfg.block_size)
+        windows = {n: self._resumed_window(n, label) for n in names}
+        for n in names:
+            self.progress.phase(
+                n, label, self.cfg.trace.count - len(self.resume.finished(n, label))
+            )
+        spent = {n: 0.0 for n in names}
+        for block in self._blocks(sched, size):
+            if self.stopping.is_set():
+                break
+            turn = block.k % len(names)
+            for n in [*names[turn:], *names[:turn]]:
+                todo = block.ids() - self.resume.finished(n, label)
+                if not todo or self.stopping.is_set():
+                    continue
+                window = await self._send_block(n, sched, block, todo, spent[n])
+                if window is not None:
+                    windows[n].add(block.k, window, whole=todo == block.ids())
+                    spent[n] += window["end"] - window["start"]
+        for n, w in windows.items():
+            if w.start is not None:
+                self.all_runs()[n].phases[label] = w.json()
+        self.save_manifest()
+
+    def _resumed_window(self, name: str, label: str) -> _Window:
+        """An earlier process's whole blocks of this phase (a resume keeps them)."""
+        prev = ((self.resume.previous.get(name) or {}).get("phases") or {}).get(label) or {}
+        w = _Window(prev.get("start"), prev.get("end"), [list(b) for b in prev.get("blocks", [])])
+        if self.resume.finished(name, label):
+            w.flags["resumed"] = True
+        return w
+
+    async def _send_block(
+        self, name: str, sched: Schedule, block: Block, todo: set[str], spent: float
+    ) -> dict[str, Any] | None:
+        arm = self.arms[name]
+        return await Phase(
+            target=arm,
+            sched=block.schedule(sched, todo),
+            trace=self.cfg.trace,
+            buckets=self.cfg.buckets,
+            writer=self.writer,
+            progress=_QuietPhases(self.progress),
+            clock=self.clock,
+            stopping=self.stopping,
+            timeout_s=max(1e-3, self.cfg.phase_timeout_s - spent),
+            salt=self.cfg.phase_salt(name, sched.label),
+            only=todo,
+            requests=block.requests(),
+            sessions=self._sessions(name),
+        ).run()
+
+    def _sessions(self, name: str) -> Sessions | None:
+        if not self.sessions:
+            return None
+        return Sessions(self.cfg.think, self.history, is_reference=name == self.reference)
+
+    def _blocks(self, sched: Schedule, size: int) -> Iterator[Block]:
+        """The phase's blocks: an open loop's consecutive units with their offsets; a closed
+        loop's strided within windows of ``STRIDE_WINDOW`` blocks (``strided``)."""
+        with closing(self.cfg.trace.iter_requests()) as reqs:
+            items: Iterator[Unit] = (
+                units(enumerate(reqs)) if self.sessions else ([t] for t in enumerate(reqs))
+            )
+            if isinstance(sched, OpenLoop):
+                yield from consecutive(items, iter(sched.offsets), size)
+            else:
+                yield from strided(items, size)
+
+
+def consecutive(items: Iterator[Unit], offsets: Iterator[float], size: int) -> Iterator[Block]:
+    """``size`` units to a block, in trace order, each with its offset (an open loop's
+    arrivals keep their order and spacing)."""
+    chunk: list[Unit] = []
+    offs: list[float] = []
+    k = 0
+    for unit in items:
+        o = next(offsets, None)
+        if o is None:  # never: Poisson and trace offsets cover every unit
+            break
+        chunk.append(unit)
+        offs.append(o)
+        if len(chunk) == size:
+            yield Block(k, chunk, offs)
+            chunk, offs, k = [], [], k + 1
+    if chunk:
+        yield Block(k, chunk, offs)
+
+
+def strided(items: Iterator[Unit], size: int) -> Iterator[Block]:
+    """Blocks of about ``size`` units: the trace is read ``STRIDE_WINDOW`` blocks at a time and
+    block j of a window takes every n-th unit from j (n blocks in the window), so that every
+    block holds every part of the window (a trace sorted by length still gives each bucket
+    many blocks) and only a window is held."""
+    k = 0
+    while window := list(itertools.islice(items, size * STRIDE_WINDOW)):
+        n = math.ceil(len(window) / size)
+        for j in range(n):
+            yield Block(k, window[j::n], None)
+            k += 1
