@@ -600,3 +600,16 @@ def test_emulated_target_serves_bf16_without_a_fallback_problem() -> None:
     facts = facts_from_run(summary, {**manifest, "reference": "bf16"})
     assert facts.candidate is not None and facts.candidate.emulated
     assert facts.capacity_ratio is None  # 1.0x here: BF16's, never presented as FP8's
+
+
+def test_a_layers_arm_at_a_url_on_the_calibrated_overlay_is_judged_as_calibrated() -> None:
+    """A target at a URL has no model in its spec: the folder its server reports says
+    whether it serves an overlay (then its scales must be applied, its path differs)."""
+    from replay.analysis.verdict.facts import _on_overlay
+
+    on_overlay = _manifest(model_root="/m-kvcal", spec={"args": []})
+    assert _on_overlay(on_overlay, "fp8", "bf16")
+    assert not _on_overlay(_manifest(), "fp8", "bf16")
+    local = {"reference": "bf16", "targets": {"bf16": {"spec": {"model": "/m"}}}}
+    local["targets"]["fp8"] = {"spec": {"model": "/m-kvcal"}}  # type: ignore[index]
+    assert _on_overlay(local, "fp8", "bf16")

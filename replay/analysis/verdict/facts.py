@@ -249,10 +249,14 @@ def facts_from_run(
 
 def _on_overlay(manifest: Mapping[str, Any], name: str | None, reference: str) -> bool:
     """Whether a target serves another checkpoint than the reference (a calibrated overlay:
-    its scales must be applied, and its model path differs by design)."""
+    its scales must be applied, and its model path differs by design). A target at a URL has
+    no model in its spec: the folder its server reports (``model_root``) says it."""
     targets = manifest.get("targets") or {}
-    mine = ((targets.get(name or "") or {}).get("spec") or {}).get("model")
-    ref = ((targets.get(reference) or {}).get("spec") or {}).get("model")
+
+    mine, ref = targets.get(name or "") or {}, targets.get(reference) or {}
+    if mine.get("model_root") and ref.get("model_root"):
+        return bool(mine["model_root"] != ref["model_root"])
+    mine, ref = (mine.get("spec") or {}).get("model"), (ref.get("spec") or {}).get("model")
     return bool(mine and ref and mine != ref)
 
 

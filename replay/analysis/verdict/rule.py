@@ -186,7 +186,7 @@ def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any
     then what was measured of the next step decides (a served layers arm, else kvcal
     advise's emulated figures)."""
     cal_loss = losses(cal, th)
-    ev += quality_evidence(cal, f.reference, th)
+    ev += quality_evidence(cal, f.reference, th) + _advice_evidence(f)
     if not cal_loss and not _shifted(cal, th):
         ok, thin = matches(cal, th)
         if ok:
@@ -198,7 +198,6 @@ def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any
         return _insufficient(cal, thin, ev, th)
     if f.layers is not None:
         return _layers_arm(f, f.layers, th, ev, f"calibrated ({cal.name})")
-    ev += _advice_evidence(f)
     lost_in = ", ".join(where(b) for b in cal_loss) or "across buckets"
     advice = f.advice
     if advice is not None and advice.action in ("skip_layers", "per_head"):
@@ -263,7 +262,7 @@ def _layers_arm(
     """FP8 with some layers' cache in BF16, served after ``after`` still lost: it matches
     (keep FP8 that way), still loses (reject, with what was measured), or is not decided."""
     ev += quality_evidence(arm, f.reference, th)
-    ev += _advice_evidence(f)
+    ev += [e for e in _advice_evidence(f) if e not in ev]  # after calibration: already there
     kept = " ".join(map(str, f.layers_skipped)) or "?"
     if not losses(arm, th) and not _shifted(arm, th):
         ok, thin = matches(arm, th)
