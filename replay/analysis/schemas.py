@@ -29,12 +29,13 @@ as None, 0 or empty; ``absent_if_none`` and ``Omitted`` mark keys that are somet
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from typing import Any
 
 from replay.analysis.schemas_load import Saturation
 from replay.analysis.schemas_reasoning import ReasoningDelta as ReasoningDelta
 from replay.analysis.schemas_reasoning import ReasoningLength as ReasoningLength
+from replay.analysis.schemas_sequential import Sequential as Sequential
+from replay.analysis.schemas_sequential import SequentialBucket as SequentialBucket
 from replay.analysis.schemas_systems import CapacityArm as CapacityArm
 from replay.analysis.schemas_systems import CapacityPhase as CapacityPhase
 from replay.analysis.schemas_systems import SystemsCell as SystemsCell
@@ -385,8 +386,8 @@ class Quality(Record):
     min_pairs: int | None
     phases: Mapping[str, Mapping[str, TargetQuality]]  # phase -> target
     notes: tuple[str, ...]
-    # phase -> derived rule; empty where no A/A control ran (and in older summaries).
-    rules: Mapping[str, Mapping[str, RuleFloor]] = field(default_factory=dict)
+    # phase -> derived rule; None (left out) where no A/A control ran, and in older summaries.
+    rules: Mapping[str, Mapping[str, RuleFloor]] | None = absent_if_none()
 
 
 # -- systems ----------------------------------------------------------------------------------
@@ -438,47 +439,6 @@ class Systems(Record):
     throughput_ratio: float | None
     rule: SystemsRule | None = absent_if_none()  # None: written before the systems rule
     capacity: CapacityPhase | None = absent_if_none()  # None: no capacity phase planned
-
-
-# -- the sequential canary ------------------------------------------------------------------
-
-
-@record
-class SequentialBucket(Record):
-    """One bucket (or the pool: ``name`` None) at the end of a sequential canary: its counts,
-    status (open, loss, equivalent), the round that decided it and its drop's interval."""
-
-    name: str | None
-    status: str
-    pairs: int
-    regressions: int
-    improvements: int
-    decided_round: int | None
-    lower: float
-    upper: float
-
-
-@record
-class Sequential(Record):
-    """``replay canary --sequential`` (``analysis.sequential_summary``): the decision, why the
-    run stopped, the requests it sent against the fixed design's N, each bucket, what an
-    undecided bucket still needs, and the interval path (one row per round per open bucket,
-    and the pool's: round, bucket, pairs, regressions, improvements, lower, upper, status)."""
-
-    decision: str  # loss | equivalent | open
-    stopped: str  # decided | max_requests | max_time | trace | interrupted
-    rounds: int
-    round_size: int
-    requests_sent: int  # pairs: each request went to every arm
-    fixed_n: int  # pairs the fixed design would have sent (``fixed_method`` says how)
-    fixed_method: str
-    trace_requests: int  # what the trace holds: what a fixed canary sends every arm
-    tolerance: float
-    alpha: float
-    buckets: tuple[SequentialBucket, ...]
-    pool: SequentialBucket | None
-    needs: tuple[str, ...]
-    path: tuple[Mapping[str, Any], ...]
 
 
 # -- the verdict and the whole summary --------------------------------------------------------

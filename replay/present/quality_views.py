@@ -73,7 +73,7 @@ RULE_HEADERS = [
 def _rules_table(run: Run, phase: str) -> Table | None:
     """Each derived rule's floor in the phase: what the reference scores against itself."""
     q = run.summary.quality
-    rules = (q.rules if q else {}).get(phase)
+    rules = ((q.rules if q else None) or {}).get(phase)
     if not rules:
         return None
     t = Table(RULE_HEADERS, caption=f"phase {phase}")

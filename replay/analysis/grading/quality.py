@@ -203,7 +203,7 @@ def assess_quality(
         min_pairs=min_pairs,
         phases=phases,
         notes=tuple(notes),
-        rules=rules,
+        rules=rules or None,
     )
 
 
