@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from replay.analysis.stats.intervals import cluster_ci
+
 from ._emulate import Setting, eos_ids, greedy, new_cache, teacher_forced
 from ._emulate_requests import Item
 
@@ -116,23 +118,6 @@ def greedy_agreement(
 N_BOOT = 2000
 
 
-def cluster_ci(
-    sums: Sequence[float], counts: Sequence[int], seed: int = 0, n_boot: int = N_BOOT
-) -> tuple[float, float] | None:
-    """95% percentile-bootstrap interval of ``sum(sums) / sum(counts)``, resampling requests
-    (each with all its tokens): a per-token mean whose tokens are clustered by request."""
-    import numpy as np
-
-    s, c = np.asarray(sums, dtype=float), np.asarray(counts, dtype=float)
-    if s.size == 0 or c.sum() <= 0:
-        return None
-    point = float(s.sum() / c.sum())
-    idx = np.random.default_rng(seed).integers(0, s.size, size=(n_boot, s.size))
-    est = s[idx].sum(axis=1) / c[idx].sum(axis=1)
-    lo, hi = np.percentile(est, [2.5, 97.5])
-    return min(float(lo), point), max(float(hi), point)
-
-
 def tf_summary(
     scores: dict[str, Score], ref: Reference, ids: Sequence[str], seed: int = 0
 ) -> dict[str, Any]:
@@ -148,7 +133,7 @@ def tf_summary(
         agree.append(float(sum(s["top1"])))
         counts.append(len(d))
     tokens = sum(counts)
-    nll_ci, top1_ci = cluster_ci(sums, counts, seed), cluster_ci(agree, counts, seed)
+    nll_ci, top1_ci = cluster_ci(sums, counts, seed=seed), cluster_ci(agree, counts, seed=seed)
     return {
         "tokens": tokens,
         "requests": len(counts),

@@ -15,7 +15,7 @@ from replay.analysis.stats.binomial import EXACT_MAX, binom_cdf_half
 from replay.analysis.stats.equivalence import MIN_PAIRS, drop_upper_bound, equivalence_p, equivalent
 from replay.analysis.stats.evidence import evidence
 from replay.analysis.stats.exact_tests import mcnemar_exact, stratified_shift, stratified_sign_test
-from replay.analysis.stats.intervals import paired_bootstrap, wilson
+from replay.analysis.stats.intervals import cluster_ci, paired_bootstrap, wilson
 from replay.analysis.stats.power import (
     MAX_NEEDED,
     critical_regressions,
@@ -466,3 +466,25 @@ def test_need_n_appears_only_while_the_question_is_open(case: tuple[int, tuple[i
         assert e.needed is None and "needed" not in e.short + e.reason
     if e.status == "loss":
         assert x > m - x and mcnemar_exact(*pairs(0, x, m - x, n - m)).p_value < 0.05
+
+
+def test_cluster_interval_is_of_the_per_token_mean() -> None:
+    # Many short answers that lose much and few long ones that lose little: the mean of the
+    # requests' means (0.40) lies far above the per-token mean (0.03); the interval is
+    # of the per-token mean and holds it.
+    sums = [0.5 * 2] * 20 + [0.01 * 200] * 5
+    counts = [2] * 20 + [200] * 5
+    point = sum(sums) / sum(counts)
+    ci = cluster_ci(sums, counts, seed=1)
+    assert ci is not None and ci[0] <= point <= ci[1] < 0.2
+    assert cluster_ci([], []) is None and cluster_ci([0.0], [0]) is None
+
+
+@given(st.lists(st.tuples(st.floats(-5, 5), st.integers(1, 50)), min_size=1, max_size=30))
+@settings(max_examples=50, deadline=None)
+def test_cluster_interval_holds_its_point(rows: list[tuple[float, int]]) -> None:
+    sums = [s * n for s, n in rows]
+    counts = [n for _, n in rows]
+    ci = cluster_ci(sums, counts, n_boot=200)
+    point = sum(sums) / sum(counts)
+    assert ci is not None and ci[0] - 1e-12 <= point <= ci[1] + 1e-12

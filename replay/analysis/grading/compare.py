@@ -28,7 +28,7 @@ from replay.analysis.schemas import (
 )
 from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.analysis.stats.exact_tests import McNemar, mcnemar_exact
-from replay.analysis.stats.intervals import PairedDiff, paired_bootstrap, wilson
+from replay.analysis.stats.intervals import PairedDiff, cluster_ci, paired_bootstrap, wilson
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -213,12 +213,13 @@ def teacher_forced(
     seed: int = 0,
 ) -> TeacherForced:
     """Mean NLL difference per token to the reference's own scores, and top-1 agreement, with
-    intervals over requests (each request's mean, resampled: tokens of one answer are not
-    independent), the early warning the verdict reports beside the outcomes."""
+    intervals of the same per-token means over requests resampled whole (tokens of one answer
+    are not independent), the early warning the verdict reports beside the outcomes."""
     deltas: list[float] = []
     top1: list[bool] = []
-    per_request: list[float] = []
-    top1_per_request: list[float] = []
+    sums: list[float] = []  # per request: its answer's summed ΔNLL, top-1 hits and tokens
+    hits: list[float] = []
+    counts: list[int] = []
     errors = 0
     for rid in ids:
         s, base = tf.get(rid), tf_ref.get(rid)
@@ -229,19 +230,22 @@ def teacher_forced(
         deltas.extend(d)
         top1.extend(s["top1"])
         if d:
-            per_request.append(float(np.mean(d)))
-            top1_per_request.append(sum(map(bool, s["top1"])) / len(s["top1"]))
-    nll_ci = paired_bootstrap([0.0] * len(per_request), per_request, seed=seed)
-    top1_ci = paired_bootstrap([0.0] * len(top1_per_request), top1_per_request, seed=seed)
+            sums.append(float(sum(d)))
+            hits.append(float(sum(map(bool, s["top1"]))))
+            counts.append(len(d))
+    # The point estimate is the per-token mean, so the interval is the per-token mean's too,
+    # with each request resampled whole (its tokens are not independent).
+    nll_ci = cluster_ci(sums, counts, seed=seed)
+    top1_ci = cluster_ci(hits, counts, seed=seed)
     return TeacherForced(
         tokens=len(deltas),
-        requests=len(per_request),
+        requests=len(counts),
         errors=errors,
         nll_delta_mean=float(np.mean(deltas)) if deltas else None,
-        nll_delta_lo=None if nll_ci is None else nll_ci.lo,
-        nll_delta_hi=None if nll_ci is None else nll_ci.hi,
+        nll_delta_lo=None if nll_ci is None else nll_ci[0],
+        nll_delta_hi=None if nll_ci is None else nll_ci[1],
         top1_agreement=_rate(top1),
-        top1_lo=None if top1_ci is None else top1_ci.lo,
-        top1_hi=None if top1_ci is None else top1_ci.hi,
+        top1_lo=None if top1_ci is None else top1_ci[0],
+        top1_hi=None if top1_ci is None else top1_ci[1],
         identical_to_reference=bool(deltas) and all(d == 0.0 for d in deltas),
     )

@@ -72,6 +72,34 @@ def _boot_means(d: npt.NDArray[np.float64], n_boot: int, seed: int) -> npt.NDArr
     return np.concatenate(out)
 
 
+def cluster_ci(
+    sums: Sequence[float],
+    counts: Sequence[float],
+    *,
+    n_boot: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile-bootstrap (1 - alpha) interval of ``sum(sums) / sum(counts)``, resampling
+    clusters (a request with all its tokens): the interval of a per-token mean whose tokens
+    are not independent within a request. It always contains the point estimate; None
+    without a cluster or a token."""
+    s, c = np.asarray(sums, dtype=float), np.asarray(counts, dtype=float)
+    if s.size == 0 or c.sum() <= 0:
+        return None
+    point = float(s.sum() / c.sum())
+    rng = np.random.default_rng(seed)
+    rows = max(1, _BOOT_CHUNK // s.size)
+    parts = []
+    for i in range(0, n_boot, rows):
+        idx = rng.integers(0, s.size, size=(min(rows, n_boot - i), s.size))
+        with np.errstate(invalid="ignore", divide="ignore"):  # a resample of 0-token clusters
+            parts.append(s[idx].sum(axis=1) / c[idx].sum(axis=1))
+    est = np.concatenate(parts)
+    lo, hi = np.nanpercentile(est, [50 * alpha, 100 - 50 * alpha])
+    return min(float(lo), point), max(float(hi), point)
+
+
 def paired_bootstrap(
     a: Sequence[float],
     b: Sequence[float],
