@@ -131,6 +131,19 @@ def real_canary_rows(doc: dict[str, Any]) -> Iterator[Row]:
         )
 
 
+def real_model_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """The real model's figures (``bench/real_model.py`` renders them in the README)."""
+    for phase, per in doc["aa"]["phases"].items():
+        rows = per["bf16-control"].values()
+        same = sum(round((r["identical"] or 0) * (r["compared"] or 0)) for r in rows)
+        total = sum(r["compared"] or 0 for r in rows)
+        yield f"real model, A/A {phase}: answers identical", f"{same}/{total}", ""
+    c = doc["canary"]
+    yield "real model, canary bf16,fp8", f"{c['verdict']} (exit {c['exit_code']})", ""
+    step = doc["advice"]["next_step"]
+    yield "real model, kvcal advise", f"{step['action']}: {step['reasons'][0]}", ""
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("client_overhead", client_overhead_rows),
     ("memory", memory_rows),
@@ -138,6 +151,7 @@ KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("open_loop", open_loop_rows),
     ("workers", workers_rows),
     ("real_canary", real_canary_rows),
+    ("real_model", real_model_rows),
 ]
 
 
