@@ -144,6 +144,15 @@ def real_model_rows(doc: dict[str, Any]) -> Iterator[Row]:
     yield "real model, kvcal advise", f"{step['action']}: {step['reasons'][0]}", ""
 
 
+def first_run_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """The first command and its canary, run after run: the same verdict each time?"""
+    for command, s in doc["summary"].items():
+        runs = [r for r in doc["runs"] if r["command"] == command]
+        verdicts = ", ".join(str(r["verdict"]).upper() for r in runs)
+        same = "same" if s["same_verdict"] else "differ"
+        yield f"`{command}` x{len(runs)}: verdicts", f"{verdicts} ({same})", "the same each run"
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("client_overhead", client_overhead_rows),
     ("memory", memory_rows),
@@ -152,6 +161,7 @@ KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("workers", workers_rows),
     ("real_canary", real_canary_rows),
     ("real_model", real_model_rows),
+    ("first_run", first_run_rows),
 ]
 
 

@@ -45,3 +45,10 @@ def test_a_figure_comes_from_its_file(tmp_path: Path) -> None:
 def test_a_readme_without_the_markers_is_refused() -> None:
     with pytest.raises(ValueError, match="no '<!-- generated"):
         tables.rewrite("# bench\n", "| table |\n")
+
+
+def test_the_readme_opening_block_is_what_the_first_runs_recorded() -> None:
+    import first_run
+
+    text = first_run.README.read_text(encoding="utf-8")
+    assert first_run.readme_text() == text, "run: python bench/first_run.py --readme"

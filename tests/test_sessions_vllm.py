@@ -72,7 +72,8 @@ def test_turns_go_in_order_with_the_references_history_on_every_target(
     replay(
         "--trace", str(trace), "--targets", f"ref={url},other={url}", "--reference", "ref",
         "--session-history", "reference", "--think-time", "0.3", "--concurrency", "2",
-        "--buckets", "256,1K", "--no-teacher-forced", "--out", str(tmp_path), "--run-id", "run",
+        "--buckets", "256,1K", "--no-teacher-forced", "--no-control", "--out", str(tmp_path),
+        "--run-id", "run",
     )  # fmt: skip
     run_dir = tmp_path / "run"
     results = by_target(run_dir)
