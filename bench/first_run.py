@@ -63,6 +63,7 @@ def one(command: str, out: Path, run_id: str) -> dict[str, Any]:
     calls = Counter(c["call"] for c in rule.get("cells", []))
     return {
         "command": command,
+        "capacity": capacity(summary),
         "exit_code": proc.returncode,
         "verdict": verdict.get("verdict"),
         "headline": verdict.get("headline"),
@@ -70,6 +71,27 @@ def one(command: str, out: Path, run_id: str) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "load_average_at_start": round(load, 2),
         "output_tail": None if summary else (proc.stdout + proc.stderr)[-1500:],
+    }
+
+
+def capacity(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The capacity phase (``replay canary`` adds one when the workload never filled the
+    reference's cache): its cache, whether the reference's ran full, each arm's rate, and the
+    systems rule's call on it."""
+    systems = summary.get("systems") or {}
+    cap = systems.get("capacity")
+    if not cap:
+        return None
+    cells = (systems.get("rule") or {}).get("cells", [])
+    calls = [c["call"] for c in cells if c.get("phase") == "capacity"]
+    keep = ("kv_cache_size_tokens", "requests", "met", "rate_rps", "peak_kv_usage", "preemptions")
+    return {
+        "status": cap["status"],
+        "reason": cap.get("reason"),
+        "concurrency": cap.get("concurrency"),
+        "reference_full": cap.get("reference_full"),
+        "arms": {n: {k: a.get(k) for k in keep} for n, a in (cap.get("arms") or {}).items()},
+        "calls": calls,
     }
 
 
@@ -122,6 +144,32 @@ def render(doc: dict[str, Any]) -> Iterator[str]:
     for command, s in doc["summary"].items():
         same = "the same verdict every time" if s["same_verdict"] else "verdicts differ"
         yield f"- `{command}`: {same} ({', '.join(v.upper() for v in s['verdicts'])})"
+    seen.clear()
+    for r in doc["runs"]:
+        seen[r["command"]] += 1
+        if r.get("capacity"):
+            yield from capacity_lines(f"`{r['command']}` {seen[r['command']]}", r["capacity"])
+
+
+def _int(x: float | None) -> str:
+    return "?" if x is None else f"{int(x):,}"
+
+
+def capacity_lines(run: str, cap: dict[str, Any]) -> Iterator[str]:
+    if cap["status"] != "ran":
+        yield f"- {run}, capacity phase: {cap['status']}: {cap['reason']}"
+        return
+    arms = "; ".join(
+        f"{n}: {_int(a['kv_cache_size_tokens'])} tokens of cache, {a['rate_rps']:.3g} req/s, "
+        f"peak KV usage {100 * (a['peak_kv_usage'] or 0):.0f}%, {_int(a['preemptions'])} "
+        "preemptions"
+        for n, a in cap["arms"].items()
+    )
+    full = {True: "ran full", False: "did not run full", None: "unknown"}[cap["reference_full"]]
+    yield (
+        f"- {run}, capacity phase (concurrency {cap['concurrency']}, the reference's cache "
+        f"{full}): {arms}; the rule's call: {', '.join(cap['calls']) or 'not weighed'}"
+    )
 
 
 def rewrite(readme: str, block: str) -> str:

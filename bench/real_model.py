@@ -1,6 +1,7 @@
 """The real model's figures in the README, from the runs that measured them.
 
     python bench/real_model.py record --aa RUN --canary RUN --advice FILE [--served RUN]
+        [--sequential RUN]
     python bench/real_model.py            # rewrite README.md's block from the results file
     python bench/real_model.py --check    # exit 1 when the README's block is stale
 
@@ -120,6 +121,20 @@ def _skip(skip: Doc | None) -> dict[str, Any] | None:
     }
 
 
+def _sequential(run: Path) -> dict[str, Any]:
+    """A sequential canary: its decision, how many requests it sent and the fixed design's N."""
+    summary, manifest = _load(run / "summary.json"), _load(run / "manifest.json")
+    seq, verdict = summary["sequential"], summary["verdict"]
+    keep = ("decision", "stopped", "rounds", "requests_sent", "fixed_n", "trace_requests")
+    return {
+        "command": _command(manifest["command"]),
+        **{k: seq[k] for k in keep},
+        "verdict": verdict["verdict"],
+        "exit_code": verdict["exit_code"],
+        "headline": verdict["headline"],
+    }
+
+
 def _committed(run: dict[str, Any]) -> dict[str, Any]:
     """``run`` noting whether its trace is the one committed at that path now."""
     path = BENCH.parent / run["trace"]
@@ -134,6 +149,7 @@ def record(a: argparse.Namespace) -> None:
         "canary": _committed(_run(a.canary)),
         "advice": _advice(a.advice),
         "served": _committed(_run(a.served)) if a.served else None,
+        "sequential": _sequential(a.sequential) if a.sequential else None,
     }
     RESULTS.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     print("->", RESULTS)
@@ -268,6 +284,15 @@ def render(doc: Doc) -> str:
         "",
         *advice_block(doc["advice"]),
     ]
+    seq = doc.get("sequential")
+    if seq:
+        lines += [
+            "",
+            f"**The sequential canary** (`{' '.join(seq['command'])}`): "
+            f"**{seq['verdict'].upper()}** (exit {seq['exit_code']}) after {seq['rounds']} "
+            f"round(s), {seq['requests_sent']} requests sent to each arm where the fixed design "
+            f"sends {seq['fixed_n']}: {seq['headline']}",
+        ]
     if doc.get("served"):
         lines += ["", *canary_block(doc["served"], "Served, with the advice as evidence")]
     return "\n".join(lines) + "\n"
@@ -288,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--canary", type=Path, required=True, help="run directory of the canary")
     rec.add_argument("--advice", type=Path, required=True, help="kvcal advise --json file")
     rec.add_argument("--served", type=Path, help="run directory of the served next-step canary")
+    rec.add_argument("--sequential", type=Path, help="run directory of a sequential canary")
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 if stale")
     a = ap.parse_args(argv)
     if a.cmd == "record":

@@ -68,4 +68,4 @@ def test_a_low_floor_over_few_answers_is_shown_but_not_demoted() -> None:
 
 def test_without_a_control_there_is_no_floor() -> None:
     no_control = [r for r in rows(30, 30) if r["target"] != "bf16-control"]
-    assert quality(no_control, [], "bf16", ["<1K"])["rules"] == {}
+    assert "rules" not in quality(no_control, [], "bf16", ["<1K"])  # left out: no floor
