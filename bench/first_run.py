@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _blocks
 import orjson
 from _machine import describe
 
@@ -173,10 +174,8 @@ def capacity_lines(run: str, cap: dict[str, Any]) -> Iterator[str]:
 
 
 def rewrite(readme: str, block: str) -> str:
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{README}: no '{BEGIN}' ... '{END}' block to rewrite")
-    return readme[: start + len(BEGIN)] + "\n" + block + readme[end:]
+    """``readme`` with its generated block replaced; ValueError without the markers."""
+    return _blocks.rewrite(readme, BEGIN, END, block, README)
 
 
 def readme_text() -> str:

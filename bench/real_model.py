@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import _blocks
 import orjson
 from _machine import describe
 
@@ -299,10 +300,8 @@ def render(doc: Doc) -> str:
 
 
 def rewrite(readme: str, block: str) -> str:
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{README}: no '{BEGIN}' ... '{END}' block to rewrite")
-    return readme[: start + len(BEGIN)] + "\n" + block + readme[end:]
+    """``readme`` with its generated block replaced; ValueError without the markers."""
+    return _blocks.rewrite(readme, BEGIN, END, block, README)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import _blocks
 import orjson
 
 BENCH = Path(__file__).resolve().parent
@@ -196,11 +197,8 @@ def generate(results: Path = RESULTS) -> str:
 
 
 def rewrite(readme: str, table: str) -> str:
-    """``readme`` with its generated block replaced by ``table``; ValueError without markers."""
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{README}: no '{BEGIN}' ... '{END}' block to rewrite")
-    return readme[: start + len(BEGIN)] + "\n" + table + readme[end:]
+    """``readme`` with its generated block replaced; ValueError without the markers."""
+    return _blocks.rewrite(readme, BEGIN, END, table, README)
 
 
 def main(argv: list[str] | None = None) -> None:
