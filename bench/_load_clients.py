@@ -37,8 +37,8 @@ from _machine import machine_busy_s
 
 from replay.core.event_loop import heap_frozen
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving.client import Client
+from replay.traces.trace import Request
 
 Record = dict[str, Any]
 SlotRunner = Callable[[list[Request]], Awaitable[list[Any]]]

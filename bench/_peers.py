@@ -28,7 +28,7 @@ import tempfile
 import venv
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -55,6 +55,12 @@ class Peer:
     @property
     def ready_marker(self) -> Path:
         return self.home / ".kvcanary-installed"
+
+
+class RunTimed(Protocol):
+    def __call__(
+        self, cmd: list[str], pin: bool, server: Any, timeout_s: float = ...
+    ) -> dict[str, Any]: ...
 
 
 def cache_root() -> Path:
@@ -125,16 +131,16 @@ def guidellm_requests(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def run_guidellm(peer: Peer, server: Any, opts: Any, streams: int, tok: Path) -> dict[str, Any]:
-    from client_overhead import _run_timed
-
+def run_guidellm(
+    peer: Peer, server: Any, opts: Any, streams: int, tok: Path, run_timed: RunTimed
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="guidellm-") as tmp:
         result = Path(tmp) / "out.json"
         scenario = guidellm_scenario(server.url, streams, opts.waves * streams, opts.tokens, tok)
         scenario["spec"]["outputs"][0]["path"] = str(result)
         (Path(tmp) / "scenario.json").write_bytes(orjson.dumps(scenario))
         cmd = [str(peer.bin / "guidellm"), "run", "-c", str(Path(tmp) / "scenario.json")]
-        run = _run_timed([*cmd, "--disable-console-interactive"], opts.pin, server, RUN_TIMEOUT_S)
+        run = run_timed([*cmd, "--disable-console-interactive"], opts.pin, server, RUN_TIMEOUT_S)
         stamps, _ = server.stamps("anon-")
         if run["returncode"] != 0 or not result.exists():
             return {"did_not_run": f"exit {run['returncode']}", **run}
@@ -188,12 +194,12 @@ def aiperf_requests(records: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run_aiperf(peer: Peer, server: Any, opts: Any, streams: int, tok: Path) -> dict[str, Any]:
-    from client_overhead import _run_timed
-
+def run_aiperf(
+    peer: Peer, server: Any, opts: Any, streams: int, tok: Path, run_timed: RunTimed
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="aiperf-") as tmp:
         cmd = aiperf_cmd(peer, server.url, streams, opts.waves * streams, opts.tokens, tok)
-        run = _run_timed([*cmd, "--artifact-dir", tmp], opts.pin, server, RUN_TIMEOUT_S)
+        run = run_timed([*cmd, "--artifact-dir", tmp], opts.pin, server, RUN_TIMEOUT_S)
         stamps, _ = server.stamps("")  # its ids are UUIDs; every earlier stamp was popped
         records = Path(tmp) / "profile_export.jsonl"
         if run["returncode"] != 0 or not records.exists():
@@ -206,8 +212,11 @@ def run_aiperf(peer: Peer, server: Any, opts: Any, streams: int, tok: Path) -> d
 RUNNERS = {"guidellm": run_guidellm, "aiperf": run_aiperf}
 
 
-def measure(server: Any, opts: Any, streams: int, tok: Path) -> dict[str, dict[str, Any]]:
-    """Every peer at ``streams``: its figures, or ``did_not_run`` saying why."""
+def measure(
+    server: Any, opts: Any, streams: int, tok: Path, run_timed: RunTimed
+) -> dict[str, dict[str, Any]]:
+    """Every peer at ``streams``: its figures, or ``did_not_run`` saying why. ``run_timed`` is
+    ``client_overhead.py``'s: it runs a peer's command and measures its CPU and the server's."""
     out: dict[str, dict[str, Any]] = {}
     for name in PEERS:
         peer = ensure(name)
@@ -217,7 +226,7 @@ def measure(server: Any, opts: Any, streams: int, tok: Path) -> dict[str, dict[s
         elif runner is None:
             out[name] = {"did_not_run": f"installed ({peer.home}); no runner for it yet"}
         else:
-            res = runner(peer, server, opts, streams, tok)
+            res = runner(peer, server, opts, streams, tok, run_timed)
             tokens = res.get("tokens")
             if tokens:
                 res["cpu_us_per_token"] = res["process_cpu_s"] / tokens * 1e6

@@ -943,7 +943,7 @@ def measure(
                 )
             if tok is not None and opts.peers:
                 quiet()
-                peers[str(n)] = _peers.measure(server, opts, n, tok)
+                peers[str(n)] = _peers.measure(server, opts, n, tok, _run_timed)
                 for name, got in peers[str(n)].items():
                     console.print(f"  {n:>4} streams  {name}: {got.get('did_not_run', 'ran')}")
     return runs, vbench, peers, quiet.waited

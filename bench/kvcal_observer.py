@@ -50,7 +50,7 @@ def run(
     from kvcal._observe import KVStats, ObservingCache, kv_shape, load_model, prefill
     from kvcal._sample import PromptRenderer, draw
     from replay.core.buckets import Buckets
-    from replay.core.importers import load
+    from replay.traces.importers import load
 
     reqs = load(trace).requests
     split = draw(

@@ -106,7 +106,7 @@ def draw_from_trace(
 ) -> Drawn:
     """Requests of a trace (any format replay reads), rendered as vLLM renders them."""
     from replay.core.errors import TraceError
-    from replay.core.importers import stream
+    from replay.traces.importers import stream
 
     from ._sample import PromptRenderer
 

@@ -26,8 +26,8 @@ from replay.core.buckets import Buckets
 from replay.core.errors import InputError
 from replay.core.ids import id_problem, write_ids
 from replay.core.strict import is_token_ids
-from replay.core.synth import POOL_TEXT, TokenPool, synthesize
-from replay.core.trace import Request
+from replay.traces.synth import POOL_TEXT, TokenPool, synthesize
+from replay.traces.trace import Request
 
 CALIBRATION_IDS = "calibration_ids.txt"
 EVALUATION_IDS = "evaluation_ids.txt"

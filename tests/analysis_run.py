@@ -22,9 +22,9 @@ import orjson
 from replay.analysis.grading.rows import grading_spec
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.records import Result, ToolCall
-from replay.core.trace import Request
 from replay.run.analyze import Analysis
 from replay.run.rundir import TEACHER_FORCED
+from replay.traces.trace import Request
 
 GOLDEN = Path(__file__).parent / "data" / "analysis"
 SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from replay.checkers import Answer, parse_check
 from replay.core.errors import TraceError
 from replay.core.records import ToolCall
-from replay.core.trace import parse_line
 from replay.tools.anonymize import (
     KINDS,
     PLACEHOLDER,
@@ -32,6 +31,7 @@ from replay.tools.anonymize import (
     scan_record,
     scan_text,
 )
+from replay.traces.trace import parse_line
 
 from . import pii_corpus
 from .pii_corpus import CERT, EC, RSA, Planted, pem_block

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from replay.checkers import Answer, SpecError, parse_check
 from replay.core.errors import TraceError
-from replay.core.importers import load
 from replay.core.records import ToolCall
+from replay.traces.importers import load
 
 
 def grade(spec: dict[str, Any], text: str, calls: tuple[ToolCall, ...] = ()) -> Any:

@@ -20,11 +20,11 @@ from replay.analysis.grading.rows import (
     prompt_text,
 )
 from replay.checkers import Answer, Grader, derive, derived_record
-from replay.checkers._derived import reference_label
-from replay.checkers._derived_facts import facts_of
-from replay.checkers._sandbox_types import SandboxLimits
+from replay.checkers.derived.checker import reference_label
+from replay.checkers.derived.facts import facts_of
+from replay.checkers.sandbox.limits import SandboxLimits
 from replay.core.records import Result, ToolCall
-from replay.core.trace import Request
+from replay.traces.trace import Request
 
 from .conftest import within
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from replay.core.buckets import Buckets
-from replay.core.importers import load
 from replay.core.schedule import ClosedLoop
 from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import Runner
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import load
 
 from .conftest import ROOT
 from .fault_server import describe, fault_server

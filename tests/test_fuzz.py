@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from replay.checkers import SpecError, parse_check
 from replay.core.errors import InputError, TraceError
-from replay.core.importers import load
 from replay.serving.targets import load_targets_config
+from replay.traces.importers import load
 
 FAST = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -7,8 +7,8 @@ from typing import Any
 from replay.analysis.grading.quality import quality
 from replay.analysis.grading.rows import GradingSpec, agreement, first_divergence, grade_rows
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving.prompt_scores import parse_positions
+from replay.traces.trace import Request
 
 
 def res(

@@ -19,11 +19,11 @@ import pytest
 
 from replay.analysis.summary import summarize_results
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving import accumulator as _accumulator
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
 from replay.serving.client import Client
 from replay.serving.sse import MAX_EVENT_BYTES, SSEDecoder
+from replay.traces.trace import Request
 
 from .fault_server import PIECE, fault_server
 from .test_accounting import Ticks

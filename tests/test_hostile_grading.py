@@ -25,7 +25,6 @@ from replay.checkers import Answer, Grade, Grader, JsonSchema, grade_safely, par
 from replay.cli import main
 from replay.core.buckets import Buckets
 from replay.core.errors import TraceError
-from replay.core.importers import load
 from replay.core.records import Result, ToolCall
 from replay.core.schedule import ClosedLoop
 from replay.run.analyze import reanalyse
@@ -33,6 +32,7 @@ from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_json
 from replay.run.runner import Runner
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import load
 
 from .conftest import within
 from .fault_server import fault_server

@@ -27,11 +27,11 @@ import pytest
 from aiohttp import web
 
 from replay.cli import EXIT_INPUT, EXIT_OK, EXIT_TARGET_FAILED
-from replay.core.errors import TargetError
-from replay.core.importers import load
+from replay.core.errors import EndpointError, TargetError
 from replay.run.rundir import read_results
-from replay.serving.introspect import EndpointError, fetch, introspect, served_model
+from replay.serving.introspect import fetch, introspect, served_model
 from replay.serving.prompt_tokens import token_pool
+from replay.traces.importers import load
 
 from .conftest import ROOT
 from .fault_server import METRICS, LoopbackServer

@@ -17,9 +17,9 @@ import time
 import pytest
 
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving import http1, kernel_stamps
 from replay.serving.client import Client
+from replay.traces.trace import Request
 
 from .fault_server import Script, ScriptedServer
 

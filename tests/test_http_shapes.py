@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving import http1
 from replay.serving.client import Client
+from replay.traces.trace import Request
 
 from .fault_server import ScriptedServer
 

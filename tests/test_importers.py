@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from replay.cli import main
 from replay.core.errors import InputError, TraceError
-from replay.core.importers import LengthPolicy, load, scan, sniff_format
-from replay.core.synth import TokenPool, synthesize
+from replay.traces.importers import LengthPolicy, load, scan, sniff_format
+from replay.traces.synth import TokenPool, synthesize
 
 from .conftest import SHARED_DATA
 
@@ -118,7 +118,7 @@ POOL = TokenPool(range(100, 400))
 
 
 def synth_req(rid: str, n: int, hash_ids: list[int], block: int = 16):  # type: ignore[no-untyped-def]
-    from replay.core.trace import Request, Synth
+    from replay.traces.trace import Request, Synth
 
     return Request(
         id=rid,

@@ -36,10 +36,10 @@ from kvcal._scales import (  # noqa: E402
 from kvcal._verify import NOT_APPLIED, ServerCheck, _decide, compare_scores  # noqa: E402
 from replay.core.buckets import Buckets  # noqa: E402
 from replay.core.errors import ConfigError, InputError  # noqa: E402
-from replay.core.trace import Request  # noqa: E402
 from replay.run.exclude import Exclusion, read_ids, refuse_overlap  # noqa: E402
 from replay.run.teacher import TFScore  # noqa: E402
 from replay.serving.targets import TargetSpec, parse_targets  # noqa: E402
+from replay.traces.trace import Request  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_TRACE = ROOT / "traces" / "sample.jsonl"

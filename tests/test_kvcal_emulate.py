@@ -235,7 +235,7 @@ def _calibrate(model_dir: Path, out: Path) -> Path:
 
     from kvcal._calibrate import Recipe, calibrate
     from kvcal._sample import PromptRenderer, draw
-    from replay.core.importers import stream
+    from replay.traces.importers import stream
 
     split = draw(
         stream(TRACE),

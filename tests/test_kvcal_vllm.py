@@ -26,11 +26,11 @@ from kvcal._sample import PromptRenderer, Sample, draw, read_samples
 from kvcal._verify import split_for_scoring
 from kvcal.cli import main as kvcal_main
 from replay.core.buckets import Buckets
-from replay.core.trace import Request
 from replay.run.teacher import TFScore, score_tokens
 from replay.serving.introspect import introspect
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import DEFAULT_MODEL_ARGS, TargetSpec
+from replay.traces.trace import Request
 
 from .conftest import cpu_can_serve_fp8_kv, fp8_emulated
 from .test_kvcal import _requests, build_test_model

@@ -34,8 +34,8 @@ import pytest
 if importlib.util.find_spec("locust") is None:
     pytest.skip("Locust comes with the load (or dev) extra", allow_module_level=True)
 
-from replay.core.importers import load
 from replay.serving.local_server import LocalServer, free_port
+from replay.traces.importers import load
 
 from .conftest import ARTIFACTS, ROOT
 
@@ -325,7 +325,7 @@ sys.path.insert(0, sys.argv[2])
 from kvc.bridge import AsyncBridge
 from replay.serving.client import Client
 from replay.core.records import Result
-from replay.core.trace import Request
+from replay.traces.trace import Request
 
 bridge = AsyncBridge()
 

@@ -18,9 +18,7 @@ from hypothesis import strategies as st
 from replay.checkers import Grader
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
-from replay.core.importers import load, scan
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.locust.events import LocustEvent, check_event, locust_events, sample_evenly
 from replay.locust.messages import RunPlan
 from replay.locust.plans import (
@@ -36,6 +34,8 @@ from replay.locust.target import resolve_target
 from replay.present.report import write_reports
 from replay.run.rundir import file_digest
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import load, scan
+from replay.traces.trace import Request
 
 from .conftest import ROOT
 

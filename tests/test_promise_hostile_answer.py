@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from replay.checkers import Answer, parse_check
-from replay.checkers._derived_run import run_code_plan
-from replay.checkers._sandbox import run_python
+from replay.checkers.derived.code_run import run_code_plan
+from replay.checkers.sandbox.run import run_python
 from replay.serving.sse import ProtocolError
 
 from .promise_run import answering, chat_trace, replay_cli

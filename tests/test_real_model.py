@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.core.errors import InputError
-from replay.core.extras import MissingExtra
+from replay.core.errors import InputError, MissingExtra
 from replay.run.rundir import file_digest
 from replay.testmodel import named, real
 from replay.testmodel.factory import checkpoint_digest

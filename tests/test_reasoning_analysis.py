@@ -18,9 +18,9 @@ from replay.analysis.summary import summarize_targets
 from replay.analysis.verdict.facts import ArmFacts, Thresholds, facts_from_run
 from replay.analysis.verdict.rule import decide, reasoning_warnings
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.present import report
 from replay.run.analyze import reanalyse
+from replay.traces.trace import Request
 
 from .test_report import make_run_dir, sections
 

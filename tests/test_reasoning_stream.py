@@ -20,8 +20,8 @@ import pytest
 
 from replay.analysis.summary import summarize
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving.client import Client
+from replay.traces.trace import Request
 
 from .fault_server import fault_server
 

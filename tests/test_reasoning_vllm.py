@@ -20,12 +20,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from replay.core.importers import load
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving.client import Client
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import DEFAULT_MODEL_ARGS, TargetSpec
+from replay.traces.importers import load
+from replay.traces.trace import Request
 
 from .conftest import ROOT, url_targets
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from replay.checkers import _harness_wire as _harness
-from replay.checkers import _sandbox
-from replay.checkers._sandbox import run_python
-from replay.checkers._sandbox_types import SandboxLimits
+from replay.checkers.sandbox import run as sandbox_run
+from replay.checkers.sandbox.harness import wire
+from replay.checkers.sandbox.limits import SandboxLimits
+from replay.checkers.sandbox.run import run_python
 
 HOSTILE = SandboxLimits(wall_s=3, cpu_s=2, memory_mb=256, max_procs=2)
 
@@ -788,7 +788,7 @@ def test_a_solution_process_that_cannot_start_fails_the_run_with_a_reason(tmp_pa
     # The harness as the sandbox runs it, but with an interpreter that does not exist.
     (tmp_path / "solution.py").write_text("def f():\n    return 1\n")
     (tmp_path / "test_solution.py").write_text("assert f() == 1\n")
-    (tmp_path / "kvc_harness.py").write_text(_sandbox._harness())
+    (tmp_path / "kvc_harness.py").write_text(sandbox_run.harness_script())
     nonce_r, nonce_w = os.pipe()
     result_r, result_w = os.pipe()
     os.write(nonce_w, b"0" * 32)
@@ -820,16 +820,18 @@ def test_a_solution_process_that_cannot_start_fails_the_run_with_a_reason(tmp_pa
 def test_the_harness_is_one_script_of_its_parts() -> None:
     """The sandbox runs the harness's parts as one script, their imports of each other dropped;
     a part that binds a name another binds (the later would silently win there) is refused."""
-    tree = ast.parse(_sandbox._harness())
-    runner = ast.parse(Path(_sandbox.__file__).with_name("_harness_runner.py").read_text())
+    tree = ast.parse(sandbox_run.harness_script())
+    runner = ast.parse(
+        Path(sandbox_run.__file__).parent.joinpath("harness", "runner.py").read_text()
+    )
     assert ast.get_docstring(tree) == ast.get_docstring(runner)
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
-    with pytest.raises(RuntimeError, match="encode is bound in _harness_wire too"):
-        _sandbox._harness_part(
-            "_harness_proxy", "def encode(v):\n    return v\n", {"encode": ("_harness_wire", "")}
+    with pytest.raises(RuntimeError, match="encode is bound in wire too"):
+        sandbox_run.harness_part(
+            "proxy", "def encode(v):\n    return v\n", {"encode": ("wire", "")}
         )
     with pytest.raises(RuntimeError, match="imports only its own parts"):
-        _sandbox._harness_part("_harness_proxy", "from ._base import Answer\n", {})
+        sandbox_run.harness_part("proxy", "from ..base import Answer\n", {})
 
 
 @pytest.mark.parametrize(
@@ -852,10 +854,10 @@ def test_the_harness_is_one_script_of_its_parts() -> None:
     ids=lambda v: type(v).__name__,
 )
 def test_the_encoding_round_trips(value: object) -> None:
-    data = _harness.dumps(_harness.encode(value))
-    back = _harness.decode(json.loads(data))
+    data = wire.dumps(wire.encode(value))
+    back = wire.decode(json.loads(data))
     assert back == value and type(back) is type(value)
-    assert _harness.dumps(_harness.encode(back)) == data  # -0.0 too
+    assert wire.dumps(wire.encode(back)) == data  # -0.0 too
 
 
 def test_the_decoder_refuses_what_the_encoder_never_makes() -> None:
@@ -870,11 +872,11 @@ def test_the_decoder_refuses_what_the_encoder_never_makes() -> None:
         ["b", "zz"],
     ]:
         with pytest.raises((ValueError, TypeError)):
-            _harness.decode(node)
+            wire.decode(node)
     deep: list[object] = ["l"]
-    for _ in range(_harness.MAX_DEPTH + 5):
+    for _ in range(wire.MAX_DEPTH + 5):
         deep = ["l", deep]
     with pytest.raises(ValueError):
-        _harness.decode(deep)
-    with pytest.raises(_harness.Unsendable):
-        _harness.encode(object())
+        wire.decode(deep)
+    with pytest.raises(wire.Unsendable):
+        wire.encode(object())

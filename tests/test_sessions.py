@@ -9,10 +9,10 @@ import pytest
 
 from replay.core.errors import InputError
 from replay.core.records import Result
-from replay.core.sessions import ThinkTime, common_prefix, has_sessions, units
-from replay.core.trace import Request
 from replay.run.session_history import ReferenceHistory, check_mode, new_messages
 from replay.run.session_turns import Sessions, SessionTurns
+from replay.traces.sessions import ThinkTime, common_prefix, has_sessions, units
+from replay.traces.trace import Request
 
 
 def chat(rid: str, session: str | None, t: float, text: str, **meta: object) -> Request:

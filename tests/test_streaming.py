@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 from replay.cli import main
 from replay.core.buckets import Buckets
 from replay.core.errors import TraceError
-from replay.core.importers import load, scan
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
-from replay.core.trace import IdIndex, Request
 from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_jsonl, read_results
 from replay.run.runner import Runner
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import load, scan
+from replay.traces.trace import IdIndex, Request
 
 from .fault_server import fault_server
 

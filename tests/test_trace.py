@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from replay.core.errors import InputError, TraceError
-from replay.core.importers import load, scan
+from replay.traces.importers import load, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.core.importers import load
+from replay.traces.importers import load
 
 from .conftest import ROOT, cpu_can_serve_fp8_kv
 

@@ -14,7 +14,6 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: these tests start vLLM servers")
 
 from replay.core.buckets import Buckets  # noqa: E402
-from replay.core.importers import LengthPolicy, load  # noqa: E402
 from replay.core.schedule import ClosedLoop  # noqa: E402
 from replay.run.config import RunConfig  # noqa: E402
 from replay.run.rundir import new_run_dir, read_results  # noqa: E402
@@ -22,6 +21,7 @@ from replay.run.runner import Runner  # noqa: E402
 from replay.serving.introspect import introspect  # noqa: E402
 from replay.serving.local_server import LocalServer  # noqa: E402
 from replay.serving.targets import TargetSpec  # noqa: E402
+from replay.traces.importers import LengthPolicy, load  # noqa: E402
 
 from .conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated  # noqa: E402
 
@@ -119,8 +119,8 @@ def test_sent_is_when_the_body_reached_the_socket(bf16_server: LocalServer) -> N
     import time
 
     from replay.core.records import Result
-    from replay.core.trace import Request
     from replay.serving.client import Client
+    from replay.traces.trace import Request
 
     async def go() -> tuple[Result, float]:
         assert bf16_server.spec.model is not None

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from replay.core.errors import InputError
+from replay.present.terminal import print_tables
 from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
@@ -181,10 +181,7 @@ def ranking_table(report: dict[str, Any], top: int = 8) -> Table:
 
 
 def show(report: dict[str, Any]) -> None:
-    out = Console(width=None if Console().is_terminal else 200)
-    out.print(settings_table(report))
-    if report["ranking"]:
-        out.print(ranking_table(report))
+    print_tables([settings_table(report), *([ranking_table(report)] if report["ranking"] else [])])
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
     step = report["next_step"]

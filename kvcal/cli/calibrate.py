@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,6 +18,7 @@ from rich.progress import (
 )
 
 from replay.core.errors import InputError
+from replay.present.terminal import print_tables
 from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
@@ -187,7 +187,7 @@ def _observe(
 
 
 def _show(report: dict[str, Any], out_dir: Path) -> None:
-    Console().print(scale_table(report))
+    print_tables([scale_table(report)])
     for line in advice_lines(report):
         console.print(f"[yellow]advice:[/yellow] {line}")
     console.print(

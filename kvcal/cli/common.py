@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.markup import escape
 
-from replay.core.errors import InputError
-from replay.core.extras import MissingExtra, as_missing_extra, require
+from replay.core.errors import InputError, MissingExtra
+from replay.core.extras import as_missing_extra, require
 
 console = Console(stderr=True)
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_INPUT = 0, 1, 2

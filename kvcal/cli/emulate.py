@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.present.terminal import print_tables
 from replay.serving.kv_formats import EMULABLE as EMULATED
 from replay.testmodel.named import resolve_model
 
@@ -309,13 +309,11 @@ def _emulate(args: EmulateArgs, json_path: Path | None, markdown_path: Path | No
             return lambda n: bar.advance(task, n)
 
         report = emulate(args, track)
-    out = Console()
-    for table in emulation_tables(report):
-        out.print(table)
+    print_tables(emulation_tables(report))
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
     for sens in (report["sensitivity_by_format"] or {}).values():
-        out.print(sensitivity_table(sens))
+        print_tables([sensitivity_table(sens)])
         console.print(f"[yellow]advice:[/yellow] {sens['advice']}")
     for line in report["advice"]["lines"]:
         console.print(f"[yellow]advice:[/yellow] {line}")

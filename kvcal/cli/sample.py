@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.present.terminal import print_tables
 from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
@@ -84,7 +84,7 @@ def _tokenizer(model_dir: Path) -> Any:
 def draw_split(model_dir: Path, opts: TraceDraw) -> tuple[Any, dict[str, Any]]:
     """Load the trace (replay's importers) and draw the stratified split."""
     from replay.core.errors import TraceError
-    from replay.core.importers import stream
+    from replay.traces.importers import stream
 
     from .._sample import PromptRenderer, draw
 
@@ -178,7 +178,7 @@ def _sample(model_dir: Path, opts: TraceDraw, out_dir: Path) -> int:
 
     split, info = draw_split(model_dir, opts)
     write_split(out_dir, split, info)
-    Console().print(bucket_table(split))
+    print_tables([bucket_table(split)])
     click.echo(
         f"wrote {out_dir}: {len(split.calibration)} calibration, "
         f"{len(split.evaluation_ids)} evaluation request(s); replay with "

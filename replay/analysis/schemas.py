@@ -40,10 +40,10 @@ from replay.analysis.schemas_systems import CapacityArm as CapacityArm
 from replay.analysis.schemas_systems import CapacityPhase as CapacityPhase
 from replay.analysis.schemas_systems import SystemsCell as SystemsCell
 from replay.analysis.schemas_systems import SystemsRule as SystemsRule
+from replay.core.errors import SummaryError as SummaryError
 from replay.core.record_json import OMITTED as OMITTED
 from replay.core.record_json import Omitted as Omitted
 from replay.core.record_json import Record, absent_if_none, record
-from replay.core.record_json import SummaryError as SummaryError
 
 Interval = tuple[float, float]  # (low, high): a Wilson or bootstrap interval
 

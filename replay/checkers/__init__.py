@@ -6,24 +6,33 @@
 Kinds: retrieval, tool_call, code, json_schema, regex, exact, number, contains.
 
 Answers nobody has read go through a ``Grader`` (time and size bounds, a checker's exception
-as the answer's failed grade; see ``_bounded``):
+as the answer's failed grade; see ``grader``):
 
     with Grader() as grader:
         grade = grader.grade(spec, Answer(text, tool_calls))
 
-A request without a spec is graded against the reference's answer to it (``_derived``; rules
+A request without a spec is graded against the reference's answer to it (``derived.checker``; rules
 derived:tool_args, derived:json, derived:code, derived:code_text, derived:facts):
 
     grade = grader.grade_derived(reference_answer, answer, prompt_text)
     row = derived_record(grade, exact)   # {"rule", "passed", "reason", "exact", "detail"}
 """
 
-from ._base import REGISTRY, Answer, Checker, Grade, SpecError, normalize, parse_check
-from ._bounded import GRADE_TIME_S, MAX_ANSWER_CHARS, Grader, grade_safely
-from ._derived import derive
-from ._derived_rules import DERIVED_RULES, derived_record
-from ._structured import Code, JsonSchema, ToolCallCheck
-from ._text import Contains, Exact, Number, Regex, Retrieval
+from replay.checkers.base import (
+    MAX_ANSWER_CHARS,
+    REGISTRY,
+    Answer,
+    Checker,
+    Grade,
+    SpecError,
+    normalize,
+    parse_check,
+)
+from replay.checkers.derived.checker import derive
+from replay.checkers.derived.rules import DERIVED_RULES, derived_record
+from replay.checkers.grader import GRADE_TIME_S, Grader, grade_safely
+from replay.checkers.structured import Code, JsonSchema, ToolCallCheck
+from replay.checkers.text import Contains, Exact, Number, Regex, Retrieval
 
 __all__ = [
     "DERIVED_RULES",

@@ -12,7 +12,7 @@ import click
 
 from replay import __version__
 from replay.analysis.schemas import Summary
-from replay.cli.common import console, guard, install_sigterm, shown, table_console
+from replay.cli.common import console, guard, install_sigterm, shown
 from replay.cli.replay_run import replay_run, write_reports
 from replay.cli.run_options import run_options
 from replay.cli.trace_commands import trace
@@ -20,6 +20,7 @@ from replay.core.errors import InputError
 from replay.core.exit_codes import ExitCode
 from replay.core.extras import require
 from replay.present.table import compare_table
+from replay.present.terminal import print_tables
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -147,7 +148,7 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
             except (OSError, ValueError) as exc:
                 raise InputError(f"{d}: cannot read summary.json: {exc}") from None
             summaries.append(Summary.from_json(doc, where=str(d / "summary.json")))
-        table_console().print(compare_table(summaries[0], summaries[1], str(run_a), str(run_b)))
+        print_tables([compare_table(summaries[0], summaries[1], str(run_a), str(run_b))])
         return ExitCode.OK
 
     guard(run)

@@ -20,20 +20,13 @@ from typing import Any, NoReturn, TypeVar
 from rich.console import Console
 from rich.markup import escape
 
-from replay.core.errors import InputError, KvcanaryError, RunDirError
+from replay.core.errors import InputError, KvcanaryError, MissingExtra, RunDirError
 from replay.core.exit_codes import ExitCode
-from replay.core.extras import MissingExtra
 from replay.present.formatting import visible
 
 T = TypeVar("T")
 
 console = Console(stderr=True)
-
-
-def table_console() -> Console:
-    """stdout for tables: as wide as the terminal, or wide enough not to wrap in a CI log."""
-    out = Console()
-    return out if out.is_terminal else Console(width=170)
 
 
 def install_sigterm() -> None:

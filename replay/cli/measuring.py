@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from replay.cli.common import console
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
-from replay.core.importers import StreamedTrace
-from replay.core.sessions import has_sessions
 from replay.run.config import CapacityOptions
 from replay.run.interleave import SERVERS_AT_ONCE
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import StreamedTrace
+from replay.traces.sessions import has_sessions
 
 
 def resolve_control(o: RunOptions, trace: StreamedTrace) -> RunOptions:

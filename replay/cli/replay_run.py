@@ -23,7 +23,7 @@ from rich.progress import (
 
 from replay.analysis.schemas import Summary
 from replay.analysis.verdict.advice import read_advice
-from replay.cli.common import console, shown, table_console
+from replay.cli.common import console, shown
 from replay.cli.measuring import capacity_options, resolve_control, resolve_interleave
 from replay.cli.run_directory import run_directory, run_options_of
 from replay.cli.run_options import RunOptions
@@ -31,11 +31,10 @@ from replay.core.buckets import Buckets
 from replay.core.errors import InputError, RunDirError
 from replay.core.event_loop import run_loop
 from replay.core.exit_codes import ExitCode
-from replay.core.importers import StreamedTrace, scan, skipped_note, sniff_format
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
-from replay.core.sessions import ThinkTime, has_sessions, units
 from replay.core.slo import SloSpec, parse_slo
 from replay.present.table import quality_table, summary_table
+from replay.present.terminal import print_tables
 from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.interleave import InterleavedRunner
@@ -51,6 +50,8 @@ from replay.serving.targets import (
     parse_targets,
 )
 from replay.testmodel.named import resolve_model
+from replay.traces.importers import StreamedTrace, scan, skipped_note, sniff_format
+from replay.traces.sessions import ThinkTime, has_sessions, units
 
 REDRAWS_PER_S = 2
 
@@ -406,10 +407,11 @@ def _conclude(summary: Summary, max_error_rate: float, run_dir: Path, html: Path
     """The tables, what failed, the verdict's headline, and the exit code they give."""
     verdict = summary.verdict
     assert verdict is not None  # the runner always decides
-    out = table_console()
-    out.print(summary_table(summary))
+    tables = [summary_table(summary)]
     if summary.quality and summary.quality.phases:
-        out.print(quality_table(summary.quality))
+        tables.append(quality_table(summary.quality))
+    print_tables(tables)
+    if summary.quality and summary.quality.phases:
         for note in summary.quality.notes:
             console.print(f"[yellow]note:[/yellow] {shown(note)}")
     failed = [(n, t.reason) for n, t in summary.targets.items() if t.status != "ok"]

@@ -19,7 +19,7 @@ from replay.analysis.verdict.facts import Thresholds
 from replay.cli.measuring_options import MEASURING_OPTIONS
 from replay.core.buckets import DEFAULT_BOUNDS
 from replay.core.errors import InputError
-from replay.core.importers import FORMAT_HELP, LengthPolicy
+from replay.traces.importers import FORMAT_HELP, LengthPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -10,8 +10,8 @@ import click
 from replay.cli.common import guard, writing
 from replay.core.errors import InputError, TraceError
 from replay.core.exit_codes import ExitCode
-from replay.core.importers import FORMAT_HELP, LengthPolicy, skipped_note, stream
-from replay.core.trace import CheckStats
+from replay.traces.importers import FORMAT_HELP, LengthPolicy, skipped_note, stream
+from replay.traces.trace import CheckStats
 
 
 @click.group()

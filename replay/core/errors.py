@@ -4,11 +4,16 @@ data (``Result.status == "error"``), recorded and reported.
     KvcanaryError                 base; every message says what to do
     ├── InputError                the user's input is wrong (their fault)
     │   ├── TraceError            a trace line: file, line, field, reason
-    │   └── ConfigError           targets / scenario configuration
+    │   ├── ConfigError           targets / scenario configuration
+    │   ├── SummaryError          a summary.json field of a type this version does not read
+    │   └── MissingExtra          a command needs an optional dependency not installed
     ├── TargetError               a target cannot be used for this run
     │   ├── ServerStartError      a local server did not come up (log tail attached)
-    │   └── ServingMismatch       the server runs something other than its spec says
+    │   ├── ServingMismatch       the server runs something other than its spec says
+    │   └── EndpointError         an endpoint unreachable or answering what cannot be used
     └── RunDirError               the run directory cannot be written mid-run (a full disk)
+
+Every subclass of ``KvcanaryError`` is defined here (a test holds this tree to them).
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ class ConfigError(InputError):
     """A target or scenario configuration is wrong (the configuration author's fault)."""
 
 
+class SummaryError(InputError):
+    """A document (summary.json, or a summary handed to the analysis) whose value at the named
+    field is not of the type this version reads: the file's fault, or its editor's."""
+
+
+class MissingExtra(InputError):
+    """A command needs an optional dependency that is not installed."""
+
+
 class TargetError(KvcanaryError):
     """A target cannot be used (the serving side's fault, reported as a target failure)."""
 
@@ -51,6 +65,16 @@ class ServerStartError(TargetError):
 
 class ServingMismatch(TargetError):
     """The server serves something other than what its spec asks for (e.g. cache dtype)."""
+
+
+class EndpointError(TargetError):
+    """An endpoint of the target could not be reached or answered something kvcanary cannot
+    use (the serving side's fault). The message names the method, the path and what came
+    back; ``unreachable`` says the connection itself failed."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class RunDirError(KvcanaryError):

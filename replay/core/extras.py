@@ -19,7 +19,7 @@ import importlib.util
 import sys
 from collections.abc import Iterable, Sequence
 
-from replay.core.errors import InputError
+from replay.core.errors import MissingExtra
 
 # The pip requirement that brings each optional module.
 INSTALL = {
@@ -32,10 +32,6 @@ INSTALL = {
 # torch and vLLM come in builds per machine (CPU or CUDA): the setup script knows which.
 _PER_MACHINE = ("torch", "vllm")
 _SETUP = "scripts/setup installs vLLM and torch built for this machine"
-
-
-class MissingExtra(InputError):
-    """A command needs an optional dependency that is not installed."""
 
 
 def importable(name: str) -> bool:

@@ -28,14 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, TypeVar, Union
 
-from replay.core.errors import InputError
+from replay.core.errors import SummaryError
 
 R = TypeVar("R", bound="Record")
-
-
-class SummaryError(InputError):
-    """A document (summary.json, or a summary handed to the analysis) whose value at the named
-    field is not of the type this version reads: the file's fault, or its editor's."""
 
 
 class Omitted(enum.Enum):

@@ -1,6 +1,6 @@
 """How one phase's sends split across load processes (``replay --workers N``).
 
-A phase sends *units* (a request alone, or a whole session: replay/core/sessions.py) in the
+A phase sends *units* (a request alone, or a whole session: replay/traces/sessions.py) in the
 order its schedule pulls them. A worker takes the units at the positions its ``Shard`` owns:
 position ``j`` belongs to worker ``pattern[j % len(pattern)]``. The split is by position in
 what the phase sends (after a resume has left out the finished requests), so it is the same

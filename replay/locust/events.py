@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from replay.checkers import Answer, Grader
 from replay.core.records import Result
-from replay.core.trace import Request
+from replay.traces.trace import Request
 
 REQUEST_TYPE = "LLM"
 CHECK_TYPE = "CHECK"

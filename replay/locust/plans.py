@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from replay.core.errors import ConfigError
-from replay.core.trace import Request
+from replay.traces.trace import Request
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,16 @@ from typing import Any
 from replay.analysis.grading.rows import grading_spec
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
-from replay.core.importers import LengthPolicy
 from replay.core.records import Result
 from replay.core.slo import SloSpec
-from replay.core.trace import Request, TraceSource
 from replay.run.analyze import Analysis, analyse, target_for_summary
 from replay.run.manifest import build_manifest, target_entry, trace_facts
 from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, read_results, write_json
 from replay.serving.targets import (
     TargetSpec,
 )
+from replay.traces.importers import LengthPolicy
+from replay.traces.trace import Request, TraceSource
 
 
 def cancelled_result(

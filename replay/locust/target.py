@@ -16,8 +16,6 @@ import aiohttp
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
 from replay.core.records import Result
-from replay.core.synth import TokenPool, synthesize
-from replay.core.trace import Request
 from replay.serving.client import Client
 from replay.serving.introspect import Scraper, api_session, introspect, served_model
 from replay.serving.prompt_tokens import count_tokens, token_pool
@@ -27,6 +25,8 @@ from replay.serving.targets import (
     load_targets_config,
     parse_targets,
 )
+from replay.traces.synth import TokenPool, synthesize
+from replay.traces.trace import Request
 
 
 def resolve_target(text: str, host: str | None, targets_file: str | None) -> TargetSpec:

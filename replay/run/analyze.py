@@ -39,7 +39,6 @@ from replay.analysis.verdict.candidates import decide_candidates
 from replay.analysis.verdict.facts import Thresholds, facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
-from replay.core.importers import stream
 from replay.core.records import Result
 from replay.core.slo import SloSpec, parse_slo
 from replay.run.rundir import (
@@ -56,6 +55,7 @@ from replay.run.rundir import (
     write_json,
 )
 from replay.run.sequential_file import load_record
+from replay.traces.importers import stream
 
 
 def load_results(run_dir: Path, prompt_ids: bool = True) -> list[Result]:

@@ -38,8 +38,6 @@ from replay.analysis.systems_cells import CAPACITY as PHASE
 from replay.core.errors import RunDirError, TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
-from replay.core.sessions import Unit
-from replay.core.trace import Request
 from replay.run.analyze import read_series
 from replay.run.budget import ErrorBudget
 from replay.run.config import CapacityOptions, RunConfig
@@ -58,6 +56,8 @@ from replay.serving.client import Client
 from replay.serving.introspect import Scraper, api_session, introspect, served_model
 from replay.serving.local_server import DEFAULT_KV_CACHE_GIB, KV_CACHE_BYTES_FLAG, LocalServer
 from replay.serving.targets import TargetSpec, check_served_dtype
+from replay.traces.sessions import Unit
+from replay.traces.trace import Request
 
 MIB, GIB = 1 << 20, 1 << 30
 BLOCKS = 24  # blocks per arm: the sign interval of 24 at alpha / 2 reaches from d(7) to d(18)

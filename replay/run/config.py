@@ -11,16 +11,16 @@ from typing import Any
 
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
-from replay.core.importers import LengthPolicy
 from replay.core.records import Result
-from replay.core.sessions import ThinkTime
 from replay.core.slo import SloSpec
-from replay.core.trace import TraceSource
 from replay.run.budget import ErrorBudget
 from replay.run.manifest import target_entry, trace_facts
 from replay.run.phase import Schedule
 from replay.run.rundir import file_digest
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import LengthPolicy
+from replay.traces.sessions import ThinkTime
+from replay.traces.trace import TraceSource
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from replay.core.errors import InputError
 from replay.core.ids import read_ids as ids_in_file
-from replay.core.trace import Request
 from replay.serving.targets import TargetSpec
+from replay.traces.trace import Request
 
 CALIBRATION_MANIFEST = "kvcal_manifest.json"  # written by `kvcal calibrate` next to the scales
 

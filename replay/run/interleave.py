@@ -37,8 +37,6 @@ from typing import Any
 
 from replay.core.iterate import closing
 from replay.core.schedule import ClosedLoop, OpenLoop
-from replay.core.sessions import Unit, units
-from replay.core.trace import Request
 from replay.run.analyze import load_results
 from replay.run.capacity import (
     CapacityRun,
@@ -55,6 +53,8 @@ from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import Progress
 from replay.run.runner import Runner
 from replay.run.session_turns import Sessions
+from replay.traces.sessions import Unit, units
+from replay.traces.trace import Request
 
 BLOCKS_PER_CONCURRENCY = 2  # a closed loop's block: this many times its concurrency
 OPEN_LOOP_BLOCK = 32  # an open loop's block, in units

@@ -12,8 +12,8 @@ from typing import Any
 
 from replay import __version__
 from replay.core.buckets import Buckets
-from replay.core.importers import LengthPolicy
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import LengthPolicy
 
 # The CPU features that decide which vLLM CPU kernels (FP8 KV among them) exist.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")

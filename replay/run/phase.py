@@ -19,10 +19,7 @@ from replay.core.event_loop import heap_frozen
 from replay.core.iterate import closing
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock, OpenLoop
-from replay.core.sessions import Unit, common_prefix, units
 from replay.core.shards import AnyShard
-from replay.core.synth import TokenPool, synthesize
-from replay.core.trace import Request, TraceSource
 from replay.run.budget import ErrorBudget
 from replay.run.progress import Progress
 from replay.run.rundir import JsonlWriter
@@ -30,6 +27,9 @@ from replay.run.session_turns import Sessions, SessionTurns, TurnContext
 from replay.serving.client import Client
 from replay.serving.introspect import MetricsSnapshot
 from replay.serving.prompt_tokens import UNKNOWN, known_count
+from replay.traces.sessions import Unit, common_prefix, units
+from replay.traces.synth import TokenPool, synthesize
+from replay.traces.trace import Request, TraceSource
 
 Schedule = ClosedLoop | OpenLoop
 

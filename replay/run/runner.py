@@ -23,7 +23,6 @@ from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
 from replay.core.errors import ServerStartError, TargetError
 from replay.core.schedule import MonotonicClock
-from replay.core.sessions import has_sessions
 from replay.run.analyze import Analysis, analyse, target_for_summary
 from replay.run.budget import ErrorBudget
 from replay.run.config import RunConfig, TargetRun
@@ -60,6 +59,7 @@ from replay.serving.prompt_scores import serves_cached_scores
 from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_pool
 from replay.serving.scale_log import scale_lines
 from replay.serving.targets import check_served_dtype
+from replay.traces.sessions import has_sessions
 
 __all__ = ["Runner"]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from replay.core.errors import InputError, RunDirError
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.run.rundir import JsonlWriter, read_jsonl
+from replay.traces.trace import Request
 
 SESSION_HISTORY = "session_history.jsonl"
 MODES = ("trace", "reference")

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replay.core.records import Result
-from replay.core.sessions import ThinkTime
-from replay.core.trace import Request
 from replay.run.session_history import ReferenceHistory, new_messages
+from replay.traces.sessions import ThinkTime
+from replay.traces.trace import Request
 
 
 @dataclass(frozen=True)

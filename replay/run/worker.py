@@ -28,8 +28,6 @@ from replay.core.errors import RunDirError
 from replay.core.event_loop import run_loop
 from replay.core.schedule import MonotonicClock, OpenLoop
 from replay.core.shards import AnyShard, Shard, ShardedOffsets
-from replay.core.synth import TokenPool
-from replay.core.trace import TraceSource
 from replay.run.budget import ErrorBudget
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import QuietProgress
@@ -37,6 +35,8 @@ from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions
 from replay.serving.client import Client
 from replay.serving.introspect import MetricsSnapshot
+from replay.traces.synth import TokenPool
+from replay.traces.trace import TraceSource
 
 ADVANCE_EVERY_S = 0.1
 

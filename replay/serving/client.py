@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 
 from replay.core.records import Result
-from replay.core.trace import Request
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
 from replay.serving.error_answers import (
     ERROR_BODY_BYTES,
@@ -37,6 +36,7 @@ from replay.serving.http1 import (
 )
 from replay.serving.introspect import connect_reason
 from replay.serving.sse import DONE, MAX_EVENT_BYTES, NOT_ONE, ProtocolError, SSEDecoder
+from replay.traces.trace import Request
 
 Clock = Callable[[], float]
 _CONNECT_TIMEOUT_S = 30.0
@@ -158,7 +158,7 @@ class Client:
         ``cache_salt`` isolates vLLM's prefix cache (requests share only within one salt)."""
         # The record's params replace the sampling defaults (a logged temperature); what the
         # record and the replay set themselves comes after them, so no param overrides it
-        # (the trace refuses one that tries: ``replay.core.trace.FIRST_CLASS``).
+        # (the trace refuses one that tries: ``replay.traces.trace.FIRST_CLASS``).
         body: dict[str, Any] = {
             "temperature": 0.0,
             "seed": self.seed,

@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from replay.core.errors import TargetError
+from replay.core.errors import EndpointError, TargetError
 from replay.core.strict import integer
 from replay.serving.http1 import KEEP_IDLE_S, ConnectError
 
@@ -104,16 +104,6 @@ def engine_config_from_log(log_text: str) -> dict[str, str]:
 # what the endpoint is for, and it must not fill our memory doing so.
 MAX_BODY = 16 * 1024 * 1024
 QUOTE_BYTES = 200
-
-
-class EndpointError(TargetError):
-    """An endpoint of the target could not be reached or answered something kvcanary cannot
-    use (the serving side's fault). The message names the method, the path and what came
-    back; ``unreachable`` says the connection itself failed."""
-
-    def __init__(self, message: str, *, unreachable: bool = False) -> None:
-        super().__init__(message)
-        self.unreachable = unreachable
 
 
 def quote(body: bytes) -> str:

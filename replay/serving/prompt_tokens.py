@@ -10,12 +10,12 @@ from typing import Any
 
 import aiohttp
 
-from replay.core.errors import TargetError
+from replay.core.errors import EndpointError, TargetError
 from replay.core.iterate import closing, pooled
 from replay.core.strict import token_ids
-from replay.core.synth import POOL_TEXT, TokenPool
-from replay.core.trace import Request
-from replay.serving.introspect import EndpointError, fetch_json
+from replay.serving.introspect import fetch_json
+from replay.traces.synth import POOL_TEXT, TokenPool
+from replay.traces.trace import Request
 
 
 async def token_pool(session: aiohttp.ClientSession, url: str, model: str) -> TokenPool:

@@ -25,7 +25,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from replay.core.extras import MissingExtra, importable
+from replay.core.errors import MissingExtra
+from replay.core.extras import importable
 from replay.run.rundir import file_digest
 from replay.testmodel.factory import cache_dir, checkpoint_digest
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replay.core.extras import MissingExtra, require
+from replay.core.errors import MissingExtra
+from replay.core.extras import require
 from replay.testmodel import factory
 from replay.testmodel.circuit import ARCH, build_induction_circuit, pin_previous_token_head
 from replay.testmodel.curriculum import (

@@ -13,7 +13,6 @@ from locust.env import Environment
 
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError, KvcanaryError
-from replay.core.importers import StreamedTrace, scan, sniff_format
 from replay.core.slo import SloSpec, parse_slo
 from replay.locust.events import DEFAULT_ITL_EVENTS
 from replay.locust.plans import Constant, LoadPlan, StepSweep, TraceTimes, parse_levels
@@ -21,6 +20,7 @@ from replay.locust.recorder import DEFAULT_MAX_RESULTS
 from replay.locust.target import resolve_target
 from replay.run.rundir import file_digest
 from replay.serving.targets import TargetSpec
+from replay.traces.importers import StreamedTrace, scan, sniff_format
 
 SHAPES = ("users", "step", "trace")
 

@@ -29,10 +29,8 @@ from kvc.protocol import MSG_DONE, MSG_READY, MSG_RESULTS, RESULTS_BATCH, STOP_W
 from replay.checkers import Answer, Grader
 from replay.core.buckets import Buckets
 from replay.core.errors import KvcanaryError
-from replay.core.importers import stream
 from replay.core.records import Result
 from replay.core.schedule import TraceOffsets
-from replay.core.trace import Request
 from replay.locust.events import check_event, locust_events
 from replay.locust.messages import RunPlan
 from replay.locust.plans import read_shard
@@ -40,6 +38,8 @@ from replay.locust.recorder import cancelled_result
 from replay.locust.target import Prepared, prepare, send_one
 from replay.run.rundir import file_digest
 from replay.serving.client import Client
+from replay.traces.importers import stream
+from replay.traces.trace import Request
 
 log = logging.getLogger("kvcanary")
 NO_PLAN_WAIT_S = 30.0

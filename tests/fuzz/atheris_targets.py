@@ -28,12 +28,12 @@ import orjson
 with atheris.instrument_imports(include=["replay"]):
     from replay.checkers import SpecError, parse_check
     from replay.core.errors import ConfigError, TraceError
-    from replay.core.importers import load
     from replay.core.records import Result
-    from replay.core.trace import parse_line
     from replay.serving.accumulator import StreamAccumulator
     from replay.serving.sse import DONE, ProtocolError, SSEDecoder
     from replay.serving.targets import load_targets_config
+    from replay.traces.importers import load
+    from replay.traces.trace import parse_line
 
 # Files the file-reading targets write each input to (the CI test points it at its tmp_path).
 SCRATCH = Path(os.environ.get("KVCANARY_FUZZ_SCRATCH") or tempfile.mkdtemp(prefix="kvcanary-fuzz-"))

@@ -1,0 +1,374 @@
+"""Grading under bounds: an answer nobody has read can fail its own grade, never the run.
+
+    with Grader() as grader:
+        grade = grader.grade(spec, Answer(text, tool_calls))
+
+What bounds one grade:
+
+size
+    An answer whose text and tool-call arguments together hold more than ``MAX_ANSWER_CHARS``
+    characters is failed without being read ("checker error: answer too long to grade ...").
+    Checkers are about linear in what they read, so the cap bounds their memory, and most of
+    their time; no real answer comes near it (it is some 250,000 tokens).
+time
+    Every checker but ``code`` runs in a worker process. An answer it has not graded within
+    ``time_s`` is failed ("checker error: timed out ...") and the worker is killed; the next
+    answer gets a fresh one. Only a process boundary makes the limit hold for any checker: a
+    thread cannot be stopped, and the JSON parser or jsonschema's own loops (``uniqueItems``
+    compares every pair) run without ever looking at signals. (Regular expressions, a
+    ``regex`` check's or a schema's ``pattern``, have their own, shorter bound.) ``code`` checks
+    run in this process because the sandbox already is a separate process tree with its own
+    wall timeout, killed whole when it expires.
+errors
+    Whatever a checker raises while grading (RecursionError on a deeply nested answer, a
+    jsonschema error, a bug of ours) becomes that answer's failed grade, the exception named in
+    the reason. A grade that says "checker error" is therefore a finding to read, not noise.
+memory
+    The worker's address space is limited (``WORKER_MEMORY_MB``); a MemoryError is an error
+    like the others.
+
+Each checker-error grade has ``detail["checker_error"]``: "size", "timeout", "exception" or
+"worker" (the worker died or could not start). A Grader is for one thread at a time.
+
+Derived grades (``grade_derived``, rules in ``derived.checker``) are bounded the same way: both
+answers are size-capped, the worker parses them under the time limit, and code they hold runs in
+the sandbox in this process, like ``code`` checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from replay.checkers.base import (
+    DERIVED_TYPE,
+    MAX_ANSWER_CHARS,
+    Answer,
+    Checker,
+    Grade,
+    answer_size,
+    checker_error,
+    parse_check,
+)
+
+GRADE_TIME_S = 5.0
+WORKER_MEMORY_MB = 2048
+_WORKER_START_S = 60.0  # a cold interpreter importing jsonschema on a loaded machine
+_CACHE_MAX = 4096  # parsed checkers a worker keeps (specs repeat across targets)
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+_WORKER_MAIN = "from replay.checkers.grader import serve; serve()"
+_READY = b"ready\n"
+
+
+def grade_safely(
+    check: Checker | Mapping[str, Any], answer: Answer, max_chars: int = MAX_ANSWER_CHARS
+) -> Grade:
+    """Grade in this process: size-capped, and whatever the checker raises is the answer's
+    failed grade. No time limit (see ``Grader`` for one)."""
+    size = answer_size(answer)
+    if size > max_chars:
+        return checker_error(
+            "size", f"answer too long to grade: {size:,} characters (the limit is {max_chars:,})"
+        )
+    try:
+        checker = parse_check(check) if isinstance(check, Mapping) else check
+        return checker.grade(answer)
+    except Exception as exc:  # the answer's grade, by this module's contract (see above)
+        return checker_error("exception", f"{type(exc).__name__}: {exc}")
+
+
+class Grader:
+    """Grades answers under the bounds above; the worker starts on first use."""
+
+    def __init__(self, time_s: float = GRADE_TIME_S, max_chars: int = MAX_ANSWER_CHARS) -> None:
+        self.time_s, self.max_chars = time_s, max_chars
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._broken: str | None = None  # why no worker can start (not retried)
+        self._local: dict[str, Checker | Mapping[str, Any]] = {}
+        # The reference's code outcomes, shared by every target graded against it.
+        self._code_outcomes: dict[str, list[str] | str] = {}
+        # One request at a time on the worker's pipes: Locust's users grade from several
+        # greenlets at once (under gevent this lock is cooperative), and interleaved
+        # requests and replies were read as each other's.
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def grade(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
+        size = answer_size(answer)
+        if size > self.max_chars:
+            return grade_safely(spec, answer, self.max_chars)
+        if spec.get("type") == "code":
+            return self._grade_here(spec, answer)
+        return self._grade_in_worker(spec, answer)
+
+    def grade_derived(self, reference: Answer, answer: Answer, prompt: str = "") -> Grade:
+        """``answer`` graded against the reference's answer to the same request
+        (``derived.checker``); the grade's ``detail["rule"]`` names the rule (absent when none
+        could be chosen)."""
+        from replay.checkers.derived.checker import derived_spec
+        from replay.checkers.derived.code_run import finish
+
+        for who, a in (("the reference's answer", reference), ("the answer", answer)):
+            size = answer_size(a)
+            if size > self.max_chars:
+                return checker_error(
+                    "size",
+                    f"{who} is too long to grade: {size:,} characters "
+                    f"(the limit is {self.max_chars:,})",
+                )
+        grade = self._grade_in_worker(derived_spec(reference, prompt), answer)
+        return finish(grade, cache=self._code_outcomes)
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()  # the worker's read ends: it exits by itself
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+    # -- in this process (code: the sandbox bounds it) ----------------------------------------
+
+    def _grade_here(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
+        key = _key(spec)
+        check = self._local.get(key)
+        if check is None:
+            try:
+                check = parse_check(spec)
+            except Exception:
+                check = spec  # grade_safely turns the parse error into the grade
+            self._local[key] = check
+        return grade_safely(check, answer, self.max_chars)
+
+    # -- in the worker --------------------------------------------------------------------------
+
+    def _grade_in_worker(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
+        with self._lock:
+            return self._exchange(spec, answer)
+
+    def _exchange(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
+        try:
+            proc = self._worker()
+        except _WorkerError as exc:
+            return checker_error("worker", str(exc))
+        # ASCII JSON: lone surrogates a decoder let through survive the trip, and no newline
+        # can appear inside the request.
+        request = (
+            json.dumps(
+                {
+                    "check": spec,
+                    "text": answer.text,
+                    "calls": [[c.index, c.id, c.name, c.arguments] for c in answer.tool_calls],
+                }
+            ).encode()
+            + b"\n"
+        )
+        deadline = time.monotonic() + self.time_s
+        try:
+            _send(proc, request, deadline)
+            reply = _receive(proc, deadline)
+        except TimeoutError:
+            self._kill()
+            return checker_error("timeout", f"timed out after {self.time_s:g} s")
+        except _WorkerError as exc:
+            self._kill()
+            return checker_error("worker", str(exc))
+        try:
+            row = json.loads(reply)
+            return Grade(bool(row["passed"]), str(row["reason"]), row["score"], dict(row["detail"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            self._kill()
+            return checker_error("worker", f"unreadable reply from the grading process: {exc}")
+
+    def _worker(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        if self._broken is not None:
+            raise _WorkerError(self._broken)
+        self._kill()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        try:
+            # Its own session: a Ctrl-C meant for the run does not kill the grader mid-answer.
+            proc = subprocess.Popen(
+                [sys.executable, "-B", "-c", _WORKER_MAIN],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._broken = f"cannot start the grading process: {exc}"
+            raise _WorkerError(self._broken) from None
+        self._proc = proc
+        try:
+            ready = _receive(proc, time.monotonic() + _WORKER_START_S)
+        except (TimeoutError, _WorkerError) as exc:
+            self._kill()
+            self._broken = f"the grading process did not start: {exc or 'timed out'}"
+            raise _WorkerError(self._broken) from None
+        if ready + b"\n" != _READY:
+            self._kill()
+            self._broken = f"the grading process did not start: it said {ready[:100]!r}"
+            raise _WorkerError(self._broken)
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)  # writes obey the deadline too
+        return proc
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+class _WorkerError(Exception):
+    """The grading process died, could not start or answered nonsense."""
+
+
+def _key(spec: Mapping[str, Any]) -> str:
+    return json.dumps(spec, sort_keys=True, default=str)
+
+
+def _send(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> None:
+    assert proc.stdin is not None
+    fd, view, sent = proc.stdin.fileno(), memoryview(data), 0
+    while sent < len(view):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        select.select([], [fd], [], left)
+        try:
+            sent += os.write(fd, view[sent : sent + 65536])
+        except BlockingIOError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            raise _WorkerError(_death(proc)) from None
+
+
+def _receive(proc: subprocess.Popen[bytes], deadline: float) -> bytes:
+    """One line from the worker (without its newline), or TimeoutError at ``deadline``."""
+    assert proc.stdout is not None
+    fd, buf = proc.stdout.fileno(), bytearray()
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise _WorkerError(_death(proc))
+        buf += chunk
+    return bytes(buf[:-1])
+
+
+def _death(proc: subprocess.Popen[bytes]) -> str:
+    try:
+        status = proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        return "the grading process stopped answering"
+    how = f"signal {-status}" if status < 0 else f"status {status}"
+    return f"the grading process died ({how}; memory limit {WORKER_MEMORY_MB} MB)"
+
+
+# -- the worker's side ------------------------------------------------------------------------
+
+
+def serve() -> None:
+    """The worker: one JSON request a line on stdin, one JSON grade a line on stdout."""
+    _limit_memory()
+    out = os.fdopen(os.dup(1), "wb")
+    # Whatever a checker prints must not land in the replies.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    cache: dict[str, Checker | Mapping[str, Any]] = {}
+    out.write(_READY)
+    out.flush()
+    for line in sys.stdin.buffer:
+        grade = _serve_one(line, cache)
+        try:
+            reply = json.dumps(grade.to_json(), default=str)
+        except (TypeError, ValueError) as exc:
+            reply = json.dumps(checker_error("exception", f"ungradeable detail: {exc}").to_json())
+        out.write(reply.encode() + b"\n")
+        out.flush()
+
+
+def _serve_one(line: bytes, cache: dict[str, Checker | Mapping[str, Any]]) -> Grade:
+    try:
+        req = json.loads(line)
+        spec = req["check"]
+        answer = Answer(req["text"], tuple(_call(*c) for c in req["calls"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        return checker_error("worker", f"bad request: {exc}")
+    if isinstance(spec, dict) and spec.get("type") == DERIVED_TYPE:
+        # Not cached: each holds a reference's answer and a prompt, and is used a few times.
+        try:
+            from replay.checkers.derived.checker import Derived
+
+            return grade_safely(Derived.from_spec(spec), answer)
+        except Exception as exc:  # the answer's grade, by this module's contract
+            return checker_error("exception", f"{type(exc).__name__}: {exc}")
+    key = _key(spec)
+    check = cache.get(key)
+    if check is None:
+        if len(cache) >= _CACHE_MAX:
+            cache.clear()
+        try:
+            check = parse_check(spec)
+        except Exception:
+            check = spec  # grade_safely turns the parse error into the grade
+        cache[key] = check
+    return grade_safely(check, answer)
+
+
+def _call(index: int, id_: str | None, name: str, arguments: str) -> Any:
+    from replay.core.records import ToolCall
+
+    return ToolCall(index=index, id=id_, name=name, arguments=arguments)
+
+
+def _limit_memory() -> None:
+    soft = WORKER_MEMORY_MB * 1024 * 1024
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
