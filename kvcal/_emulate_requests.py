@@ -152,18 +152,20 @@ def draw_from_run(
 ) -> Drawn:
     """The reference target's answers of a replay run (first phase, as the replay scores
     them): its prompt and output token ids, as the server reported them."""
-    import json
-
+    from replay.core.errors import KvcanaryError
+    from replay.run.manifest import read_manifest
     from replay.run.rundir import MANIFEST, RESULTS, read_jsonl
 
     try:
-        manifest = json.loads((run_dir / MANIFEST).read_text(encoding="utf-8"))
-        reference, first = manifest["reference"], manifest["schedules"][0]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        manifest = read_manifest(run_dir)
+    except (OSError, ValueError, KvcanaryError):
+        manifest = None
+    if manifest is None or not manifest.reference or not manifest.schedules:
         raise InputError(
             f"--answers {run_dir}: no readable {MANIFEST} naming the reference "
             "target; give a run directory replay wrote"
-        ) from None
+        )
+    reference, first = manifest.reference, manifest.schedules[0]
 
     def rows() -> Iterable[Row]:
         for row in read_jsonl(run_dir / RESULTS):

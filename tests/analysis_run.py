@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from replay.analysis.grading.rows import grading_spec
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.records import Result, ToolCall
 from replay.run.analyze import Analysis
@@ -242,7 +243,7 @@ def analysis(run_dir: Path) -> Analysis:
         tolerance=0.05,
         seed=3,
         thresholds=Thresholds(),
-        manifest=manifest(),
+        manifest=Manifest.from_json(manifest()),
         grading_specs=lambda ids: {k: v for k, v in specs.items() if k in ids},
         results=results(),
     )
@@ -270,7 +271,7 @@ def locust_analysis(run_dir: Path) -> Analysis:
         tolerance=0.05,
         seed=0,
         thresholds=Thresholds(),
-        manifest=manifest(),
+        manifest=Manifest.from_json(manifest()),
         grading_specs=lambda ids: {},
         verdict=False,
         grading=False,

@@ -25,6 +25,7 @@ from replay.analysis.schemas import (
     SummaryError,
     TargetSummary,
 )
+from replay.analysis.schemas_manifest import Manifest
 from replay.cli import main
 from replay.present import report
 from replay.run.analyze import analyse
@@ -183,7 +184,7 @@ def test_the_verdict_and_report_read_records_and_json_alike(tmp_path: Path) -> N
 
     doc = _golden("run_summary.json")
     typed = Summary.from_json(doc)
-    manifest = analysis_run.manifest()
+    manifest = Manifest.from_json(analysis_run.manifest())
     assert facts_from_run(doc, manifest, candidate="fp8") == facts_from_run(
         typed, manifest, candidate="fp8"
     )

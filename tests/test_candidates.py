@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from replay.analysis.schemas import Summary
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.candidates import decide_candidates, format_of, in_its_words
 from replay.analysis.verdict.facts import Thresholds
 from replay.analysis.verdict.wording import verdict_record
@@ -33,7 +34,7 @@ def _summary(cells: dict[str, tuple[int, int, int]]) -> Summary:
     return Summary.from_json(data)
 
 
-def _manifest(*names: str) -> dict[str, Any]:
+def _manifest_json(*names: str) -> dict[str, Any]:
     return {
         "reference": "bf16",
         "targets": {
@@ -41,6 +42,10 @@ def _manifest(*names: str) -> dict[str, Any]:
             for n in ("bf16", *names)
         },
     }
+
+
+def _manifest(*names: str) -> Manifest:
+    return Manifest.from_json(_manifest_json(*names))
 
 
 def test_each_candidate_is_decided_at_alpha_over_k() -> None:
@@ -81,8 +86,9 @@ def test_an_emulated_format_is_named_as_emulated(tmp_path: Any) -> None:
     model.mkdir()
     (model / "config.json").write_text('{"num_attention_heads": 4, "hidden_size": 256}')
     name = "nvfp4-emulated"
-    manifest = _manifest(name)
-    manifest["targets"][name]["spec"]["model"] = str(model)
+    raw = _manifest_json(name)
+    raw["targets"][name]["spec"]["model"] = str(model)
+    manifest = Manifest.from_json(raw)
     summary = _summary({name: (400, 2, 2)})
     v = decide_candidates(summary, manifest, [name], name, {}, Thresholds())[name]
     assert v.verdict == "emulated" and v.headline.startswith("NO VERDICT ON EMULATED nvfp4")
@@ -90,13 +96,13 @@ def test_an_emulated_format_is_named_as_emulated(tmp_path: Any) -> None:
     (cap,) = [e for e in v.evidence if e["kind"] == "systems" and "implied" in e["text"]]
     assert "3.56x BF16's tokens" in cap["text"] and "head size 64" in cap["text"]
     assert format_of(name, manifest) == ("nvfp4", True)
-    assert format_of("fp8_e5m2-b", {}) == ("fp8_e5m2", False)
+    assert format_of("fp8_e5m2-b", Manifest.from_json({})) == ("fp8_e5m2", False)
 
 
 def test_fp8_verdicts_are_left_as_the_rule_words_them() -> None:
     v = verdict_record("calibrate", ["repeatable loss"], [])
     assert in_its_words(v, "fp8", _manifest("fp8")) is v
-    assert in_its_words(v, "bf16-b", {}) is v
+    assert in_its_words(v, "bf16-b", Manifest.from_json({})) is v
 
 
 def test_the_candidates_are_every_target_but_the_reference_calibrated_and_control(
@@ -111,7 +117,7 @@ def test_the_candidates_are_every_target_but_the_reference_calibrated_and_contro
     a = analysis_run.analysis(tmp_path / "run")
     assert candidates_of(a) == ["fp8"]  # fp8-cal is the calibrated arm, bf16-control the A/A
     more = {**a.targets, "int8_per_token_head": a.targets["fp8"], "fp8_e5m2": a.targets["fp8"]}
-    manifest = {**a.manifest, "cli_options": {"targets": "bf16,int8_per_token_head,fp8,fp8_e5m2"}}
+    manifest = replace(a.manifest, cli_options={"targets": "bf16,int8_per_token_head,fp8,fp8_e5m2"})
     b = replace(a, targets=more, manifest=manifest)
     assert candidates_of(b) == ["fp8", "int8_per_token_head", "fp8_e5m2"]
 
@@ -126,7 +132,8 @@ def test_the_layers_arm_is_no_candidate_of_its_own(tmp_path: Any) -> None:
     from . import analysis_run
 
     a = analysis_run.analysis(tmp_path / "run")
-    roles = {**a.manifest["roles"], "layers": "fp8-skip"}
-    manifest = {**a.manifest, "roles": roles, "cli_options": {"targets": "bf16,fp8,fp8-skip"}}
+    assert a.manifest.roles is not None
+    roles = replace(a.manifest.roles, layers="fp8-skip")
+    manifest = replace(a.manifest, roles=roles, cli_options={"targets": "bf16,fp8,fp8-skip"})
     b = replace(a, targets={**a.targets, "fp8-skip": a.targets["fp8"]}, manifest=manifest)
     assert candidates_of(b) == ["fp8"]

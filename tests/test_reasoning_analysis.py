@@ -14,6 +14,7 @@ import pytest
 from replay.analysis.grading.rows import grade_rows, no_answer
 from replay.analysis.reasoning import reasoning_length
 from replay.analysis.schemas import ReasoningDelta, Summary
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.summary import summarize_targets
 from replay.analysis.verdict.facts import ArmFacts, Thresholds, facts_from_run
 from replay.analysis.verdict.rule import decide, reasoning_warnings
@@ -76,7 +77,7 @@ def verdict_evidence(results: list[Result]) -> list[str]:
         reasoning=reasoning_length(results, "bf16", BUCKETS),
     )
     manifest = {"targets": {n: {"name": n} for n in names}, "reference": "bf16"}
-    facts = facts_from_run(summary, manifest, candidate="fp8")
+    facts = facts_from_run(summary, Manifest.from_json(manifest), candidate="fp8")
     return [e["text"] for e in decide(facts).evidence if e["kind"] == "warning"]
 
 

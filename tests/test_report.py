@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from replay.analysis.grading.quality import quality
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.summary import build_summary
 from replay.analysis.systems import compare_systems, throughput_ratio
 from replay.analysis.verdict.facts import facts_from_run
@@ -264,7 +265,8 @@ def make_run_dir(root: Path, unlabeled: int = 0) -> Path:
     summary["quality"] = quality(grades, tf_rows, "bf16", BUCKETS)
     summary["systems"] = compare_systems(results, "bf16", "fp8", "c1")
     summary["systems"]["throughput_ratio"] = throughput_ratio(summary, "bf16", "fp8", "c1")
-    summary["verdict"] = decide(facts_from_run(summary, manifest, candidate="fp8")).to_json()
+    facts = facts_from_run(summary, Manifest.from_json(manifest), candidate="fp8")
+    summary["verdict"] = decide(facts).to_json()
     _dump(run / "manifest.json", manifest)
     _dump(run / "summary.json", summary)
     _jsonl(run / "results.jsonl", [r.to_json() for r in results])
@@ -495,7 +497,7 @@ def test_failed_target_run(run_dir: Path) -> None:
         kv_cache_size_tokens=None,
         phases={},
     )
-    s["verdict"] = decide(facts_from_run(s, {}, candidate="fp8")).to_json()
+    s["verdict"] = decide(facts_from_run(s, Manifest.from_json({}), candidate="fp8")).to_json()
     del s["systems"]
     _dump(run_dir / "summary.json", s)
     html = report.render_html(run_dir)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from replay.analysis.roles import Roles, looks_calibrated, resolve
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.core.errors import ConfigError
 from replay.serving.targets import load_targets_config
@@ -61,9 +62,10 @@ def test_the_manifest_keeps_the_roles_and_odd_ones_fall_back() -> None:
         "reference": "bf16",
         "roles": {"reference": "bf16", "candidate": None, "calibrated": "fp8-local"},
     }
-    assert Roles.from_manifest(saved, names) == Roles("bf16", None, "fp8-local")
-    assert Roles.from_manifest({"reference": [1, 2]}, names) == Roles("bf16", "fp8-local")
-    assert Roles.from_manifest({}, []) == Roles("bf16")
+    assert Roles.from_manifest(Manifest.from_json(saved), names) == Roles("bf16", None, "fp8-local")
+    odd = Manifest.from_json({"reference": [1, 2]}, problems=[])
+    assert Roles.from_manifest(odd, names) == Roles("bf16", "fp8-local")
+    assert Roles.from_manifest(Manifest.from_json({}), []) == Roles("bf16")
 
 
 def test_a_bf16_candidate_is_a_deliberate_comparison_not_a_fallback() -> None:
@@ -71,7 +73,7 @@ def test_a_bf16_candidate_is_a_deliberate_comparison_not_a_fallback() -> None:
 
     def problems(spec: dict[str, str]) -> list[str]:
         manifest = {"reference": "bf16", "targets": {"bf16": {}, "other": {"spec": spec}}}
-        return serving_problems("other", served, manifest, calibrated=False)
+        return serving_problems("other", served, Manifest.from_json(manifest), calibrated=False)
 
     assert problems({"kv_cache_dtype": "auto", "expect_cache_dtype": "auto"}) == []
     assert any("fell back" in p for p in problems({"kv_cache_dtype": "fp8"}))

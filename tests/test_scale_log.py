@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvcal._verify import APPLIED, NOT_APPLIED, ServerCheck, _decide, _from_log, compare_scores
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.run.teacher import TFScore
 from replay.serving.introspect import engine_config_from_log
@@ -76,7 +77,7 @@ def test_the_replay_refuses_a_calibrated_target_that_runs_at_scale_one() -> None
         # What the runner keeps of a local server's log in the manifest.
         info = {"engine_config": engine_config_from_log(log), "scale_log_lines": scale_lines(log)}
         manifest = {"reference": "bf16", "targets": {"bf16": {}, name: info}}
-        return serving_problems(name, served, manifest, calibrated=calibrated)
+        return serving_problems(name, served, Manifest.from_json(manifest), calibrated=calibrated)
 
     assert any("quantization=None" in p for p in problems("fp8-cal", ORIGINAL, True))
     assert problems("fp8-cal", OVERLAY, True) == []

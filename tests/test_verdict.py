@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.advice import Advice
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
 from replay.analysis.verdict.rule import decide
@@ -357,7 +358,7 @@ def test_a_loss_in_a_loaded_phase_counts() -> None:
 
     fine = {"<8K": (200, 2, 2), "8K-32K": (200, 2, 2)}
     summary = _sweep({"c1": fine, "c16": {"<8K": (200, 2, 2), "8K-32K": (200, 30, 2)}})
-    facts = facts_from_run(summary, {}, candidate="fp8")
+    facts = facts_from_run(summary, NO_MANIFEST, candidate="fp8")
     assert facts.candidate is not None and facts.candidate.phases == 2
     assert [(b.bucket, b.phase) for b in facts.candidate.buckets] == [
         ("<8K", "c1"),
@@ -367,14 +368,16 @@ def test_a_loss_in_a_loaded_phase_counts() -> None:
     ]
     v = decide(facts)
     assert v.verdict == "calibrate" and "8K-32K (c16)" in v.reasons[0], v.reasons
-    assert decide(facts_from_run(_sweep({"c1": fine}), {}, candidate="fp8")).verdict == "keep"
+    assert (
+        decide(facts_from_run(_sweep({"c1": fine}), NO_MANIFEST, candidate="fp8")).verdict == "keep"
+    )
 
 
 def test_every_phase_must_show_the_match() -> None:
     from replay.analysis.verdict.facts import facts_from_run
 
     summary = _sweep({"c1": {"<8K": (200, 2, 2)}, "c4": {"<8K": (40, 0, 0)}})
-    v = decide(facts_from_run(summary, {}, candidate="fp8"))
+    v = decide(facts_from_run(summary, NO_MANIFEST, candidate="fp8"))
     assert v.verdict == "insufficient_evidence"
     assert "<8K (c4): 40 graded pairs, at least 59 needed" in v.reasons[0]
 
@@ -384,7 +387,10 @@ def test_phases_are_not_pooled_into_more_evidence() -> None:
     from replay.analysis.verdict.facts import facts_from_run
 
     summary = _sweep({ph: {"<8K": (40, 0, 0)} for ph in ("c1", "c4", "c16")})
-    assert decide(facts_from_run(summary, {}, candidate="fp8")).verdict == "insufficient_evidence"
+    assert (
+        decide(facts_from_run(summary, NO_MANIFEST, candidate="fp8")).verdict
+        == "insufficient_evidence"
+    )
 
 
 def test_loss_tests_share_alpha_across_phases() -> None:
@@ -403,14 +409,19 @@ def test_thresholds_reach_the_facts() -> None:
     from replay.analysis.verdict.facts import facts_from_run
 
     summary = _sweep({"c1": {"<8K": (30, 0, 0)}})
-    facts = facts_from_run(summary, {}, candidate="fp8", thresholds=Thresholds(tolerance=0.2))
+    facts = facts_from_run(
+        summary, NO_MANIFEST, candidate="fp8", thresholds=Thresholds(tolerance=0.2)
+    )
     assert facts.candidate is not None
     assert facts.candidate.buckets[0].needed is None  # shown at 20 points: nothing needed
-    facts = facts_from_run(summary, {}, candidate="fp8")
+    facts = facts_from_run(summary, NO_MANIFEST, candidate="fp8")
     assert facts.candidate is not None and facts.candidate.buckets[0].needed == 59
 
 
-def _manifest(**fp8: object) -> dict[str, object]:
+NO_MANIFEST = Manifest.from_json({})
+
+
+def _manifest(**fp8: object) -> Manifest:
     base = {
         "engine_version": "0.32.0",
         "model_root": "/m",
@@ -419,7 +430,9 @@ def _manifest(**fp8: object) -> dict[str, object]:
         "scale_log_lines": [],
         "spec": {"args": []},
     }
-    return {"reference": "bf16", "targets": {"bf16": dict(base), "fp8": {**base, **fp8}}}
+    return Manifest.from_json(
+        {"reference": "bf16", "targets": {"bf16": dict(base), "fp8": {**base, **fp8}}}
+    )
 
 
 @pytest.mark.parametrize(
@@ -471,7 +484,7 @@ def _manifest(**fp8: object) -> dict[str, object]:
     ],
 )
 def test_serving_path_problems(
-    target: dict[str, object], manifest: dict[str, object], calibrated: bool, problem: str
+    target: dict[str, object], manifest: Manifest, calibrated: bool, problem: str
 ) -> None:
     from replay.analysis.verdict.serving_path import serving_problems
 
@@ -597,7 +610,7 @@ def test_emulated_target_serves_bf16_without_a_fallback_problem() -> None:
             "fp8": target,
         }
     }
-    facts = facts_from_run(summary, {**manifest, "reference": "bf16"})
+    facts = facts_from_run(summary, manifest)
     assert facts.candidate is not None and facts.candidate.emulated
     assert facts.capacity_ratio is None  # 1.0x here: BF16's, never presented as FP8's
 
@@ -612,4 +625,4 @@ def test_a_layers_arm_at_a_url_on_the_calibrated_overlay_is_judged_as_calibrated
     assert not _on_overlay(_manifest(), "fp8", "bf16")
     local = {"reference": "bf16", "targets": {"bf16": {"spec": {"model": "/m"}}}}
     local["targets"]["fp8"] = {"spec": {"model": "/m-kvcal"}}  # type: ignore[index]
-    assert _on_overlay(local, "fp8", "bf16")
+    assert _on_overlay(Manifest.from_json(local), "fp8", "bf16")

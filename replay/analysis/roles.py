@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX
+from replay.analysis.schemas_manifest import Manifest
 from replay.core.errors import ConfigError
 
 ROLES = ("reference", "candidate", "calibrated", "layers")
@@ -42,21 +42,15 @@ class Roles:
         return {**out, "layers": self.layers} if self.layers else out
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any], names: Sequence[str]) -> Roles:
+    def from_manifest(cls, manifest: Manifest, names: Sequence[str]) -> Roles:
         """The manifest's roles; runs written before roles were recorded get the guess."""
-        # A manifest is read back from disk: anything odd in it falls back to the guess.
-        saved = manifest.get("roles")
-        if isinstance(saved, Mapping) and isinstance(saved.get("reference"), str):
-
-            def name(key: str) -> str | None:
-                v = saved.get(key)
-                return v if isinstance(v, str) else None
-
-            return cls(saved["reference"], name("candidate"), name("calibrated"), name("layers"))
+        saved = manifest.roles
+        if saved is not None and saved.reference:
+            return cls(saved.reference, saved.candidate, saved.calibrated, saved.layers)
         if not names:
-            return cls(str(manifest.get("reference") or "bf16"))
-        ref = manifest.get("reference")
-        return resolve(names, reference=ref if isinstance(ref, str) and ref in names else None)
+            return cls(manifest.reference or "bf16")
+        ref = manifest.reference
+        return resolve(names, reference=ref if ref in names else None)
 
 
 def looks_calibrated(name: str) -> bool:

@@ -11,7 +11,8 @@ from typing import Any
 from replay.cli.common import console, shown
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
-from replay.run.rundir import MANIFEST, check_run_location, file_digest, new_run_dir, read_json
+from replay.run.manifest import read_manifest
+from replay.run.rundir import MANIFEST, check_run_location, file_digest, new_run_dir
 
 
 def run_options_of(
@@ -75,16 +76,17 @@ def resume_options(run_dir: Path) -> tuple[RunOptions, Resuming]:
     """The options the interrupted run was started with, from its manifest."""
     where = f"--resume {run_dir}: {MANIFEST}"
     try:
-        manifest = read_json(run_dir / MANIFEST)
-        saved, sha = manifest["cli_options"], manifest["trace"]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+        manifest = read_manifest(run_dir)
+    except (OSError, ValueError):
+        manifest = None
+    if manifest is None or manifest.cli_options is None or not manifest.trace.sha256:
         raise InputError(
             f"--resume {run_dir}: no readable manifest.json with the run's "
             "options; is this a kvcanary run directory?"
-        ) from None
-    if not isinstance(saved, dict):
-        raise InputError(f"{where}: cli_options is not an object")
-    return RunOptions.from_saved(saved, where), Resuming(run_dir, str(sha))
+        )
+    return RunOptions.from_saved(dict(manifest.cli_options), where), Resuming(
+        run_dir, manifest.trace.sha256
+    )
 
 
 def run_directory(o: RunOptions, resuming: Resuming | None) -> Path:

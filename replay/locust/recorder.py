@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.analysis.grading.rows import grading_spec
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.records import Result
@@ -163,7 +164,11 @@ class RunRecorder:
                 self.phases[r.phase] = {"start": min(times), "end": max(times)}
         self.save_manifest()
         name = self.spec.name
-        targets = {name: target_for_summary(self.status, self.reason, self.info, self.phases)}
+        targets = {
+            name: target_for_summary(
+                self.status, self.reason, self.info.get("cache_config"), self.phases
+            )
+        }
         ids = {r.request_id for r in results}
         specs = {r.id: grading_spec(r) for r in self.trace.iter_requests() if r.id in ids}
         # The CLI's own analysis (replay/run/analyze.py): one pipeline for both drivers.
@@ -178,7 +183,7 @@ class RunRecorder:
                 tolerance=tolerance,
                 seed=self.seed,
                 thresholds=Thresholds(tolerance=tolerance),
-                manifest=self.manifest(),
+                manifest=Manifest.from_json(self.manifest(), where="manifest"),
                 grading_specs=lambda ids: specs,
                 verdict=False,
                 grading=self.checkers,

@@ -13,29 +13,29 @@ from typing import Any
 
 import jinja2
 
-from replay.present.formatting import DASH, f_int, num, text, visible
-from replay.present.reading import Run, dig, lst, obj
+from replay.present.formatting import DASH, f_int, text, visible
+from replay.present.reading import Run
 from replay.present.sections import build_views, shown_sections
 
 TEMPLATE = "report_template.html.j2"
 
 
 def _header(run: Run) -> dict[str, Any]:
-    m, trace = run.manifest, obj(run.manifest.get("trace"))
-    started = num(m.get("started_at"))
+    m, trace = run.manifest, run.manifest.trace
+    started = m.started_at
     return {
         "run_id": run.dir.name,
         "started": DASH
         if started is None
         else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-        "tool": f"{text(dig(m, 'tool', 'name'))} {text(dig(m, 'tool', 'version'))}",
-        "trace": text(trace.get("path")),
-        "sha": _f_sha(trace.get("sha256")),
-        "requests": f_int(trace.get("requests")),
-        "bad_lines": f_int(trace.get("bad_lines")),
-        "buckets": ", ".join(str(b) for b in lst(dig(m, "buckets", "labels"))) or DASH,
-        "schedules": ", ".join(str(s) for s in lst(m.get("schedules"))) or DASH,
-        "command": " ".join(str(c) for c in lst(m.get("command"))) or DASH,
+        "tool": f"{text(m.tool.name)} {text(m.tool.version)}",
+        "trace": text(trace.path),
+        "sha": _f_sha(trace.sha256),
+        "requests": f_int(trace.requests),
+        "bad_lines": f_int(trace.bad_lines),
+        "buckets": ", ".join(m.buckets.labels) or DASH,
+        "schedules": ", ".join(m.schedules) or DASH,
+        "command": " ".join(m.command) or DASH,
         "summary_version": text(run.summary.version),
     }
 

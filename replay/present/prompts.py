@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from replay.present.reading import Run, dig, obj
+from replay.present.reading import Run, obj
 from replay.run.rundir import file_digest
 
 PROMPT_HEAD = PROMPT_TAIL = 300
@@ -18,17 +18,17 @@ PROMPT_HEAD = PROMPT_TAIL = 300
 
 def trace_file(run: Run) -> tuple[Path | None, str]:
     """The run's trace file, if it can be found, and a note (for a changed or missing one)."""
-    raw = dig(run.manifest, "trace", "path")
-    if not isinstance(raw, str) or not raw:
+    raw = run.manifest.trace.path
+    if not raw:
         return None, "the manifest names no trace file"
     p = Path(raw)
     roots = [Path.cwd(), run.dir.resolve().parent.parent, run.dir.resolve().parent]
     found = [q for q in ([p] if p.is_absolute() else [r / p for r in roots]) if q.is_file()]
     if not found:
         return None, f"trace file {raw} not found"
-    digest = dig(run.manifest, "trace", "sha256")
+    digest = run.manifest.trace.sha256
     for q in found:
-        if not isinstance(digest, str) or file_digest(q) == digest:
+        if not digest or file_digest(q) == digest:
             return q, ""
     return found[0], f"{found[0]} has changed since the run (sha256 differs): prompts may not match"
 

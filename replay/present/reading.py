@@ -18,10 +18,10 @@ import orjson
 
 from replay.analysis.roles import Roles
 from replay.analysis.schemas import Summary
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.candidates import format_of
 from replay.run.rundir import GRADES, MANIFEST, RESULTS, SUMMARY
 from replay.serving.kv_formats import label
-from replay.serving.scale_log import is_emulated
 
 CONTROL_SUFFIX = "-control"
 # A colour per target, the same in every chart; the A/A control is grey.
@@ -64,7 +64,7 @@ def to_float(x: object) -> float | None:
 @dataclass
 class Run:
     dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     summary: Summary  # read leniently: a value of the wrong type is a problem, and a dash
     results: list[dict[str, Any]]
     grades: list[dict[str, Any]]
@@ -74,12 +74,11 @@ class Run:
     @property
     def reference(self) -> str | None:
         q = self.summary.quality
-        ref = (q.reference if q else None) or self.manifest.get("reference")
-        return ref if isinstance(ref, str) else None
+        return (q.reference if q else None) or self.manifest.reference or None
 
     def targets(self) -> list[str]:
         """Every target, in the run's order (the reference first)."""
-        names: list[object] = [*obj(self.manifest.get("targets")), *self.summary.targets]
+        names: list[object] = [*self.manifest.targets, *self.summary.targets]
         names += [r.get("target") for r in self.results]
         out = list(dict.fromkeys(n for n in names if isinstance(n, str)))
         return sorted(out, key=lambda n: (n != self.reference, n.endswith(CONTROL_SUFFIX)))
@@ -92,7 +91,7 @@ class Run:
 
     def emulated(self, name: object) -> bool:
         """An emulated target: its quality is its format's, its capacity and speed BF16's."""
-        return isinstance(name, str) and is_emulated(obj(dig(self.manifest, "targets", name)))
+        return isinstance(name, str) and self.manifest.emulated(name)
 
     def kv_format(self, name: str) -> str | None:
         """The KV format a target is meant to run (an emulated one's too), if known."""
@@ -109,7 +108,7 @@ class Run:
 
     def phases(self) -> list[str]:
         q = self.summary.quality
-        names = [*lst(self.manifest.get("schedules")), *(q.phases if q else ())]
+        names = [*self.manifest.schedules, *(q.phases if q else ())]
         names += [p for t in self.summary.targets.values() for p in t.phases]
         names += [r.get("phase") for r in self.results]
         return list(dict.fromkeys(n for n in names if isinstance(n, str)))
@@ -118,7 +117,7 @@ class Run:
         """Items in the run's order of buckets, targets or phases (summary.json is written
         with sorted keys, which would put "256-1K" before "<256")."""
         order = {
-            "bucket": [str(b) for b in lst(dig(self.manifest, "buckets", "labels"))],
+            "bucket": list(self.manifest.buckets.labels),
             "target": self.targets(),
             "phase": self.phases(),
         }[kind]
@@ -171,7 +170,9 @@ def load_run(run_dir: Path) -> Run:
     metrics = run_dir / "metrics"
     if metrics.is_dir():
         series = {p.stem: _read_lines(p, problems) for p in sorted(metrics.glob("*.jsonl"))}
-    manifest = _read_object(run_dir / MANIFEST, problems)
+    manifest = Manifest.from_json(
+        _read_object(run_dir / MANIFEST, problems), where=MANIFEST, problems=problems
+    )
     summary = Summary.from_json(
         _read_object(run_dir / SUMMARY, problems), where=SUMMARY, problems=problems
     )

@@ -26,7 +26,7 @@ from replay.present.formatting import (
     num,
     text,
 )
-from replay.present.reading import Run, dig, lst, obj, to_float
+from replay.present.reading import Run, dig, lst, to_float
 from replay.present.systems_rule_views import capacity_table, rule_note, rule_table
 from replay.present.views import Cell, Table
 from replay.serving import kv_formats
@@ -161,7 +161,7 @@ def _groups(
     run: Run, dist: Mapping[tuple[str, str, str, str], list[float]], phase: str, metric: str
 ) -> list[tuple[str, list[BoxRow]]]:
     buckets = list(dict.fromkeys(k[1] for k in dist if k[0] == phase))
-    order = [str(b) for b in lst(dig(run.manifest, "buckets", "labels"))]
+    order = list(run.manifest.buckets.labels)
     buckets.sort(key=lambda b: order.index(b) if b in order else len(order))
     return [
         (
@@ -296,7 +296,8 @@ def capacity_view(run: Run) -> dict[str, Any]:
     )
     for name in run.targets():
         s = targets.get(name) or TargetSummary.from_json({})
-        cfg = obj(dig(run.manifest, "targets", name, "cache_config"))
+        entry = run.manifest.target(name)
+        cfg = entry.cache_config if entry is not None else {}
         size = num(s.kv_cache_size_tokens) or to_float(cfg.get("kv_cache_size_tokens"))
         bars.append((name, run.color(name), size))
         first = next(iter(run.in_order(s.phases, "phase")), None)
@@ -331,7 +332,8 @@ def _implied(run: Run, name: str) -> str:
     per token, replay.serving.kv_formats): for an emulated target the only capacity figure,
     for a served one a check of the measured one."""
     fmt = kv_formats.get(run.kv_format(name) or "")
-    head = kv_formats.head_size_of(dig(run.manifest, "targets", name, "spec", "model"))
+    spec = run.manifest.spec(name)
+    head = kv_formats.head_size_of(spec.model if spec is not None else None)
     if fmt is None or fmt.family == "other" or head is None:  # "other": layout not modelled
         return DASH
     return f_ratio(fmt.capacity_ratio(head))
@@ -392,13 +394,14 @@ def kv_view(run: Run) -> dict[str, Any]:
 def _windows(run: Run, name: str) -> list[tuple[str, float, float]]:
     """Phase windows on this target's server: its own, and those of targets that shared it
     (the A/A control replays on the reference's server)."""
-    url = dig(run.manifest, "targets", name, "server", "url")
+    mine = run.manifest.target(name)
+    url = mine.server.get("url") if mine is not None else None
     out = []
     for other in run.targets():
-        m = obj(dig(run.manifest, "targets", other))
-        if other != name and (url is None or dig(m, "server", "url") != url):
+        m = run.manifest.target(other)
+        if m is None or (other != name and (url is None or m.server.get("url") != url)):
             continue
-        for phase, w in run.in_order(obj(m.get("phases")), "phase"):
+        for phase, w in run.in_order(m.phases, "phase"):
             a, b = num(dig(w, "start")), num(dig(w, "end"))
             if a is not None and b is not None:
                 out.append((phase if other == name else f"{other} {phase}", a, b))

@@ -3,14 +3,15 @@ and the serving path (does each target run the path it is meant to test)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from replay.analysis.schemas import TargetSummary
+from replay.analysis.schemas_manifest import Manifest, TargetEntry
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.analysis.verdict.wording import VERDICTS
 from replay.present.formatting import f_est, f_int, f_p, f_pts, f_ratio, num, text
-from replay.present.reading import CONTROL_SUFFIX, Run, dig, lst, obj, to_float
+from replay.present.reading import CONTROL_SUFFIX, Run, to_float
 from replay.present.views import Cell, Table
 
 # Each verdict as the few words the top of the report shows in large type.
@@ -128,38 +129,37 @@ def serving_view(run: Run) -> dict[str, Any]:
     )
     details = []
     for name in run.targets():
-        m = obj(dig(run.manifest, "targets", name))
+        m = run.manifest.target(name) or TargetEntry.from_json({})
         s = run.summary.targets.get(name) or TargetSummary.from_json({})
-        served = s.cache_dtype or dig(m, "cache_config", "cache_dtype")
+        served = s.cache_dtype or m.cache_config.get("cache_dtype")
         findings = _findings(run, name, m, s, served)
-        server = obj(m.get("server"))
+        server = m.server
         t.add(
-            Cell(name, title=text(dig(m, "spec", "model"))),
+            Cell(name, title=text(m.spec.model)),
             _role(run, name),
             Cell(
-                text(s.status or m.get("status")),
-                "good" if (s.status or m.get("status")) == "ok" else "bad",
+                text(s.status or m.status),
+                "good" if (s.status or m.status) == "ok" else "bad",
             ),
-            text(dig(m, "spec", "expect_cache_dtype") or dig(m, "spec", "kv_cache_dtype")),
+            text(m.spec.meant_format),
             text(served) + (f" (emulated {run.format_label(name)})" if run.emulated(name) else ""),
             f_int(
-                s.kv_cache_size_tokens
-                or num(to_float(dig(m, "cache_config", "kv_cache_size_tokens")))
+                s.kv_cache_size_tokens or num(to_float(m.cache_config.get("kv_cache_size_tokens")))
             ),
-            text(m.get("engine_version")),
-            text(m.get("model_id")),
-            f_int(m.get("max_model_len")),
+            text(m.engine_version),
+            text(m.model_id),
+            f_int(m.max_model_len),
             text(server.get("url")) + (f" (pid {server['pid']})" if server.get("pid") else ""),
             Cell("; ".join(findings) or "none", "bad" if findings else "good"),
         )
         details.append(
             {
                 "name": name,
-                "reason": m.get("reason") or s.reason,
-                "scale_lines": [str(x) for x in lst(m.get("scale_log_lines"))],
-                "engine": sorted((str(k), str(v)) for k, v in obj(m.get("engine_config")).items()),
-                "cache": sorted((str(k), str(v)) for k, v in obj(m.get("cache_config")).items()),
-                "problems": [str(x) for x in lst(m.get("problems"))],
+                "reason": m.reason or s.reason,
+                "scale_lines": list(m.scale_log_lines),
+                "engine": sorted((str(k), str(v)) for k, v in (m.engine_config or {}).items()),
+                "cache": sorted((str(k), str(v)) for k, v in m.cache_config.items()),
+                "problems": list(m.problems),
             }
         )
     return {"table": t if t.rows else None, "details": details}
@@ -173,13 +173,11 @@ def _role(run: Run, name: str) -> str:
     return "calibrated" if name == run.roles().calibrated else "candidate"
 
 
-def _findings(
-    run: Run, name: str, m: Mapping[str, Any], s: TargetSummary, served: object
-) -> list[str]:
+def _findings(run: Run, name: str, m: TargetEntry, s: TargetSummary, served: object) -> list[str]:
     """What says this target does not run the path it is meant to test (as the verdict sees
     it); the reference and the control only report failing."""
-    status = s.status or m.get("status")
-    reason = s.reason or m.get("reason")
+    status = s.status or m.status or None
+    reason = s.reason or m.reason
     if status not in ("ok", "failed", None):
         return [f"status '{status}': {text(reason) if reason else 'no outcome recorded'}"]
     if name == run.reference or name.endswith(CONTROL_SUFFIX):
@@ -191,6 +189,12 @@ def _findings(
         kv_cache_size_tokens=None,
         phases={},
     )
-    # The verdict's own check, on what the manifest keeps of this target.
-    info = {k: m[k] for k in ("scale_log_lines", "engine_config", "spec") if k in m}
-    return serving_problems(name, merged, {"targets": {name: info}}, name == run.roles().calibrated)
+    # The verdict's own check, on the spec and what the server's log said of this target.
+    entry = replace(
+        TargetEntry.from_json({}),
+        spec=m.spec,
+        scale_log_lines=m.scale_log_lines,
+        engine_config=m.engine_config,
+    )
+    alone = replace(Manifest.from_json({}), targets={name: entry})
+    return serving_problems(name, merged, alone, name == run.roles().calibrated)

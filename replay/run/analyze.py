@@ -21,6 +21,7 @@ from replay.analysis.reasoning import reasoning_length
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
 from replay.analysis.schemas import CapacityPhase, Sequential, Summary, SystemsRule
+from replay.analysis.schemas_manifest import Manifest, TargetEntry
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
 from replay.analysis.systems_cells import (
@@ -41,6 +42,7 @@ from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
 from replay.core.records import Result
 from replay.core.slo import SloSpec, parse_slo
+from replay.run.manifest import read_manifest
 from replay.run.rundir import (
     CAPACITY_DIR,
     GRADES,
@@ -49,7 +51,6 @@ from replay.run.rundir import (
     SUMMARY,
     TEACHER_FORCED,
     file_digest,
-    read_json,
     read_results,
     rewrite_jsonl,
     write_json,
@@ -84,7 +85,7 @@ class Analysis:
     tolerance: float
     seed: int
     thresholds: Thresholds
-    manifest: Mapping[str, Any]
+    manifest: Manifest
     grading_specs: Callable[[set[str]], Mapping[str, Gradable]]
     verdict: bool = True  # a Locust run (one target) has none
     grading: bool = True  # Locust with --kvc-checkers off: no grades
@@ -114,7 +115,7 @@ def analyse(a: Analysis) -> Summary:
         run_dir=str(a.run_dir),
         driver=a.driver,
     )
-    labels = [str(x) for x in (a.manifest.get("schedules") or [])]
+    labels = list(a.manifest.schedules)
     sweep = saturation_of(summary, labels) if labels else None
     if sweep is not None:
         summary = replace(summary, saturation=sweep)
@@ -150,7 +151,7 @@ def candidates_of(a: Analysis) -> list[str]:
     """The targets compared with the reference, in the order --targets gave them: the primary
     candidate and every other target but the calibrated and layers arms and the A/A control."""
     roles = Roles.from_manifest(a.manifest, list(a.targets))
-    order = _ordered(list(a.targets), (a.manifest.get("cli_options") or {}).get("targets"))
+    order = _ordered(list(a.targets), (a.manifest.cli_options or {}).get("targets"))
     arms = (a.reference, a.candidate, roles.calibrated, roles.layers)
     others = [n for n in order if n not in arms and not n.endswith(CONTROL_SUFFIX)]
     return ([a.candidate] if a.candidate is not None else []) + others
@@ -208,7 +209,7 @@ def systems_rule(
     )
     if cell is not None:
         planned.append(cell)
-    interleaved = bool((a.manifest.get("options") or {}).get("interleave"))
+    interleaved = bool(a.manifest.options.get("interleave"))
     th = a.thresholds
     return (
         rule_of(
@@ -226,8 +227,8 @@ def load_phases(a: Analysis) -> list[str]:
     """The phases the systems side reads: every phase but the quality pass (--quality-pass
     serial's c1 answers one request at a time for quality, not at the workload's load), unless
     it is the run's only phase."""
-    phases = [str(p) for p in (a.manifest.get("schedules") or [a.first_phase])]
-    quality = (a.manifest.get("options") or {}).get("quality_phase")
+    phases = list(a.manifest.schedules) or [a.first_phase]
+    quality = a.manifest.options.get("quality_phase")
     return [p for p in phases if p != quality] or phases
 
 
@@ -235,8 +236,8 @@ def _capacity(
     a: Analysis, candidate: str, control: str | None
 ) -> tuple[CapacityPhase | None, Planned | None]:
     """The capacity phase from the manifest's ``capacity`` block and its own files."""
-    block = a.manifest.get("capacity")
-    if not isinstance(block, Mapping):
+    block = a.manifest.capacity
+    if block is None:
         return None, None
     where = a.run_dir / CAPACITY_DIR
     results = list(_complete_results(where)) if (where / RESULTS).exists() else []
@@ -257,10 +258,10 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
     for r in _complete_results(run_dir):
         r.prompt_ids = None
         results.append(r)
-    names = list(manifest["targets"])
-    reference = str(manifest.get("reference") or names[0])
-    targets = {n: _target_facts(manifest["targets"][n], n, results) for n in names}
-    cli = manifest.get("cli_options") or {}
+    names = list(manifest.targets)
+    reference = manifest.reference or names[0]
+    targets = {n: _target_facts(manifest.targets[n], n, results) for n in names}
+    cli = manifest.cli_options or {}
     tolerance = float(cli.get("tolerance", 0.05))
     thresholds = Thresholds(
         tolerance=tolerance,
@@ -272,8 +273,8 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
         systems_threshold=float(cli.get("systems_threshold", SYSTEMS_THRESHOLD)),
     )
     roles = Roles.from_manifest(manifest, _ordered(names, cli.get("targets")))
-    schedules = list(manifest.get("schedules") or [])
-    locust = "driver" in manifest
+    schedules = list(manifest.schedules)
+    locust = manifest.driver is not None
     return analyse(
         Analysis(
             run_dir=run_dir,
@@ -281,42 +282,36 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
             reference=reference,
             candidate=None if locust else roles.candidate,
             first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
-            bucket_labels=list((manifest.get("buckets") or {}).get("labels") or []),
+            bucket_labels=list(manifest.buckets.labels),
             tolerance=tolerance,
-            seed=int((manifest.get("options") or {}).get("seed", 0)),
+            seed=int(manifest.options.get("seed", 0)),
             thresholds=thresholds,
             manifest=manifest,
             grading_specs=_trace_checks(run_dir, manifest, trace_path),
             verdict=not locust,
             results=results,
-            driver=manifest["driver"] if locust else None,
+            driver=manifest.driver,
             slo=_saved_slo(manifest),
             sequential=load_record(run_dir),
         )
     ).to_json()
 
 
-def _saved_slo(manifest: Mapping[str, Any]) -> SloSpec | None:
+def _saved_slo(manifest: Manifest) -> SloSpec | None:
     """The SLOs the run was started with (``--slo``, or the Locust test's ``--kvc-slo``)."""
-    cli = manifest.get("cli_options") or {}
-    text = cli.get("slo") or (manifest.get("options") or {}).get("slo")
-    labels = list((manifest.get("buckets") or {}).get("labels") or [])
+    text = (manifest.cli_options or {}).get("slo") or manifest.options.get("slo")
+    labels = list(manifest.buckets.labels)
     return parse_slo(str(text), labels or None) if text else None
 
 
-def _manifest(run_dir: Path) -> dict[str, Any]:
+def _manifest(run_dir: Path) -> Manifest:
     try:
-        manifest = read_json(run_dir / MANIFEST)
+        manifest = read_manifest(run_dir)
     except (OSError, ValueError) as exc:
         raise InputError(
             f"{run_dir}: no readable {MANIFEST} ({exc}); is this a kvcanary run directory?"
         ) from None
-    if (
-        not isinstance(manifest, dict)
-        or not isinstance(manifest.get("targets"), dict)
-        or not manifest["targets"]
-        or not isinstance(manifest.get("trace"), dict)
-    ):
+    if not manifest.targets or not manifest.trace.path:
         raise InputError(f"{run_dir / MANIFEST}: not a kvcanary manifest (no targets or trace)")
     return manifest
 
@@ -361,11 +356,11 @@ def _complete_results(run_dir: Path) -> Iterator[Result]:
             ) from None
 
 
-def _target_facts(info: Mapping[str, Any], name: str, results: Sequence[Result]) -> dict[str, Any]:
+def _target_facts(info: TargetEntry, name: str, results: Sequence[Result]) -> dict[str, Any]:
     """What the summary needs of a target, from its manifest entry. A phase that some result
     names but the manifest has no window for (the run was killed inside it) gets the span of
     its results, so that its requests are counted."""
-    phases = {k: dict(v) for k, v in (info.get("phases") or {}).items()}
+    phases = {k: dict(v) for k, v in info.phases.items()}
     spans: dict[str, list[float]] = {}
     for r in results:
         if r.target == name and r.phase not in phases:
@@ -374,18 +369,21 @@ def _target_facts(info: Mapping[str, Any], name: str, results: Sequence[Result])
             span[0], span[1] = min(span[0], *times), max(span[1], *times)
     for label, (start, end) in spans.items():
         phases[label] = {"start": start, "end": end, "interrupted": True}
-    return target_for_summary(info.get("status"), info.get("reason"), info, phases)
+    return target_for_summary(info.status or None, info.reason, info.cache_config, phases)
 
 
 def target_for_summary(
-    status: str | None, reason: str | None, info: Mapping[str, Any], phases: Mapping[str, Any]
+    status: str | None,
+    reason: str | None,
+    cache_config: Mapping[str, Any] | None,
+    phases: Mapping[str, Any],
 ) -> dict[str, Any]:
     """What the summary needs of a target (an entry of ``Analysis.targets``): its status and
-    why, the cache configuration its server reported (in ``info``), and its phase windows."""
+    why, the cache configuration its server reported, and its phase windows."""
     return {
         "status": status,
         "reason": reason,
-        "cache_config": info.get("cache_config") or {},
+        "cache_config": cache_config or {},
         "phases": phases,
     }
 
@@ -397,23 +395,23 @@ def _ordered(names: Sequence[str], targets_option: Any) -> list[str]:
 
 
 def _trace_checks(
-    run_dir: Path, manifest: Mapping[str, Any], trace_path: Path | None
+    run_dir: Path, manifest: Manifest, trace_path: Path | None
 ) -> Callable[[set[str]], dict[str, GradingSpec]]:
     """The checks of the run's own trace, by request id (read when grading asks for them)."""
-    trace = manifest["trace"]
-    path = trace_path or Path(str(trace.get("path")))
+    trace = manifest.trace
+    path = trace_path or Path(trace.path or "")
     if not path.is_file():
         raise InputError(
             f"{run_dir}: the run's trace {path} is not there, and grading needs "
             "its checks; give it with --trace PATH"
         )
-    if trace.get("sha256") and file_digest(path) != trace["sha256"]:
+    if trace.sha256 and file_digest(path) != trace.sha256:
         raise InputError(
             f"{path}: not the trace of {run_dir} (its sha256 differs from the "
             "manifest's): its checks would grade other requests; give the "
             "original with --trace PATH"
         )
-    fmt = str(trace.get("format") or "auto")
+    fmt = trace.format or "auto"
 
     def checks(ids: set[str]) -> dict[str, GradingSpec]:
         return {r.id: grading_spec(r) for r in stream(path, fmt, on_bad_line="skip") if r.id in ids}

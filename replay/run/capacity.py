@@ -35,20 +35,19 @@ import numpy as np
 
 from replay.analysis.summary import server_over, spans_of
 from replay.analysis.systems_cells import CAPACITY as PHASE
-from replay.core.errors import RunDirError, TargetError
+from replay.core.errors import KvcanaryError, RunDirError, TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
 from replay.run.analyze import read_series
 from replay.run.budget import ErrorBudget
 from replay.run.config import CapacityOptions, RunConfig
+from replay.run.manifest import read_manifest
 from replay.run.phase import Phase, TargetSession
 from replay.run.progress import Progress
 from replay.run.rundir import (
     CAPACITY_DIR,
-    MANIFEST,
     RESULTS,
     JsonlWriter,
-    read_json,
     write_failure,
 )
 from replay.run.servers import launch, stop
@@ -151,11 +150,11 @@ def finished_capacity(cfg: RunConfig) -> dict[str, Any] | None:
     """The capacity block of the run being resumed, when its phase finished (ran, skipped or
     failed): kept as it is. One that was interrupted runs again, whole."""
     try:
-        block = read_json(cfg.run_dir / MANIFEST).get("capacity")
-    except (OSError, ValueError, AttributeError):
+        block = read_manifest(cfg.run_dir).capacity
+    except (OSError, ValueError, KvcanaryError):
         return None
-    done = isinstance(block, dict) and block.get("status") in ("ran", "skipped", "failed")
-    return dict(block) if done else None
+    done = block is not None and block.get("status") in ("ran", "skipped", "failed")
+    return dict(block) if block is not None and done else None
 
 
 def peak_usage(

@@ -1,7 +1,8 @@
 """The run manifest, written by both drivers (the CLI's runner and the Locust adapter) through
-one builder: a run directory says what ran, on what machine, with which trace, buckets,
-schedules and options, and what happened to each target, in the same shape whichever made it.
-``replay report`` and ``replay analyze`` read nothing else to know a run."""
+one builder and read back through one reader: a run directory says what ran, on what machine,
+with which trace, buckets, schedules and options, and what happened to each target, in the same
+shape whichever made it. ``replay report``, the analysis, ``--resume`` and kvcal read it as a
+``Manifest`` (its records are in ``replay/analysis/schemas_manifest.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from replay import __version__
+from replay.analysis.schemas_manifest import MANIFEST_FILE, Manifest
 from replay.core.buckets import Buckets
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy
@@ -105,3 +109,22 @@ def build_manifest(
         **extra,
         "targets": dict(targets),
     }
+
+
+def read_manifest(run_dir: Path, problems: list[str] | None = None) -> Manifest:
+    """The manifest of the run in ``run_dir``. Without ``problems``, an unreadable file or a
+    value of the wrong type raises (``OSError``, ``ValueError``; ``SummaryError`` naming the
+    field); with it, each wrong value is listed there and reads as missing."""
+    path = run_dir / MANIFEST_FILE
+    data = orjson.loads(path.read_bytes())
+    return Manifest.from_json(data, where=str(path), problems=problems)
+
+
+def written_targets(run_dir: Path) -> dict[str, Any]:
+    """The target entries of the run's manifest as they were written (``--resume`` carries
+    them forward whole, keys no record types included); empty when there are none."""
+    try:
+        targets = orjson.loads((run_dir / MANIFEST_FILE).read_bytes()).get("targets")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return dict(targets) if isinstance(targets, dict) else {}

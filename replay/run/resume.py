@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from replay.core.records import Result
+from replay.run.manifest import written_targets
 from replay.run.rundir import (
-    MANIFEST,
     RESULTS,
     TEACHER_FORCED,
-    read_json,
     read_jsonl,
     read_results,
     repair_jsonl,
@@ -44,11 +43,7 @@ class ResumeState:
         """Repair what a crash cut short and read what an earlier process of this run wrote;
         results that will be sent again are removed from results.jsonl."""
         state = cls()
-        try:
-            manifest = read_json(run_dir / MANIFEST)
-            state.previous = dict(manifest.get("targets", {}))
-        except (OSError, ValueError, AttributeError):
-            state.previous = {}
+        state.previous = written_targets(run_dir)
         # --workers: what the load processes of a killed run wrote joins results.jsonl first.
         merged = merge_leftovers(run_dir)
         dropped = repair_jsonl(run_dir / RESULTS)

@@ -27,11 +27,12 @@ from typing import IO, Any
 
 import orjson
 
+from replay.analysis.schemas_manifest import MANIFEST_FILE
 from replay.core.errors import InputError, RunDirError, TraceError
 from replay.core.records import Result
 
 RESULTS = "results.jsonl"
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 SUMMARY = "summary.json"
 BAD_LINES = "bad_lines.jsonl"
 GRADES = "grades.jsonl"

@@ -21,6 +21,7 @@ import aiohttp
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
+from replay.analysis.schemas_manifest import Manifest
 from replay.core.errors import ServerStartError, TargetError
 from replay.core.schedule import MonotonicClock
 from replay.run.analyze import Analysis, analyse, target_for_summary
@@ -184,7 +185,8 @@ class Runner:
         return Analysis(
             run_dir=self.cfg.run_dir,
             targets={
-                n: target_for_summary(r.status, r.reason, r.info, r.phases) for n, r in runs.items()
+                n: target_for_summary(r.status, r.reason, r.info.get("cache_config"), r.phases)
+                for n, r in runs.items()
             },
             reference=self.reference,
             candidate=self.roles.candidate,
@@ -193,7 +195,7 @@ class Runner:
             tolerance=self.cfg.tolerance,
             seed=self.cfg.seed,
             thresholds=self.cfg.thresholds,
-            manifest=self.manifest(),
+            manifest=Manifest.from_json(self.manifest(), where="manifest"),
             grading_specs=self._grading_specs,
             slo=self.cfg.slo,
         )

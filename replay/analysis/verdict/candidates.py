@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from replay.analysis.schemas import Summary, Systems, Verdict
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.facts import Thresholds, facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.analysis.verdict.wording import VERDICTS, evidence_entry
@@ -36,7 +36,7 @@ E4M3 = frozenset({"fp8", "fp8_e4m3"})
 
 def decide_candidates(
     summary: Summary,
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     candidates: Sequence[str],
     primary: str | None,
     systems_of: Mapping[str, Systems | None],
@@ -69,19 +69,19 @@ def decide_candidates(
     return out
 
 
-def format_of(name: str, manifest: Mapping[str, Any]) -> tuple[str | None, bool]:
+def format_of(name: str, manifest: Manifest) -> tuple[str | None, bool]:
     """(the KV format a target is meant to run, whether it is emulated), from its spec, else
     from its name."""
-    spec = _mapping(_mapping(_mapping(manifest.get("targets")).get(name)).get("spec"))
-    meant = spec.get("expect_cache_dtype") or spec.get("kv_cache_dtype")
-    text = str(meant) if meant else kv_formats.format_of_name(name)
+    spec = manifest.spec(name)
+    meant = spec.meant_format if spec is not None else None
+    text = meant or kv_formats.format_of_name(name)
     if text is None:
         return None, False
     emulated = kv_formats.emulated_format(text)
     return (emulated or text), emulated is not None
 
 
-def in_its_words(v: Verdict, name: str, manifest: Mapping[str, Any]) -> Verdict:
+def in_its_words(v: Verdict, name: str, manifest: Manifest) -> Verdict:
     """The stop rule's verdict for a candidate of another format than FP8 E4M3: titled with
     its name, and REJECT where the rule asks to calibrate a format that has no scales to
     calibrate."""
@@ -123,23 +123,18 @@ def _title(kind: str, fmt: kv_formats.KVFormat, emulated: bool) -> str:
     return titles.get(kind, VERDICTS[kind][1])
 
 
-def _implied_capacity(name: str, manifest: Mapping[str, Any]) -> str | None:
+def _implied_capacity(name: str, manifest: Manifest) -> str | None:
     """An emulated candidate's capacity as its format's bytes imply it (never measured: its
     server stores BF16), at the model's head size where the local model says it."""
     fmt_name, emulated = format_of(name, manifest)
     fmt = kv_formats.get(fmt_name) if fmt_name else None
     if not emulated or fmt is None:
         return None
-    spec = _mapping(_mapping(_mapping(manifest.get("targets")).get(name)).get("spec"))
-    head = kv_formats.head_size_of(spec.get("model"))
+    spec = manifest.spec(name)
+    head = kv_formats.head_size_of(spec.model if spec is not None else None)
     if head is None:
         return None
     return (
         f"{name}: {fmt.name} holds {fmt.capacity_ratio(head):.2f}x BF16's tokens in the same "
         f"cache by its bytes (head size {head}); implied, not served"
     )
-
-
-def _mapping(x: object) -> Mapping[str, Any]:
-    """A manifest is read back from disk: anything but a mapping reads as an empty one."""
-    return x if isinstance(x, Mapping) else {}

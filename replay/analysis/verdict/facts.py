@@ -29,13 +29,13 @@ from replay.analysis.schemas import (
     TargetQuality,
     TargetSummary,
 )
+from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
 from replay.analysis.stats.evidence import Evidence
 from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.analysis.systems_cells import THRESHOLD as SYSTEMS_THRESHOLD
 from replay.analysis.verdict.advice import Advice, advice_facts
 from replay.analysis.verdict.serving_path import error_problem, serving_problems
-from replay.serving.scale_log import is_emulated
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def _cell(
 
 def facts_from_run(
     summary: Summary | Mapping[str, Any],
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     *,
     candidate: str | None = None,
     calibrated: str | None = None,
@@ -199,14 +199,14 @@ def facts_from_run(
     cand = candidate or roles.candidate
     phases = s.quality.phases if s.quality else {}
     # --quality-pass serial: quality is decided on the answers that do not depend on batching.
-    only = (manifest.get("options") or {}).get("quality_phase")
+    only = manifest.options.get("quality_phase")
     if isinstance(only, str) and only in phases:
         phases = {only: phases[only]}
     ref_t = targets.get(reference)
     ref_problem = (
         None if ref_t is None else error_problem(reference, ref_t, thresholds.max_error_rate)
     )
-    cand_emulated = is_emulated(manifest.get("targets", {}).get(cand or "") or {})
+    cand_emulated = manifest.emulated(cand)
     usage = [
         ph.server.peak_kv_usage
         for ph in (ref_t.phases.values() if ref_t else ())
@@ -235,7 +235,7 @@ def facts_from_run(
             layers, _on_overlay(manifest, layers, reference), targets, phases, manifest, thresholds
         ),
         layers_skipped=_skipped(manifest, layers),
-        advice=advice_facts(manifest.get("options") or {}),
+        advice=advice_facts(manifest.options),
         per_head_supported=_per_head_supported(manifest, cal),
         outlier_layers=_outlier_layers(manifest, cal),
         capacity_ratio=_capacity_ratio(ref_t, targets.get(cand or ""), cand_emulated),
@@ -247,25 +247,22 @@ def facts_from_run(
     )
 
 
-def _on_overlay(manifest: Mapping[str, Any], name: str | None, reference: str) -> bool:
+def _on_overlay(manifest: Manifest, name: str | None, reference: str) -> bool:
     """Whether a target serves another checkpoint than the reference (a calibrated overlay:
     its scales must be applied, and its model path differs by design). A target at a URL has
     no model in its spec: the folder its server reports (``model_root``) says it."""
-    targets = manifest.get("targets") or {}
+    mine, ref = manifest.target(name), manifest.target(reference)
+    if mine is None or ref is None:
+        return False
+    if mine.model_root and ref.model_root:
+        return mine.model_root != ref.model_root
+    return bool(mine.spec.model and ref.spec.model and mine.spec.model != ref.spec.model)
 
-    mine, ref = targets.get(name or "") or {}, targets.get(reference) or {}
-    if mine.get("model_root") and ref.get("model_root"):
-        return bool(mine["model_root"] != ref["model_root"])
-    mine, ref = (mine.get("spec") or {}).get("model"), (ref.get("spec") or {}).get("model")
-    return bool(mine and ref and mine != ref)
 
-
-def _skipped(manifest: Mapping[str, Any], name: str | None) -> tuple[int, ...]:
+def _skipped(manifest: Manifest, name: str | None) -> tuple[int, ...]:
     """The layers a target's server keeps in BF16 (its ``--kv-cache-dtype-skip-layers``)."""
-    args = list(
-        (((manifest.get("targets") or {}).get(name or "") or {}).get("spec") or {}).get("args")
-        or []
-    )
+    spec = manifest.spec(name)
+    args = list(spec.args) if spec is not None else []
     flag = "--kv-cache-dtype-skip-layers"
     if flag not in args:
         return ()
@@ -277,12 +274,13 @@ def _skipped(manifest: Mapping[str, Any], name: str | None) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _calibration_report(manifest: Mapping[str, Any], name: str | None) -> Mapping[str, Any]:
+def _calibration_report(manifest: Manifest, name: str | None) -> Mapping[str, Any]:
     """The calibrated target's ``kvcal_report.json`` (its overlay's), when it is local."""
     import json
     from pathlib import Path
 
-    model = (((manifest.get("targets") or {}).get(name or "") or {}).get("spec") or {}).get("model")
+    spec = manifest.spec(name)
+    model = spec.model if spec is not None else None
     path = Path(str(model)) / "kvcal_report.json" if model else None
     if path is None or not path.is_file():
         return {}
@@ -293,11 +291,11 @@ def _calibration_report(manifest: Mapping[str, Any], name: str | None) -> Mappin
     return doc if isinstance(doc, dict) else {}
 
 
-def _per_head_supported(manifest: Mapping[str, Any], cal: str | None) -> bool:
+def _per_head_supported(manifest: Manifest, cal: str | None) -> bool:
     return bool(_calibration_report(manifest, cal).get("per_head_supported"))
 
 
-def _outlier_layers(manifest: Mapping[str, Any], cal: str | None) -> tuple[int, ...]:
+def _outlier_layers(manifest: Manifest, cal: str | None) -> tuple[int, ...]:
     """The layers calibration found standing out (its advice), measured on the samples."""
     advice = _calibration_report(manifest, cal).get("advice") or {}
     layers = advice.get("outlier_layers") if isinstance(advice, dict) else None
@@ -325,7 +323,7 @@ def _arm_facts(
     is_cal: bool,
     targets: Mapping[str, TargetSummary],
     phases: Mapping[str, Mapping[str, TargetQuality]],
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     thresholds: Thresholds,
 ) -> ArmFacts | None:
     """One FP8 target's facts: its serving problems, and its cells (bucket by bucket, each
@@ -352,7 +350,7 @@ def _arm_facts(
         shift.p_value if shift else None,
         shift.direction if shift else None,
         max(1, len(per_phase)),
-        is_emulated(manifest.get("targets", {}).get(name) or {}),
+        manifest.emulated(name),
     )
 
 

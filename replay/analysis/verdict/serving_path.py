@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replay.analysis.schemas import TargetSummary
+from replay.analysis.schemas_manifest import Manifest, TargetEntry
 from replay.serving import kv_formats
 from replay.serving.scale_log import SCALE_ONE_WARNING, from_engine_config
 
@@ -41,7 +42,7 @@ def error_problem(
 def serving_problems(
     name: str,
     target: TargetSummary | Mapping[str, Any],
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     calibrated: bool,
     max_error_rate: float = 0.05,
 ) -> list[str]:
@@ -53,42 +54,38 @@ def serving_problems(
         out.append(f"target failed: {summary.reason}")
         return out
     dtype = summary.cache_dtype
-    info = manifest.get("targets", {}).get(name, {}) or {}
-    spec = info.get("spec") or {}
-    meant = spec.get("expect_cache_dtype") or spec.get("kv_cache_dtype")
+    info = manifest.target(name) or TargetEntry.from_json({})
+    meant = info.spec.meant_format
     emulated = kv_formats.emulated_format(str(meant)) is not None
-    fell_back = _fallback(None if meant is None else str(meant), dtype)
+    fell_back = _fallback(meant, dtype)
     if fell_back:
         out.append(fell_back)
-    fmt = kv_formats.get(str(meant)) if meant else None
+    fmt = kv_formats.get(meant) if meant else None
     if calibrated and fmt is not None and fmt.quantized and not fmt.reads_checkpoint_scales:
         out.append(
             f"{fmt.name} computes its K/V scales per token and head when the cache is "
             "written and ignores the checkpoint's: a calibrated arm cannot apply to it"
         )
-    ref = manifest.get("targets", {}).get(manifest.get("reference", ""), {}) or {}
-    for key, what in (("engine_version", "engine version"), ("max_model_len", "max_model_len")):
-        if info.get(key) is not None and ref.get(key) is not None and info[key] != ref[key]:
-            out.append(f"{what} {info[key]} differs from the reference's {ref[key]}")
-    if (
-        not calibrated
-        and info.get("model_root")
-        and ref.get("model_root")
-        and info["model_root"] != ref["model_root"]
+    ref = manifest.target(manifest.reference) or TargetEntry.from_json({})
+    for mine, theirs, what in (
+        (info.engine_version, ref.engine_version, "engine version"),
+        (info.max_model_len, ref.max_model_len, "max_model_len"),
     ):
-        out.append(f"serves model {info['model_root']}, the reference {ref['model_root']}")
+        if mine is not None and theirs is not None and mine != theirs:
+            out.append(f"{what} {mine} differs from the reference's {theirs}")
+    if not calibrated and info.model_root and ref.model_root and info.model_root != ref.model_root:
+        out.append(f"serves model {info.model_root}, the reference {ref.model_root}")
     skip = _skip_layers_problem(
-        list(spec.get("args") or []),
-        str((info.get("cache_config") or {}).get("kv_cache_dtype_skip_layers", "")),
+        list(info.spec.args), str(info.cache_config.get("kv_cache_dtype_skip_layers", ""))
     )
     if skip and not emulated:  # an emulated target's plugin does the skipping
         out.append(skip)
     failing = error_problem(name, summary, max_error_rate)
     if failing:
         out.append(failing)
-    lines = info.get("scale_log_lines") or []
+    lines = info.scale_log_lines
     scales = from_engine_config(
-        info.get("engine_config") or {}, any(SCALE_ONE_WARNING in ln for ln in lines)
+        info.engine_config or {}, any(SCALE_ONE_WARNING in ln for ln in lines)
     )
     if calibrated and scales.runs_at_scale_one and (fmt is None or fmt.reads_checkpoint_scales):
         out.append(f"{scales.explain()}: the calibrated scales were not applied")
