@@ -1,15 +1,15 @@
-"""The real model's figures in the README, from the runs that measured them.
+"""The real model's figures in docs/models.md, from the runs that measured them.
 
     python bench/real_model.py record --aa RUN --canary RUN --advice FILE [--served RUN]
         [--sequential RUN]
-    python bench/real_model.py            # rewrite README.md's block from the results file
-    python bench/real_model.py --check    # exit 1 when the README's block is stale
+    python bench/real_model.py            # rewrite docs/models.md's block from the results file
+    python bench/real_model.py --check    # exit 1 when the block is stale
 
 ``record`` reads the run directories of an A/A sweep (``replay --model real --targets bf16
 --control --concurrency 1,4,16 --no-teacher-forced``), a canary (``replay canary --model real
 --targets bf16,fp8``), a ``kvcal advise --json`` file and, if given, a served canary of the
 calibrated and layers arms with that advice, and keeps their figures (no paths) in
-``bench/results/real_model.json``. The README's block between ``<!-- generated:
+``bench/results/real_model.json``. docs/models.md's block between ``<!-- generated:
 bench/real_model.py -->`` and ``<!-- end real_model -->`` is rendered from that file alone,
 so every figure there is one a run recorded.
 """
@@ -28,7 +28,7 @@ import orjson
 from _machine import describe
 
 BENCH = Path(__file__).resolve().parent
-README = BENCH.parent / "README.md"
+README = BENCH.parent / "docs" / "models.md"
 RESULTS = BENCH / "results" / "real_model.json"
 BEGIN = "<!-- generated: bench/real_model.py -->"
 END = "<!-- end real_model -->"

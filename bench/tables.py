@@ -133,7 +133,7 @@ def real_canary_rows(doc: dict[str, Any]) -> Iterator[Row]:
 
 
 def real_model_rows(doc: dict[str, Any]) -> Iterator[Row]:
-    """The real model's figures (``bench/real_model.py`` renders them in the README)."""
+    """The real model's figures (``bench/real_model.py`` renders them in docs/models.md)."""
     for phase, per in doc["aa"]["phases"].items():
         rows = per["bf16-control"].values()
         same = sum(round((r["identical"] or 0) * (r["compared"] or 0)) for r in rows)

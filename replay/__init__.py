@@ -15,13 +15,17 @@ Architecture (imports point one way, downwards; lint-imports checks it, see pypr
                                           systems, saturation, sequential evidence, verdict
     serving                               SSE, streaming client (its own HTTP/1.1), server API,
                                           prompt tokens, targets, local servers, scale log
-    core     checkers                     errors, exit codes, records, trace + importers,
-                                          sessions, SLOs, buckets, schedules, synth, extras,
-                                          the event loop;
-                                          the answer checkers
+    traces                                the v1 trace format, multi-turn sessions, synthetic
+                                          prompts, the importers of other formats
+    checkers                              the answer checkers: task checks, derived grades
+                                          (derived/), the code sandbox (sandbox/)
+    core                                  errors (the one tree), exit codes, records, ids, the
+                                          strictness rule, SLOs, buckets, schedules, extras,
+                                          JSON records, the event loop
 
-The core and the checkers never import locust, gevent, torch, transformers, vLLM or kvcal.
-kvcal may import replay, never the reverse.
+Core, checkers and traces never import locust, gevent, torch, transformers, vLLM or kvcal.
+kvcal may import replay, never the reverse. No two siblings import each other in a cycle, and
+a private module is imported only from its own package.
 
 Public API: ``load_run(RUN_DIR)`` returns a run directory's results, grades, server metrics
 and teacher-forced scores as pandas DataFrames (``replay.run.rundata``).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 from .conftest import ROOT
 
@@ -27,10 +28,31 @@ def test_every_command_is_in_the_cli_reference() -> None:
         assert f"\n## {command}\n" in text
 
 
-def test_relative_links_in_the_docs_reach_a_file() -> None:
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (code blocks' comment lines are not ones)."""
+    out, fence = set(), False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and (m := re.match(r"^#{1,6} (.+?)\s*$", line)):
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+def test_relative_links_in_the_readme_and_the_docs_reach_a_file_and_a_heading() -> None:
     broken = []
-    for page in sorted((ROOT / "docs").glob("*.md")):
-        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
-            if not (page.parent / target).exists():
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]*))?\)", text):
+            where = (page.parent / target) if target else page
+            if not where.exists():
                 broken.append(f"{page.name}: {target}")
+            elif anchor and where.suffix == ".md" and anchor not in _anchors(where):
+                broken.append(f"{page.name}: {target}#{anchor}")
     assert not broken, broken
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """The README: set-up, the commands, the verdict table and where to go next."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, len(lines)

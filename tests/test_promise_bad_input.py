@@ -1,4 +1,4 @@
-"""What a run promises on bad input (README, "Reliability"): it is refused before anything is
+"""What a run promises on bad input (docs/run-directory.md): it is refused before anything is
 sent, by file, line and field (or option), never taken as something else; and what it writes
 for a later step reads back as it meant.
 

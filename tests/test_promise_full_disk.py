@@ -1,4 +1,4 @@
-"""What a run promises on a full disk (README, "Reliability"): the run stops with a clear error
+"""What a run promises on a full disk (docs/run-directory.md): the run stops with a clear error
 (exit 5, no traceback), every result written before stays whole, and ``--resume`` finishes the
 run once there is room; and what the run directory's writers promise on their own.
 

@@ -1,4 +1,4 @@
-"""What a run promises on a hostile answer (README, "Reliability"): a server's answer of the
+"""What a run promises on a hostile answer (docs/run-directory.md): a server's answer of the
 wrong shape or type is that request's protocol error, never a crash and never stored as it
 came; a model's code cannot forge its own pass; and nothing in an answer acts on whoever reads
 the report.

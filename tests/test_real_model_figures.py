@@ -1,4 +1,4 @@
-"""The README's real-model figures are what bench/real_model.py renders from the committed
+"""The real-model figures of docs/models.md are what bench/real_model.py renders from the committed
 results file, so each one is a figure a run recorded."""
 
 from __future__ import annotations

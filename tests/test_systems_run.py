@@ -4,7 +4,8 @@ rises through the run, arms measured one after another make the candidate (measu
 slower, which the rule does not weigh, and interleaved they do not.
 
 A fake server here only stands in for what a real one cannot be made to do on demand (a given
-latency distribution, a load that rises on schedule); the real servers' runs are in the README.
+latency distribution, a load that rises on schedule); the real servers' runs are in
+docs/canary.md.
 """
 
 from __future__ import annotations

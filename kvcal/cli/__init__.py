@@ -31,7 +31,7 @@ __all__ = ["main"]
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Calibrate FP8 K/V scales from the traffic you serve (see README)."""
+    """Calibrate FP8 K/V scales from the traffic you serve (see docs/kvcal.md)."""
 
 
 for command in (inspect_cmd, sample_cmd, calibrate_cmd, verify_cmd, emulate_cmd, advise_cmd):
