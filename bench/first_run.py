@@ -163,7 +163,7 @@ def capacity_lines(run: str, cap: dict[str, Any]) -> Iterator[str]:
     arms = "; ".join(
         f"{n}: {_int(a['kv_cache_size_tokens'])} tokens of cache, {a['rate_rps']:.3g} req/s, "
         f"peak KV usage {100 * (a['peak_kv_usage'] or 0):.0f}%, {_int(a['preemptions'])} "
-        "preemptions"
+        + ("preemption" if a["preemptions"] == 1 else "preemptions")
         for n, a in cap["arms"].items()
     )
     full = {True: "ran full", False: "did not run full", None: "unknown"}[cap["reference_full"]]
