@@ -22,7 +22,8 @@ from typing import Any
 
 from replay.core.errors import ServerStartError
 from replay.run.teacher import TFScore, score_tokens
-from replay.serving.introspect import api_session, introspect
+from replay.serving.endpoints import api_session
+from replay.serving.introspect import introspect
 from replay.serving.local_server import LocalServer
 from replay.serving.scale_log import EMULATED_FP8, UNKNOWN, scale_evidence, scale_lines
 from replay.serving.targets import (

@@ -29,7 +29,8 @@ from aiohttp import web
 from replay.cli import EXIT_INPUT, EXIT_OK, EXIT_TARGET_FAILED
 from replay.core.errors import EndpointError, TargetError
 from replay.run.rundir import read_results
-from replay.serving.introspect import fetch, introspect, served_model
+from replay.serving.endpoints import fetch
+from replay.serving.introspect import introspect, served_model
 from replay.serving.prompt_tokens import token_pool
 from replay.traces.importers import load
 

@@ -9,7 +9,7 @@ import pytest
 
 from replay.analysis.summary import summarize_server
 from replay.run import phase
-from replay.serving.introspect import MetricsSnapshot
+from replay.serving.metrics import MetricsSnapshot
 
 
 class Scripted:

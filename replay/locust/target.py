@@ -17,7 +17,9 @@ from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
 from replay.core.records import Result
 from replay.serving.client import Client
-from replay.serving.introspect import Scraper, api_session, introspect, served_model
+from replay.serving.endpoints import api_session
+from replay.serving.introspect import introspect, served_model
+from replay.serving.metrics import Scraper
 from replay.serving.prompt_tokens import count_tokens, token_pool
 from replay.serving.targets import (
     TargetSpec,

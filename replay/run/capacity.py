@@ -52,8 +52,10 @@ from replay.run.rundir import (
 )
 from replay.run.servers import launch, stop
 from replay.serving.client import Client
-from replay.serving.introspect import Scraper, api_session, introspect, served_model
+from replay.serving.endpoints import api_session
+from replay.serving.introspect import introspect, served_model
 from replay.serving.local_server import DEFAULT_KV_CACHE_GIB, KV_CACHE_BYTES_FLAG, LocalServer
+from replay.serving.metrics import Scraper
 from replay.serving.targets import TargetSpec, check_served_dtype
 from replay.traces.sessions import Unit
 from replay.traces.trace import Request

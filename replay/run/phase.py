@@ -25,7 +25,7 @@ from replay.run.progress import Progress
 from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions, SessionTurns, TurnContext
 from replay.serving.client import Client
-from replay.serving.introspect import MetricsSnapshot
+from replay.serving.metrics import MetricsSnapshot
 from replay.serving.prompt_tokens import UNKNOWN, known_count
 from replay.traces.sessions import Unit, common_prefix, units
 from replay.traces.synth import TokenPool, synthesize

@@ -47,15 +47,10 @@ from replay.run.stopping import RunStop
 from replay.run.sweep import stop_rising
 from replay.run.teacher import Scoring, reference_offsets, score_answers
 from replay.serving.client import Client
-from replay.serving.introspect import (
-    MetricsSnapshot,
-    Scraper,
-    api_session,
-    engine_config_from_log,
-    introspect,
-    served_model,
-)
+from replay.serving.endpoints import api_session
+from replay.serving.introspect import engine_config_from_log, introspect, served_model
 from replay.serving.local_server import LocalServer
+from replay.serving.metrics import MetricsSnapshot, Scraper
 from replay.serving.prompt_scores import serves_cached_scores
 from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_pool
 from replay.serving.scale_log import scale_lines

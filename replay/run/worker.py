@@ -34,7 +34,7 @@ from replay.run.progress import QuietProgress
 from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions
 from replay.serving.client import Client
-from replay.serving.introspect import MetricsSnapshot
+from replay.serving.metrics import MetricsSnapshot
 from replay.traces.synth import TokenPool
 from replay.traces.trace import TraceSource
 

@@ -20,6 +20,7 @@ import orjson
 
 from replay.core.records import Result
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
+from replay.serving.endpoints import connect_reason
 from replay.serving.error_answers import (
     ERROR_BODY_BYTES,
     content_type,
@@ -34,7 +35,6 @@ from replay.serving.http1 import (
     ConnectTimeout,
     Disconnected,
 )
-from replay.serving.introspect import connect_reason
 from replay.serving.sse import DONE, MAX_EVENT_BYTES, NOT_ONE, ProtocolError, SSEDecoder
 from replay.traces.trace import Request
 

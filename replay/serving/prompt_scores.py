@@ -28,7 +28,7 @@ import aiohttp
 
 from replay.core.errors import EndpointError
 from replay.core.strict import number
-from replay.serving.introspect import fetch_json, quote
+from replay.serving.endpoints import fetch_json, quote
 
 # One prompt_logprobs entry is about 100 bytes a position: room for prompts of ~500k tokens.
 MAX_SCORES_BODY = 64 * 1024 * 1024

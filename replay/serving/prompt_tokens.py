@@ -13,7 +13,7 @@ import aiohttp
 from replay.core.errors import EndpointError, TargetError
 from replay.core.iterate import closing, pooled
 from replay.core.strict import token_ids
-from replay.serving.introspect import fetch_json
+from replay.serving.endpoints import fetch_json
 from replay.traces.synth import POOL_TEXT, TokenPool
 from replay.traces.trace import Request
 
