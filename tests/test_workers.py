@@ -277,7 +277,7 @@ def test_a_worker_reports_progress_as_counts_and_loses_none() -> None:
     import asyncio
     import multiprocessing
 
-    from replay.run.worker import ADVANCE_EVERY_S, PipeProgress
+    from replay.run.load_process import ADVANCE_EVERY_S, PipeProgress
 
     ours, theirs = multiprocessing.get_context("spawn").Pipe()
 

@@ -14,7 +14,7 @@
     │                            pairs the verdict decides on, teacher-forced scores, floor
     ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit), the
     │                            systems rule's cells (SystemsRule), the capacity phase
-    ├── Saturation               a load sweep's curves (``schemas_load``), per target
+    ├── Saturation               a load sweep's curves (``schemas_sweep``), per target
     ├── Sequential               a sequential canary's decision, buckets and interval path
     ├── ReasoningLength          reasoning tokens per target x bucket against the reference
     └── Verdict                  the stop rule's outcome (``verdict.rule.decide``); with
@@ -31,11 +31,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from replay.analysis.schemas_load import Saturation
 from replay.analysis.schemas_reasoning import ReasoningDelta as ReasoningDelta
 from replay.analysis.schemas_reasoning import ReasoningLength as ReasoningLength
 from replay.analysis.schemas_sequential import Sequential as Sequential
 from replay.analysis.schemas_sequential import SequentialBucket as SequentialBucket
+from replay.analysis.schemas_sweep import Saturation
 from replay.analysis.schemas_systems import CapacityArm as CapacityArm
 from replay.analysis.schemas_systems import CapacityPhase as CapacityPhase
 from replay.analysis.schemas_systems import SystemsCell as SystemsCell

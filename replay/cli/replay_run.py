@@ -40,7 +40,7 @@ from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.interleave import InterleavedRunner
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
-from replay.run.workers import WorkersRunner, check_workers
+from replay.run.workers_runner import WorkersRunner, check_workers
 from replay.serving.targets import (
     BUILTIN_DTYPES,
     TargetSpec,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from replay.analysis.schemas_load import LoadCurve, LoadPoint, Saturation, SloCeiling
+from replay.analysis.schemas_sweep import LoadCurve, LoadPoint, Saturation, SloCeiling
 from replay.present.charts import Chart, Curve, Mark, curve_chart
 from replay.present.formatting import DASH, f_pct, f_sig, num
 from replay.present.reading import Run

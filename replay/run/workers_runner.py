@@ -3,7 +3,7 @@
 ``WorkersRunner`` is the runner (targets, servers, introspection, manifest, /metrics, A/A
 control, teacher-forced scoring, analysis) with one step changed: sending a phase. It splits
 the phase by unit position (replay/core/shards.py), starts one process per share
-(replay/run/worker.py: its own event loop and connection pool, its own results file), scrapes
+(replay/run/load_process.py: its own event loop and connection pool, its own results file), scrapes
 /metrics around them, gives them one start on the run's clock, shows their progress, and merges
 their files into results.jsonl when the phase ends (replay/run/shard_files.py), also after an
 interrupt. The target's error budget is each worker's own during the phase (each starts from
@@ -35,11 +35,11 @@ from replay.core.shards import (
     open_loop_shards,
 )
 from replay.run.config import RunConfig
+from replay.run.load_process import WorkerSpec, work
 from replay.run.phase import Phase, Schedule, scrape_caught_up, scrape_idle
 from replay.run.progress import Progress
 from replay.run.runner import Runner
 from replay.run.shard_files import merge_shards, shard_results
-from replay.run.worker import WorkerSpec, work
 
 STOP_GRACE_S = 5.0  # after SIGTERM, a worker writes what it cancelled; then it is killed
 
