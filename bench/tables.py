@@ -117,19 +117,16 @@ def real_canary_rows(doc: dict[str, Any]) -> Iterator[Row]:
     s, run = doc["summary"], doc["runs"][-1]
     extra = " ".join(doc["config"]["extra"])
     what = f"{s['requests']} answers, real model, canary bf16,fp8 + control {extra}".rstrip()
+    cap = s["capacity_phase"]
     value = (
         f"{s['wall_s'] / 60:.1f} min (exit {run['exit_code']}): servers up "
-        f"{run['first_answer_written_s']:.0f} s, phases {s['phases_s']:.0f} s, teacher-forced "
-        f"{s['teacher_forced_s']:.0f} s ({s['teacher_forced_share_of_phases']:.0%} of phases)"
+        f"{s['servers_up_s']:.0f} s, phases {s['phases_s']:.0f} s ({s['output_tokens']:,} "
+        f"tokens at {s['decode_tokens_per_s']} tok/s), teacher-forced "
+        f"{s['teacher_forced_s']:.0f} s ({s['teacher_forced_share_of_phases']:.0%} of phases), "
+        f"capacity phase {cap['status']} "
+        f"after {cap['requests_answered']} answers"
     )
     yield what, value + f" ({'met' if s['met'] else 'missed'})", "<= 12 min"
-    for target, t in run["targets"].items():
-        rate = t["decode_tokens_per_s"]
-        yield (
-            f"real model, {target}: answers",
-            f"{t['output_tokens']} tokens in {t['phases_s']} s ({rate} tok/s)",
-            "",
-        )
 
 
 def real_model_rows(doc: dict[str, Any]) -> Iterator[Row]:
