@@ -10,6 +10,7 @@ A test runs ``--check``'s comparison, so the page cannot drift from the code.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     text = page()
     if a.check:
-        if PAGE.read_text(encoding="utf-8") != text:
+        old = PAGE.read_text(encoding="utf-8")
+        if old != text:
+            diff = difflib.unified_diff(
+                old.splitlines(True), text.splitlines(True), "cli.md", "now"
+            )
+            print("".join(list(diff)[:60]))
             print(f"{PAGE.relative_to(ROOT)} is stale: run python docs/cli_reference.py")
             return 1
         return 0

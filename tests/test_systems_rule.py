@@ -362,3 +362,22 @@ def test_faster_is_never_said_while_a_weighed_latency_is_slower() -> None:
             assert "faster" not in v.headline, v.headline
         if v.verdict == "keep":  # with SLOs goodput speaks for latency; without, none slower
             assert goodput is not None or not slower, v.headline
+
+
+def test_a_preemption_is_a_full_cache_whatever_the_sampled_peak() -> None:
+    """The usage gauge is read once a second and misses peaks; a preemption (an exact
+    counter) happens only when the cache cannot hold what runs. Queueing alone, below the
+    peak, is not enough: a request may wait for the step's token budget."""
+    from replay.analysis.capacity import full
+    from replay.analysis.schemas import CapacityArm
+
+    def arm(peak: float, waiting: float, preemptions: float) -> CapacityArm:
+        return CapacityArm.from_json(
+            {"peak_kv_usage": peak, "peak_waiting": waiting, "preemptions": preemptions}
+        )
+
+    assert full(arm(0.68, 4, 1)) is True
+    assert full(arm(0.95, 2, 0)) is True
+    assert full(arm(0.79, 3, 0)) is False
+    assert full(arm(0.95, 0, 0)) is False
+    assert full(None) is None

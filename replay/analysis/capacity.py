@@ -6,8 +6,9 @@ Each arm (the reference, its A/A control on the same server, the candidate) sent
 blocks of requests in turn; its rate in a block is the requests it served within the SLOs (or,
 without SLOs, answered) over the block's time, and the rule's capacity cell pairs the
 candidate's blocks with the reference's (``systems_cells.rate_cell``). The reference's cache
-counts as full when its peak KV usage reached ``FULL_USAGE`` and it queued or preempted: only
-then is the cell weighed, since only then does it measure what a larger cache buys.
+counts as full when it preempted a request, or when its peak KV usage reached ``FULL_USAGE``
+while requests queued: only then is the cell weighed, since only then does it measure what a
+larger cache buys.
 """
 
 from __future__ import annotations
@@ -62,11 +63,15 @@ def _arm(
 
 
 def full(arm: CapacityArm | None) -> bool | None:
-    """The cache ran full (peak usage at ``FULL_USAGE``) and the server queued or preempted."""
+    """The cache ran full: the server preempted a request (it does so only when the cache
+    cannot hold the running ones; the counter is exact), or its peak usage reached
+    ``FULL_USAGE`` while requests queued (the usage gauge is sampled once a second, so a
+    preemption between two scrapes is the surer sign)."""
     if arm is None or arm.peak_kv_usage is None:
         return None
-    pressed = (arm.peak_waiting or 0) > 0 or (arm.preemptions or 0) > 0
-    return arm.peak_kv_usage >= FULL_USAGE and pressed
+    if (arm.preemptions or 0) > 0:
+        return True
+    return arm.peak_kv_usage >= FULL_USAGE and (arm.peak_waiting or 0) > 0
 
 
 def capacity_phase(
