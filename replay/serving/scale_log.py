@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from replay.serving import kv_formats
 from replay.serving.introspect import engine_config_from_log
 
 SCALE_ONE_WARNING = "Using KV cache scaling factor 1.0"
@@ -93,17 +92,6 @@ def from_engine_config(engine: Mapping[str, str], warning: bool) -> ScaleEvidenc
     else:
         source = CHECKPOINT
     return ScaleEvidence(source, quant, kv, warning)
-
-
-def is_emulated(target_info: Mapping[str, object]) -> bool:
-    """Whether a manifest's target entry is an emulated target (of any format)."""
-    spec = target_info.get("spec")
-    if not isinstance(spec, Mapping):
-        return False
-    return any(
-        isinstance(d, str) and kv_formats.emulated_format(d) is not None
-        for d in (spec.get("kv_cache_dtype"), spec.get("expect_cache_dtype"))
-    )
 
 
 def scale_lines(log_text: str) -> list[str]:
