@@ -50,14 +50,69 @@ def fp8_flags() -> list[str]:
 FP8_DTYPE = EMULATED_FP8 if fp8_emulated() else "fp8"
 
 
+# The servers the session shares. Each takes about 3 GB (API server, engine core, worker with
+# its 1 GiB KV cache): held all at once beside a module's own servers they overfill a 24 GB
+# machine, which then evicts its page cache and crawls, or kills a server. So each one stops
+# after the last test that uses it, and the modules run in an order that keeps few alive.
+TWIN_SERVERS = ("twin_server", "twin_fp8_server", "twin_cal_fp8_server")
+SHARED_SERVERS = ("bf16_server", "fp8_server", *TWIN_SERVERS)
+_running: dict[str, LocalServer] = {}
+_last_user: dict[str, str] = {}
+
+
+def shared_servers_used(item: pytest.Item) -> set[str]:
+    """The shared servers a test uses: its fixtures' closure, and those a module asks for at
+    run time (``request.getfixturevalue``), which it names in ``uses_servers`` marks."""
+    names = set(getattr(item, "fixturenames", ()))
+    for mark in item.iter_markers("uses_servers"):
+        names.update(mark.args)
+    return names & set(SHARED_SERVERS)
+
+
+def module_rank(items: list[pytest.Item]) -> tuple[int, int]:
+    """Where a module runs: tests with no server first; then those that use the twin's shared
+    servers, the one that uses the plain twin (``twin_server``) first and the one that uses
+    the calibrated twin without it last, so that each twin server lives across few modules;
+    then the other users of the shared servers; then the modules that only start servers of
+    their own (the real model's among them), once every shared one has stopped."""
+    used = set().union(*(shared_servers_used(i) for i in items))
+    if used & set(TWIN_SERVERS):
+        return 1, ("twin_cal_fp8_server" in used) - ("twin_server" in used)
+    if used:
+        return 2, 0
+    return (3 if any(i.get_closest_marker("vllm") for i in items) else 0), 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Without vLLM (a core-only install), the tests that need its servers skip, saying why."""
+    """Modules in ``module_rank`` order (each kept whole, in its own order); without vLLM (a
+    core-only install), the tests that need its servers skip, saying why."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ranked = sorted(modules.values(), key=module_rank)  # stable: ties keep file order
+    items[:] = [item for module in ranked for item in module]
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason="vLLM is not installed (scripts/setup installs it)")
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Each shared server's last user, among the tests that will run (after deselection)."""
+    for item in session.items:
+        for name in shared_servers_used(item):
+            _last_user[name] = item.nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared servers whose last user this test was (their fixtures' own stop, at
+    the session's end, then finds them stopped)."""
+    for name, nodeid in _last_user.items():
+        if nodeid == item.nodeid and name in _running:
+            _running.pop(name).stop()
 
 
 @pytest.fixture(scope="session")
@@ -105,6 +160,16 @@ def twin_overlay(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return overlay
 
 
+def _shared(
+    request: pytest.FixtureRequest, name: str, dtype: str, model: Path, tmp: Path
+) -> Iterator[LocalServer]:
+    """A shared server (``SHARED_SERVERS``), stopped after its last user."""
+    for server in _serve(name, dtype, model, tmp):
+        _running[request.fixturename] = server
+        yield server
+        _running.pop(request.fixturename, None)
+
+
 def _serve(name: str, dtype: str, model: Path, tmp: Path) -> Iterator[LocalServer]:
     spec = TargetSpec(
         name=name,
@@ -123,37 +188,45 @@ def _serve(name: str, dtype: str, model: Path, tmp: Path) -> Iterator[LocalServe
 
 
 @pytest.fixture(scope="session")
-def bf16_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    yield from _serve("bf16", "auto", model_dir, tmp_path_factory.mktemp("servers"))
+def bf16_server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalServer]:
+    yield from _shared(request, "bf16", "auto", model_dir, tmp_path_factory.mktemp("servers"))
 
 
 @pytest.fixture(scope="session")
-def fp8_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+def fp8_server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalServer]:
     """Served FP8, or emulated where this CPU cannot serve it (fp8_emulated)."""
-    yield from _serve("fp8", FP8_DTYPE, model_dir, tmp_path_factory.mktemp("servers"))
+    yield from _shared(request, "fp8", FP8_DTYPE, model_dir, tmp_path_factory.mktemp("servers"))
 
 
 # The outlier twin's servers, shared like the original's: the FP8 story (test_testmodel_vllm),
 # the emulation check (test_fp8_emulation_vllm) and any other test of the twin use these.
 @pytest.fixture(scope="session")
-def twin_server(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    yield from _serve("twin", "auto", twin_dir, tmp_path_factory.mktemp("servers"))
+def twin_server(
+    twin_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalServer]:
+    yield from _shared(request, "twin", "auto", twin_dir, tmp_path_factory.mktemp("servers"))
 
 
 @pytest.fixture(scope="session")
 def twin_fp8_server(
-    twin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    twin_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[LocalServer]:
     """The twin with an FP8 cache at scale 1.0 (emulated where fp8_emulated)."""
-    yield from _serve("twin-fp8", FP8_DTYPE, twin_dir, tmp_path_factory.mktemp("servers"))
+    tmp = tmp_path_factory.mktemp("servers")
+    yield from _shared(request, "twin-fp8", FP8_DTYPE, twin_dir, tmp)
 
 
 @pytest.fixture(scope="session")
 def twin_cal_fp8_server(
-    twin_overlay: Path, tmp_path_factory: pytest.TempPathFactory
+    twin_overlay: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[LocalServer]:
     """The twin's kvcal overlay with an FP8 cache: its calibrated scales applied."""
-    yield from _serve("twin-cal-fp8", FP8_DTYPE, twin_overlay, tmp_path_factory.mktemp("servers"))
+    tmp = tmp_path_factory.mktemp("servers")
+    yield from _shared(request, "twin-cal-fp8", FP8_DTYPE, twin_overlay, tmp)
 
 
 def url_target(name: str, server: LocalServer, role: str | None = None) -> list[str]:

@@ -76,7 +76,10 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
     expected = FAULTS[mode]
     if expected is None:
         assert all(r.status == "ok" and r.output_tokens == 3 for r in fp8)
-        assert all(r.chunk_tokens == [1, 2] for r in fp8)
+        # Two events, cut every 7 bytes mid-line: read apart they are [1, 2]; on a loaded
+        # machine both may arrive in one read, [3]. Never a lost or doubled token.
+        assert all(r.chunk_tokens in ([1, 2], [3]) for r in fp8), [r.chunk_tokens for r in fp8]
+        assert all(r.output_text == "abc" for r in fp8)
         return
     kind, words = expected
     assert all(r.status == "error" and r.error_kind == kind for r in fp8), {

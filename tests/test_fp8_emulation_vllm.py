@@ -47,6 +47,8 @@ SHARED_ARMS = {
     "twin-fp8": "twin_fp8_server",
     "cal-fp8": "twin_cal_fp8_server",
 }
+# Asked for at run time (run_dir): named here so that each stops after its last user.
+pytestmark.append(pytest.mark.uses_servers(*SHARED_ARMS.values()))
 
 
 def _targets_file(

@@ -502,22 +502,25 @@ def test_headless_run_reports_per_bucket_and_writes_a_run_directory(
     )
     assert rc == 0, out[-4000:]
     names = stats_names(stats)
+    got = rows(run_dir)
     # The sample's first 10 requests: 9 below 256 tokens, and the tool call (its tool
     # definitions make it longer) between 256 and 1K.
-    for metric in ("ttft", "itl", "e2e", "output_tokens", "check"):
+    for metric in ("ttft", "e2e", "output_tokens", "check"):
         for bucket in ("<256", "256-1K"):
             assert f"{metric} {bucket}" in names, (metric, bucket, sorted(names))
+    # One ITL event per token gap the run directory records: the text answers have many; the
+    # tool call (alone in 256-1K) arrives in few deltas, as vLLM's hermes parser buffers it,
+    # and on a loaded machine in a single one, which has no gap to report.
+    for bucket in ("<256", "256-1K"):
+        chunks = [len(r["chunk_tokens"]) for r in got if r["bucket"] == bucket]
+        assert (f"itl {bucket}" in names) == any(n > 1 for n in chunks), (bucket, chunks)
     assert not any(n.startswith(("ttft >=1K", "e2e >=1K")) for n in names)
     for bucket in ("<256", "256-1K"):
         assert names[f"e2e {bucket}"]["Failure Count"] == "0"
         assert float(names[f"ttft {bucket}"]["Median Response Time"]) > 0
-    # One event per token gap: many in the text answers; the tool call (alone in 256-1K)
-    # arrives in few deltas, as vLLM's hermes parser buffers it, but in more than one.
     assert int(names["itl <256"]["Request Count"]) > int(names["ttft <256"]["Request Count"])
-    assert int(names["itl 256-1K"]["Request Count"]) >= 1
     assert sum(int(names[f"e2e {b}"]["Request Count"]) for b in ("<256", "256-1K")) == limit
 
-    got = rows(run_dir)
     assert Counter(r["request_id"] for r in got) == Counter(sample_ids(limit))
     assert {r["status"] for r in got} == {"ok"} and {r["phase"] for r in got} == {"c4"}
     assert all(r["output_tokens"] > 0 and not r["tokens_estimated"] for r in got)

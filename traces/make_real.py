@@ -20,7 +20,7 @@ them as not sent, never as the server's failure).
     python traces/make_real.py --requests 240 --oversize 1 > /tmp/real.jsonl
     replay trace anonymize /tmp/real.jsonl -o traces/real.jsonl --secret-env SECRET
     python traces/make_real.py --requests 24 --kinds doc,json,code --seed 1 --oversize 1 \
-        --length-scale 0.3 > /tmp/t.jsonl
+        --length-scale 0.3 --answer-scale 0.5 > /tmp/t.jsonl
     replay trace anonymize /tmp/t.jsonl -o traces/real_tests.jsonl --secret-env SECRET
 
 Deterministic for a seed, a Python version (the text) and the tokenizer.
@@ -132,7 +132,13 @@ def log_line(rid: str, t: float, messages: list[dict[str, str]], max_tokens: int
 
 
 def requests(
-    tok: Any, n: int, kinds: list[str], seed: int, oversize: int, scale: float = 1.0
+    tok: Any,
+    n: int,
+    kinds: list[str],
+    seed: int,
+    oversize: int,
+    scale: float = 1.0,
+    answer_scale: float = 1.0,
 ) -> Iterator[dict]:
     rng = random.Random(seed)
     sources = stdlib_sources()
@@ -143,6 +149,7 @@ def requests(
         rid = f"real-{seed}-{i:04d}-{kind}"
         for row in _one(tok, rng, sources, kind, rid, t, scale):
             emitted += 1
+            row["request"]["max_tokens"] = round(row["request"]["max_tokens"] * answer_scale)
             yield row
         i += 1
     for j in range(oversize):
@@ -236,6 +243,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--oversize", type=int, default=0)
     ap.add_argument("--length-scale", type=float, default=1.0, help="Scale every kind's lengths.")
+    ap.add_argument(
+        "--answer-scale", type=float, default=1.0, help="Scale every kind's max_tokens."
+    )
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -243,7 +253,10 @@ def main() -> int:
 
     tok = AutoTokenizer.from_pretrained(str(ensure_real_model("traces/make_real.py")))
     kinds = [k for k in args.kinds.split(",") if k]
-    for row in requests(tok, args.requests, kinds, args.seed, args.oversize, args.length_scale):
+    rows = requests(
+        tok, args.requests, kinds, args.seed, args.oversize, args.length_scale, args.answer_scale
+    )
+    for row in rows:
         sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
     return 0
 
