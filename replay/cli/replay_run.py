@@ -31,7 +31,13 @@ from replay.core.buckets import Buckets
 from replay.core.errors import InputError, RunDirError
 from replay.core.event_loop import run_loop
 from replay.core.exit_codes import ExitCode
-from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets
+from replay.core.schedule import (
+    ClosedLoop,
+    MonotonicClock,
+    OpenLoop,
+    PoissonOffsets,
+    TraceOffsets,
+)
 from replay.core.slo import SloSpec, parse_slo
 from replay.present.table import quality_table, summary_table
 from replay.present.terminal import print_tables
@@ -40,7 +46,7 @@ from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.interleave import InterleavedRunner
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
-from replay.run.workers_runner import WorkersRunner, check_workers
+from replay.run.worker_pool import WorkerPoolSender, check_workers
 from replay.serving.targets import (
     BUILTIN_DTYPES,
     TargetSpec,
@@ -367,7 +373,8 @@ def _runner(cfg: RunConfig, o: RunOptions, progress: RichProgress) -> Runner:
     """The fixed-design runner (over --workers load processes), or the sequential canary's
     rounds (--sequential)."""
     if o.workers > 1:
-        return WorkersRunner(cfg, progress)
+        clock = MonotonicClock()
+        return Runner(cfg, progress, clock=clock, sender=WorkerPoolSender(o.workers, cfg, clock))
     if cfg.interleave:
         return InterleavedRunner(cfg, progress)
     if not o.sequential:

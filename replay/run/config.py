@@ -58,7 +58,7 @@ class RunConfig:
     interleave: bool = False
     block_size: int = 0
     capacity: CapacityOptions = field(default_factory=CapacityOptions)
-    # Load processes that send each phase (replay/run/workers_runner.py); 1: this process alone.
+    # Load processes that send each phase (replay/run/worker_pool.py); 1: this process alone.
     workers: int = 1
     timeout_s: float = 600.0
     phase_timeout_s: float = 3600.0

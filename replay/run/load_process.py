@@ -2,7 +2,7 @@
 loop (uvloop, as the single process's) and connection pool, its results in its own file
 (replay/run/shard_files.py).
 
-The parent (replay/run/workers_runner.py) starts it with a ``WorkerSpec`` and a pipe. It says
+The parent (replay/run/worker_pool.py) starts it with a ``WorkerSpec`` and a pipe. It says
 ``ready`` once its client is up, waits for ``go`` with the phase's start (on the run's clock,
 which it shares through the wall clock), sends its shard as a ``Phase`` does, reports what
 finished (``advance``: counts, at most ten messages a second) and ``done``. ``stop`` is the

@@ -39,6 +39,7 @@ from replay.run.rundir import (
     write_bad_lines,
     write_json,
 )
+from replay.run.senders import InProcess, PhaseSender
 from replay.run.servers import launch, stop
 from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
@@ -61,10 +62,22 @@ __all__ = ["Runner"]
 
 
 class Runner:
-    def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
+    """One run of ``cfg``. Its collaborators come from outside: ``progress`` (the terminal's
+    bars, or nothing), ``clock`` (the run's zero; every timestamp is on it) and ``sender``
+    (how a phase is sent: from this process, or by a pool of load processes)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        progress: Progress | None = None,
+        *,
+        clock: MonotonicClock | None = None,
+        sender: PhaseSender | None = None,
+    ) -> None:
         self.cfg = cfg
         self.progress = progress or QuietProgress()
-        self.clock = MonotonicClock()
+        self.clock = clock or MonotonicClock()
+        self.sender: PhaseSender = sender or InProcess()
         names = [s.name for s in cfg.targets]
         self.roles = resolve_roles(
             names,
@@ -455,14 +468,10 @@ class Runner:
                 else None
             ),
         )
-        window = await self._send_phase(phase)
+        window = await self.sender.send(phase, run, self.stop)
         if window is not None:
             run.phases[label] = window
             self.save_manifest()
-
-    async def _send_phase(self, phase: Phase) -> dict[str, Any] | None:
-        """Send one phase from this process (``WorkersRunner`` spreads it over processes)."""
-        return await phase.run()
 
     async def _teacher_forced(self, run: TargetRun, scoring: Scoring) -> None:
         """Score the reference's first-phase answers under this target (its own answers and

@@ -1,14 +1,15 @@
 """``replay --workers N``: one run whose phases are sent by N load processes.
 
-``WorkersRunner`` is the runner (targets, servers, introspection, manifest, /metrics, A/A
-control, teacher-forced scoring, analysis) with one step changed: sending a phase. It splits
-the phase by unit position (replay/core/shards.py), starts one process per share
-(replay/run/load_process.py: its own event loop and connection pool, its own results file), scrapes
-/metrics around them, gives them one start on the run's clock, shows their progress, and merges
-their files into results.jsonl when the phase ends (replay/run/shard_files.py), also after an
-interrupt. The target's error budget is each worker's own during the phase (each starts from
-the target's, as the phase starts); the parent then counts every merged result into it, so the
-next phase starts from the whole run's count.
+``WorkerPoolSender`` is the runner's phase sender (replay/run/senders.py) for it; the runner
+does the rest (targets, servers, introspection, manifest, /metrics, A/A control,
+teacher-forced scoring, analysis) as for one process. The sender splits the phase by unit
+position (replay/core/shards.py), starts one process per share (replay/run/load_process.py:
+its own event loop and connection pool, its own results file), scrapes /metrics around them,
+gives them one start on the run's clock, shows their progress, and merges their files into
+results.jsonl when the phase ends (replay/run/shard_files.py), also after an interrupt. The
+target's error budget is each worker's own during the phase (each starts from the target's,
+as the phase starts); the parent then counts every merged result into it, so the next phase
+starts from the whole run's count.
 
 A worker that dies (a kill, a crash) stops the run as an interrupt does: the other workers send
 nothing more, what they have in flight finishes, and ``--resume`` sends what is missing.
@@ -26,7 +27,7 @@ from typing import Any
 
 from replay.core.errors import InputError, RunDirError
 from replay.core.records import Result
-from replay.core.schedule import OpenLoop
+from replay.core.schedule import MonotonicClock, OpenLoop
 from replay.core.shards import (
     AnyShard,
     ClosedLoopShare,
@@ -34,12 +35,12 @@ from replay.core.shards import (
     concurrency_shares,
     open_loop_shards,
 )
-from replay.run.config import RunConfig
+from replay.run.config import RunConfig, TargetRun
 from replay.run.load_process import WorkerSpec, work
 from replay.run.phase import Phase, Schedule, scrape_caught_up, scrape_idle
 from replay.run.progress import Progress
-from replay.run.runner import Runner
 from replay.run.shard_files import merge_shards, shard_results
+from replay.run.stopping import RunStop
 
 STOP_GRACE_S = 5.0  # after SIGTERM, a worker writes what it cancelled; then it is killed
 
@@ -187,18 +188,16 @@ class WorkerPool:
                 conn.close()
 
 
-class WorkersRunner(Runner):
-    """The runner, each phase sent by ``cfg.workers`` load processes."""
+class WorkerPoolSender:
+    """Each phase sent by ``workers`` load processes (a ``PhaseSender``, replay/run/senders.py).
+    ``clock`` is the run's: the workers' clocks share its zero through the wall clock."""
 
-    def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
-        check_workers(cfg.workers, cfg.schedules, cfg.session_history)
-        super().__init__(cfg, progress)
-        # The workers' clocks share the run clock's zero through the wall clock.
-        self.wall_epoch = time.time() - self.clock.now()
+    def __init__(self, workers: int, cfg: RunConfig, clock: MonotonicClock) -> None:
+        self.workers, self.cfg, self.clock = workers, cfg, clock
+        self.wall_epoch = time.time() - clock.now()
 
-    def _specs(self, phase: Phase) -> list[WorkerSpec]:
+    def _specs(self, phase: Phase, api_key: str | None) -> list[WorkerSpec]:
         t, c = phase.target, self.cfg
-        api_key = self.all_runs()[t.name].spec.api_key()
         return [
             WorkerSpec(
                 results=shard_results(c.run_dir, k),
@@ -223,69 +222,71 @@ class WorkersRunner(Runner):
                 max_model_len=t.max_model_len,
             )
             for k, (sched, shard) in enumerate(
-                worker_schedules(phase.sched, c.workers, multiprocessing.get_context("spawn"))
+                worker_schedules(phase.sched, self.workers, multiprocessing.get_context("spawn"))
             )
         ]
 
-    async def _send_phase(self, phase: Phase) -> dict[str, Any] | None:
+    async def send(self, phase: Phase, run: TargetRun, stop: RunStop) -> dict[str, Any] | None:
         total = phase.trace.count - len(phase.before_done)
-        if total <= 0 or self.stopping.is_set():
+        if total <= 0 or stop.event.is_set():
             return None
-        name, label = phase.target.name, phase.label
-        self.progress.phase(name, label, total)
+        name, label, progress = phase.target.name, phase.label, phase.progress
+        progress.phase(name, label, total)
         answered = 0
 
         def advance(ok: bool) -> None:
             nonlocal answered
             answered += ok
-            self.progress.advance(name, label, ok)
+            progress.advance(name, label, ok)
 
-        pool = WorkerPool(self._specs(phase), advance)
+        pool = WorkerPool(self._specs(phase, run.spec.api_key()), advance)
         pool.start()
         try:
             await pool.until(
-                lambda: pool.ready | pool.ended == set(range(len(pool.procs))), self.stopping
+                lambda: pool.ready | pool.ended == set(range(len(pool.procs))), stop.event
             )
             before = await scrape_idle(phase.target.scraper)
             start = before.t if before is not None else self.clock.now()
             # The open loop's offsets count from here, in every worker, as in one process.
             pool.send(("go", self.clock.now()))
-            await pool.until(lambda: self._watch(pool, name), self.stopping)
+            await pool.until(lambda: _watch(pool, run, stop, progress), stop.event)
             after = await scrape_caught_up(phase.target.scraper, before, answered)
             end = after.t if after is not None else self.clock.now()
         finally:
             try:
                 await pool.close()
             finally:  # also when a second Ctrl-C cancels the close
-                self._merged(phase, pool)
+                _merged(phase, pool)
         return {
             "start": start,
             "end": end,
             **({"resumed": True} if phase.before_done else {}),
-            **({"interrupted": True} if self.stopping.is_set() else {}),
+            **({"interrupted": True} if stop.event.is_set() else {}),
         }
 
-    def _watch(self, pool: WorkerPool, name: str) -> bool:
-        """Every worker ended; a lost one stops the run (as an interrupt: --resume)."""
-        for k in pool.lost():
-            if k in pool.reported:
-                continue
-            pool.reported.add(k)
-            if k in pool.cannot_write:
-                self.stop.cannot_write(pool.cannot_write[k])
-                continue
-            code = pool.procs[k].exitcode
-            why = f"load process {k} ended before its share of the phase was sent (exit {code})"
-            self.all_runs()[name].info.setdefault("problems", []).append(why)
-            self.progress.status(f"[{name}] {why}")
-            if not self.stopping.is_set():
-                self.interrupt()
-        return len(pool.ended) == len(pool.procs)
 
-    def _merged(self, phase: Phase, pool: WorkerPool) -> None:
-        """The workers' results into results.jsonl, and into the target's error budget."""
-        rows = merge_shards([s.results for s in pool.specs], self.writer)
-        budget = phase.target.budget
-        for row in rows:
-            r = Result.from_json(row)
-            budget.record(r.status, r.error_kind, r.http_status, r.error)
+def _watch(pool: WorkerPool, run: TargetRun, stop: RunStop, progress: Progress) -> bool:
+    """Every worker ended; a lost one stops the run (as an interrupt: --resume)."""
+    for k in pool.lost():
+        if k in pool.reported:
+            continue
+        pool.reported.add(k)
+        if k in pool.cannot_write:
+            stop.cannot_write(pool.cannot_write[k])
+            continue
+        code = pool.procs[k].exitcode
+        why = f"load process {k} ended before its share of the phase was sent (exit {code})"
+        run.info.setdefault("problems", []).append(why)
+        progress.status(f"[{run.spec.name}] {why}")
+        if not stop.event.is_set():
+            stop.interrupt()
+    return len(pool.ended) == len(pool.procs)
+
+
+def _merged(phase: Phase, pool: WorkerPool) -> None:
+    """The workers' results into results.jsonl, and into the target's error budget."""
+    rows = merge_shards([s.results for s in pool.specs], phase.writer)
+    budget = phase.target.budget
+    for row in rows:
+        r = Result.from_json(row)
+        budget.record(r.status, r.error_kind, r.http_status, r.error)
