@@ -107,10 +107,17 @@ def render(entry: dict[str, Any]) -> str:
     report["advice"] = advise(report)
     lines = [f"- {line}" for line in report["advice"]["lines"]]
     command = wrapped(entry["command"])
+    m = entry["machine"]
+    where = (
+        f"on {m['cpu_model']} ({m['nproc']} cores), {m['date'][:10]}"
+        if isinstance(m, dict)
+        else m
+    )
     return (
         f"```bash\n{command}\n```\n\n"
         + emulation_markdown(report)
         + ("\n" + "\n".join(lines) + "\n" if lines else "")
+        + f"\nThe run took {report['seconds']:.0f} s {where}.\n"
     )
 
 
