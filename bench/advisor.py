@@ -109,9 +109,7 @@ def render(entry: dict[str, Any]) -> str:
     command = wrapped(entry["command"])
     m = entry["machine"]
     where = (
-        f"on {m['cpu_model']} ({m['nproc']} cores), {m['date'][:10]}"
-        if isinstance(m, dict)
-        else m
+        f"on {m['cpu_model']} ({m['nproc']} cores), {m['date'][:10]}" if isinstance(m, dict) else m
     )
     return (
         f"```bash\n{command}\n```\n\n"
