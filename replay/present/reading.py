@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,10 +77,19 @@ class Run:
         q = self.summary.quality
         return (q.reference if q else None) or self.manifest.reference or None
 
+    @cached_property
+    def _named_by_results(self) -> tuple[list[object], list[object]]:
+        """The targets and phases the results name, in order of first appearance: read once
+        (the views ask for the order of targets per request shown, and a run may hold
+        millions of results)."""
+        targets = dict.fromkeys(r.get("target") for r in self.results)
+        phases = dict.fromkeys(r.get("phase") for r in self.results)
+        return list(targets), list(phases)
+
     def targets(self) -> list[str]:
         """Every target, in the run's order (the reference first)."""
         names: list[object] = [*self.manifest.targets, *self.summary.targets]
-        names += [r.get("target") for r in self.results]
+        names += self._named_by_results[0]
         out = list(dict.fromkeys(n for n in names if isinstance(n, str)))
         return sorted(out, key=lambda n: (n != self.reference, n.endswith(CONTROL_SUFFIX)))
 
@@ -110,7 +120,7 @@ class Run:
         q = self.summary.quality
         names = [*self.manifest.schedules, *(q.phases if q else ())]
         names += [p for t in self.summary.targets.values() for p in t.phases]
-        names += [r.get("phase") for r in self.results]
+        names += self._named_by_results[1]
         return list(dict.fromkeys(n for n in names if isinstance(n, str)))
 
     def in_order(self, items: Mapping[str, T], kind: str) -> list[tuple[str, T]]:
