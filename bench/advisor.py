@@ -5,9 +5,10 @@
     python bench/advisor.py --check    # exit 1 when a block is stale
 
 ``record`` keeps one ``kvcal emulate --json`` report (its settings, results and what the
-advice reads; no path and no per-request rows) under NAME in ``bench/results/advisor.json``,
-with the command that wrote it as a user types it (no output file of this machine) and the
-machine it ran on (this one, or ``--machine``'s words for a report made elsewhere).
+advice reads; no path and no per-request rows) in ``bench/results/advisor_NAME.json``, with
+the command that wrote it as a user types it (no output file of this machine) and the machine
+it ran on: this one, or for a report made elsewhere ``--machine``'s words, with the report
+file's time as the run's date.
 docs/kvcal.md holds one block per NAME, between ``<!-- generated: bench/advisor.py NAME -->``
 and ``<!-- end advisor NAME -->``: the command, then the table and the advice that
 ``kvcal emulate --markdown`` writes, rendered by kvcal's own functions from the recorded
@@ -18,6 +19,7 @@ figures the run's).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from _machine import describe
 
 BENCH = Path(__file__).resolve().parent
 DOC = BENCH.parent / "docs" / "kvcal.md"
-RESULTS = BENCH / "results" / "advisor.json"
+RESULTS = BENCH / "results"
 KEPT = (
     "emulated",
     "caveat",
@@ -108,14 +110,12 @@ def render(entry: dict[str, Any]) -> str:
     lines = [f"- {line}" for line in report["advice"]["lines"]]
     command = wrapped(entry["command"])
     m = entry["machine"]
-    where = (
-        f"on {m['cpu_model']} ({m['nproc']} cores), {m['date'][:10]}" if isinstance(m, dict) else m
-    )
+    where = f"{m['date'][:10]}, {m['cpu_model']}" + (f", {m['nproc']} cores" if m["nproc"] else "")
     return (
         f"```bash\n{command}\n```\n\n"
         + emulation_markdown(report)
         + ("\n" + "\n".join(lines) + "\n" if lines else "")
-        + f"\nThe run took {report['seconds']:.0f} s {where}.\n"
+        + f"\nThe run took {report['seconds']:.0f} s ({where}).\n"
     )
 
 
@@ -125,15 +125,29 @@ def rewrite(text: str, results: dict[str, Any]) -> str:
     return text
 
 
+def load() -> dict[str, Any]:
+    """Every recorded report, by model name."""
+    return {
+        p.stem.removeprefix("advisor_"): orjson.loads(p.read_bytes())
+        for p in sorted(RESULTS.glob("advisor_*.json"))
+    }
+
+
 def record(name: str, report_path: Path, argv: list[str], machine: str | None) -> None:
     report = orjson.loads(report_path.read_bytes())
-    results = orjson.loads(RESULTS.read_bytes()) if RESULTS.exists() else {}
-    results[name] = {
+    here = describe(("torch", "transformers"))
+    if machine is not None:
+        ran = dt.datetime.fromtimestamp(report_path.stat().st_mtime, dt.UTC)
+        here = {"date": ran.isoformat(timespec="seconds"), "cpu_model": machine, "nproc": None}
+    entry = {
+        "bench": "advisor",
+        "name": name,
         "command": user_command(argv),
-        "machine": machine or describe(("torch", "transformers")),
+        "machine": here,
         "report": {k: report[k] for k in KEPT if k in report},
     }
-    RESULTS.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+    path = RESULTS / f"advisor_{name}.json"
+    path.write_bytes(orjson.dumps(entry, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 if stale")
     a = ap.parse_args(args)
     text = DOC.read_text(encoding="utf-8")
-    new = rewrite(text, orjson.loads(RESULTS.read_bytes()))
+    new = rewrite(text, load())
     if a.check:
         if new != text:
             sys.exit(f"{DOC}: an advisor block is stale; run python bench/advisor.py")

@@ -151,7 +151,39 @@ def first_run_rows(doc: dict[str, Any]) -> Iterator[Row]:
         yield f"`{command}` x{len(runs)}: verdicts", f"{verdicts} ({same})", "the same each run"
 
 
+def advisor_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """One model's advisor report (``bench/advisor.py`` renders it in docs/kvcal.md): the
+    settings within the tolerance in every bucket."""
+    sys.path.insert(0, str(BENCH.parent))
+    from kvcal._emulate_advice import within_tolerance
+
+    report = doc["report"]
+    tol = report.get("tolerance")
+    if tol is None:
+        yield f"advisor, {doc['name']}", f"{len(report['settings'])} settings", ""
+        return
+    fits = within_tolerance(report, float(tol))
+    caps = {s["name"]: s["capacity_ratio"] for s in report["settings"]}
+    kept = [f"{n} ({caps[n]:.2f}x)" for n, ok in fits.items() if ok]
+    value = ", ".join(kept) if kept else "none"
+    yield f"advisor, {doc['name']}: within ΔNLL {tol:g} in every bucket", value, ""
+
+
+def analysis_scale_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """Analysis at scale (``bench/analysis_scale.py``): each command at each size, and its
+    growth from the size before."""
+    for command, s in doc["summary"].items():
+        if not isinstance(s, dict) or "wall_s" not in s:
+            continue
+        for size, wall in s["wall_s"].items():
+            rss = s["peak_rss_mib"][size]
+            target = "<= 60 s, <= 1024 MiB" if size == "1000000" else ""
+            yield f"{command}, {int(size):,} results", f"{wall:.1f} s, {rss:.0f} MiB peak", target
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
+    ("analysis_scale", analysis_scale_rows),
+    ("advisor", advisor_rows),
     ("client_overhead", client_overhead_rows),
     ("memory", memory_rows),
     ("kvcal_observer", kvcal_rows),
