@@ -62,9 +62,8 @@ __all__ = ["Runner"]
 
 
 class Runner:
-    """One run of ``cfg``. Its collaborators come from outside: ``progress`` (the terminal's
-    bars, or nothing), ``clock`` (the run's zero; every timestamp is on it) and ``sender``
-    (how a phase is sent: from this process, or by a pool of load processes)."""
+    """One run of ``cfg``, given its progress sink, its clock (every timestamp's zero) and its
+    phase sender (replay/run/senders.py: this process, or a pool of load processes)."""
 
     def __init__(
         self,
