@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay.analysis.grading.rows import grade_rows
-from replay.checkers import Answer, Grade, Grader, JsonSchema, grade_safely, parse_check
+from replay.checkers import Answer, Grade, Grader, Job, JsonSchema, grade_safely, parse_check
 from replay.cli import main
 from replay.core.buckets import Buckets
 from replay.core.errors import TraceError
@@ -208,6 +208,22 @@ def test_a_checker_past_its_time_is_killed_and_the_next_answer_graded() -> None:
         assert g.reason == "checker error: timed out after 1 s"
         assert g.detail == {"checker_error": "timeout"}
         assert grader.grade(spec, Answer('["a", "b"]')).passed  # a fresh worker
+
+
+def test_a_batch_is_graded_in_order_and_a_slow_answer_fails_alone() -> None:
+    """``grade_many`` writes requests ahead of the worker's replies: the answer past its time
+    fails, its worker is killed, and a fresh one grades every answer after it, in order."""
+    slow = {"type": "json_schema", "schema": {"type": "array", "uniqueItems": True}}
+    exact = {"type": "exact", "value": "x"}
+    text = json.dumps([{"k": i} for i in range(60_000)])
+    after = [Job(Answer("x" if i % 3 else "y"), spec=exact) for i in range(300)]
+    jobs = [Job(Answer("x"), spec=exact)] * 3 + [Job(Answer(text), spec=slow), *after]
+    with Grader(time_s=1.0) as grader:
+        grades = within(60, lambda: grader.grade_many(jobs))
+    assert len(grades) == len(jobs)
+    assert all(g.passed for g in grades[:3])
+    assert grades[3].detail == {"checker_error": "timeout"}
+    assert [g.passed for g in grades[4:]] == [i % 3 != 0 for i in range(300)]
 
 
 def test_quadratic_unique_items_is_bounded() -> None:

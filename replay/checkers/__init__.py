@@ -30,7 +30,7 @@ from replay.checkers.base import (
 )
 from replay.checkers.derived.checker import derive
 from replay.checkers.derived.rules import DERIVED_RULES, derived_record
-from replay.checkers.grader import GRADE_TIME_S, Grader, grade_safely
+from replay.checkers.grader import GRADE_TIME_S, Grader, Job, grade_safely
 from replay.checkers.structured import Code, JsonSchema, ToolCallCheck
 from replay.checkers.text import Contains, Exact, Number, Regex, Retrieval
 
@@ -46,6 +46,7 @@ __all__ = [
     "Exact",
     "Grade",
     "Grader",
+    "Job",
     "JsonSchema",
     "Number",
     "Regex",

@@ -46,7 +46,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -69,6 +71,18 @@ _CACHE_MAX = 4096  # parsed checkers a worker keeps (specs repeat across targets
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _WORKER_MAIN = "from replay.checkers.grader import serve; serve()"
 _READY = b"ready\n"
+PIPELINE_DEPTH = 64  # requests written to the worker ahead of its replies
+
+
+@dataclass(frozen=True)
+class Job:
+    """One answer to grade: by its check (``spec``), or, given ``reference``, against the
+    reference's answer to the same request (a derived grade; ``prompt`` is the request's)."""
+
+    answer: Answer
+    spec: Mapping[str, Any] | None = None
+    reference: Answer | None = None
+    prompt: str = ""
 
 
 def grade_safely(
@@ -112,30 +126,62 @@ class Grader:
         self.close()
 
     def grade(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
-        size = answer_size(answer)
-        if size > self.max_chars:
-            return grade_safely(spec, answer, self.max_chars)
-        if spec.get("type") == "code":
-            return self._grade_here(spec, answer)
-        return self._grade_in_worker(spec, answer)
+        return self.grade_many([Job(answer, spec=spec)])[0]
 
     def grade_derived(self, reference: Answer, answer: Answer, prompt: str = "") -> Grade:
         """``answer`` graded against the reference's answer to the same request
         (``derived.checker``); the grade's ``detail["rule"]`` names the rule (absent when none
         could be chosen)."""
-        from replay.checkers.derived.checker import derived_spec
+        return self.grade_many([Job(answer, reference=reference, prompt=prompt)])[0]
+
+    def grade_many(self, jobs: Sequence[Job]) -> list[Grade]:
+        """Each job's grade, in order, as ``grade`` and ``grade_derived`` give them one at a
+        time. The worker's share is pipelined (requests written ahead of the replies, at most
+        ``PIPELINE_DEPTH`` unanswered): one exchange per answer cost more than most checks."""
         from replay.checkers.derived.code_run import finish
 
-        for who, a in (("the reference's answer", reference), ("the answer", answer)):
-            size = answer_size(a)
-            if size > self.max_chars:
-                return checker_error(
-                    "size",
-                    f"{who} is too long to grade: {size:,} characters "
-                    f"(the limit is {self.max_chars:,})",
-                )
-        grade = self._grade_in_worker(derived_spec(reference, prompt), answer)
-        return finish(grade, cache=self._code_outcomes)
+        out: list[Grade | None] = [None] * len(jobs)
+        remote: list[tuple[int, bytes]] = []
+        for i, job in enumerate(jobs):
+            here = self._here_or_spec(job)
+            if isinstance(here, Grade):
+                out[i] = here
+            else:
+                remote.append((i, _request(here, job.answer)))
+        if remote:
+            with self._lock:
+                grades = self._exchange_many([req for _, req in remote])
+            for (i, _), grade in zip(remote, grades, strict=True):
+                out[i] = grade
+        done = [g for g in out if g is not None]
+        assert len(done) == len(jobs)
+        # A derived grade that compares code runs it here, in the sandbox.
+        return [
+            finish(g, cache=self._code_outcomes) if job.reference is not None else g
+            for job, g in zip(jobs, done, strict=True)
+        ]
+
+    def _here_or_spec(self, job: Job) -> Grade | Mapping[str, Any]:
+        """The job's grade where it is given in this process (too long to read; a ``code``
+        check, which the sandbox bounds), else the spec the worker grades it by."""
+        if job.reference is not None:
+            from replay.checkers.derived.checker import derived_spec
+
+            for who, a in (("the reference's answer", job.reference), ("the answer", job.answer)):
+                size = answer_size(a)
+                if size > self.max_chars:
+                    return checker_error(
+                        "size",
+                        f"{who} is too long to grade: {size:,} characters "
+                        f"(the limit is {self.max_chars:,})",
+                    )
+            return derived_spec(job.reference, job.prompt)
+        spec = job.spec or {}
+        if answer_size(job.answer) > self.max_chars:
+            return grade_safely(spec, job.answer, self.max_chars)
+        if spec.get("type") == "code":
+            return self._grade_here(spec, job.answer)
+        return spec
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -167,43 +213,86 @@ class Grader:
 
     # -- in the worker --------------------------------------------------------------------------
 
-    def _grade_in_worker(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
-        with self._lock:
-            return self._exchange(spec, answer)
+    def _exchange_many(self, requests: Sequence[bytes]) -> list[Grade]:
+        """The worker's grades of ``requests``, in order: a worker that times out or dies on
+        one fails that answer, and a fresh worker grades the rest."""
+        grades: list[Grade] = []
+        while len(grades) < len(requests):
+            try:
+                proc = self._worker()
+            except _WorkerError as exc:
+                left = len(requests) - len(grades)
+                return grades + [checker_error("worker", str(exc)) for _ in range(left)]
+            grades += self._pipeline(proc, requests[len(grades) :])
+        return grades
 
-    def _exchange(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
-        try:
-            proc = self._worker()
-        except _WorkerError as exc:
-            return checker_error("worker", str(exc))
-        # ASCII JSON: lone surrogates a decoder let through survive the trip, and no newline
-        # can appear inside the request.
-        request = (
-            json.dumps(
-                {
-                    "check": spec,
-                    "text": answer.text,
-                    "calls": [[c.index, c.id, c.name, c.arguments] for c in answer.tool_calls],
-                }
-            ).encode()
-            + b"\n"
-        )
-        deadline = time.monotonic() + self.time_s
-        try:
-            _send(proc, request, deadline)
-            reply = _receive(proc, deadline)
-        except TimeoutError:
-            self._kill()
-            return checker_error("timeout", f"timed out after {self.time_s:g} s")
-        except _WorkerError as exc:
-            self._kill()
-            return checker_error("worker", str(exc))
-        try:
-            row = json.loads(reply)
-            return Grade(bool(row["passed"]), str(row["reason"]), row["score"], dict(row["detail"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            self._kill()
-            return checker_error("worker", f"unreadable reply from the grading process: {exc}")
+    def _pipeline(self, proc: subprocess.Popen[bytes], requests: Sequence[bytes]) -> list[Grade]:
+        """Grades of a prefix of ``requests`` (at least one): all of them, or up to the one
+        the worker timed out or died on, failed with the reason, the worker then killed. The
+        worker grades in order, so an answer's clock starts once the worker has both its
+        request and the previous reply: each answer gets ``time_s`` of its own."""
+        assert proc.stdin is not None and proc.stdout is not None
+        wfd, rfd = proc.stdin.fileno(), proc.stdout.fileno()
+        out: list[Grade] = []
+        outgoing, inbox = bytearray(), bytearray()
+        ends: deque[tuple[int, int]] = deque()  # (request, stream offset where it ends)
+        written_at: dict[int, float] = {}
+        queued = queued_bytes = sent = 0
+        last_reply = last_progress = time.monotonic()
+        while len(out) < len(requests):
+            while queued < len(requests) and queued - len(out) < PIPELINE_DEPTH:
+                outgoing += requests[queued]
+                queued_bytes += len(requests[queued])
+                ends.append((queued, queued_bytes))
+                queued += 1
+            head = len(out)
+            started = max(last_reply, written_at[head]) if head in written_at else last_progress
+            left = started + self.time_s - time.monotonic()
+            if left <= 0:
+                self._kill()
+                return [*out, checker_error("timeout", f"timed out after {self.time_s:g} s")]
+            readable, writable, _ = select.select([rfd], [wfd] if outgoing else [], [], left)
+            if writable:
+                try:
+                    n = os.write(wfd, outgoing[:65536])
+                except BlockingIOError:
+                    n = 0
+                except (BrokenPipeError, ConnectionResetError):
+                    return [*out, self._lost(proc, _death(proc))]
+                del outgoing[:n]
+                sent += n
+                last_progress = time.monotonic()
+                while ends and ends[0][1] <= sent:
+                    written_at[ends.popleft()[0]] = last_progress
+            if readable:
+                chunk = os.read(rfd, 65536)
+                if not chunk:
+                    return [*out, self._lost(proc, _death(proc))]
+                inbox += chunk
+                last_progress = time.monotonic()
+                while (nl := inbox.find(b"\n")) >= 0 and len(out) < len(requests):
+                    line = bytes(inbox[:nl])
+                    del inbox[: nl + 1]
+                    try:
+                        row = json.loads(line)
+                        grade = Grade(
+                            bool(row["passed"]),
+                            str(row["reason"]),
+                            row["score"],
+                            dict(row["detail"]),
+                        )
+                    except (ValueError, KeyError, TypeError) as exc:
+                        why = f"unreadable reply from the grading process: {exc}"
+                        return [*out, self._lost(proc, why)]
+                    written_at.pop(len(out), None)
+                    out.append(grade)
+                    last_reply = time.monotonic()
+        return out
+
+    def _lost(self, proc: subprocess.Popen[bytes], why: str) -> Grade:
+        """The answer a worker failed on: its grade says why, and the worker goes."""
+        self._kill()
+        return checker_error("worker", why)
 
     def _worker(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -264,20 +353,11 @@ def _key(spec: Mapping[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True, default=str)
 
 
-def _send(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> None:
-    assert proc.stdin is not None
-    fd, view, sent = proc.stdin.fileno(), memoryview(data), 0
-    while sent < len(view):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        select.select([], [fd], [], left)
-        try:
-            sent += os.write(fd, view[sent : sent + 65536])
-        except BlockingIOError:
-            continue
-        except (BrokenPipeError, ConnectionResetError):
-            raise _WorkerError(_death(proc)) from None
+def _request(spec: Mapping[str, Any], answer: Answer) -> bytes:
+    """One request line. ASCII JSON: lone surrogates a decoder let through survive the trip,
+    and no newline can appear inside the request."""
+    calls = [[c.index, c.id, c.name, c.arguments] for c in answer.tool_calls]
+    return json.dumps({"check": spec, "text": answer.text, "calls": calls}).encode() + b"\n"
 
 
 def _receive(proc: subprocess.Popen[bytes], deadline: float) -> bytes:

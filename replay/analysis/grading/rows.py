@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from replay.checkers import Answer, Grader, derived_record, normalize
+from replay.checkers import Answer, Grader, Job, derived_record, normalize
 from replay.core.records import Result
 
 # Derived grades read the prompt for facts and code examples; a longer prompt keeps its first
@@ -51,6 +51,9 @@ class GradingSpec:
         if not self.prompt_z:
             return ""
         return zlib.decompress(self.prompt_z).decode("utf-8", "surrogatepass")
+
+
+GRADE_BATCH = 1024  # grades asked of the grader at once: bounds the requests held
 
 
 def _cap(text: str) -> str:
@@ -141,6 +144,20 @@ def grade_rows(
             return grade_rows(results, requests, reference, own)
     refs = {(r.phase, r.request_id): r for r in results if r.target == reference}
     rows = []
+    # Grades are asked of the grader GRADE_BATCH at a time (it pipelines them): (row, field,
+    # job, why the result holds no answer).
+    asked: list[tuple[dict[str, Any], str, Job, str | None]] = []
+
+    def flush() -> None:
+        grades = grader.grade_many([job for _, _, job, _ in asked])
+        for (row, field, _, unanswered), grade in zip(asked, grades, strict=True):
+            if field == "grade":
+                row["grade"] = _said(grade.to_json(), unanswered)
+            else:
+                normalized = row["agreement"]["normalized"]
+                row["derived"] = _said(derived_record(grade, normalized), unanswered)
+        asked.clear()
+
     for r in results:
         req = requests.get(r.request_id)
         row: dict[str, Any] = {
@@ -158,22 +175,20 @@ def grade_rows(
             row["error"] = f"{r.error_kind}: {r.error}"
         else:
             unanswered = no_answer(r)
+            answer = Answer(r.output_text, tuple(r.tool_calls))
             if req is not None and req.check is not None:
-                answer = Answer(r.output_text, tuple(r.tool_calls))
-                row["grade"] = _said(grader.grade(req.check, answer).to_json(), unanswered)
+                asked.append((row, "grade", Job(answer, spec=req.check), unanswered))
             ref = refs.get((r.phase, r.request_id))
             if r.target != reference and ref is not None and ref.status == "ok":
                 row["agreement"] = agreement(r, ref)
                 if req is not None and req.check is None:
-                    grade = grader.grade_derived(
-                        Answer(ref.output_text, tuple(ref.tool_calls)),
-                        Answer(r.output_text, tuple(r.tool_calls)),
-                        prompt_text(req),
-                    )
-                    row["derived"] = _said(
-                        derived_record(grade, row["agreement"]["normalized"]), unanswered
-                    )
+                    reference_answer = Answer(ref.output_text, tuple(ref.tool_calls))
+                    job = Job(answer, reference=reference_answer, prompt=prompt_text(req))
+                    asked.append((row, "derived", job, unanswered))
         rows.append(row)
+        if len(asked) >= GRADE_BATCH:
+            flush()
+    flush()
     return rows
 
 
