@@ -222,3 +222,21 @@ def test_an_overlay_is_emulated_on_its_own_dtype_not_auto(tmp_path: Path) -> Non
     object.__setattr__(server.spec, "model", str(overlay))
     cmd = server.command()
     assert cmd[cmd.index("--kv-cache-dtype") + 1] == "float16"
+
+
+def test_a_server_loads_its_compiled_model_unless_the_user_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM CPU's ahead-of-time compile cache fails to load, so a server is started without
+    it (inductor's cache loads); the user's environment and the target's own env win."""
+    from replay.serving.local_server import COMPILE_ENV
+
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    spec = TargetSpec(name="bf16", model="/m", kv_cache_dtype="auto")
+    assert COMPILE_ENV == {"VLLM_USE_AOT_COMPILE": "0"}
+    assert LocalServer(spec, tmp_path / "l").environment()["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert LocalServer(spec, tmp_path / "l").environment()["VLLM_USE_AOT_COMPILE"] == "1"
+    own = TargetSpec(name="bf16", model="/m", env={"VLLM_USE_AOT_COMPILE": "1"})
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    assert LocalServer(own, tmp_path / "l").environment()["VLLM_USE_AOT_COMPILE"] == "1"

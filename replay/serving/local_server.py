@@ -27,6 +27,12 @@ from replay.serving.prompt_scores import CACHED_SCORING_ARGS
 from replay.serving.targets import TargetSpec
 
 DEFAULT_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE when the user sets none
+# vLLM 0.32 on CPU saves its ahead-of-time compiled model and fails to load it at the next
+# start ("Compiling model again due to a load failure ... 'function' object has no attribute
+# 'finalize_loading'"), so every start compiled again: 10-70 s on two cores. Without AOT it
+# loads inductor's cached graphs: a second start of the same model inits in about 8 s instead.
+# A user's own setting wins.
+COMPILE_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 # vLLM CPU takes VLLM_CPU_KVCACHE_SPACE over this flag (platforms/cpu.py, "legacy setting"):
 # a server given the flag is started without the variable, so the flag is what it gets.
 KV_CACHE_BYTES_FLAG = "--kv-cache-memory-bytes"
@@ -155,13 +161,21 @@ class LocalServer:
             del args[i:j]
         return args, env
 
-    def start(self) -> None:
+    def environment(self) -> dict[str, str]:
+        """The server's environment: this process's, the defaults above where it sets none,
+        the spec's own, and the emulation's."""
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
+        for name, value in COMPILE_ENV.items():
+            env.setdefault(name, value)
         env.update(self.spec.env)
         if KV_CACHE_BYTES_FLAG in self.spec.args:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         env.update(self._emulation()[1])
+        return env
+
+    def start(self) -> None:
+        env = self.environment()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(self.command())}\n".encode())
