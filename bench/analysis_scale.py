@@ -22,7 +22,9 @@ RSS and CPU):
 - ``compare``: ``replay compare RUN RUN``;
 - ``export``: ``replay export RUN --format parquet``.
 
-The summary gives, per command, the figures per size, the growth from each size to the next
+Sizes are rounded down to a multiple of the arms (1,000,000 is 999,999 results: 333,333
+requests to each arm); ``results_summarized`` is the count the analysis reported. The summary
+gives, per command, the figures per size, the growth from each size to the next
 (time and RSS ratios, against the ratio of sizes) and the issue's targets for 1M results
 (at most 60 s and 1 GB).
 """
@@ -217,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
                 if name not in wanted:
                     continue
                 got = run_measured(cmd, ROOT)
+                got["output_tail"] = got["output_tail"].replace(str(work), "WORK")
                 if got["exit_code"] != 0:
                     console.print(f"[red]{name} at {size}: exit {got['exit_code']}[/red]")
                     console.print(got["output_tail"])

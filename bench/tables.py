@@ -173,8 +173,8 @@ def analysis_scale_rows(doc: dict[str, Any]) -> Iterator[Row]:
     """Analysis at scale (``bench/analysis_scale.py``): each command at each size, and its
     growth from the size before."""
     for command, s in doc["summary"].items():
-        if not isinstance(s, dict) or "wall_s" not in s:
-            continue
+        if not isinstance(s, dict) or not isinstance(s.get("wall_s"), dict):
+            continue  # the targets, not a command
         for size, wall in s["wall_s"].items():
             rss = s["peak_rss_mib"][size]
             target = "<= 60 s, <= 1024 MiB" if size == "1000000" else ""
