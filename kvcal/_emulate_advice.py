@@ -122,6 +122,9 @@ def _tolerance_line(
 
 
 def _loss_verdict(c: Mapping[str, Any]) -> str:
+    if c["share"] is not None and c["share"] >= 1:
+        # Rounded to nearest loses nothing (or gains a little): no share above all of it.
+        return "the rounding is all of the truncated loss: rounded to nearest, none is left"
     if c["share"] is not None and c["share"] > 0:
         return f"the rounding is {c['share']:.0%} of the truncated loss"
     if c["share"] is not None:

@@ -550,9 +550,15 @@ def test_the_advisor_says_how_much_of_a_loss_is_the_rounding() -> None:
             "nvfp4@1.0 cuda": (0.14, 0.03, 0.3),
             "fp8_e5m2@1.0 cpu": (0.004, 0.001, 0.008),
             "fp8_e5m2@1.0 cuda": (0.0, -0.001, 0.001),
+            # rounded to nearest gains a little: all of the truncated loss, never "105%"
+            "int8@1.0 cpu": (0.02, 0.011, 0.04),
+            "int8@1.0 cuda": (-0.001, -0.007, 0.005),
         }
     )
     lines = advise(report)["lines"]
+    assert lines[3].endswith(
+        "the rounding is all of the truncated loss: rounded to nearest, none is left"
+    )
     assert "fp8@1.0 cpu" in lines[0] and "the rounding is 60% of the truncated loss" in lines[0]
     assert "truncation costs nothing over rounding to nearest" in lines[1]
     assert lines[2].endswith(
