@@ -181,7 +181,61 @@ def analysis_scale_rows(doc: dict[str, Any]) -> Iterator[Row]:
             yield f"{command}, {int(size):,} results", f"{wall:.1f} s, {rss:.0f} MiB peak", target
 
 
+def evidence_simulation_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """The evidence rule simulated (``bench/simulations.py``; docs/canary.md's table): KEEP at a
+    drop of the tolerance at most alpha, and "need N" delivering its power."""
+    c = doc["config"]
+    size = [r["share"] for r in doc["rows"] if r["question"] == "size"]
+    power = [r["share"] for r in doc["rows"] if r["question"] == "power"]
+    yield (
+        "evidence rule, drop = tolerance: KEEP share, largest",
+        f"{max(size):.4f}",
+        (f"<= {c['alpha']:g}"),
+    )
+    yield (
+        "evidence rule, at need N: KEEP share, smallest",
+        f"{min(power):.4f}",
+        (f">= {c['power']:g}"),
+    )
+
+
+def systems_simulation_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """The systems rule simulated (``bench/simulations.py``; docs/canary.md's table): how often
+    pure noise claims a change, judged over blocks as the rule does."""
+    alpha = doc["config"]["alpha"]
+    noise = [
+        r["either"]
+        for r in doc["cells"]
+        if r["case"].startswith("pure noise") and "per request" not in r["case"]
+    ]
+    yield (
+        "systems rule, pure noise: share claiming a change, largest",
+        f"{max(noise):.4f}",
+        (f"<= {alpha:g}"),
+    )
+    cap = doc["capacity"][0]
+    claimed = cap["fewer"] + cap["more"]
+    yield (
+        f"systems rule, capacity cell, {cap['case']}: claims",
+        f"{claimed:.4f}",
+        f"<= {alpha / 2:g}",
+    )
+
+
+def sequential_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """The sequential canary simulated (``bench/sequential_sim.py``; docs/canary.md's table):
+    its median pairs against the fixed design's N at the same power, where a target is set."""
+    for r in doc["cases"]:
+        if "target_median_over_fixed" in r and "median_over_equal_power" in r:
+            what = f"sequential canary, {r['name']}: median pairs / fixed N at equal power"
+            value = f"{r['median_over_equal_power']:.2f}x"
+            yield what, value, f"<= {r['target_median_over_fixed']:g}x"
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
+    ("sequential", sequential_rows),
+    ("evidence_simulation", evidence_simulation_rows),
+    ("systems_simulation", systems_simulation_rows),
     ("analysis_scale", analysis_scale_rows),
     ("advisor", advisor_rows),
     ("client_overhead", client_overhead_rows),

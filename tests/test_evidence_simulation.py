@@ -13,15 +13,20 @@ region as ``power.critical_regressions``, checked on a sample here). Two questio
 * power: with no true drop, at the N that "need N" names for a pilot bucket with the same
   rates, equivalence must be shown in at least ``power.POWER`` of them (same allowance).
 
-``python -m tests.test_evidence_simulation`` prints the table the README quotes.
+``python bench/simulations.py`` records every row in ``bench/results/evidence_simulation.json``,
+from which ``bench/doc_figures.py`` renders docs/canary.md's table; each test here checks that
+the recorded row is what the simulation gives today.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from replay.analysis.stats import equivalence, evidence, exact_tests, power
@@ -44,19 +49,21 @@ class Case:
 
 
 SIZE = [
-    Case("drop = tolerance, only regressions", TOL, 0.0, n=59),
-    Case("drop = tolerance, only regressions", TOL, 0.0, n=300),
-    Case("drop = tolerance, discordance 10%", TOL + 0.025, 0.025, n=100),
-    Case("drop = tolerance, discordance 10%", TOL + 0.025, 0.025, n=400),
-    Case("drop = tolerance, discordance 25%", TOL + 0.1, 0.1, n=200),
-    Case("drop = tolerance, discordance 25%", TOL + 0.1, 0.1, n=800),
+    Case("true drop = tolerance, only regressions", TOL, 0.0, n=59),
+    Case("true drop = tolerance, only regressions", TOL, 0.0, n=300),
+    Case("true drop = tolerance, discordance 10%", TOL + 0.025, 0.025, n=100),
+    Case("true drop = tolerance, discordance 10%", TOL + 0.025, 0.025, n=400),
+    Case("true drop = tolerance, discordance 25%", TOL + 0.1, 0.1, n=200),
+    Case("true drop = tolerance, discordance 25%", TOL + 0.1, 0.1, n=800),
 ]
 POWER = [
     Case("no drop, no discordance", 0.0, 0.0, pilot=(57, 0, 0)),
     Case("no drop, discordance 5%", 0.025, 0.025, pilot=(80, 2, 2)),
     Case("no drop, discordance 10%", 0.05, 0.05, pilot=(100, 5, 5)),
-    Case("drop 2 points, discordance 4%", 0.03, 0.01, pilot=(100, 3, 1)),
+    Case("2-point drop, discordance 4%", 0.03, 0.01, pilot=(100, 3, 1)),
 ]
+SIZE_SEED, POWER_SEED = SEED, SEED + 100  # plus the case's index
+RECORDED = Path(__file__).resolve().parents[1] / "bench" / "results" / "evidence_simulation.json"
 
 
 def simulate(n: int, p10: float, p01: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +112,8 @@ def allowance(p: float) -> float:
 
 @pytest.mark.parametrize("i", range(len(SIZE)))
 def test_a_drop_of_exactly_the_tolerance_is_rarely_kept(i: int) -> None:
-    n, share, exact = run(SIZE[i], SEED + i)
+    n, share, exact = run(SIZE[i], SIZE_SEED + i)
+    assert recorded("size", i) == (n, share, exact), "run: python bench/simulations.py"
     assert exact <= ALPHA + 1e-9, (SIZE[i], n, exact)
     assert share <= ALPHA + allowance(ALPHA), (SIZE[i], n, share)
     assert abs(share - exact) <= allowance(max(exact, 1e-3)) + 1e-3
@@ -114,7 +122,8 @@ def test_a_drop_of_exactly_the_tolerance_is_rarely_kept(i: int) -> None:
 @pytest.mark.parametrize("i", range(len(POWER)))
 def test_need_n_delivers_its_power(i: int) -> None:
     case = POWER[i]
-    n, share, exact = run(case, SEED + 100 + i)
+    n, share, exact = run(case, POWER_SEED + i)
+    assert recorded("power", i) == (n, share, exact), "run: python bench/simulations.py"
     assert exact >= power.POWER, (case, n, exact)
     assert share >= power.POWER - allowance(power.POWER), (case, n, share)
     assert abs(share - exact) <= allowance(exact) + 1e-3
@@ -137,29 +146,42 @@ def test_the_stop_rule_keeps_exactly_where_the_bound_holds() -> None:
         assert (v.verdict == "keep") == k, (x, y, v.reasons)
 
 
-def table() -> str:
-    rows = ["| case | pairs | KEEP share (simulated) | exact | bound |", "|---|---|---|---|---|"]
-    for i, case in enumerate(SIZE):
-        n, share, exact = run(case, SEED + i)
-        rows.append(f"| {case.name} | {n} | {share:.4f} | {exact:.4f} | <= {ALPHA:g} |")
-    for i, case in enumerate(POWER):
-        n, share, exact = run(case, SEED + 100 + i)
-        pilot = (
-            ""
-            if case.pilot is None
-            else (
-                f" (need N for {case.pilot[0]} pairs, {case.pilot[1]} lost, {case.pilot[2]} gained)"
+def rows() -> list[dict[str, Any]]:
+    """Every case's simulated and exact KEEP share: what the results file records."""
+    out = []
+    for question, cases, seed in (("size", SIZE, SIZE_SEED), ("power", POWER, POWER_SEED)):
+        for i, case in enumerate(cases):
+            n, share, exact = run(case, seed + i)
+            out.append(
+                {
+                    "question": question,
+                    "case": case.name,
+                    "p10": case.p10,
+                    "p01": case.p01,
+                    "pilot": case.pilot,
+                    "seed": seed + i,
+                    "pairs": n,
+                    "share": share,
+                    "exact": float(exact),
+                }
             )
-        )
-        rows.append(
-            f"| {case.name}{pilot} | {n} | {share:.4f} | {exact:.4f} | >= {power.POWER:g} |"
-        )
-    return "\n".join(rows)
+    return out
 
 
-if __name__ == "__main__":
-    print(
-        f"{CANARIES} canaries per case, seed {SEED} (+ case index), BF16 pass rate {P_REF}, "
-        f"tolerance {TOL}, alpha {ALPHA}, min pairs {MIN_PAIRS}"
-    )
-    print(table())
+def config() -> dict[str, Any]:
+    return {
+        "canaries": CANARIES,
+        "seed": SEED,
+        "reference_pass_rate": P_REF,
+        "tolerance": TOL,
+        "alpha": ALPHA,
+        "min_pairs": MIN_PAIRS,
+        "power": power.POWER,
+    }
+
+
+def recorded(question: str, i: int) -> tuple[int, float, float]:
+    """(pairs, share, exact) of the ``i``-th case of ``question`` in the results file."""
+    doc = orjson.loads(RECORDED.read_bytes())
+    row = [r for r in doc["rows"] if r["question"] == question][i]
+    return row["pairs"], row["share"], row["exact"]

@@ -25,15 +25,20 @@ change is found the right way in at least 80% of the canaries at the sizes the R
 the capacity phase's cell (24 blocks at half of alpha) claims a change under noise in at most
 alpha / 2 of the canaries and finds a 50% gain.
 
-``python -m tests.test_systems_simulation`` prints the table the README quotes.
+``python bench/simulations.py`` records every row in ``bench/results/systems_simulation.json``,
+from which ``bench/doc_figures.py`` renders docs/canary.md's table; the tests here check that
+the rows they simulate are the recorded ones.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from replay.analysis.stats.median_change import median_changes
@@ -56,6 +61,8 @@ DRIFT = 0.5  # the machine's load rises by half over a drifting run
 # at a load average near 30 (the robust spread of the A/A's block log ratios, 0.42, over
 # sqrt 2), and half of alpha (``systems_cells.rule``).
 BLOCKS, BLOCK_SIGMA = 24, 0.3
+CAPACITY_SEED = SEED + 50  # plus the case's index
+RECORDED = Path(__file__).resolve().parents[1] / "bench" / "results" / "systems_simulation.json"
 
 
 @dataclass(frozen=True)
@@ -165,7 +172,8 @@ def allowance(p: float) -> float:
 
 @pytest.mark.parametrize("i", [0, 1, 2])
 def test_pure_noise_claims_a_change_in_at_most_alpha_of_the_canaries(i: int) -> None:
-    _, _, either = shares(CASES[i], SEED + i)
+    slower, faster, either = shares(CASES[i], SEED + i)
+    assert recorded(i) == (slower, faster), "run: python bench/simulations.py"
     assert either <= ALPHA + allowance(ALPHA), (CASES[i], either)
 
 
@@ -181,46 +189,73 @@ def test_a_true_20_percent_change_is_found_at_the_sizes_the_readme_states(
     i: int, sense: str
 ) -> None:
     slower, faster, _ = shares(CASES[i], SEED + i)
+    assert recorded(i) == (slower, faster), "run: python bench/simulations.py"
     found, wrong = (slower, faster) if sense == "slower" else (faster, slower)
     assert found >= 0.8, (CASES[i], found)
     assert wrong <= ALPHA + allowance(ALPHA), (CASES[i], wrong)
 
 
 def test_the_capacity_cell_under_noise_and_a_true_change() -> None:
-    noise = simulate_blocks(1.0, SEED + 50)
+    noise = simulate_blocks(1.0, CAPACITY_SEED)
     assert (noise != 0).mean() <= ALPHA / 2 + allowance(ALPHA / 2)
-    assert (simulate_blocks(1.5, SEED + 52) > 0).mean() >= 0.8
+    assert (simulate_blocks(1.5, CAPACITY_SEED + 2) > 0).mean() >= 0.8
+    assert capacity_row(0) == recorded_capacity(0), "run: python bench/simulations.py"
 
 
-def table() -> str:
-    rows = [
-        "| case | noise | blocks x requests per bucket | claims slower | claims faster |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+def cell_rows() -> list[dict[str, Any]]:
+    """Every latency case: the share of canaries in which some cell claims slower, faster."""
+    out = []
     for i, case in enumerate(CASES):
-        slower, faster, _ = shares(case, SEED + i)
-        size = f"{case.k} x {case.m}"
-        rows.append(f"| {case.name} | {case.noise} | {size} | {slower:.4f} | {faster:.4f} |")
-    rows += [
-        "",
-        "| capacity cell | blocks | claims fewer | claims more |",
-        "| --- | --- | --- | --- |",
-    ]
-    for j, (name, change) in enumerate(BLOCK_CASES):
-        calls = simulate_blocks(change, SEED + 50 + j)
-        rows.append(f"| {name} | {BLOCKS} | {(calls < 0).mean():.4f} | {(calls > 0).mean():.4f} |")
-    return "\n".join(rows)
+        slower, faster, either = shares(case, SEED + i)
+        out.append(
+            {
+                "case": case.name,
+                "noise": case.noise,
+                "blocks": case.k,
+                "requests": case.m,
+                "seed": SEED + i,
+                "slower": slower,
+                "faster": faster,
+                "either": either,
+            }
+        )
+    return out
 
 
-if __name__ == "__main__":
-    noise = "; ".join(
-        f"{name}: " + ", ".join(f"{k} {v[0]:g}/{v[1]:g}" for k, v in sig.items())
-        for name, sig in NOISE.items()
-    )
-    print(
-        f"{CANARIES} canaries per case, seed {SEED} (+ case index), {BUCKETS} buckets x "
-        f"{len(METRICS)} metrics, alpha {ALPHA}, threshold {THRESHOLD}; per-arm noise (log, "
-        f"request/block) {noise}; t(3) tails, correlation {RHO}; capacity cell: {BLOCKS} "
-        f"blocks, block noise {BLOCK_SIGMA}, alpha / 2"
-    )
-    print(table())
+def capacity_row(j: int) -> dict[str, Any]:
+    name, change = BLOCK_CASES[j]
+    calls = simulate_blocks(change, CAPACITY_SEED + j)
+    return {
+        "case": name,
+        "change": change,
+        "blocks": BLOCKS,
+        "seed": CAPACITY_SEED + j,
+        "fewer": float((calls < 0).mean()),
+        "more": float((calls > 0).mean()),
+    }
+
+
+def config() -> dict[str, Any]:
+    return {
+        "canaries": CANARIES,
+        "seed": SEED,
+        "alpha": ALPHA,
+        "buckets": BUCKETS,
+        "metrics": list(METRICS),
+        "threshold": THRESHOLD,
+        "noise": {name: {m: list(v) for m, v in sig.items()} for name, sig in NOISE.items()},
+        "rho": RHO,
+        "drift": DRIFT,
+        "capacity_blocks": BLOCKS,
+        "capacity_block_sigma": BLOCK_SIGMA,
+    }
+
+
+def recorded(i: int) -> tuple[float, float]:
+    """(claims slower, claims faster) of the ``i``-th case in the results file."""
+    row = orjson.loads(RECORDED.read_bytes())["cells"][i]
+    return row["slower"], row["faster"]
+
+
+def recorded_capacity(j: int) -> dict[str, Any]:
+    return dict(orjson.loads(RECORDED.read_bytes())["capacity"][j])
