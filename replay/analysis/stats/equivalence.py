@@ -142,7 +142,7 @@ def equivalence_p(n: int, regressions: int, improvements: int, tolerance: float)
     the bound never contradicts ``exact_tests.mcnemar_exact``. Fay & Lumbard conjecture, from
     extensive numerical checks, that the test never exceeds its level; this project checks it
     too: the exact size at a true drop of exactly ``tolerance`` (tests/test_stats.py) and a
-    simulation (tests/test_evidence_simulation.py, figures in the README).
+    simulation (tests/test_evidence_simulation.py, figures in docs/canary.md).
     """
     _check_tolerance(tolerance, "equivalence_p")
     check_counts(n, regressions, improvements, "equivalence_p")
