@@ -2,13 +2,15 @@
 
 Architecture (imports point one way, downwards; lint-imports checks it, see pyproject.toml):
 
-    cli                                   the ``replay`` command: typed options, the run's steps,
-                                          ``trace`` commands; the only place click lives
+    cli                                   the ``replay`` command: typed options, the run's steps
+                                          and its composition root, ``trace`` commands; the only
+                                          place click lives
     locust   present   tools   testmodel  Locust adapter support (plans, events, target,
                                           recorder), reports (views, charts, HTML, Markdown,
                                           tables), trace anonymizer and PII detectors, test model
                                           (siblings never import each other)
-    run                                   one replay: config, runner (targets x phases), phase
+    run                                   one replay: config, runner (targets x phases, given its
+                                          sender, connector and order), phase
                                           loop, sessions, resume state, the one manifest builder,
                                           the one analysis pipeline (analyze), sweeps, the run dir
     analysis                              schemas, summary (SLOs, sessions), grading, stats,

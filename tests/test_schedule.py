@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import random
-from collections.abc import Coroutine
-from typing import Any
 
 import pytest
 
@@ -19,48 +16,11 @@ from replay.core.schedule import (
     trace_offsets,
 )
 
-
-class FakeClock:
-    """Virtual time: sleepers wait in a heap; when every task is blocked, time jumps to the
-    earliest sleeper. A ten-minute schedule runs in milliseconds."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._n = 0
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep_until(self, t: float) -> None:
-        if t <= self.t:
-            await asyncio.sleep(0)
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._heap, (t, self._n, fut))
-        self._n += 1
-        await fut
-
-    async def sleep(self, dt: float) -> None:
-        await self.sleep_until(self.t + dt)
-
-    def drive(self, coro: Coroutine[Any, Any, None]) -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(coro)
-            while not task.done():
-                for _ in range(50):
-                    await asyncio.sleep(0)
-                if self._heap and not task.done():
-                    t, _, fut = heapq.heappop(self._heap)
-                    self.t = max(self.t, t)
-                    fut.set_result(None)
-            task.result()
-
-        asyncio.run(main())
+from .nowire import VirtualClock
 
 
 def test_open_loop_sends_at_absolute_times() -> None:
-    clock = FakeClock()
+    clock = VirtualClock(start=100.0)
     offsets = [0.0, 0.5, 0.5, 2.0, 600.0]
     sent: list[tuple[int, float, float]] = []
 
@@ -76,7 +36,7 @@ def test_open_loop_sends_at_absolute_times() -> None:
 
 
 def test_open_loop_max_in_flight_keeps_scheduled_time() -> None:
-    clock = FakeClock()
+    clock = VirtualClock(start=100.0)
     in_flight = 0
     peak = 0
     records: list[tuple[float, float]] = []
@@ -99,7 +59,7 @@ def test_open_loop_max_in_flight_keeps_scheduled_time() -> None:
 
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_closed_loop_never_exceeds_concurrency_and_sends_all(n: int) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(start=100.0)
     in_flight = 0
     peak = 0
     seen: list[int] = []
@@ -136,7 +96,7 @@ def test_poisson_offsets_are_seeded_and_have_the_rate() -> None:
 
 @pytest.mark.parametrize("kind", ["open", "closed"])
 def test_stop_sends_nothing_more(kind: str) -> None:
-    clock = FakeClock()
+    clock = VirtualClock(start=100.0)
     stop = asyncio.Event()
     sent: list[int] = []
 

@@ -24,6 +24,7 @@ from rich.progress import (
 from replay.analysis.schemas import Summary
 from replay.analysis.verdict.advice import read_advice
 from replay.cli.common import console, shown
+from replay.cli.compose import SERIAL_PHASE, compose, refuse_combinations
 from replay.cli.measuring import capacity_options, resolve_control, resolve_interleave
 from replay.cli.run_directory import run_directory, run_options_of
 from replay.cli.run_options import RunOptions
@@ -33,7 +34,6 @@ from replay.core.event_loop import run_loop
 from replay.core.exit_codes import ExitCode
 from replay.core.schedule import (
     ClosedLoop,
-    MonotonicClock,
     OpenLoop,
     PoissonOffsets,
     TraceOffsets,
@@ -43,10 +43,8 @@ from replay.present.table import quality_table, summary_table
 from replay.present.terminal import print_tables
 from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
-from replay.run.interleave import InterleavedRunner
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
-from replay.run.worker_pool import WorkerPoolSender, check_workers
 from replay.serving.targets import (
     BUILTIN_DTYPES,
     TargetSpec,
@@ -249,23 +247,12 @@ class Plan:
             o.seed,
             sessions,
         )
-        if o.quality_pass == "serial" and o.sequential:
-            raise InputError(
-                "--quality-pass serial and --sequential: the sequential canary sends its own "
-                "rounds; leave one out"
-            )
         if o.quality_pass == "serial" and schedules[0].label != SERIAL_PHASE:
             schedules = [ClosedLoop(1), *(s for s in schedules if s.label != SERIAL_PHASE)]
-        check_workers(o.workers, schedules, o.session_history)
-        if o.sequential and o.workers > 1:
-            raise InputError("--sequential sends its rounds from one process: leave out --workers")
+        refuse_combinations(o, schedules)
         specs = resolve_targets(o)
         refuse_overlap(trace.iter_requests(), specs, o.trace_path)
         return cls(trace, fmt, buckets, schedules, specs, slo)
-
-
-# --quality-pass serial: the phase whose answers are graded, one request at a time.
-SERIAL_PHASE = "c1"
 
 
 def think_time(text: str, time_scale: float) -> ThinkTime:
@@ -369,25 +356,6 @@ def _copy(md: Path, to: Path) -> None:
         raise InputError(f"--markdown {to}: cannot write it ({exc}); {md} has it") from None
 
 
-def _runner(cfg: RunConfig, o: RunOptions, progress: RichProgress) -> Runner:
-    """The fixed-design runner (over --workers load processes), or the sequential canary's
-    rounds (--sequential)."""
-    if o.workers > 1:
-        clock = MonotonicClock()
-        return Runner(cfg, progress, clock=clock, sender=WorkerPoolSender(o.workers, cfg, clock))
-    if cfg.interleave:
-        return InterleavedRunner(cfg, progress)
-    if not o.sequential:
-        return Runner(cfg, progress)
-    from replay.run.sequential_run import RoundLoop, SequentialOptions, SequentialRunner
-
-    if o.rate is not None or o.trace_times:
-        raise InputError("--sequential sends closed-loop rounds: leave out --rate/--trace-times")
-    seq = SequentialOptions(o.round_size, o.max_requests, o.max_time)
-    loop = RoundLoop(_int_list(o.concurrency, "--concurrency")[0])
-    return SequentialRunner(replace(cfg, schedules=[loop]), seq, progress)
-
-
 def _replay(cfg: RunConfig, canary: bool, o: RunOptions) -> tuple[Runner, Summary]:
     """Run with progress bars (none for the canary, whose stdout is its Markdown)."""
     with Progress(
@@ -405,7 +373,7 @@ def _replay(cfg: RunConfig, canary: bool, o: RunOptions) -> tuple[Runner, Summar
         # without one (bench/README.md, open loop).
         refresh_per_second=REDRAWS_PER_S,
     ) as bar:
-        runner = _runner(cfg, o, RichProgress(bar))  # may raise ConfigError (--reference)
+        runner = compose(cfg, o, RichProgress(bar))  # may raise ConfigError (--reference)
         summary = Summary.from_json(run_loop(runner.run()))
     return runner, summary
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from replay.core.iterate import closing
 from replay.core.schedule import ClosedLoop, OpenLoop
-from replay.run.analyze import load_results
+from replay.run.analyze import Analysis, load_results
 from replay.run.capacity import (
     CapacityRun,
     Plan,
@@ -52,7 +52,6 @@ from replay.run.config import RunConfig, TargetRun
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import Progress
 from replay.run.runner import Runner
-from replay.run.session_turns import Sessions
 from replay.traces.sessions import Unit, units
 from replay.traces.trace import Request
 
@@ -152,58 +151,75 @@ class _Window:
         }
 
 
-class InterleavedRunner(Runner):
-    """The runner's targets, servers, manifest, scoring and analysis; phases in blocks."""
+class Interleaved:
+    """The run's order (``RunOrder``) when its arms are interleaved: every target's server up at
+    once, each phase sent in blocks, arm after arm; then the capacity phase."""
 
-    def __init__(self, cfg: RunConfig, progress: Progress | None = None) -> None:
-        super().__init__(replace(cfg, parallel_targets=True), progress)
+    def __init__(self) -> None:
+        self._runner: Runner | None = None
+        self.control_server = False
+        self.arms: dict[str, TargetSession] = {}
+        self._ready: dict[str, asyncio.Event] = {}
+        self._over = asyncio.Event()
+        # The capacity phase's manifest block; a resume keeps one that finished.
+        self.capacity: dict[str, Any] | None = None
+
+    @property
+    def runner(self) -> Runner:
+        assert self._runner is not None, "bind the order to its runner first"
+        return self._runner
+
+    def prepare(self, cfg: RunConfig) -> RunConfig:
+        return replace(cfg, parallel_targets=True)
+
+    def bind(self, runner: Runner) -> None:
+        self._runner = r = runner
         # A local reference's A/A control gets a server of its own, started like the others:
         # every arm then starts each of its blocks on a server the previous block left idle.
         # (Sharing the reference's, it would follow it warm in some blocks, which the
         # candidate never can.) A remote reference's control shares its server.
-        ref = self.runs[self.reference]
-        local = sum(r.spec.is_local for r in self.runs.values())
+        ref = r.runs[r.reference]
+        local = sum(t.spec.is_local for t in r.runs.values())
         self.control_server = (
-            self.control is not None and ref.spec.is_local and local < SERVERS_AT_ONCE
+            r.control is not None and ref.spec.is_local and local < SERVERS_AT_ONCE
         )
-        if self.control is not None and self.control_server:
-            rest = {n: r for n, r in self.runs.items() if n != self.reference}
-            self.runs = {self.reference: ref, self.control.spec.name: self.control, **rest}
-        self.arms: dict[str, TargetSession] = {}
-        self._ready = {n: asyncio.Event() for n in self.runs}
-        self._over = asyncio.Event()
-        # The capacity phase's manifest block; a resume keeps one that finished.
-        self.capacity: dict[str, Any] | None = finished_capacity(cfg) if cfg.resume else None
+        if r.control is not None and self.control_server:
+            rest = {n: t for n, t in r.runs.items() if n != r.reference}
+            r.runs = {r.reference: ref, r.control.spec.name: r.control, **rest}
+        self._ready = {n: asyncio.Event() for n in r.runs}
+        self.capacity = finished_capacity(r.cfg) if r.cfg.resume else None
 
-    def manifest(self) -> dict[str, Any]:
-        m = super().manifest()
-        if self.capacity is not None:
-            m["capacity"] = self.capacity
-        return m
+    def manifest_extra(self) -> dict[str, Any]:
+        return {"capacity": self.capacity} if self.capacity is not None else {}
+
+    def analysis(self, analysis: Analysis) -> Analysis:
+        return analysis
 
     # -- serving: every server up at once, waiting for the blocks ----------------------------
-    async def _all_targets(self) -> None:
-        tasks = [asyncio.ensure_future(self._serving(r)) for r in self.runs.values()]
+    async def run_targets(self) -> None:
+        r = self.runner
+        tasks = [asyncio.ensure_future(self._serving(t)) for t in r.runs.values()]
         try:
             await asyncio.gather(*(e.wait() for e in self._ready.values()))
             await self._phases_interleaved()
         finally:
-            if self.ref_done is not None:
-                self.ref_done.set()  # teacher-forced scoring reads the reference's answers
+            if r.ref_done is not None:
+                r.ref_done.set()  # teacher-forced scoring reads the reference's answers
             self._over.set()
             await asyncio.gather(*tasks)
-        if self.capacity is None and not self.stopping.is_set():
+        if self.capacity is None and not r.stopping.is_set():
             await self._capacity_phase()
 
     # -- the capacity phase (replay/run/capacity.py), once the workload's servers stopped ----
     async def _capacity_phase(self) -> None:
-        c, cand = self.cfg, self.roles.candidate
+        r = self.runner
+        c, cand = r.cfg, r.roles.candidate
         if c.capacity.mode == "off":
             return
-        ref_run = self.runs[self.reference]
-        cand_run = self.runs.get(cand) if cand else None
+        ref_run = r.runs[r.reference]
+        cand_run = r.runs.get(cand) if cand else None
         failed = ref_run.status != "ok" or cand_run is None or cand_run.status != "ok"
-        peak = peak_usage(c.run_dir, self.reference, ref_run.phases)
+        peak = peak_usage(c.run_dir, r.reference, ref_run.phases)
         why = why_not(
             c.capacity.mode,
             ref_run.spec,
@@ -215,144 +231,154 @@ class InterleavedRunner(Runner):
         plan = why or self._capacity_plan(ref_run)
         if isinstance(plan, str):
             self.capacity = {"status": "skipped", "reason": plan}
-            self.save_manifest()
+            r.save_manifest()
             return
         assert cand_run is not None
-        self.progress.status("capacity phase: starting servers with a smaller KV cache")
+        r.progress.status("capacity phase: starting servers with a smaller KV cache")
         await CapacityRun(
             run_dir=c.run_dir,
             reference=ref_run.spec,
             candidate=cand_run.spec,
-            control=self.control.spec if self.control else None,
+            control=r.control.spec if r.control else None,
             arms=self.arms,
             plan=plan,
             units=self._first_units(units_needed(c.capacity.concurrency)),
             phase=self._capacity_block,
-            progress=self.progress,
-            clock=self.clock,
-            stopping=self.stopping,
+            progress=r.progress,
+            clock=r.clock,
+            stopping=r.stopping,
             save=self._save_capacity,
-            budget=self._budget,
+            budget=r.new_budget,
             timeout_s=c.timeout_s,
             seed=c.seed,
             startup_timeout_s=c.startup_timeout_s,
-            cannot_write=self.stop.cannot_write,
+            cannot_write=r.stop.cannot_write,
         ).run()
 
     def _capacity_plan(self, ref_run: TargetRun) -> Plan | str:
+        r = self.runner
         info = ref_run.info
         results = [
-            r
-            for r in load_results(self.cfg.run_dir, prompt_ids=False)
-            if r.target == self.reference
+            x for x in load_results(r.cfg.run_dir, prompt_ids=False) if x.target == r.reference
         ]
-        max_tokens = {r.id: r.max_tokens for r in self.cfg.trace.iter_requests()}
+        max_tokens = {q.id: q.max_tokens for q in r.cfg.trace.iter_requests()}
         per_token = kv_bytes_per_token(ref_run.spec, info.get("cache_config") or {})
-        return size(results, max_tokens, per_token, info.get("max_model_len"), self.cfg.capacity)
+        return size(results, max_tokens, per_token, info.get("max_model_len"), r.cfg.capacity)
 
     def _save_capacity(self, block: dict[str, Any]) -> None:
         self.capacity = block
-        self.save_manifest()
+        self.runner.save_manifest()
 
     def _first_units(self, n: int) -> list[Unit]:
-        with closing(self.cfg.trace.iter_requests()) as reqs:
-            items: Iterator[Unit] = (
-                units(enumerate(reqs)) if self.sessions else ([t] for t in enumerate(reqs))
-            )
-            return list(itertools.islice(items, n))
+        return list(itertools.islice(self._units(), n))
+
+    def _units(self) -> Iterator[Unit]:
+        """The trace's units (a session's turns, or one request), read again."""
+        with closing(self.runner.cfg.trace.iter_requests()) as reqs:
+            if self.runner.sessions:
+                yield from units(enumerate(reqs))
+            else:
+                yield from ([t] for t in enumerate(reqs))
 
     def _capacity_block(self, **kw: Any) -> Phase:
         """A Phase of the capacity phase: the run's trace, buckets, clock and interrupt."""
+        r = self.runner
         return Phase(
-            trace=self.cfg.trace,
-            buckets=self.cfg.buckets,
-            progress=_QuietPhases(self.progress),
-            clock=self.clock,
-            stopping=self.stopping,
-            timeout_s=self.cfg.phase_timeout_s,
-            sessions=self._sessions(kw["target"].name),
+            trace=r.cfg.trace,
+            buckets=r.cfg.buckets,
+            progress=_QuietPhases(r.progress),
+            clock=r.clock,
+            stopping=r.stopping,
+            timeout_s=r.cfg.phase_timeout_s,
+            sessions=r.sessions_of(kw["target"].name),
             **kw,
         )
 
     async def _serving(self, run: TargetRun) -> None:
         try:
-            await self._target(run)
+            await self.runner.serve_target(run)
         finally:
             self._ready[run.spec.name].set()  # also when it failed: the blocks do not wait
 
-    async def _send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
+    async def send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
         """Register the target's arms (and the reference's A/A control) for the blocks, and
         hold its server until every phase is sent."""
+        r = self.runner
         self.arms[arm.name] = arm
-        if self._names(run.spec.name)[1:] and self.control is not None:
-            self.control.info = dict(run.info)
-            self.arms[self.control.spec.name] = replace(
-                arm, name=self.control.spec.name, budget=self.control.budget
+        if self.arms_on(run.spec.name)[1:] and r.control is not None:
+            r.control.info = dict(run.info)
+            self.arms[r.control.spec.name] = replace(
+                arm, name=r.control.spec.name, budget=r.control.budget
             )
         self._ready[run.spec.name].set()
         await self._over.wait()
-        for name in self._names(run.spec.name):
-            r = self.all_runs()[name]
-            if r.budget.spent:
-                self._budget_spent(r)
+        for name in self.arms_on(run.spec.name):
+            t = r.all_runs()[name]
+            if t.budget.spent:
+                r.budget_spent(t)
             elif name != run.spec.name:
-                r.status = "ok"  # the control: its target's status is set by ``_serve``
-        return not run.budget.spent and not self.stopping.is_set()
+                t.status = "ok"  # the control: its target's status is set by the runner
+        return not run.budget.spent and not r.stopping.is_set()
 
     # -- the blocks ---------------------------------------------------------------------------
     def _order(self) -> list[str]:
         """The arms in the runner's order: the reference, its control, then the others."""
-        names = [n for t in self.runs for n in self._names(t)]
+        names = [n for t in self.runner.runs for n in self.arms_on(t)]
         return [n for n in names if n in self.arms]
 
     async def _phases_interleaved(self) -> None:
+        r = self.runner
         live = self._order()
-        for k, sched in enumerate(self.cfg.schedules):
-            if self.stopping.is_set() or not live:
+        for k, sched in enumerate(r.cfg.schedules):
+            if r.stopping.is_set() or not live:
                 return
-            arms = [n for n in live if sched.label not in self._skipped_before(self._owner(n))]
+            arms = [n for n in live if sched.label not in r.skipped_before(self._owner(n))]
             await self._phase_in_blocks(sched, arms)
-            rest = [s.label for s in self.cfg.schedules[k + 1 :]]
+            rest = [s.label for s in r.cfg.schedules[k + 1 :]]
             if rest:
-                stopped = {t for t in self.runs if t in live and self._stops(t, rest)}
+                stopped = {t for t in r.runs if t in live and self._stops(t, rest)}
                 live = [n for n in live if self._owner(n) not in stopped]
 
-    def _names(self, name: str) -> list[str]:
+    def arms_on(self, target: str) -> list[str]:
         """A target and the arms on its server: the control has its own when it can."""
-        return [name] if self.control_server else super()._names(name)
+        r = self.runner
+        if self.control_server or r.control is None or target != r.reference:
+            return [target]
+        return [target, r.control.spec.name]
 
     def _owner(self, name: str) -> str:
         """The target whose server an arm runs on (a shared control's is the reference's)."""
-        if self.control and name == self.control.spec.name and not self.control_server:
-            return self.reference
+        r = self.runner
+        if r.control and name == r.control.spec.name and not self.control_server:
+            return r.reference
         return name
 
     def _stops(self, target: str, rest: Sequence[str]) -> bool:
-        run = self.runs[target]
-        if not self._saturated(run, target):
+        r = self.runner
+        run = r.runs[target]
+        if not r.saturated(run, target):
             return False
         skipped = {"skipped": list(rest)}
-        for name in self._names(target):
-            r = self.all_runs()[name]
-            r.info["sweep_stopped"] = {**run.info["sweep_stopped"], **skipped}
-        self.save_manifest()
+        for name in self.arms_on(target):
+            t = r.all_runs()[name]
+            t.info["sweep_stopped"] = {**run.info["sweep_stopped"], **skipped}
+        r.save_manifest()
         return True
 
     async def _phase_in_blocks(self, sched: Schedule, names: Sequence[str]) -> None:
-        label, size = sched.label, block_size(sched, self.cfg.block_size)
+        r = self.runner
+        label, size = sched.label, block_size(sched, r.cfg.block_size)
         windows = {n: self._resumed_window(n, label) for n in names}
         for n in names:
-            self.progress.phase(
-                n, label, self.cfg.trace.count - len(self.resume.finished(n, label))
-            )
+            r.progress.phase(n, label, r.cfg.trace.count - len(r.resume.finished(n, label)))
         spent = {n: 0.0 for n in names}
         for block in self._blocks(sched, size):
-            if self.stopping.is_set():
+            if r.stopping.is_set():
                 break
             turn = block.k % len(names)
             for n in [*names[turn:], *names[:turn]]:
-                todo = block.ids() - self.resume.finished(n, label)
-                if not todo or self.stopping.is_set():
+                todo = block.ids() - r.resume.finished(n, label)
+                if not todo or r.stopping.is_set():
                     continue
                 window = await self._send_block(n, sched, block, todo, spent[n])
                 if window is not None:
@@ -360,53 +386,40 @@ class InterleavedRunner(Runner):
                     spent[n] += window["end"] - window["start"]
         for n, w in windows.items():
             if w.start is not None:
-                self.all_runs()[n].phases[label] = w.json()
-        self.save_manifest()
+                r.all_runs()[n].phases[label] = w.json()
+        r.save_manifest()
 
     def _resumed_window(self, name: str, label: str) -> _Window:
         """An earlier process's whole blocks of this phase (a resume keeps them)."""
-        prev = ((self.resume.previous.get(name) or {}).get("phases") or {}).get(label) or {}
+        resume = self.runner.resume
+        prev = ((resume.previous.get(name) or {}).get("phases") or {}).get(label) or {}
         w = _Window(prev.get("start"), prev.get("end"), [list(b) for b in prev.get("blocks", [])])
-        if self.resume.finished(name, label):
+        if resume.finished(name, label):
             w.flags["resumed"] = True
         return w
 
     async def _send_block(
         self, name: str, sched: Schedule, block: Block, todo: set[str], spent: float
     ) -> dict[str, Any] | None:
-        arm = self.arms[name]
-        return await Phase(
-            target=arm,
-            sched=block.schedule(sched, todo),
-            trace=self.cfg.trace,
-            buckets=self.cfg.buckets,
-            writer=self.writer,
-            progress=_QuietPhases(self.progress),
-            clock=self.clock,
-            stopping=self.stopping,
-            timeout_s=max(1e-3, self.cfg.phase_timeout_s - spent),
-            salt=self.cfg.phase_salt(name, sched.label),
+        r = self.runner
+        phase = r.phase(
+            self.arms[name],
+            block.schedule(sched, todo),
+            progress=_QuietPhases(r.progress),
+            timeout_s=max(1e-3, r.cfg.phase_timeout_s - spent),
+            salt=r.cfg.phase_salt(name, sched.label),
             only=todo,
             requests=block.requests(),
-            sessions=self._sessions(name),
-        ).run()
-
-    def _sessions(self, name: str) -> Sessions | None:
-        if not self.sessions:
-            return None
-        return Sessions(self.cfg.think, self.history, is_reference=name == self.reference)
+        )
+        return await r.sender.send(phase, r.all_runs()[name], r.stop)
 
     def _blocks(self, sched: Schedule, size: int) -> Iterator[Block]:
         """The phase's blocks: an open loop's consecutive units with their offsets; a closed
         loop's strided within windows of ``STRIDE_WINDOW`` blocks (``strided``)."""
-        with closing(self.cfg.trace.iter_requests()) as reqs:
-            items: Iterator[Unit] = (
-                units(enumerate(reqs)) if self.sessions else ([t] for t in enumerate(reqs))
-            )
-            if isinstance(sched, OpenLoop):
-                yield from consecutive(items, iter(sched.offsets), size)
-            else:
-                yield from strided(items, size)
+        if isinstance(sched, OpenLoop):
+            yield from consecutive(self._units(), iter(sched.offsets), size)
+        else:
+            yield from strided(self._units(), size)
 
 
 def consecutive(items: Iterator[Unit], offsets: Iterator[float], size: int) -> Iterator[Block]:

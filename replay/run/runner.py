@@ -5,18 +5,21 @@ each target serves what its spec says, runs its phases (replay/run/phase.py), th
 teacher-forced scoring, and keeps the manifest current; the analysis at the end is
 replay/run/analyze.py's, shared with the Locust adapter. Progress goes through the ``Progress``
 protocol, so the terminal UI (rich) lives in the CLI, not here.
+
+A runner is given its collaborators, never subclassed: its clock (every timestamp's zero), its
+phase sender (replay/run/senders.py: this process, or a pool of load processes), its connector
+(replay/run/connect.py: the target over HTTP) and its order (``RunOrder``: one target after
+another by default; interleaved blocks, replay/run/interleave.py; the sequential canary's
+rounds, replay/run/sequential_run.py). The CLI picks them (replay/cli/replay_run.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
-
-import aiohttp
+from typing import Any, Protocol
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
@@ -27,6 +30,7 @@ from replay.core.schedule import MonotonicClock
 from replay.run.analyze import Analysis, analyse, target_for_summary
 from replay.run.budget import ErrorBudget
 from replay.run.config import RunConfig, TargetRun
+from replay.run.connect import Connected, Connector, HttpConnector
 from replay.run.manifest import build_manifest
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import Progress, QuietProgress
@@ -47,23 +51,50 @@ from replay.run.signals import interrupts
 from replay.run.stopping import RunStop
 from replay.run.sweep import stop_rising
 from replay.run.teacher import Scoring, reference_offsets, score_answers
-from replay.serving.client import Client
-from replay.serving.endpoints import api_session
-from replay.serving.introspect import engine_config_from_log, introspect, served_model
+from replay.serving.introspect import engine_config_from_log
 from replay.serving.local_server import LocalServer
-from replay.serving.metrics import MetricsSnapshot, Scraper
-from replay.serving.prompt_scores import serves_cached_scores
-from replay.serving.prompt_tokens import UNKNOWN, prompt_token_counts, token_pool
-from replay.serving.scale_log import scale_lines
-from replay.serving.targets import check_served_dtype
 from replay.traces.sessions import has_sessions
 
-__all__ = ["Runner"]
+__all__ = ["OneAfterAnother", "RunOrder", "Runner"]
+
+
+class RunOrder(Protocol):
+    """How a run goes through its targets and their phases: the runner serves each target
+    (its server, its checks, its connection) and asks its order what to send on it."""
+
+    def prepare(self, cfg: RunConfig) -> RunConfig:
+        """The config this order runs (the runner is built on it)."""
+        ...
+
+    def bind(self, runner: Runner) -> None:
+        """The runner this order goes through, once it is built."""
+        ...
+
+    def arms_on(self, target: str) -> list[str]:
+        """A target and the arms sent on its server (the reference's A/A control)."""
+        ...
+
+    async def run_targets(self) -> None:
+        """Every target (``Runner.serve_target``), in this order's order."""
+        ...
+
+    async def send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
+        """What is sent on one connected target; False when it must go no further
+        (teacher-forced scoring follows a True)."""
+        ...
+
+    def manifest_extra(self) -> dict[str, Any]:
+        """What this order adds to the manifest."""
+        ...
+
+    def analysis(self, analysis: Analysis) -> Analysis:
+        """The analysis at the end, with what this order adds to it."""
+        ...
 
 
 class Runner:
-    """One run of ``cfg``, given its progress sink, its clock (every timestamp's zero) and its
-    phase sender (replay/run/senders.py: this process, or a pool of load processes)."""
+    """One run of ``cfg``, given its progress sink, its clock, its phase sender, its connector
+    and its order (each has a default: real time, this process, HTTP, one after another)."""
 
     def __init__(
         self,
@@ -72,8 +103,11 @@ class Runner:
         *,
         clock: MonotonicClock | None = None,
         sender: PhaseSender | None = None,
+        connector: Connector | None = None,
+        order: RunOrder | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.order: RunOrder = order or OneAfterAnother()
+        cfg = self.cfg = self.order.prepare(cfg)
         self.progress = progress or QuietProgress()
         self.clock = clock or MonotonicClock()
         self.sender: PhaseSender = sender or InProcess()
@@ -88,15 +122,15 @@ class Runner:
         self.reference = self.roles.reference
         # The reference goes first: the others are compared with (and scored on) its answers.
         ordered = sorted(cfg.targets, key=lambda s: s.name != self.reference)
-        self.runs = {s.name: TargetRun(s, budget=self._budget()) for s in ordered}
+        self.runs = {s.name: TargetRun(s, budget=self.new_budget()) for s in ordered}
         self.control: TargetRun | None = None
         if cfg.control:
             ref = self.runs[self.reference].spec
             self.control = TargetRun(
-                replace(ref, name=ref.name + CONTROL_SUFFIX), budget=self._budget()
+                replace(ref, name=ref.name + CONTROL_SUFFIX), budget=self.new_budget()
             )
         self.ref_done: asyncio.Event | None = None
-        self.stop = RunStop(cfg.run_dir, cfg.drain_s, self.progress)
+        self.stop = RunStop(cfg.run_dir, cfg.drain_s, self.progress, self.clock)
         self.stopping = self.stop.event
         self.resume = ResumeState.load(cfg.run_dir) if cfg.resume else ResumeState()
         self.sessions = has_sessions(cfg.trace.iter_requests())
@@ -108,28 +142,35 @@ class Runner:
         )
         self.writer = JsonlWriter(cfg.run_dir / RESULTS, self.stop.cannot_write)
         self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self.stop.cannot_write)
+        self.connector: Connector = connector or HttpConnector(
+            cfg, self.clock, self.progress, self.save_manifest, self.stop.cannot_write
+        )
         self.started_at = time.time()
+        self.order.bind(self)
 
-    def _budget(self) -> ErrorBudget:
+    def new_budget(self) -> ErrorBudget:
         return ErrorBudget(max_errors=self.cfg.max_errors, max_error_rate=self.cfg.max_error_rate)
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
         c = self.cfg
-        return build_manifest(
-            command=c.command,
-            started_at=self.started_at,
-            trace=c.trace_facts(),
-            buckets=c.buckets,
-            schedules=[s.label for s in c.schedules],
-            options=c.manifest_options(self.sessions),
-            reference=self.reference,
-            roles=self.roles.to_json(),
-            cli_options=c.cli_options,
-            interrupted=self.interrupted,
-            resumed=self.resume.note or None,
-            targets={n: r.manifest() for n, r in self.all_runs().items()},
-        )
+        return {
+            **build_manifest(
+                command=c.command,
+                started_at=self.started_at,
+                trace=c.trace_facts(),
+                buckets=c.buckets,
+                schedules=[s.label for s in c.schedules],
+                options=c.manifest_options(self.sessions),
+                reference=self.reference,
+                roles=self.roles.to_json(),
+                cli_options=c.cli_options,
+                interrupted=self.interrupted,
+                resumed=self.resume.note or None,
+                targets={n: r.manifest() for n, r in self.all_runs().items()},
+            ),
+            **self.order.manifest_extra(),
+        }
 
     def all_runs(self) -> dict[str, TargetRun]:
         extra = {self.control.spec.name: self.control} if self.control else {}
@@ -159,7 +200,7 @@ class Runner:
         return self.write_summary()
 
     async def _run_targets(self) -> None:
-        main = self.stop.main = asyncio.ensure_future(self._all_targets())
+        main = self.stop.main = asyncio.ensure_future(self.order.run_targets())
         try:
             with interrupts(self.interrupt):
                 await main
@@ -174,37 +215,30 @@ class Runner:
                 self.history.close()
             self.save_manifest()
 
-    async def _all_targets(self) -> None:
-        if self.cfg.parallel_targets:
-            await asyncio.gather(*(self._target(r) for r in self.runs.values()))
-            return
-        for r in self.runs.values():
-            if self.stopping.is_set():
-                break
-            await self._target(r)
-
     def write_summary(self) -> dict[str, Any]:
         return analyse(self.analysis()).to_json()
 
     def analysis(self) -> Analysis:
         """What the analysis at the end of the run reads of the runner."""
         runs = self.all_runs()
-        return Analysis(
-            run_dir=self.cfg.run_dir,
-            targets={
-                n: target_for_summary(r.status, r.reason, r.info.get("cache_config"), r.phases)
-                for n, r in runs.items()
-            },
-            reference=self.reference,
-            candidate=self.roles.candidate,
-            first_phase=self.cfg.schedules[0].label,
-            bucket_labels=self.cfg.buckets.labels,
-            tolerance=self.cfg.tolerance,
-            seed=self.cfg.seed,
-            thresholds=self.cfg.thresholds,
-            manifest=Manifest.from_json(self.manifest(), where="manifest"),
-            grading_specs=self._grading_specs,
-            slo=self.cfg.slo,
+        return self.order.analysis(
+            Analysis(
+                run_dir=self.cfg.run_dir,
+                targets={
+                    n: target_for_summary(r.status, r.reason, r.info.get("cache_config"), r.phases)
+                    for n, r in runs.items()
+                },
+                reference=self.reference,
+                candidate=self.roles.candidate,
+                first_phase=self.cfg.schedules[0].label,
+                bucket_labels=self.cfg.buckets.labels,
+                tolerance=self.cfg.tolerance,
+                seed=self.cfg.seed,
+                thresholds=self.cfg.thresholds,
+                manifest=Manifest.from_json(self.manifest(), where="manifest"),
+                grading_specs=self._grading_specs,
+                slo=self.cfg.slo,
+            )
         )
 
     def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
@@ -218,15 +252,10 @@ class Runner:
         return iter(reference_offsets(c.run_dir / RESULTS, self.reference, c.schedules[0].label))
 
     # -- resume ---------------------------------------------------------------------------
-    def _names(self, name: str) -> list[str]:
-        """A target and the arms that run on its server (the reference's A/A control)."""
-        control = self.control is not None and name == self.reference
-        return [name] + ([self.control.spec.name] if self.control and control else [])
-
     def _complete(self, name: str) -> bool:
         """Resume: every phase has a final result for every request (and scores if due)."""
-        names = self._names(name)
-        skipped = self._skipped_before(name)
+        names = self.order.arms_on(name)
+        skipped = self.skipped_before(name)
         done = [
             self.resume.finished(n, s.label)
             for n in names
@@ -239,7 +268,7 @@ class Runner:
         )
         return phases_done and not tf_due
 
-    def _skipped_before(self, name: str) -> list[str]:
+    def skipped_before(self, name: str) -> list[str]:
         """The levels an earlier process of this run left out when the sweep stopped."""
         prev = self.resume.previous.get(name) or {}
         return list((prev.get("sweep_stopped") or {}).get("skipped", []))
@@ -248,7 +277,9 @@ class Runner:
         run.status, run.reason, run.phases, run.info = self.resume.restore(run.spec.name)
 
     # -- one target -----------------------------------------------------------------------
-    async def _target(self, run: TargetRun) -> None:
+    async def serve_target(self, run: TargetRun) -> None:
+        """One target: its server started (a local one), connected, its arms sent (as the
+        order says), its server stopped; a target that cannot be used is recorded failed."""
         spec = run.spec
         if self.cfg.resume and spec.name in self.resume.previous and self._complete(spec.name):
             self._restore(run)
@@ -294,117 +325,26 @@ class Runner:
             run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
         self._record_unavailable(run)
 
-    # -- serving one target ---------------------------------------------------------------
     async def _serve(self, run: TargetRun, url: str, server: LocalServer | None) -> None:
-        """Introspect, check and replay one target. A target that cannot be used raises
-        TargetError; ``_target`` records it as failed with every request unavailable."""
-        spec = run.spec
-        # The target's key goes with every call made on this session (introspection,
-        # /metrics, /tokenize, teacher-forced scoring), and only to the target's URL.
-        async with api_session(spec.auth_headers()) as session:
-            info = await introspect(session, url)
-            run.info.update(info)
-            if server is not None:
-                log = server.log_text()
-                run.info["engine_config"] = engine_config_from_log(log)
-                run.info["scale_log_lines"] = scale_lines(log)
-                run.info["log"] = str(server.log_path.relative_to(self.cfg.run_dir))
-            model = served_model(info)
-            check_served_dtype(
-                spec,
-                info["cache_config"].get("cache_dtype"),
-                server.log_text() if server is not None else None,
-                run.info["problems"],
-            )
-            self.save_manifest()
-            client = Client(
-                url,
-                model,
-                api_key=spec.api_key(),
-                timeout_s=self.cfg.timeout_s,
-                seed=self.cfg.seed,
-                epoch=self.clock.epoch,
-                token_logprobs=self.cfg.teacher_forced,
-            )
-            try:
-                await self._phases(run, session, client, url)
-            finally:
-                await client.close()
+        """Connect, check and replay one target (its arms, then teacher-forced scoring). A
+        target that cannot be used raises TargetError; ``serve_target`` records it."""
+        async with self.connector.open(run, url, server) as target:
+            await self._phases(run, target)
         if not run.budget.spent:
             run.status = "ok"
 
-    @asynccontextmanager
-    async def target_session(
-        self, run: TargetRun, session: aiohttp.ClientSession, client: Client, url: str
-    ) -> AsyncIterator[TargetSession]:
-        """One target's prompt lengths on its tokenizer, and its /metrics scraped while the
-        block lasts (into ``metrics/<target>.jsonl``)."""
-        trace = self.cfg.trace
-        self.progress.status(f"[{run.spec.name}] counting prompt tokens on the target tokenizer")
-        pool = await token_pool(session, url, client.model) if trace.has_synth else None
-        counts = await prompt_token_counts(
-            session,
-            url,
-            client.model,
-            trace.iter_requests(),
-            trace.count,
-            problems=run.info["problems"],
-        )
-        run.info["tokens_counted"] = sum(c != UNKNOWN for c in counts)
-        series = JsonlWriter(
-            self.cfg.run_dir / "metrics" / f"{run.spec.name}.jsonl", self.stop.cannot_write
-        )
+    async def _phases(self, run: TargetRun, target: Connected) -> None:
+        if not await self.order.send_arms(run, target.arm):
+            return
+        if self.cfg.teacher_forced and not self.stopping.is_set():
+            scoring = await target.scoring(self.tf_writer)
+            for name in self.order.arms_on(run.spec.name):  # its own, then its control's
+                await self._teacher_forced(self.all_runs()[name], scoring)
 
-        def sink(snap: MetricsSnapshot) -> None:
-            series.write(snap.to_json())
-
-        scraper = Scraper(session, url, self.clock.now, sink)
-        scraper.start()
-        try:
-            mml = run.info.get("max_model_len")
-            yield TargetSession(run.spec.name, client, counts, pool, run.budget, scraper, mml)
-        finally:
-            await scraper.stop()
-            series.close()
-            run.info["scrape_failures"] = scraper.failures
-            if scraper.first_failure is not None:
-                run.info["problems"].append(
-                    f"{scraper.failures} /metrics scrape(s) failed; first: {scraper.first_failure}"
-                )
-
-    async def _phases(
-        self, run: TargetRun, session: aiohttp.ClientSession, client: Client, url: str
-    ) -> None:
-        """Every phase of one target (then, for the reference, its A/A control on the same
-        server), then teacher-forced scoring, with /metrics scraped throughout."""
-        async with self.target_session(run, session, client, url) as arm:
-            if not await self._send_arms(run, arm):
-                return
-            if self.cfg.teacher_forced and not self.stopping.is_set():
-                scoring = Scoring(
-                    session,
-                    url,
-                    client.model,
-                    self.tf_writer,
-                    self.progress,
-                    self.cfg.timeout_s,
-                    salt=None,
-                    # A local server is started to serve them; an external one is asked.
-                    cached=run.spec.is_local or await serves_cached_scores(session, url),
-                )
-                for name in self._names(run.spec.name):  # its own, then its A/A control's
-                    await self._teacher_forced(self.all_runs()[name], scoring)
-
-    async def _send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
-        """Every phase of one target, then, for the reference, its A/A control on the same
-        server; False when it must go no further (``InterleavedRunner`` sends them in blocks)."""
-        if not await self._arm(run, arm, skip=self._skipped_before(run.spec.name)):
-            return False
-        if run.spec.name == self.reference:
-            await self._control(run, arm)
-        return True
-
-    async def _arm(self, run: TargetRun, arm: TargetSession, skip: Sequence[str] = ()) -> bool:
+    # -- the phases of one arm ------------------------------------------------------------
+    async def send_phases(
+        self, run: TargetRun, arm: TargetSession, skip: Sequence[str] = ()
+    ) -> bool:
         """Every phase for one arm (but those in ``skip``, above where its sweep stopped);
         False when it must go no further (its budget is spent, or the run is interrupted)."""
         labels = [s.label for s in self.cfg.schedules]
@@ -413,16 +353,16 @@ class Runner:
                 continue
             await self._phase(run, arm, sched)
             rest = [x for x in labels[k + 1 :] if x not in skip]
-            if rest and self._saturated(run, arm.name):
+            if rest and self.saturated(run, arm.name):
                 run.info["sweep_stopped"] = {**run.info["sweep_stopped"], "skipped": rest}
                 self.save_manifest()
                 break
         if run.budget.spent:
-            self._budget_spent(run)
+            self.budget_spent(run)
             return False
         return not self.stopping.is_set()
 
-    def _saturated(self, run: TargetRun, name: str) -> bool:
+    def saturated(self, run: TargetRun, name: str) -> bool:
         """--stop-at-saturation: whether the sweep may stop rising for this target."""
         if not self.cfg.stop_at_saturation or self.stopping.is_set() or run.budget.spent:
             return False
@@ -433,40 +373,32 @@ class Runner:
             self.progress.status(f"[{name}] {why}: the sweep stops rising")
         return why is not None
 
-    async def _control(self, ref: TargetRun, arm: TargetSession) -> None:
-        """A/A: the same server, the same requests, again (its own cache salt and budget)."""
-        assert self.ref_done is not None
-        if self.control is not None:
-            self.control.info = dict(ref.info)
-            control = replace(arm, name=self.control.spec.name, budget=self.control.budget)
-            skipped = (ref.info.get("sweep_stopped") or {}).get("skipped", [])
-            await self._arm(self.control, control, skip=skipped)
-            if not self.control.budget.spent:
-                self.control.status = "ok"
-        self.ref_done.set()
+    def phase(self, arm: TargetSession, sched: Schedule, **given: Any) -> Phase:
+        """A phase of ``arm`` on the run's trace, buckets, writer, progress, clock, interrupt,
+        time limit, cache salt and sessions; ``given``: what differs from those."""
+        common: dict[str, Any] = {
+            "trace": self.cfg.trace,
+            "buckets": self.cfg.buckets,
+            "writer": self.writer,
+            "progress": self.progress,
+            "clock": self.clock,
+            "stopping": self.stopping,
+            "timeout_s": self.cfg.phase_timeout_s,
+            "salt": self.cfg.phase_salt(arm.name, sched.label),
+            "sessions": self.sessions_of(arm.name),
+        }
+        return Phase(target=arm, sched=sched, **{**common, **given})
+
+    def sessions_of(self, name: str) -> Sessions | None:
+        """An arm's sessions (None: the trace has none)."""
+        if not self.sessions:
+            return None
+        return Sessions(self.cfg.think, self.history, is_reference=name == self.reference)
 
     async def _phase(self, run: TargetRun, arm: TargetSession, sched: Schedule) -> None:
         label = sched.label
-        salt = self.cfg.phase_salt(arm.name, label)
-        phase = Phase(
-            target=arm,
-            sched=sched,
-            trace=self.cfg.trace,
-            buckets=self.cfg.buckets,
-            writer=self.writer,
-            progress=self.progress,
-            clock=self.clock,
-            stopping=self.stopping,
-            timeout_s=self.cfg.phase_timeout_s,
-            salt=salt,
-            # Resume: the results of an earlier process are all for this trace's requests.
-            before_done=self.resume.finished(arm.name, label),
-            sessions=(
-                Sessions(self.cfg.think, self.history, is_reference=arm.name == self.reference)
-                if self.sessions
-                else None
-            ),
-        )
+        # Resume: the results of an earlier process are all for this trace's requests.
+        phase = self.phase(arm, sched, before_done=self.resume.finished(arm.name, label))
         window = await self.sender.send(phase, run, self.stop)
         if window is not None:
             run.phases[label] = window
@@ -487,7 +419,7 @@ class Runner:
             replace(scoring, salt=self.cfg.phase_salt(name, first)),
         )
 
-    def _budget_spent(self, run: TargetRun) -> None:
+    def budget_spent(self, run: TargetRun) -> None:
         run.spend_budget()
         self.save_manifest()
 
@@ -498,3 +430,64 @@ class Runner:
             run.phases.setdefault(sched.label, {"start": now, "end": now})
             for req in self.cfg.trace.iter_requests():
                 self.writer.write(run.unavailable(req.id, sched.label, now).to_json())
+
+
+class OneAfterAnother:
+    """The default order: target after target (or all at once, ``parallel_targets``), each
+    phase after phase; the reference first, then its A/A control on the same server."""
+
+    def __init__(self) -> None:
+        self._runner: Runner | None = None
+
+    @property
+    def runner(self) -> Runner:
+        assert self._runner is not None, "bind the order to its runner first"
+        return self._runner
+
+    def prepare(self, cfg: RunConfig) -> RunConfig:
+        return cfg
+
+    def bind(self, runner: Runner) -> None:
+        self._runner = runner
+
+    def arms_on(self, target: str) -> list[str]:
+        r = self.runner
+        control = r.control is not None and target == r.reference
+        return [target] + ([r.control.spec.name] if r.control and control else [])
+
+    async def run_targets(self) -> None:
+        r = self.runner
+        if r.cfg.parallel_targets:
+            await asyncio.gather(*(r.serve_target(t) for t in r.runs.values()))
+            return
+        for t in r.runs.values():
+            if r.stopping.is_set():
+                break
+            await r.serve_target(t)
+
+    async def send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
+        r = self.runner
+        if not await r.send_phases(run, arm, skip=r.skipped_before(run.spec.name)):
+            return False
+        if run.spec.name == r.reference:
+            await self._control(run, arm)
+        return True
+
+    async def _control(self, ref: TargetRun, arm: TargetSession) -> None:
+        """A/A: the same server, the same requests, again (its own cache salt and budget)."""
+        r = self.runner
+        assert r.ref_done is not None
+        if r.control is not None:
+            r.control.info = dict(ref.info)
+            control = replace(arm, name=r.control.spec.name, budget=r.control.budget)
+            skipped = (ref.info.get("sweep_stopped") or {}).get("skipped", [])
+            await r.send_phases(r.control, control, skip=skipped)
+            if not r.control.budget.spent:
+                r.control.status = "ok"
+        r.ref_done.set()
+
+    def manifest_extra(self) -> dict[str, Any]:
+        return {}
+
+    def analysis(self, analysis: Analysis) -> Analysis:
+        return analysis

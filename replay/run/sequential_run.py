@@ -26,8 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import aiohttp
-
 from replay.analysis.grading.rows import grade_rows, grading_spec
 from replay.analysis.sequential import Rule, SequentialState
 from replay.analysis.sequential_plan import plan_round
@@ -36,12 +34,10 @@ from replay.core.records import Result
 from replay.core.schedule import ClosedLoop
 from replay.run.analyze import Analysis
 from replay.run.config import RunConfig, TargetRun
-from replay.run.phase import Phase, TargetSession
-from replay.run.progress import Progress
+from replay.run.phase import TargetSession
 from replay.run.rundir import RESULTS, JsonlWriter, read_results, rewrite_jsonl
 from replay.run.runner import Runner
 from replay.run.sequential_file import SequentialRun, load
-from replay.serving.client import Client
 from replay.serving.prompt_tokens import UNKNOWN
 
 SEQ_PHASE = "seq"
@@ -93,28 +89,50 @@ def drop_unfolded(cfg: RunConfig) -> None:
         rewrite_jsonl(cfg.run_dir / RESULTS, keep)
 
 
-class SequentialRunner(Runner):
-    """The runner's targets, servers, manifest and analysis; rounds instead of phases."""
+class Rounds:
+    """The run's order (``RunOrder``) for the sequential canary: the reference (with its A/A
+    control) and the candidate served at once, the trace sent to every arm in rounds."""
 
-    def __init__(
-        self, cfg: RunConfig, opts: SequentialOptions, progress: Progress | None = None
-    ) -> None:
-        if cfg.resume:
-            drop_unfolded(cfg)
-        super().__init__(replace(cfg, teacher_forced=False, parallel_targets=True), progress)
-        if self.roles.candidate is None or len(self.runs) != 2:
-            raise ConfigError("--sequential: give exactly two targets, a reference and a candidate")
+    def __init__(self, opts: SequentialOptions) -> None:
+        self._runner: Runner | None = None
         self.opts = opts
-        self.candidate = self.roles.candidate
+        self.candidate: str | None = None
         self.arms: dict[str, TargetSession] = {}
-        self._ready = {n: asyncio.Event() for n in self.runs}
+        self._ready: dict[str, asyncio.Event] = {}
         self._over = asyncio.Event()
         self.seq: SequentialRun | None = None
         self.queues: dict[str, deque[int]] = {}
 
+    @property
+    def runner(self) -> Runner:
+        assert self._runner is not None, "bind the order to its runner first"
+        return self._runner
+
+    def prepare(self, cfg: RunConfig) -> RunConfig:
+        """No teacher-forced scoring, every arm at once; a resume first drops the results of
+        the round that was not folded in (they are sent again)."""
+        if cfg.resume:
+            drop_unfolded(cfg)
+        return replace(cfg, teacher_forced=False, parallel_targets=True)
+
+    def bind(self, runner: Runner) -> None:
+        if runner.roles.candidate is None or len(runner.runs) != 2:
+            raise ConfigError("--sequential: give exactly two targets, a reference and a candidate")
+        self._runner = runner
+        self.candidate = runner.roles.candidate
+        self._ready = {n: asyncio.Event() for n in runner.runs}
+
+    def arms_on(self, target: str) -> list[str]:
+        r = self.runner
+        control = r.control is not None and target == r.reference
+        return [target] + ([r.control.spec.name] if r.control and control else [])
+
+    def manifest_extra(self) -> dict[str, Any]:
+        return {}
+
     # -- serving: every arm up at once, waiting for the rounds --------------------------------
-    async def _all_targets(self) -> None:
-        tasks = [asyncio.ensure_future(self._serving(r)) for r in self.runs.values()]
+    async def run_targets(self) -> None:
+        tasks = [asyncio.ensure_future(self._serving(t)) for t in self.runner.runs.values()]
         try:
             await self._rounds()
         finally:
@@ -123,38 +141,40 @@ class SequentialRunner(Runner):
 
     async def _serving(self, run: TargetRun) -> None:
         try:
-            await self._target(run)
+            await self.runner.serve_target(run)
         finally:
             self._ready[run.spec.name].set()  # also when it failed: the rounds do not wait
 
-    async def _phases(
-        self, run: TargetRun, session: aiohttp.ClientSession, client: Client, url: str
-    ) -> None:
-        async with self.target_session(run, session, client, url) as arm:
-            self.arms[arm.name] = arm
-            if run.spec.name == self.reference and self.control is not None:
-                ctl = replace(arm, name=self.control.spec.name, budget=self.control.budget)
-                self.arms[ctl.name] = ctl
-            self._ready[run.spec.name].set()
-            await self._over.wait()
-        if self.control is not None and run.spec.name == self.reference:
-            self.control.info = dict(run.info)
-            if not self.control.budget.spent:
-                self.control.status = "ok"
+    async def send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
+        """Register the target's arms for the rounds and hold its server until they end;
+        False: nothing follows them (no teacher-forced scoring)."""
+        r = self.runner
+        self.arms[arm.name] = arm
+        if run.spec.name == r.reference and r.control is not None:
+            ctl = replace(arm, name=r.control.spec.name, budget=r.control.budget)
+            self.arms[ctl.name] = ctl
+        self._ready[run.spec.name].set()
+        await self._over.wait()
+        if r.control is not None and run.spec.name == r.reference:
+            r.control.info = dict(run.info)
+            if not r.control.budget.spent:
+                r.control.status = "ok"
+        return False
 
     # -- the rounds ---------------------------------------------------------------------------
     def _start_state(self) -> None:
         """The buckets of the reference's prompt lengths (those the trace has requests in),
         the saved state on a resume, and each bucket's queue of requests not sent yet."""
-        counts = self.arms[self.reference].counts
-        labels = [*self.cfg.buckets.labels, UNKNOWN_BUCKET]
-        saved = load(self.cfg.run_dir) if self.cfg.resume else None
+        c = self.runner.cfg
+        counts = self.arms[self.runner.reference].counts
+        labels = [*c.buckets.labels, UNKNOWN_BUCKET]
+        saved = load(c.run_dir) if c.resume else None
         sent = set(saved[0].sent) if saved is not None else set()
         pools: Counter[str] = Counter()
         queues: dict[str, deque[int]] = {b: deque() for b in labels}
-        for i, req in enumerate(self.cfg.trace.iter_requests()):
+        for i, req in enumerate(c.trace.iter_requests()):
             n = counts[i]
-            b = self.cfg.buckets.label(n) if n != UNKNOWN else UNKNOWN_BUCKET
+            b = c.buckets.label(n) if n != UNKNOWN else UNKNOWN_BUCKET
             pools[b] += 1
             if req.id not in sent:
                 queues[b].append(i)
@@ -164,7 +184,7 @@ class SequentialRunner(Runner):
             self.seq = saved[0]
             self.seq.stopped = "running"
             return
-        th = self.cfg.thresholds
+        th = c.thresholds
         rule = Rule(tolerance=th.tolerance, alpha=th.alpha, min_pairs=th.min_pairs)
         state = SequentialState.start(names, rule)
         self.seq = SequentialRun(state, self.opts.round_size, {b: pools[b] for b in names})
@@ -175,9 +195,9 @@ class SequentialRunner(Runner):
     def _why_stop(self, began: float) -> str | None:
         assert self.seq is not None
         o, seq = self.opts, self.seq
-        if self.stopping.is_set():
+        if self.runner.stopping.is_set():
             return "interrupted"
-        if any(r.budget.spent for r in self.all_runs().values()):
+        if any(r.budget.spent for r in self.runner.all_runs().values()):
             return "error_budget"
         if seq.state.decision != "open":
             return "decided"
@@ -191,9 +211,10 @@ class SequentialRunner(Runner):
         return None
 
     async def _rounds(self) -> None:
+        r = self.runner
         await asyncio.gather(*(e.wait() for e in self._ready.values()))
-        names = [*self.runs, *([self.control.spec.name] if self.control else [])]
-        if self.stopping.is_set() or any(n not in self.arms for n in names):
+        names = [*r.runs, *([r.control.spec.name] if r.control else [])]
+        if r.stopping.is_set() or any(n not in self.arms for n in names):
             return  # a target failed (recorded by the runner) or the run was interrupted
         self._start_state()
         assert self.seq is not None
@@ -205,48 +226,37 @@ class SequentialRunner(Runner):
                 time.monotonic(),
             )
         self.seq.stopped = why
-        for r in self.all_runs().values():
-            if r.budget.spent and r.status != "failed":
-                self._budget_spent(r)
+        for t in r.all_runs().values():
+            if t.budget.spent and t.status != "failed":
+                r.budget_spent(t)
         seq = self.seq
-        self.stop.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
+        r.stop.guarded(lambda: seq.save(r.cfg.run_dir, self.unsent()))
 
     async def _round(self, names: list[str]) -> None:
         """One round: plan, send to every arm, grade, fold in, save."""
         assert self.seq is not None
-        seq, o = self.seq, self.opts
+        r, seq, o = self.runner, self.seq, self.opts
         room = len(seq.state.open_buckets) * o.round_size
         if o.max_requests is not None:
             room = min(room, o.max_requests - len(seq.sent))
         plan = plan_round(seq.state, self.unsent(), room)
         chosen = {self.queues[b].popleft(): b for b, k in plan.items() for _ in range(k)}
-        ids = {i: req.id for i, req in enumerate(self.cfg.trace.iter_requests()) if i in chosen}
-        tee = _Tee(self.writer)
+        ids = {i: req.id for i, req in enumerate(r.cfg.trace.iter_requests()) if i in chosen}
+        tee = _Tee(r.writer)
         await asyncio.gather(*(self._send(n, set(ids.values()), tee) for n in names))
-        if self.stopping.is_set():
+        if r.stopping.is_set():
             return  # not folded: a resume sends these again
         counts = self._grade(tee.rows, {ids[i]: b for i, b in chosen.items()})
         seq.state = seq.state.update(counts)
         seq.sent += [ids[i] for i in sorted(chosen)]
-        self.stop.guarded(lambda: seq.save(self.cfg.run_dir, self.unsent()))
-        self.save_manifest()
+        r.stop.guarded(lambda: seq.save(r.cfg.run_dir, self.unsent()))
+        r.save_manifest()
 
     async def _send(self, name: str, ids: set[str], tee: _Tee) -> None:
-        arm, run = self.arms[name], self.all_runs()[name]
-        salt = self.cfg.phase_salt(name, SEQ_PHASE)
-        window = await Phase(
-            target=arm,
-            sched=self.cfg.schedules[0],
-            trace=self.cfg.trace,
-            buckets=self.cfg.buckets,
-            writer=tee,
-            progress=self.progress,
-            clock=self.clock,
-            stopping=self.stopping,
-            timeout_s=self.cfg.phase_timeout_s,
-            salt=salt,
-            only=ids,
-        ).run()
+        r = self.runner
+        run = r.all_runs()[name]
+        phase = r.phase(self.arms[name], r.cfg.schedules[0], writer=tee, sessions=None, only=ids)
+        window = await r.sender.send(phase, run, r.stop)
         if window is not None:
             old = run.phases.get(SEQ_PHASE)
             run.phases[SEQ_PHASE] = window if old is None else {**window, "start": old["start"]}
@@ -256,16 +266,16 @@ class SequentialRunner(Runner):
     ) -> dict[str, tuple[int, int, int]]:
         from replay.analysis.sequential_summary import round_counts
 
-        results = [Result.from_json(r) for r in rows]
-        specs = {r.id: grading_spec(r) for r in self.cfg.trace.iter_requests() if r.id in buckets}
-        graded = grade_rows(results, specs, self.reference)
-        control = self.control.spec.name if self.control is not None else None
+        r = self.runner
+        results = [Result.from_json(x) for x in rows]
+        specs = {q.id: grading_spec(q) for q in r.cfg.trace.iter_requests() if q.id in buckets}
+        graded = grade_rows(results, specs, r.reference)
+        control = r.control.spec.name if r.control is not None else None
         assert self.candidate is not None
-        return round_counts(graded, buckets, self.candidate, self.reference, control)
+        return round_counts(graded, buckets, self.candidate, r.reference, control)
 
     # -- the analysis -------------------------------------------------------------------------
-    def analysis(self) -> Analysis:
-        a = super().analysis()
+    def analysis(self, analysis: Analysis) -> Analysis:
         if self.seq is None:
-            return a
-        return replace(a, sequential=self.seq.record(self.unsent()))
+            return analysis
+        return replace(analysis, sequential=self.seq.record(self.unsent()))

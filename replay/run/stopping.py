@@ -15,15 +15,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from replay.core.errors import RunDirError
+from replay.core.schedule import Clock, MonotonicClock
 from replay.run.progress import Progress
 
 
 class RunStop:
     """The run's stop: ``event`` once it stops, ``interrupted`` or ``storage`` (why), and
-    ``main`` (the task that runs the targets, cancelled to stop)."""
+    ``main`` (the task that runs the targets, cancelled to stop). The drain is timed on
+    ``clock`` (the run's: a test's clock drains in no time)."""
 
-    def __init__(self, run_dir: Path, drain_s: float, progress: Progress) -> None:
+    def __init__(
+        self, run_dir: Path, drain_s: float, progress: Progress, clock: Clock | None = None
+    ) -> None:
         self.run_dir, self.drain_s, self.progress = run_dir, drain_s, progress
+        self.clock: Clock = clock or MonotonicClock()
         self.event = asyncio.Event()
         self.interrupted = False
         self.storage: RunDirError | None = None  # the first write that failed
@@ -43,7 +48,7 @@ class RunStop:
         )
 
         async def drain() -> None:
-            await asyncio.sleep(self.drain_s)
+            await self.clock.sleep_until(self.clock.now() + self.drain_s)
             self.cancel()
 
         self._drain = asyncio.ensure_future(drain())

@@ -1,0 +1,56 @@
+"""The composition root of a run: which flags go together (refused before a run directory is
+made), and the runner they give, with its clock, its phase sender and its order
+(replay/run/runner.py's ``RunOrder``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from replay.cli.run_options import RunOptions
+from replay.core.errors import InputError
+from replay.core.schedule import ClosedLoop, MonotonicClock
+from replay.run.config import RunConfig
+from replay.run.interleave import Interleaved
+from replay.run.phase import Schedule
+from replay.run.progress import Progress
+from replay.run.runner import Runner
+from replay.run.worker_pool import WorkerPoolSender, check_workers
+
+# --quality-pass serial: the phase whose answers are graded, one request at a time.
+SERIAL_PHASE = "c1"
+
+
+def refuse_combinations(o: RunOptions, schedules: Sequence[Schedule]) -> None:
+    """The flags that do not go together (--interleave's are resolved with it, in
+    replay/cli/measuring.py)."""
+    if o.quality_pass == "serial" and o.sequential:
+        raise InputError(
+            "--quality-pass serial and --sequential: the sequential canary sends its own "
+            "rounds; leave one out"
+        )
+    check_workers(o.workers, schedules, o.session_history)
+    if o.sequential and o.workers > 1:
+        raise InputError("--sequential sends its rounds from one process: leave out --workers")
+    if o.sequential and (o.rate is not None or o.trace_times):
+        raise InputError("--sequential sends closed-loop rounds: leave out --rate/--trace-times")
+
+
+def compose(cfg: RunConfig, o: RunOptions, progress: Progress) -> Runner:
+    """The runner of ``cfg``: over --workers load processes, in interleaved blocks, the
+    sequential canary's rounds (on the first --concurrency), or one target after another."""
+    clock = MonotonicClock()
+    if o.workers > 1:
+        sender = WorkerPoolSender(o.workers, cfg, clock)
+        return Runner(cfg, progress, clock=clock, sender=sender)
+    if cfg.interleave:
+        return Runner(cfg, progress, clock=clock, order=Interleaved())
+    if not o.sequential:
+        return Runner(cfg, progress, clock=clock)
+    from replay.run.sequential_run import RoundLoop, Rounds, SequentialOptions
+
+    first = cfg.schedules[0]
+    assert isinstance(first, ClosedLoop)  # refuse_combinations: no open loop
+    seq = SequentialOptions(o.round_size, o.max_requests, o.max_time)
+    loop = RoundLoop(first.concurrency)
+    return Runner(replace(cfg, schedules=[loop]), progress, clock=clock, order=Rounds(seq))
