@@ -15,19 +15,26 @@ import signal
 import socket
 import time
 from collections import Counter
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import replay
+from replay.cli.compose import compose, refuse_combinations
+from replay.cli.run_options import RunOptions
+from replay.core.errors import InputError
 from replay.core.schedule import ClosedLoop
 from replay.run.config import TargetRun
 from replay.run.interleave import Interleaved
 from replay.run.phase import Phase
+from replay.run.progress import QuietProgress
 from replay.run.rundir import new_run_dir, read_results
-from replay.run.runner import Runner
+from replay.run.runner import OneAfterAnother, Runner
+from replay.run.sequential_run import RoundLoop, Rounds, SequentialOptions
 from replay.run.stopping import RunStop
+from replay.run.worker_pool import WorkerPoolSender
 
 from .nowire import NoWire, Scripted, VirtualClock, answer, config, todo
 
@@ -269,3 +276,78 @@ def test_no_run_subclasses_the_runner() -> None:
         except ImportError:  # an optional extra that is not installed
             continue
     assert Runner.__subclasses__() == []
+
+
+def _rounds(run_dir: Path, sender: Any, max_requests: int, resume: bool = False) -> Runner:
+    cfg = config(
+        run_dir, targets=("bf16", "fp8"), schedules=(RoundLoop(1),), limit=LIMIT, resume=resume
+    )
+    order = Rounds(SequentialOptions(round_size=1, max_requests=max_requests))
+    return Runner(cfg, clock=VirtualClock(), sender=sender, connector=NoWire(LIMIT), order=order)
+
+
+def test_sequential_rounds_go_to_both_arms_and_are_folded_in(tmp_path: Path) -> None:
+    run_dir, sender = new_run_dir(tmp_path), Scripted()
+    _run(_rounds(run_dir, sender, max_requests=3))
+    # One request a round (one bucket open), to the reference and the candidate alike.
+    assert [(t, p, len(ids)) for t, p, ids in sender.sent] == [
+        (t, "seq", 1) for _ in range(3) for t in ("bf16", "fp8")
+    ]
+    state = json.loads((run_dir / "sequential.json").read_text())
+    assert len(state["run"]["sent"]) == 3 and state["run"]["stopped"] == "max_requests"
+    assert _rows(run_dir) == {("bf16", "seq", "ok"): 3, ("fp8", "seq", "ok"): 3}
+
+
+def test_an_interrupted_round_is_not_folded_in_and_a_resume_sends_it_again(
+    tmp_path: Path,
+) -> None:
+    run_dir = new_run_dir(tmp_path)
+    # Round 1 (bf16, fp8) is folded in; round 2's fp8 answer is cut short.
+    _run(_rounds(run_dir, Scripted(interrupt_after=3), max_requests=3))
+    state = json.loads((run_dir / "sequential.json").read_text())
+    assert len(state["run"]["sent"]) == 1 and state["run"]["stopped"] == "interrupted"
+    second = Scripted()
+    _run(_rounds(run_dir, second, max_requests=3, resume=True))
+    state = json.loads((run_dir / "sequential.json").read_text())
+    assert len(state["run"]["sent"]) == 3
+    # results.jsonl matches the state: round 2's first answer was dropped and sent again.
+    assert _rows(run_dir) == {("bf16", "seq", "ok"): 3, ("fp8", "seq", "ok"): 3}
+
+
+# -- the composition root -------------------------------------------------------------------
+def _options(**kw: Any) -> RunOptions:
+    defaults = {f.name: f.default for f in fields(RunOptions) if f.default is not MISSING}
+    required = {
+        f.name: None for f in fields(RunOptions) if f.default is MISSING and f.name not in kw
+    }
+    return RunOptions(**{**required, **defaults, "concurrency": "2", "trace_times": False, **kw})
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ({"sequential": True, "rate": 5.0}, "--sequential sends closed-loop rounds"),
+        ({"sequential": True, "workers": 2}, "--sequential sends its rounds from one process"),
+        ({"sequential": True, "quality_pass": "serial"}, "--quality-pass serial and --sequential"),
+        ({"workers": 0}, "--workers 0"),
+    ],
+)
+def test_flags_that_do_not_go_together_are_refused_in_one_place(
+    given: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(InputError, match=why):
+        refuse_combinations(_options(**given), [ClosedLoop(2)])
+
+
+def test_the_composition_root_picks_the_order_and_the_sender(tmp_path: Path) -> None:
+    cfg = config(new_run_dir(tmp_path), targets=("bf16", "fp8"), limit=LIMIT)
+    progress = QuietProgress()
+    assert isinstance(compose(cfg, _options(), progress).order, OneAfterAnother)
+    interleaved = compose(replace(cfg, interleave=True), _options(), progress)
+    assert isinstance(interleaved.order, Interleaved)
+    sequential = compose(cfg, _options(sequential=True), progress)
+    assert isinstance(sequential.order, Rounds)
+    assert [s.label for s in sequential.cfg.schedules] == ["seq"]
+    assert sequential.cfg.teacher_forced is False and sequential.cfg.parallel_targets is True
+    pooled = compose(replace(cfg, workers=2), _options(workers=2), progress)
+    assert isinstance(pooled.sender, WorkerPoolSender) and pooled.sender.clock is pooled.clock
