@@ -278,11 +278,17 @@ def test_no_run_subclasses_the_runner() -> None:
     assert Runner.__subclasses__() == []
 
 
-def _rounds(run_dir: Path, sender: Any, max_requests: int, resume: bool = False) -> Runner:
+def _rounds(
+    run_dir: Path,
+    sender: Any,
+    max_requests: int | None,
+    resume: bool = False,
+    max_time_s: float | None = None,
+) -> Runner:
     cfg = config(
         run_dir, targets=("bf16", "fp8"), schedules=(RoundLoop(1),), limit=LIMIT, resume=resume
     )
-    order = Rounds(SequentialOptions(round_size=1, max_requests=max_requests))
+    order = Rounds(SequentialOptions(1, max_requests, max_time_s))
     return Runner(cfg, clock=VirtualClock(), sender=sender, connector=NoWire(LIMIT), order=order)
 
 
@@ -312,6 +318,22 @@ def test_an_interrupted_round_is_not_folded_in_and_a_resume_sends_it_again(
     assert len(state["run"]["sent"]) == 3
     # results.jsonl matches the state: round 2's first answer was dropped and sent again.
     assert _rows(run_dir) == {("bf16", "seq", "ok"): 3, ("fp8", "seq", "ok"): 3}
+
+
+def test_the_sequential_canary_stops_at_its_max_time_on_the_run_clock(tmp_path: Path) -> None:
+    class TenSeconds(Scripted):
+        async def send(self, phase: Phase, run: TargetRun, stop: RunStop) -> dict[str, Any] | None:
+            await phase.clock.sleep_until(phase.clock.now() + 10.0)
+            return await super().send(phase, run, stop)
+
+    run_dir, sender = new_run_dir(tmp_path), TenSeconds()
+    began = time.monotonic()
+    _run(_rounds(run_dir, sender, max_requests=None, max_time_s=25.0))
+    assert time.monotonic() - began < 5  # 30 virtual seconds
+    state = json.loads((run_dir / "sequential.json").read_text())
+    # Rounds of 10 s each (the arms at once): the third ends past 25 s, and no fourth begins.
+    assert len(state["run"]["sent"]) == 3 and state["run"]["stopped"] == "max_time"
+    assert len(sender.sent) == 6
 
 
 # -- the composition root -------------------------------------------------------------------

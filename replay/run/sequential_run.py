@@ -20,7 +20,6 @@ them: the state file is the truth, and results.jsonl always matches it.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -203,7 +202,7 @@ class Rounds:
             return "decided"
         if o.max_requests is not None and len(seq.sent) >= o.max_requests:
             return "max_requests"
-        spent = seq.elapsed_s + time.monotonic() - began
+        spent = seq.elapsed_s + self.runner.clock.now() - began
         if o.max_time_s is not None and spent >= o.max_time_s:
             return "max_time"
         if not any(self.unsent().get(b, 0) for b in seq.state.open_buckets):
@@ -218,13 +217,10 @@ class Rounds:
             return  # a target failed (recorded by the runner) or the run was interrupted
         self._start_state()
         assert self.seq is not None
-        began = time.monotonic()
+        began = r.clock.now()  # --max-time is on the run's clock
         while (why := self._why_stop(began)) is None:
             await self._round(names)
-            self.seq.elapsed_s, began = (
-                self.seq.elapsed_s + time.monotonic() - began,
-                time.monotonic(),
-            )
+            self.seq.elapsed_s, began = self.seq.elapsed_s + r.clock.now() - began, r.clock.now()
         self.seq.stopped = why
         for t in r.all_runs().values():
             if t.budget.spent and t.status != "failed":
