@@ -34,8 +34,11 @@ class CapacityOptions:
     cache_mib: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
+    """What one run is asked to do, fixed once the run is composed (an order that runs it
+    otherwise gets a copy: ``RunOrder.prepare``)."""
+
     # A ``StreamedTrace`` (the CLI) is re-read for each pass; the runner never holds all of
     # the requests, only what is in flight and what its results need.
     trace: TraceSource
