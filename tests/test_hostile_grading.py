@@ -226,6 +226,31 @@ def test_a_batch_is_graded_in_order_and_a_slow_answer_fails_alone() -> None:
     assert [g.passed for g in grades[4:]] == [i % 3 != 0 for i in range(300)]
 
 
+def test_a_repeated_request_is_asked_of_the_worker_once() -> None:
+    """Identical (check, answer) requests share the worker's grade, in a batch and after it;
+    a timed-out one is asked again, since its grade describes the worker, not the answer."""
+    exact = {"type": "exact", "value": "x"}
+    slow = {"type": "json_schema", "schema": {"type": "array", "uniqueItems": True}}
+    text = json.dumps([{"k": i} for i in range(60_000)])
+    jobs = [Job(Answer("x" if i % 2 else "y"), spec=exact) for i in range(10)]
+    asked: list[int] = []
+    with Grader(time_s=1.0) as grader:
+        exchange = grader._exchange_many
+
+        def counted(requests: Any) -> list[Grade]:
+            asked.append(len(requests))
+            return exchange(requests)
+
+        grader._exchange_many = counted  # type: ignore[method-assign]
+        first = grader.grade_many(jobs)
+        again = grader.grade_many([*jobs, Job(Answer(text), spec=slow)])
+        late = within(30, lambda: grader.grade(slow, Answer(text)))
+    assert [g.passed for g in first] == [i % 2 == 1 for i in range(10)]
+    assert again[:10] == first
+    assert again[10].detail == late.detail == {"checker_error": "timeout"}
+    assert asked == [2, 1, 1]
+
+
 def test_quadratic_unique_items_is_bounded() -> None:
     spec = {"type": "json_schema", "schema": {"type": "array", "uniqueItems": True}}
     text = json.dumps([{"k": i} for i in range(100_000)])

@@ -27,6 +27,12 @@ memory
     The worker's address space is limited (``WORKER_MEMORY_MB``); a MemoryError is an error
     like the others.
 
+repeats
+    The worker grades a request once: identical requests (the same check or derived spec and
+    the same answer, as the arms of a run often give) share its grade, and a Grader keeps the
+    last ``GRADES_KEPT`` grades by their request's digest, all but those of a worker that timed
+    out or died (they describe that moment, not the answer).
+
 Each checker-error grade has ``detail["checker_error"]``: "size", "timeout", "exception" or
 "worker" (the worker died or could not start). A Grader is for one thread at a time.
 
@@ -38,6 +44,7 @@ the sandbox in this process, like ``code`` checks.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -46,7 +53,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +79,11 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _WORKER_MAIN = "from replay.checkers.grader import serve; serve()"
 _READY = b"ready\n"
 PIPELINE_DEPTH = 64  # requests written to the worker ahead of its replies
+# Grades a Grader remembers by their request: a run asks the same (check, answer) of every
+# arm and, tiled or repeated, of many requests; the worker's grade is a function of the request.
+GRADES_KEPT = 65_536
+# A grade that says the worker timed out or died describes that moment, not the answer.
+_NOT_KEPT = frozenset({"timeout", "worker"})
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,8 @@ class Grader:
         self._local: dict[str, Checker | Mapping[str, Any]] = {}
         # The reference's code outcomes, shared by every target graded against it.
         self._code_outcomes: dict[str, list[str] | str] = {}
+        # The worker's grades by their request's digest (``GRADES_KEPT`` at most, oldest out).
+        self._kept: OrderedDict[bytes, Grade] = OrderedDict()
         # One request at a time on the worker's pipes: Locust's users grade from several
         # greenlets at once (under gevent this lock is cooperative), and interleaved
         # requests and replies were read as each other's.
@@ -137,22 +151,34 @@ class Grader:
     def grade_many(self, jobs: Sequence[Job]) -> list[Grade]:
         """Each job's grade, in order, as ``grade`` and ``grade_derived`` give them one at a
         time. The worker's share is pipelined (requests written ahead of the replies, at most
-        ``PIPELINE_DEPTH`` unanswered): one exchange per answer cost more than most checks."""
+        ``PIPELINE_DEPTH`` unanswered): one exchange per answer cost more than most checks.
+        A request asked or graded before (see "repeats" above) is not asked again."""
         from replay.checkers.derived.code_run import finish
 
         out: list[Grade | None] = [None] * len(jobs)
-        remote: list[tuple[int, bytes]] = []
+        remote: list[tuple[int, bytes]] = []  # (job, its request's digest)
+        asked: dict[bytes, bytes] = {}  # digest -> request, each asked of the worker once
         for i, job in enumerate(jobs):
             here = self._here_or_spec(job)
             if isinstance(here, Grade):
                 out[i] = here
+                continue
+            request = _request(here, job.answer)
+            digest = hashlib.blake2b(request, digest_size=16).digest()
+            kept = self._kept.get(digest)
+            if kept is not None:
+                self._kept.move_to_end(digest)
+                out[i] = kept
             else:
-                remote.append((i, _request(here, job.answer)))
+                remote.append((i, digest))
+                asked.setdefault(digest, request)
         if remote:
             with self._lock:
-                grades = self._exchange_many([req for _, req in remote])
-            for (i, _), grade in zip(remote, grades, strict=True):
-                out[i] = grade
+                grades = dict(zip(asked, self._exchange_many(list(asked.values())), strict=True))
+            for digest, grade in grades.items():
+                self._keep(digest, grade)
+            for i, digest in remote:
+                out[i] = grades[digest]
         done = [g for g in out if g is not None]
         assert len(done) == len(jobs)
         # A derived grade that compares code runs it here, in the sandbox.
@@ -160,6 +186,13 @@ class Grader:
             finish(g, cache=self._code_outcomes) if job.reference is not None else g
             for job, g in zip(jobs, done, strict=True)
         ]
+
+    def _keep(self, digest: bytes, grade: Grade) -> None:
+        if grade.detail.get("checker_error") in _NOT_KEPT:
+            return
+        self._kept[digest] = grade
+        if len(self._kept) > GRADES_KEPT:
+            self._kept.popitem(last=False)
 
     def _here_or_spec(self, job: Job) -> Grade | Mapping[str, Any]:
         """The job's grade where it is given in this process (too long to read; a ``code``
