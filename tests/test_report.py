@@ -434,6 +434,37 @@ def test_prompt_excerpt_and_request_order(run_dir: Path) -> None:
     assert "regressed" in req
 
 
+def test_requests_chosen_from_the_scan_are_those_a_full_read_ranks_first(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report keeps a few facts per request (``present.scan``), not every row: the
+    requests it shows, and their flags, are those that ranking every attempt would show."""
+    from replay.present.reading import load_run
+
+    run = load_run(run_dir)
+    results = [orjson.loads(x) for x in (run_dir / "results.jsonl").read_bytes().splitlines()]
+    grades = {
+        (g["target"], g["phase"], g["request_id"]): g
+        for g in map(orjson.loads, (run_dir / "grades.jsonl").read_bytes().splitlines())
+    }
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by_id.setdefault(r["request_id"], []).append(r)
+    ranked = []
+    for i, (rid, rs) in enumerate(by_id.items()):
+        attempts = [
+            request_views._attempt(r, grades.get((r["target"], r["phase"], rid))) for r in rs
+        ]
+        flags = request_views._flags(run, attempts)
+        ranked.append((request_views._severity(flags), i, rid, flags))
+    ranked.sort()
+    assert {f for *_, flags in ranked for f in flags} >= {"regressed", "differs"}
+    monkeypatch.setattr(request_views, "MAX_REQUESTS", 25)
+    view = request_views.requests_view(run)
+    assert view["total"] == len(by_id)
+    assert [(x["id"], x["flags"]) for x in view["items"]] == [(r, f) for *_, r, f in ranked[:25]]
+
+
 def test_request_cap(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(request_views, "MAX_REQUESTS", 5)
     html = report.render_html(run_dir)

@@ -21,13 +21,14 @@ from replay.analysis.roles import Roles
 from replay.analysis.schemas import Summary
 from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.verdict.candidates import format_of
-from replay.run.rundir import GRADES, MANIFEST, RESULTS, SUMMARY
+from replay.present.scan import Scan, json_lines, scan_run
+from replay.run.rundir import MANIFEST, SUMMARY
 from replay.serving.kv_formats import label
 
-CONTROL_SUFFIX = "-control"
 # A colour per target, the same in every chart; the A/A control is grey.
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#be185d")
 CONTROL_COLOR = "#64748b"
+CONTROL_SUFFIX = "-control"
 T = TypeVar("T")
 
 
@@ -67,8 +68,7 @@ class Run:
     dir: Path
     manifest: Manifest
     summary: Summary  # read leniently: a value of the wrong type is a problem, and a dash
-    results: list[dict[str, Any]]
-    grades: list[dict[str, Any]]
+    scan: Scan  # what the report keeps of results.jsonl and grades.jsonl
     series: dict[str, list[dict[str, Any]]]
     problems: list[str] = field(default_factory=list)
 
@@ -79,12 +79,8 @@ class Run:
 
     @cached_property
     def _named_by_results(self) -> tuple[list[object], list[object]]:
-        """The targets and phases the results name, in order of first appearance: read once
-        (the views ask for the order of targets per request shown, and a run may hold
-        millions of results)."""
-        targets = dict.fromkeys(r.get("target") for r in self.results)
-        phases = dict.fromkeys(r.get("phase") for r in self.results)
-        return list(targets), list(phases)
+        """The targets and phases the results name, in order of first appearance."""
+        return self.scan.targets, self.scan.phases
 
     def targets(self) -> list[str]:
         """Every target, in the run's order (the reference first)."""
@@ -154,24 +150,7 @@ def _read_object(path: Path, problems: list[str]) -> dict[str, Any]:
 
 def _read_lines(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     """JSON objects of a JSONL file; bad lines (a run cut short) are counted, not fatal."""
-    if not path.exists():
-        return []
-    out, bad = [], 0
-    with path.open("rb") as fh:
-        for raw in fh:
-            if not raw.strip():
-                continue
-            try:
-                row = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                row = None
-            if isinstance(row, dict):
-                out.append(row)
-            else:
-                bad += 1
-    if bad:
-        problems.append(f"{path.name}: {bad} unreadable line(s) skipped")
-    return out
+    return list(json_lines(path, problems))
 
 
 def load_run(run_dir: Path) -> Run:
@@ -186,12 +165,6 @@ def load_run(run_dir: Path) -> Run:
     summary = Summary.from_json(
         _read_object(run_dir / SUMMARY, problems), where=SUMMARY, problems=problems
     )
-    return Run(
-        run_dir,
-        manifest,
-        summary,
-        _read_lines(run_dir / RESULTS, problems),
-        _read_lines(run_dir / GRADES, problems),
-        series,
-        problems,
-    )
+    run = Run(run_dir, manifest, summary, Scan(), series, problems)
+    run.scan = scan_run(run_dir, run.reference, problems)
+    return run

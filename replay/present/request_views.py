@@ -3,41 +3,47 @@ its prompt excerpt, answers, tool calls, checker outcomes and agreement, regress
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replay.present.formatting import DASH, f_int, f_sig, num, text
 from replay.present.prompts import load_prompts
 from replay.present.reading import CONTROL_SUFFIX, Run, lst, obj
+from replay.present.scan import of_requests, rows_of
+from replay.run.rundir import GRADES, RESULTS
 
 MAX_REQUESTS = 500
 ANSWER_CHARS = 500
 
 
 def requests_view(run: Run) -> dict[str, Any]:
+    """The ``MAX_REQUESTS`` requests to show, regressions first, then errors, then answers
+    that differ, each group in the results' order: chosen from the scan's facts, then read
+    whole (their results and grades) from the run directory."""
+
     def key(row: Mapping[str, Any]) -> tuple[str, str, str]:
         return str(row.get("target")), str(row.get("phase")), str(row.get("request_id"))
 
-    grades = {key(g): g for g in run.grades}
-    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in run.results:
+    facts = run.scan.requests
+    chosen = sorted(facts, key=lambda rid: (_severity(facts[rid].flags()), facts[rid].order))
+    shown_ids = chosen[:MAX_REQUESTS]
+    wanted = set(shown_ids)
+    grades = {key(g): g for g in rows_of(run.dir / GRADES, of_requests(wanted))}
+    by_id: dict[str, list[dict[str, Any]]] = {rid: [] for rid in shown_ids}
+    for r in rows_of(run.dir / RESULTS, of_requests(wanted)):
         by_id[str(r.get("request_id"))].append(r)
     rank = {t: i for i, t in enumerate(run.targets())}
     phases = {p: i for i, p in enumerate(run.phases())}
-    items = []
-    for i, (rid, rs) in enumerate(by_id.items()):
+    shown = []
+    for rid, rs in by_id.items():
         rs.sort(
             key=lambda r: (phases.get(str(r.get("phase")), 99), rank.get(str(r.get("target")), 99))
         )
         attempts = [_attempt(r, grades.get(key(r))) for r in rs]
-        flags = _flags(run, attempts)
-        items.append((_severity(flags), i, rid, rs, attempts, flags))
-    items.sort(key=lambda x: (x[0], x[1]))
-    shown = items[:MAX_REQUESTS]
-    prompts, note = load_prompts(run, [x[2] for x in shown]) if shown else ({}, "")
+        shown.append((rid, rs, attempts, _flags(run, attempts)))
+    prompts, note = load_prompts(run, shown_ids) if shown else ({}, "")
     return {
-        "total": len(items),
+        "total": len(facts),
         "shown": len(shown),
         "trace_note": note,
         "items": [
@@ -50,7 +56,7 @@ def requests_view(run: Run) -> dict[str, Any]:
                 "attempts": att,
                 "badges": _badges(run, att),
             }
-            for _, _, rid, rs, att, flags in shown
+            for rid, rs, att, flags in shown
         ],
     }
 

@@ -3,8 +3,7 @@ distributions per phase, KV-cache capacity per target, and KV-cache usage over t
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replay.analysis.schemas import (
@@ -26,7 +25,8 @@ from replay.present.formatting import (
     num,
     text,
 )
-from replay.present.reading import Run, dig, lst, to_float
+from replay.present.reading import Run, dig, to_float
+from replay.present.scan import LatencyKey
 from replay.present.systems_rule_views import capacity_table, rule_note, rule_table
 from replay.present.views import Cell, Table
 from replay.serving import kv_formats
@@ -115,17 +115,7 @@ def _f_line(x: tuple[float, float] | None) -> str:
 
 def latency_view(run: Run) -> dict[str, Any]:
     """Per phase: TTFT and ITL distributions (target x bucket) and the summary's figures."""
-    dist: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
-    for r in run.results:
-        if r.get("status", "ok") != "ok":
-            continue
-        key = (str(r.get("phase")), str(r.get("bucket")), str(r.get("target")))
-        ttft, first, sent = (num(r.get(k)) for k in ("ttft", "first_token", "sent"))
-        if ttft is None and first is not None and sent is not None:
-            ttft = first - sent
-        if ttft is not None:
-            dist[(*key, "ttft")].append(1000 * ttft)
-        dist[(*key, "itl")].extend(1000 * g for g in _itl(r))
+    dist = run.scan.latency
     out = []
     for phase in run.phases():
         charts = [
@@ -146,19 +136,8 @@ def latency_view(run: Run) -> dict[str, Any]:
     return {"phases": [p for p in out if p["charts"] or p["table"]]}
 
 
-def _itl(r: Mapping[str, Any]) -> list[float]:
-    """Inter-token gaps in seconds; a chunk of n tokens spreads its gap over n tokens."""
-    times, tokens = lst(r.get("chunk_times")), lst(r.get("chunk_tokens"))
-    out: list[float] = []
-    for k in range(1, min(len(times), len(tokens))):
-        a, b, n = num(times[k - 1]), num(times[k]), num(tokens[k])
-        if a is not None and b is not None and n is not None and n > 0:
-            out.extend([(b - a) / n] * int(n))
-    return out
-
-
 def _groups(
-    run: Run, dist: Mapping[tuple[str, str, str, str], list[float]], phase: str, metric: str
+    run: Run, dist: Mapping[LatencyKey, Sequence[float]], phase: str, metric: str
 ) -> list[tuple[str, list[BoxRow]]]:
     buckets = list(dict.fromkeys(k[1] for k in dist if k[0] == phase))
     order = list(run.manifest.buckets.labels)

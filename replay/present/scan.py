@@ -1,0 +1,147 @@
+"""What the report keeps of results.jsonl and grades.jsonl, read once, line by line: a run of a
+million results is never held as a million rows.
+
+``scan_run`` keeps the order in which targets and phases first appear, each group's TTFT and
+inter-token gaps (the latency charts, 8 bytes a value) and, per request, the few facts its
+flags are decided by (``RequestFacts``). The requests the report shows are read again, whole,
+by ``rows_of``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from replay.analysis.grading.quality import CONTROL_SUFFIX
+from replay.present.formatting import num, text
+from replay.run.rundir import GRADES, RESULTS
+
+LatencyKey = tuple[str, str, str, str]  # (phase, bucket, target, "ttft" or "itl")
+
+
+@dataclass(slots=True)
+class RequestFacts:
+    """One request's flags, folded over its attempts: the phases where the reference passed,
+    those where a candidate (not the A/A control) failed, any error, any answer that differs
+    from the reference's; ``order`` is where it first appears in the results (-1: never)."""
+
+    order: int = -1
+    ref_pass: set[str] = field(default_factory=set)
+    cand_fail: set[str] = field(default_factory=set)
+    error: bool = False
+    differs: bool = False
+
+    def flags(self) -> list[str]:
+        out = ["regressed"] if self.ref_pass & self.cand_fail else []
+        return out + ["error"] * self.error + ["differs"] * self.differs
+
+
+@dataclass
+class Scan:
+    targets: list[object] = field(default_factory=list)  # in order of first appearance
+    phases: list[object] = field(default_factory=list)
+    latency: dict[LatencyKey, array[float]] = field(default_factory=dict)  # ms
+    requests: dict[str, RequestFacts] = field(default_factory=dict)
+
+
+def scan_run(run_dir: Path, reference: str | None, problems: list[str]) -> Scan:
+    """One pass over grades.jsonl, then one over results.jsonl; unreadable lines are counted
+    in ``problems``."""
+    scan = Scan()
+    for g in json_lines(run_dir / GRADES, problems):
+        _fold_grade(scan, g, reference)
+    targets: dict[object, None] = {}
+    phases: dict[object, None] = {}
+    for i, r in enumerate(json_lines(run_dir / RESULTS, problems)):
+        targets.setdefault(r.get("target"))
+        phases.setdefault(r.get("phase"))
+        facts = scan.requests.setdefault(str(r.get("request_id")), RequestFacts())
+        if facts.order < 0:
+            facts.order = i
+        if r.get("status", "ok") != "ok":
+            facts.error = True
+            continue
+        _add_latency(scan.latency, r)
+    scan.targets, scan.phases = list(targets), list(phases)
+    # A grade whose request no result names is not a request of the report.
+    scan.requests = {rid: f for rid, f in scan.requests.items() if f.order >= 0}
+    return scan
+
+
+def _fold_grade(scan: Scan, g: Mapping[str, Any], reference: str | None) -> None:
+    facts = scan.requests.setdefault(str(g.get("request_id")), RequestFacts())
+    target, phase = text(g.get("target")), text(g.get("phase"))
+    passed = _obj(g.get("grade")).get("passed")
+    if passed is True and target == reference:
+        facts.ref_pass.add(phase)
+    elif passed is False and target != reference and not target.endswith(CONTROL_SUFFIX):
+        facts.cand_fail.add(phase)
+    agreement = _obj(g.get("agreement"))
+    if agreement and not agreement.get("exact") and not agreement.get("normalized"):
+        facts.differs = True
+
+
+def _add_latency(latency: dict[LatencyKey, array[float]], r: Mapping[str, Any]) -> None:
+    key = (str(r.get("phase")), str(r.get("bucket")), str(r.get("target")))
+    ttft, first, sent = (num(r.get(k)) for k in ("ttft", "first_token", "sent"))
+    if ttft is None and first is not None and sent is not None:
+        ttft = first - sent
+    if ttft is not None:
+        latency.setdefault((*key, "ttft"), array("d")).append(1000 * ttft)
+    latency.setdefault((*key, "itl"), array("d")).extend(1000 * g for g in itl(r))
+
+
+def itl(r: Mapping[str, Any]) -> list[float]:
+    """Inter-token gaps in seconds; a chunk of n tokens spreads its gap over n tokens."""
+    times, tokens = _lst(r.get("chunk_times")), _lst(r.get("chunk_tokens"))
+    out: list[float] = []
+    for k in range(1, min(len(times), len(tokens))):
+        a, b, n = num(times[k - 1]), num(times[k]), num(tokens[k])
+        if a is not None and b is not None and n is not None and n > 0:
+            out.extend([(b - a) / n] * int(n))
+    return out
+
+
+def rows_of(path: Path, keep: Callable[[Mapping[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file that ``keep`` keeps (bad lines skipped unsaid: the
+    scan counted them)."""
+    return [row for row in json_lines(path, []) if keep(row)]
+
+
+def of_requests(ids: Collection[str]) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda row: str(row.get("request_id")) in ids
+
+
+def json_lines(path: Path, problems: list[str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file; bad lines (a run cut short) are counted in
+    ``problems``, not fatal."""
+    if not path.exists():
+        return
+    bad = 0
+    with path.open("rb") as fh:
+        for raw in fh:
+            if not raw.strip():
+                continue
+            try:
+                row = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                row = None
+            if isinstance(row, dict):
+                yield row
+            else:
+                bad += 1
+    if bad:
+        problems.append(f"{path.name}: {bad} unreadable line(s) skipped")
+
+
+def _obj(x: object) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _lst(x: object) -> list[Any]:
+    return x if isinstance(x, list) else []
