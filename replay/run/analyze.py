@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from replay.analysis.capacity import capacity_phase
-from replay.analysis.grading.quality import CONTROL_SUFFIX, assess_quality
-from replay.analysis.grading.rows import Gradable, GradingSpec, grade_rows, grading_spec
+from replay.analysis.grading.quality import CONTROL_SUFFIX, Graded, assess_quality
+from replay.analysis.grading.rows import Gradable, GradingSpec, grading_spec, iter_grade_rows
 from replay.analysis.reasoning import reasoning_length
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
@@ -120,13 +120,16 @@ def analyse(a: Analysis) -> Summary:
     if sweep is not None:
         summary = replace(summary, saturation=sweep)
     if a.grading:
-        rows = grade_rows(results, a.grading_specs({r.request_id for r in results}), a.reference)
-        rewrite_jsonl(a.run_dir / GRADES, rows)
+        specs = a.grading_specs({r.request_id for r in results})
+        # Written as they are graded: quality keeps a few fields of each row (``Graded``).
+        graded = Graded()
+        rows = iter_grade_rows(results, specs, a.reference)
+        rewrite_jsonl(a.run_dir / GRADES, (graded.add(row) for row in rows))
         tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
         summary = replace(
             summary,
             quality=assess_quality(
-                rows,
+                graded,
                 tf_rows,
                 a.reference,
                 a.bucket_labels,

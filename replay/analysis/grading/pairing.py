@@ -7,7 +7,7 @@ request id, in the target's own order, which the seeded bootstrap depends on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -38,29 +38,37 @@ def grades_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     or ungraded), ``agreed`` whether it was compared with the reference's answer. A request
     answered twice in one phase (a looping Locust test) keeps its last grade, in the place of
     its first."""
+    return frame_of([flat_grade(row) for row in rows])
+
+
+FlatGrade = tuple[Any, ...]  # a grade row as ``GRADE_COLUMNS``
+
+
+def flat_grade(row: Mapping[str, Any]) -> FlatGrade:
+    """A grade row as the table's columns: what quality reads of it."""
+    g, d, ag = row["grade"], row.get("derived"), row["agreement"]
+    return (
+        row["phase"],
+        row["target"],
+        row["request_id"],
+        row["bucket"],
+        bool(row["answered"]),
+        None if g is None else bool(g["passed"]),
+        str(d["rule"]) if d else None,
+        None if not d or d["passed"] is None else bool(d["passed"]),
+        None if not d or d.get("exact") is None else bool(d["exact"]),
+        bool(d and (d.get("detail") or {}).get("checker_error")),
+        ag is not None,
+        ag and ag["exact"],
+        ag and ag["normalized"],
+        ag and ag["first_divergence"],
+    )
+
+
+def frame_of(flat: Sequence[FlatGrade]) -> pd.DataFrame:
+    """``grades_frame`` of rows already flattened (``flat_grade``)."""
     import pandas as pd
 
-    flat = []
-    for row in rows:
-        g, d, ag = row["grade"], row.get("derived"), row["agreement"]
-        flat.append(
-            (
-                row["phase"],
-                row["target"],
-                row["request_id"],
-                row["bucket"],
-                bool(row["answered"]),
-                None if g is None else bool(g["passed"]),
-                str(d["rule"]) if d else None,
-                None if not d or d["passed"] is None else bool(d["passed"]),
-                None if not d or d.get("exact") is None else bool(d["exact"]),
-                bool(d and (d.get("detail") or {}).get("checker_error")),
-                ag is not None,
-                ag and ag["exact"],
-                ag and ag["normalized"],
-                ag and ag["first_divergence"],
-            )
-        )
     frame = pd.DataFrame.from_records(flat, columns=GRADE_COLUMNS)
     first = frame.groupby(KEY, sort=False).ngroup()
     return (

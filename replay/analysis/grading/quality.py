@@ -21,7 +21,7 @@ from replay.analysis.grading.compare import (
     compare_explicit,
     teacher_forced,
 )
-from replay.analysis.grading.pairing import combined_pairs, grades_frame
+from replay.analysis.grading.pairing import FlatGrade, combined_pairs, flat_grade, frame_of
 from replay.analysis.grading.rule_floors import demotion_note, rule_floors
 from replay.analysis.schemas import (
     OMITTED,
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 # The A/A control is the reference replayed under its name plus this suffix.
 CONTROL_SUFFIX = "-control"
+_GRADES = ("grade", "derived")  # a grade row's grades: its check's, its derived one
 
 
 def checker_error_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -50,7 +51,7 @@ def checker_error_notes(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
     rows = list(rows)
     notes = []
-    for key, what in (("grade", "answer(s)"), ("derived", "derived grade(s)")):
+    for key, what in zip(_GRADES, ("answer(s)", "derived grade(s)"), strict=True):
         failed = [
             (row["target"], kind, f"{row['request_id']}: {row[key]['reason']}")
             for row in rows
@@ -133,8 +134,25 @@ def _target_quality(
     )
 
 
+class Graded:
+    """What quality reads of the grade rows, kept as they are written (``add``): each row
+    flattened (``pairing.flat_grade``), and whole only where a checker failed (its note)."""
+
+    def __init__(self, rows: Iterable[Mapping[str, Any]] = ()) -> None:
+        self.flat: list[FlatGrade] = []
+        self.failed: list[Mapping[str, Any]] = []
+        for row in rows:
+            self.add(row)
+
+    def add(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.flat.append(flat_grade(row))
+        if any(((row.get(k) or {}).get("detail") or {}).get("checker_error") for k in _GRADES):
+            self.failed.append(row)
+        return row
+
+
 def assess_quality(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]] | Graded,
     tf_rows: Sequence[Mapping[str, Any]],
     reference: str,
     bucket_order: Sequence[str],
@@ -153,7 +171,8 @@ def assess_quality(
     phases: dict[str, dict[str, TargetQuality]] = {}
     rules: dict[str, dict[str, RuleFloor]] = {}
     notes = []
-    frame = grades_frame(rows)
+    graded = rows if isinstance(rows, Graded) else Graded(rows)
+    frame = frame_of(graded.flat)
     for phase, in_phase in frame.groupby("phase", sort=False):
         targets = dict(iter(in_phase.groupby("target", sort=False)))
         by_rule = rule_floors(in_phase, control)
@@ -187,7 +206,7 @@ def assess_quality(
                 for t, q in out.items()
             }
         phases[str(phase)] = out
-    notes += checker_error_notes(rows)
+    notes += checker_error_notes(graded.failed)
     notes += [
         f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: this "
         "path does not exercise a different KV cache on this backend; it is not evidence "

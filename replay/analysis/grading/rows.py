@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,11 +139,23 @@ def grade_rows(
     """One row per result: checker grade, agreement with the reference, and, for a request
     without a check, the derived grade against the reference's answer (every target but the
     reference; the A/A control is graded like a candidate)."""
+    return list(iter_grade_rows(results, requests, reference, grader))
+
+
+def iter_grade_rows(
+    results: Sequence[Result],
+    requests: Mapping[str, Gradable],
+    reference: str,
+    grader: Grader | None = None,
+) -> Iterator[dict[str, Any]]:
+    """``grade_rows``' rows, in the results' order, as their grades come (``GRADE_BATCH`` at
+    a time): a caller that writes them as they come holds a batch, not every row."""
     if grader is None:
         with Grader() as own:
-            return grade_rows(results, requests, reference, own)
+            yield from iter_grade_rows(results, requests, reference, own)
+        return
     refs = {(r.phase, r.request_id): r for r in results if r.target == reference}
-    rows = []
+    rows: list[dict[str, Any]] = []  # graded once the batch they wait on is
     # Grades are asked of the grader GRADE_BATCH at a time (it pipelines them): (row, field,
     # job, why the result holds no answer).
     asked: list[tuple[dict[str, Any], str, Job, str | None]] = []
@@ -188,8 +200,10 @@ def grade_rows(
         rows.append(row)
         if len(asked) >= GRADE_BATCH:
             flush()
+            yield from rows
+            rows.clear()
     flush()
-    return rows
+    yield from rows
 
 
 def no_answer(r: Result) -> str | None:
