@@ -1,17 +1,21 @@
 """Aggregates per target x phase x bucket, from the results file and the metrics series.
 
 Missing data is ``None`` (shown as a dash), never 0: "no TTFT measured" is not "0 ms".
-The results become one table (``results_frame``: a row per result, latencies in seconds);
-pandas groups it by target, phase and bucket, and each group's percentiles are numpy's
-(linear interpolation) of its values in the order the results came, as they always were.
+The results become one table (``results_frame``: a row per result, latencies in seconds, built
+column by column, and every ITL gap in one array beside it); pandas groups it by target, phase
+and bucket, and each group's percentiles are numpy's (linear interpolation) of its values in the
+order the results came, as they always were: every figure is exact.
 """
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from replay.analysis.schemas import (
     BucketStats,
@@ -34,37 +38,17 @@ if TYPE_CHECKING:
 
 SUMMARY_VERSION = 1
 PCTS = (50, 90, 99)
-# What each result contributes; the latencies, ITL gaps and decode rate count only when ok.
-COLUMNS = (
-    "target",
-    "phase",
-    "bucket",
-    "ok",
-    "error_kind",
-    "output_tokens",
-    "prompt_tokens",
-    "ttft",
-    "from_schedule",
-    "queue_delay",
-    "e2e",
-    "itl",
-    "decode_rate",
-    "estimated",
-    "tpot",
-    "cancelled",
-    "turn",
-    "reused",
-    "skipped",
-    "time_to_answer",
-    "reasoning_tokens",
-    "reasoning_estimated",
-)
 
 
-def pct(values: Iterable[float] | pd.Series, scale: float = 1000.0) -> Percentiles:
+def pct(
+    values: Iterable[float] | pd.Series | npt.NDArray[np.float64], scale: float = 1000.0
+) -> Percentiles:
     """Mean and p50/p90/p99 in ms; Nones when there is nothing to measure. A missing value
     is left out: None, or a frame's NaN (the one value for which ``v == v`` is false)."""
-    arr = np.asarray([v for v in values if v is not None and v == v], dtype=float) * scale
+    if isinstance(values, np.ndarray):
+        arr = values[~np.isnan(values)] * scale
+    else:
+        arr = np.asarray([v for v in values if v is not None and v == v], dtype=float) * scale
     if not arr.size:
         return Percentiles(mean=None, p50=None, p90=None, p99=None)
     p50, p90, p99 = (float(np.percentile(arr, p)) for p in PCTS)
@@ -90,49 +74,86 @@ def _decode_rate(r: Result) -> float | None:
     return r.output_tokens / (r.done - r.first_token)
 
 
-def results_frame(results: Iterable[Result]) -> pd.DataFrame:
-    """One row per result, with what the summary's figures are computed from."""
+_FLOATS = (
+    "ttft",
+    "from_schedule",
+    "queue_delay",
+    "e2e",
+    "decode_rate",
+    "tpot",
+    "prompt_tokens",
+    "turn",
+    "reused",
+    "time_to_answer",
+)
+_FLAGS = ("ok", "estimated", "cancelled", "skipped", "reasoning_estimated")
+_TEXTS = ("target", "phase", "bucket", "error_kind")
+
+
+def results_frame(results: Iterable[Result]) -> tuple[pd.DataFrame, npt.NDArray[np.float64]]:
+    """One row per result, with what the summary's figures are computed from, built column by
+    column (8 bytes a number, NaN where there is none), and the ITL gaps of every result in
+    one array: a row's are ``itl_n`` of them from ``itl_at`` (``gaps``). The latencies, ITL
+    gaps and decode rate count only when ok."""
     import pandas as pd
 
-    rows = [
-        (
-            r.target,
-            r.phase,
-            r.bucket,
-            r.status == "ok",
-            r.error_kind or "unknown",
-            r.output_tokens,
-            r.prompt_tokens,
+    texts: dict[str, list[str]] = {c: [] for c in _TEXTS}
+    floats = {c: array("d") for c in _FLOATS}
+    flags = {c: bytearray() for c in _FLAGS}
+    ints = {c: array("q") for c in ("output_tokens", "reasoning_tokens", "itl_at", "itl_n")}
+    itl = array("d")
+    add_text = [texts[c].append for c in _TEXTS]
+    add_float = [floats[c].append for c in _FLOATS]
+    add_flag = [flags[c].append for c in _FLAGS]
+    add_int = [ints[c].append for c in ints]
+    for r in results:
+        labels = (r.target, r.phase, r.bucket, r.error_kind or "unknown")
+        for put_text, label in zip(add_text, labels, strict=True):
+            put_text(label)
+        first = None if r.first_token is None else r.first_token - r.scheduled
+        numbers: tuple[float | None, ...] = (
             r.ttft,
-            None if r.first_token is None else r.first_token - r.scheduled,
+            first,
             r.queue_delay,
             r.e2e,
-            r.itl(),
             _decode_rate(r),
-            r.tokens_estimated,
             tpot(r),
-            r.status == "cancelled",
+            r.prompt_tokens,
             r.turn,
             r.reused_prefix_tokens,
-            r.status == "skipped",
             r.time_to_answer,
-            r.reasoning_tokens,
-            r.reasoning_tokens_estimated,
         )
-        for r in results
-    ]
-    frame = pd.DataFrame.from_records(rows, columns=COLUMNS)
-    return frame.astype(
+        for put_float, x in zip(add_float, numbers, strict=True):
+            put_float(math.nan if x is None else x)
+        status = r.status
+        marks = (status == "ok", r.tokens_estimated, status == "cancelled", status == "skipped")
+        for put_flag, mark in zip(add_flag, (*marks, r.reasoning_tokens_estimated), strict=True):
+            put_flag(bool(mark))
+        gaps = r.itl()
+        counts = (r.output_tokens, r.reasoning_tokens, len(itl), len(gaps))
+        for put_int, n in zip(add_int, counts, strict=True):
+            put_int(n)
+        itl.extend(gaps)
+    frame = pd.DataFrame(
         {
-            "ok": bool,
-            "estimated": bool,
-            "cancelled": bool,
-            "skipped": bool,
-            "output_tokens": "int64",
-            "reasoning_tokens": "int64",
-            "reasoning_estimated": bool,
+            **texts,
+            **{c: np.frombuffer(v, dtype=np.float64) for c, v in floats.items()},
+            **{c: np.frombuffer(v, dtype=np.bool_) for c, v in flags.items()},
+            **{c: np.frombuffer(v, dtype=np.int64) for c, v in ints.items()},
         }
     )
+    return frame, np.frombuffer(itl, dtype=np.float64)
+
+
+def gaps(group: pd.DataFrame, itl: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The ITL gaps of a group's rows, pooled in the rows' order."""
+    at = group["itl_at"].to_numpy()
+    n = group["itl_n"].to_numpy()
+    ends = np.cumsum(n)
+    picked: npt.NDArray[np.float64] = itl[
+        np.repeat(at - ends + n, n) + np.arange(int(ends[-1]) if n.size else 0)
+    ]
+    return picked
 
 
 def with_slo(frame: pd.DataFrame, slo: SloSpec) -> pd.DataFrame:
@@ -183,10 +204,13 @@ def _slo_stats(group: pd.DataFrame, bounds: Mapping[str, float], dur: float | No
 
 
 def _figures(
-    group: pd.DataFrame, slo: tuple[Mapping[str, float], float | None] | None = None
+    group: pd.DataFrame,
+    itl: npt.NDArray[np.float64],
+    slo: tuple[Mapping[str, float], float | None] | None = None,
 ) -> dict[str, Any]:
-    """``ResultStats``' fields of one group of results; with ``slo`` (the bounds that apply
-    and the phase's duration), how the group did against them."""
+    """``ResultStats``' fields of one group of results (``itl``: the table's ITL gaps); with
+    ``slo`` (the bounds that apply and the phase's duration), how the group did against
+    them."""
     ok = group[group["ok"]]
     # A request never sent because it cannot fit the target is counted apart: not an error.
     errors = group.loc[~group["ok"] & ~group["skipped"], "error_kind"].value_counts()
@@ -202,7 +226,7 @@ def _figures(
         "ttft_ms": pct(ok["ttft"]),
         "ttft_from_schedule_ms": pct(ok["from_schedule"]),
         "queue_delay_ms": pct(group["queue_delay"]),
-        "itl_ms": pct(ok["itl"].explode()),  # every gap of every answer, pooled
+        "itl_ms": pct(gaps(ok, itl)),  # every gap of every answer, pooled
         "e2e_ms": pct(ok["e2e"]),
         "decode_tok_s_median": _median(ok["decode_rate"]),
         "tokens_estimated": bool(ok["estimated"].any()),
@@ -226,7 +250,7 @@ def _reasoning_stats(ok: pd.DataFrame) -> ReasoningStats:
 
 def summarize(results: Iterable[Result]) -> ResultStats:
     """Client-side figures for one group of results."""
-    return ResultStats(**_figures(results_frame(results)))
+    return ResultStats(**_figures(*results_frame(results)))
 
 
 def summarize_results(results: Sequence[Result]) -> dict[str, Any]:
@@ -344,6 +368,7 @@ def _num(text: str | None) -> float | None:
 
 def _phase(
     group: pd.DataFrame,
+    itl: npt.NDArray[np.float64],
     window: Mapping[str, float],
     cache: Mapping[str, str],
     series: Sequence[Mapping[str, Any]],
@@ -361,6 +386,7 @@ def _phase(
     # last digit depends on the order it adds in.
     totals = _figures(
         pd.concat(by_bucket.values()) if by_bucket else group,
+        itl,
         (slo.default.to_json(), dur) if slo is not None else None,
     )
     buckets = {}
@@ -368,7 +394,7 @@ def _phase(
         by_bucket, key=lambda b: (bucket_order.index(b) if b in bucket_order else 99, b)
     ):
         figures = _figures(
-            by_bucket[b], (slo.for_bucket(str(b)).to_json(), dur) if slo is not None else None
+            by_bucket[b], itl, (slo.for_bucket(str(b)).to_json(), dur) if slo is not None else None
         )
         ctx = None
         if figures["prompt_tokens_median"] is not None:
@@ -394,7 +420,7 @@ def summarize_targets(
 ) -> dict[str, TargetSummary]:
     """Each target's phases (its windows) and, in each, its buckets in the run's order; with
     ``slo``, each group's SLO attainment and goodput."""
-    frame = results_frame(results)
+    frame, itl = results_frame(results)
     if slo is not None:
         frame = with_slo(frame, slo)
     groups = dict(iter(frame.groupby(["target", "phase"], sort=False)))
@@ -409,6 +435,7 @@ def summarize_targets(
             phases={
                 label: _phase(
                     groups.get((name, label), frame.iloc[:0]),
+                    itl,
                     window,
                     cache,
                     series.get(name, ()),
