@@ -7,6 +7,7 @@ which both drivers write as they scrape, so neither keeps them in memory."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,15 +61,23 @@ from replay.traces.importers import stream
 
 
 def load_results(run_dir: Path, prompt_ids: bool = True) -> list[Result]:
-    """Every result of a run; ``prompt_ids=False`` drops the prompt token ids (often the
-    largest part of a result) for readers that do not use them."""
+    """Every result of a run; ``prompt_ids=False`` gives them ``lean``: without the prompt
+    token ids (often the largest part of a result) and what else the analysis never reads."""
     if prompt_ids:
         return list(read_results(run_dir))
-    out = []
-    for r in read_results(run_dir):
-        r.prompt_ids = None
-        out.append(r)
-    return out
+    return [lean(r) for r in read_results(run_dir)]
+
+
+def lean(r: Result) -> Result:
+    """A result as the analysis keeps it, a million at a time: without what it never reads
+    (prompt token ids, log-probabilities, the reasoning's text), its labels shared with every
+    other result's (interned)."""
+    r.prompt_ids = r.output_logprobs = None
+    r.reasoning_text = ""
+    r.target, r.phase, r.bucket = sys.intern(r.target), sys.intern(r.phase), sys.intern(r.bucket)
+    if r.finish_reason is not None:
+        r.finish_reason = sys.intern(r.finish_reason)
+    return r
 
 
 @dataclass(frozen=True)
@@ -257,10 +266,7 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
     Reads the run directory without repairing it; a line cut short at the end of a file is
     left out."""
     manifest = _manifest(run_dir)
-    results = []
-    for r in _complete_results(run_dir):
-        r.prompt_ids = None
-        results.append(r)
+    results = [lean(r) for r in _complete_results(run_dir)]
     names = list(manifest.targets)
     reference = manifest.reference or names[0]
     targets = {n: _target_facts(manifest.targets[n], n, results) for n in names}
