@@ -15,9 +15,9 @@ from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.records import Result
 from replay.core.slo import SloSpec
-from replay.run.analyze import Analysis, analyse, target_for_summary
+from replay.run.analyze import Analysis, analyse, load_results, target_for_summary
 from replay.run.manifest import build_manifest, target_entry, trace_facts
-from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, read_results, write_json
+from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, write_json
 from replay.serving.targets import (
     TargetSpec,
 )
@@ -155,7 +155,7 @@ class RunRecorder:
     def finish(self, tolerance: float = 0.05) -> dict[str, Any]:
         """Write manifest, grades and summary from everything received (callable again when
         late results arrive: each call rewrites them)."""
-        results = list(read_results(self.run_dir))
+        results = load_results(self.run_dir, prompt_ids=False)  # lean, as the CLI reads them
         # A phase some result names but no window covers (e.g. the target failed before the
         # first phase opened) gets the span of its results, so the summary counts them.
         for r in results:
