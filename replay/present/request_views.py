@@ -9,7 +9,7 @@ from typing import Any
 from replay.present.formatting import DASH, f_int, f_sig, num, text
 from replay.present.prompts import load_prompts
 from replay.present.reading import CONTROL_SUFFIX, Run, lst, obj
-from replay.present.scan import of_requests, rows_of
+from replay.present.scan import rows_of
 from replay.run.rundir import GRADES, RESULTS
 
 MAX_REQUESTS = 500
@@ -28,9 +28,9 @@ def requests_view(run: Run) -> dict[str, Any]:
     chosen = sorted(facts, key=lambda rid: (_severity(facts[rid].flags()), facts[rid].order))
     shown_ids = chosen[:MAX_REQUESTS]
     wanted = set(shown_ids)
-    grades = {key(g): g for g in rows_of(run.dir / GRADES, of_requests(wanted))}
+    grades = {key(g): g for g in rows_of(run.dir / GRADES, wanted)}
     by_id: dict[str, list[dict[str, Any]]] = {rid: [] for rid in shown_ids}
-    for r in rows_of(run.dir / RESULTS, of_requests(wanted)):
+    for r in rows_of(run.dir / RESULTS, wanted):
         by_id[str(r.get("request_id"))].append(r)
     rank = {t: i for i, t in enumerate(run.targets())}
     phases = {p: i for i, p in enumerate(run.phases())}
