@@ -44,8 +44,6 @@ class RunData:
 def load_run(run_dir: str | Path) -> RunData:
     """The run directory's results, grades, metrics and teacher-forced scores as DataFrames
     (empty ones, with their columns, for what a run did not write)."""
-    import pandas as pd
-
     path = Path(run_dir)
     if not (path / MANIFEST).is_file() and not (path / RESULTS).is_file():
         raise InputError(
@@ -53,11 +51,25 @@ def load_run(run_dir: str | Path) -> RunData:
         )
     return RunData(
         run_dir=path,
-        results=pd.DataFrame(list(_result_rows(path)), columns=RESULT_COLUMNS),
-        grades=pd.DataFrame(list(_grade_rows(path / GRADES)), columns=GRADE_COLUMNS),
-        metrics=pd.DataFrame(list(_metric_rows(path / "metrics")), columns=METRIC_COLUMNS),
-        teacher_forced=pd.DataFrame(list(_tf_rows(path / TEACHER_FORCED)), columns=TF_COLUMNS),
+        results=_frame(_result_rows(path), RESULT_COLUMNS),
+        grades=_frame(_grade_rows(path / GRADES), GRADE_COLUMNS),
+        metrics=_frame(_metric_rows(path / "metrics"), METRIC_COLUMNS),
+        teacher_forced=_frame(_tf_rows(path / TEACHER_FORCED), TF_COLUMNS),
     )
+
+
+def _frame(rows: Iterable[Mapping[str, Any]], columns: list[str]) -> pd.DataFrame:
+    """The rows as a table, gathered column by column as they are read: a million rows are
+    never held as a million dicts."""
+    import pandas as pd
+
+    cells: dict[str, list[Any]] = {c: [] for c in columns}
+    for row in rows:
+        for c, values in cells.items():
+            values.append(row.get(c))
+    if not cells[columns[0]]:
+        return pd.DataFrame([], columns=columns)  # no rows: its columns, of no type yet
+    return pd.DataFrame(cells, columns=columns)
 
 
 def export_run(run_dir: str | Path, out_dir: Path, fmt: str) -> list[Path]:
