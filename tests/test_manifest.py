@@ -17,7 +17,7 @@ from replay.core.buckets import Buckets
 from replay.core.errors import SummaryError
 from replay.core.schedule import ClosedLoop
 from replay.run.config import RunConfig
-from replay.run.manifest import read_manifest, written_targets
+from replay.run.manifest import read_manifest, read_spec, written_targets
 from replay.run.rundir import new_run_dir
 from replay.run.runner import Runner
 from replay.serving.targets import TargetSpec
@@ -73,6 +73,17 @@ def test_a_run_reads_back_with_no_problem(run_dir: Path) -> None:
     assert m.trace.requests == 12 and m.trace.sha256
     assert m.buckets.labels == ("<256", "256-1K", ">=1K")
     assert not m.emulated("bf16") and m.spec("nobody") is None
+
+
+def test_a_run_records_its_spec_and_reads_it_back(run_dir: Path) -> None:
+    spec = read_spec(run_dir)
+    assert spec is not None and spec.load.targets == ("bf16", "bf16-b")
+    assert spec.load.schedules == ("c2",) and spec.trace.requests == 12
+    assert spec.quality.buckets == "256,1K" and not spec.quality.teacher_forced
+    assert (
+        spec.run_dir.path == str(run_dir)
+        and spec.trace.sha256 == read_manifest(run_dir).trace.sha256
+    )
 
 
 def test_resume_carries_the_entries_forward_as_written(run_dir: Path) -> None:

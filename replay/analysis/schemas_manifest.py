@@ -136,6 +136,8 @@ class Manifest(Record):
     schedules: tuple[str, ...]
     options: Mapping[str, Any]
     reference: str
+    # The run as both drivers describe it, read typed by ``replay.run.manifest.read_spec``.
+    run_spec: Mapping[str, Any] | None = absent_if_none()
     roles: RolesFacts | None = absent_if_none()
     cli_options: Mapping[str, Any] | None = absent_if_none()
     interrupted: bool

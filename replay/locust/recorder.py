@@ -18,6 +18,7 @@ from replay.core.slo import SloSpec
 from replay.run.analyze import Analysis, analyse, load_results, target_for_summary
 from replay.run.manifest import build_manifest, target_entry, trace_facts
 from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, write_json
+from replay.run.spec import RunSpec
 from replay.serving.targets import (
     TargetSpec,
 )
@@ -78,6 +79,7 @@ class RunRecorder:
     # every request). 0: no cap.
     max_results: int = DEFAULT_MAX_RESULTS
     slo: SloSpec | None = None  # SLO attainment and goodput in the summary
+    run_spec: RunSpec | None = None  # the manifest's spec block
 
     def __post_init__(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -124,6 +126,7 @@ class RunRecorder:
         """The CLI's manifest (replay/run/manifest.py), with what drove the test."""
         return build_manifest(
             driver=self.driver,
+            spec=self.run_spec,
             command=self.command,
             started_at=self.started_at,
             # Locust replays the trace's own lengths: no length policy applies.

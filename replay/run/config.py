@@ -1,5 +1,6 @@
-"""What a run is asked to do (``RunConfig``) and what happened to each target (``TargetRun``,
-which the manifest shows)."""
+"""What a run is asked to do (``RunConfig``: the run as the runner holds it, with its trace,
+targets and schedules; ``run_spec()`` is the same run as plain data, ``replay/run/spec.py``) and
+what happened to each target (``TargetRun``, which the manifest shows)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from replay.run.budget import ErrorBudget
 from replay.run.manifest import target_entry, trace_facts
 from replay.run.phase import Schedule
 from replay.run.rundir import file_digest
+from replay.run.spec import BudgetSpec, LoadSpec, QualitySpec, RunDirSpec, RunSpec, TraceSpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy
 from replay.traces.sessions import ThinkTime
@@ -110,6 +112,61 @@ class RunConfig:
             t.bad_count,
             self.length_policy,
             t.skipped,
+        )
+
+    def run_spec(self, sha256: str) -> RunSpec:
+        """This run as both drivers describe it (the manifest's ``spec``); ``sha256``: the
+        trace's digest, as ``trace_facts`` found it."""
+        lp, th = self.length_policy, self.thresholds
+        return RunSpec(
+            trace=TraceSpec(
+                path=str(self.trace_path),
+                format=self.trace_format,
+                sha256=sha256,
+                requests=self.trace.count,
+                length_scale=lp.scale,
+                max_input_tokens=lp.max_input_tokens,
+                max_output_tokens=lp.max_output_tokens,
+            ),
+            load=self._load_spec(),
+            quality=QualitySpec(
+                buckets=self.buckets.spec(),
+                slo=self.slo.text if self.slo else None,
+                reference=self.reference,
+                candidate=self.candidate,
+                calibrated=self.calibrated,
+                control=self.control,
+                teacher_forced=self.teacher_forced,
+                quality_phase=self.quality_phase,
+                tolerance=self.tolerance,
+                alpha=th.alpha,
+                min_pairs=th.min_pairs,
+                required_capacity_ratio=th.required_capacity_ratio,
+                accept_emulated=th.accept_emulated,
+                systems_threshold=th.systems_threshold,
+            ),
+            budget=BudgetSpec(
+                max_errors=self.max_errors,
+                max_error_rate=self.max_error_rate,
+                drain_s=self.drain_s,
+            ),
+            run_dir=RunDirSpec(path=str(self.run_dir), resume=self.resume),
+        )
+
+    def _load_spec(self) -> LoadSpec:
+        return LoadSpec(
+            targets=tuple(t.name for t in self.targets),
+            schedules=tuple(s.label for s in self.schedules),
+            seed=self.seed,
+            timeout_s=self.timeout_s,
+            phase_timeout_s=self.phase_timeout_s,
+            workers=self.workers,
+            salt_phases=self.salt_phases,
+            parallel_targets=self.parallel_targets,
+            interleave=self.interleave,
+            block_size=self.block_size,
+            session_history=self.session_history,
+            stop_at_saturation=self.stop_at_saturation,
         )
 
     def manifest_options(self, sessions: bool) -> dict[str, Any]:

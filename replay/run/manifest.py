@@ -16,6 +16,7 @@ import orjson
 from replay import __version__
 from replay.analysis.schemas_manifest import MANIFEST_FILE, Manifest
 from replay.core.buckets import Buckets
+from replay.run.spec import RunSpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy
 
@@ -90,11 +91,14 @@ def build_manifest(
     reference: str,
     targets: Mapping[str, Mapping[str, Any]],
     driver: Mapping[str, Any] | None = None,
+    spec: RunSpec | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The manifest of a run. ``driver`` names a driver other than the CLI (Locust) and what
-    drove it; ``extra`` holds a driver's own facts (roles and resume notes of the CLI, results
-    a looping Locust test counted but did not store), placed before the targets."""
+    drove it; ``spec`` is the run as both drivers describe it (its ``run_spec`` block, which
+    ``read_spec`` reads back);
+    ``extra`` holds a driver's own facts (roles and resume notes of the CLI, results a looping
+    Locust test counted but did not store), placed before the targets."""
     return {
         "tool": {"name": "kvcanary", "version": __version__},
         **({"driver": dict(driver)} if driver is not None else {}),
@@ -106,6 +110,7 @@ def build_manifest(
         "schedules": list(schedules),
         "options": dict(options),
         "reference": reference,
+        **({"run_spec": spec.to_json()} if spec is not None else {}),
         **extra,
         "targets": dict(targets),
     }
@@ -118,6 +123,15 @@ def read_manifest(run_dir: Path, problems: list[str] | None = None) -> Manifest:
     path = run_dir / MANIFEST_FILE
     data = orjson.loads(path.read_bytes())
     return Manifest.from_json(data, where=str(path), problems=problems)
+
+
+def read_spec(run_dir: Path) -> RunSpec | None:
+    """The ``RunSpec`` the run's manifest records (its ``run_spec`` block); None for a run
+    written before manifests had one. A value of the wrong type raises ``SummaryError``
+    naming it."""
+    path = run_dir / MANIFEST_FILE
+    spec = orjson.loads(path.read_bytes()).get("run_spec")
+    return None if spec is None else RunSpec.from_json(spec, where=f"{path}: run_spec")
 
 
 def written_targets(run_dir: Path) -> dict[str, Any]:

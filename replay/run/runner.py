@@ -154,15 +154,17 @@ class Runner:
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
         c = self.cfg
+        trace = c.trace_facts()
         return {
             **build_manifest(
                 command=c.command,
                 started_at=self.started_at,
-                trace=c.trace_facts(),
+                trace=trace,
                 buckets=c.buckets,
                 schedules=[s.label for s in c.schedules],
                 options=c.manifest_options(self.sessions),
                 reference=self.reference,
+                spec=c.run_spec(trace["sha256"]),
                 roles=self.roles.to_json(),
                 cli_options=c.cli_options,
                 interrupted=self.interrupted,

@@ -22,11 +22,12 @@ from locust.env import Environment
 from locust.runners import MasterRunner, Runner
 
 from kvc.bridge import AsyncBridge
-from kvc.options import load_plan, parsed_options, read_config
+from kvc.options import parsed_options, read_config
 from kvc.protocol import MSG_PHASE, MSG_PLAN, MSG_STOP, STOP_WAIT_S
 from kvc.run import Test, recorder, run_plan
 from replay.core.errors import KvcanaryError
 from replay.core.exit_codes import ExitCode
+from replay.locust.config import load_plan
 from replay.locust.messages import RunPlan
 from replay.locust.recorder import cancelled_result
 from replay.locust.target import MetricsTap, resolve_target
@@ -117,7 +118,7 @@ class Master:
             "shards": base.shards,
             "shape": cfg.mode,
         }
-        rec = recorder(cfg, parsed_options(self.env), run_dir, driver)
+        rec = recorder(cfg, parsed_options(self.env), run_dir, driver, base.shards)
         test = self.test = Test(cfg, base, rec, base.shards, epoch)
         rec.save_manifest()
         log.info(

@@ -13,7 +13,7 @@ from typing import Any
 from gevent.event import Event
 from locust import __version__ as locust_version
 
-from kvc.options import Config
+from replay.locust.config import Config
 from replay.locust.messages import RunPlan, target_message
 from replay.locust.recorder import RunRecorder
 from replay.locust.target import MetricsTap
@@ -73,9 +73,10 @@ def recorder(
     opts: Any,
     run_dir: Path,
     driver: dict[str, Any],
+    shards: int,
 ) -> RunRecorder:
-    """The run directory's writer, with the manifest's options and ``driver`` (the Locust
-    process that ran the test)."""
+    """The run directory's writer, with the manifest's options and spec, and ``driver`` (the
+    Locust process that ran the test); ``shards``: the workers that send it."""
     return RunRecorder(
         run_dir=run_dir,
         trace=cfg.trace,
@@ -111,4 +112,5 @@ def recorder(
         seed=cfg.seed,
         max_results=cfg.max_results,
         slo=cfg.slo,
+        run_spec=cfg.run_spec(run_dir, shards),
     )
