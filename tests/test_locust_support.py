@@ -33,6 +33,7 @@ from replay.locust.recorder import RunRecorder, cancelled_result
 from replay.locust.target import resolve_target
 from replay.present.report import write_reports
 from replay.run.rundir import file_digest
+from replay.run.spec import BudgetSpec, LoadSpec, QualitySpec, RunDirSpec, RunSpec, TraceSpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load, scan
 from replay.traces.trace import Request
@@ -247,12 +248,15 @@ def test_resolve_target_forms(tmp_path: Path) -> None:
 
 
 def test_run_plan_round_trip_and_salt() -> None:
+    run = RunSpec(
+        trace=TraceSpec(path="t.jsonl", format="v1", sha256="ab", requests=12),
+        load=LoadSpec(targets=("bf16",), schedules=("c1", "c4"), timeout_s=60.0, workers=2),
+        quality=QualitySpec(buckets="8K"),
+        budget=BudgetSpec(max_errors=3),
+        run_dir=RunDirSpec(path="reports/r"),
+    )
     plan = RunPlan(
-        run_id="r",
-        trace_path="t.jsonl",
-        trace_sha256="ab",
-        limit=0,
-        buckets="8K",
+        run=run,
         target={
             "name": "bf16",
             "url": "http://x:1",
@@ -260,22 +264,17 @@ def test_run_plan_round_trip_and_salt() -> None:
             "expect_cache_dtype": "auto",
         },
         mode="step",
-        first_label="c1",
         time_scale=1.0,
-        loop=False,
-        checkers=True,
-        seed=0,
-        timeout_s=60.0,
         itl_events=256,
         epoch_wall=1.0,
-        shard=1,
-        shards=2,
-    )
+    ).with_shard(1)
     back = RunPlan.from_msg(json.loads(json.dumps({**plan.to_msg(), "unknown": 1})))
     assert back == plan
     assert back.target_spec() == TargetSpec(
         name="bf16", url="http://x:1", expect_cache_dtype="auto"
     )
+    assert (back.run_id, back.shard, back.shards, back.first_label) == ("r", 1, 2, "c1")
+    assert back.budget().max_errors == 3 and back.run.load.timeout_s == 60.0
     assert plan.salt("bf16", "c4", 0) == "r.bf16.c4"  # as the runner's salt
     assert plan.salt("bf16", "c4", 2) == "r.bf16.c4.p2"
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from replay.run.budget import ErrorBudget
+from replay.run.spec import RunSpec
 from replay.serving.targets import (
     TargetSpec,
 )
@@ -15,38 +17,46 @@ from replay.serving.targets import (
 @dataclass(frozen=True)
 class RunPlan:
     """Everything a worker needs for one test, sent by the master in a message (plain data), so
-    a worker does not depend on its own command line: the web UI may have changed it."""
+    a worker does not depend on its own command line: the web UI may have changed it. A
+    worker's spec is the run's (``run``, as the manifest records it) plus its ``shard``, and
+    what the run spec does not say of a Locust worker's part."""
 
-    run_id: str
-    trace_path: str
-    trace_sha256: str
-    limit: int
-    buckets: str
-    target: dict[str, Any]
+    run: RunSpec
+    target: dict[str, Any]  # the target's spec (the run spec names it only)
     mode: str
-    first_label: str
     time_scale: float
-    loop: bool
-    checkers: bool
-    seed: int
-    timeout_s: float
     itl_events: int
     epoch_wall: float
+    limit: int = 0  # the trace positions read (0: all), as the master read them
     shard: int = 0
-    shards: int = 1
-    # The shard's error budget (replay/run/budget.py); 0 max_errors: no absolute cap.
-    max_errors: int = 0
-    max_error_rate: float = 0.05
+
+    @property
+    def run_id(self) -> str:
+        return Path(self.run.run_dir.path).name
+
+    @property
+    def shards(self) -> int:
+        return self.run.load.workers
+
+    @property
+    def first_label(self) -> str:
+        return self.run.load.schedules[0]
 
     def budget(self) -> ErrorBudget:
-        return ErrorBudget(max_errors=self.max_errors or None, max_error_rate=self.max_error_rate)
+        """The shard's error budget (replay/run/budget.py)."""
+        b = self.run.budget
+        return ErrorBudget(max_errors=b.max_errors, max_error_rate=b.max_error_rate)
+
+    def with_shard(self, shard: int) -> RunPlan:
+        return replace(self, shard=shard)
 
     def to_msg(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "run": self.run.to_json()}
 
     @classmethod
     def from_msg(cls, data: Mapping[str, Any]) -> RunPlan:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**{**values, "run": RunSpec.from_json(data["run"], where="kvc_plan: run")})
 
     def target_spec(self) -> TargetSpec:
         t = self.target

@@ -28,7 +28,6 @@ from kvc.run import Test, recorder, run_plan
 from replay.core.errors import KvcanaryError
 from replay.core.exit_codes import ExitCode
 from replay.locust.config import load_plan
-from replay.locust.messages import RunPlan
 from replay.locust.recorder import cancelled_result
 from replay.locust.target import MetricsTap, resolve_target
 from replay.run.rundir import read_results
@@ -111,14 +110,14 @@ class Master:
         self.env.host = cfg.spec.url  # the web UI's header shows what is measured
         clients = self._workers()
         epoch_wall, epoch = time.time(), time.perf_counter()
-        base = run_plan(cfg, run_dir.name, epoch_wall, max(1, len(clients)))
+        base = run_plan(cfg, run_dir, epoch_wall, max(1, len(clients)))
         driver = {
             "role": type(self.runner).__name__,
             "workers": len(clients),
             "shards": base.shards,
             "shape": cfg.mode,
         }
-        rec = recorder(cfg, parsed_options(self.env), run_dir, driver, base.shards)
+        rec = recorder(cfg, parsed_options(self.env), run_dir, driver, base.run)
         test = self.test = Test(cfg, base, rec, base.shards, epoch)
         rec.save_manifest()
         log.info(
@@ -132,8 +131,7 @@ class Master:
         runner = self.runner
         if isinstance(runner, MasterRunner):
             for k, client_id in enumerate(clients):
-                plan = RunPlan.from_msg({**base.to_msg(), "shard": k})
-                runner.send_message(MSG_PLAN, plan.to_msg(), client_id=client_id)
+                runner.send_message(MSG_PLAN, base.with_shard(k).to_msg(), client_id=client_id)
         else:
             runner.send_message(MSG_PLAN, base.to_msg())
 

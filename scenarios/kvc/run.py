@@ -17,6 +17,7 @@ from replay.locust.config import Config
 from replay.locust.messages import RunPlan, target_message
 from replay.locust.recorder import RunRecorder
 from replay.locust.target import MetricsTap
+from replay.run.spec import RunSpec
 
 
 @dataclass
@@ -44,27 +45,16 @@ class Test:
         return time.perf_counter() - self.epoch
 
 
-def run_plan(cfg: Config, run_id: str, epoch_wall: float, shards: int) -> RunPlan:
+def run_plan(cfg: Config, run_dir: Path, epoch_wall: float, shards: int) -> RunPlan:
     """What every worker is told (each with its own ``shard``)."""
     return RunPlan(
-        run_id=run_id,
-        trace_path=str(cfg.trace_path),
-        trace_sha256=cfg.sha256,
-        limit=cfg.limit,
-        buckets=cfg.buckets.spec(),
+        run=cfg.run_spec(run_dir, shards),
         target=target_message(cfg.spec),
         mode=cfg.mode,
-        first_label=cfg.plan.labels[0],
         time_scale=cfg.time_scale,
-        loop=cfg.loop,
-        checkers=cfg.checkers,
-        seed=cfg.seed,
-        timeout_s=cfg.timeout_s,
         itl_events=cfg.itl_events,
         epoch_wall=epoch_wall,
-        shards=shards,
-        max_errors=cfg.max_errors,
-        max_error_rate=cfg.max_error_rate,
+        limit=cfg.limit,
     )
 
 
@@ -73,10 +63,10 @@ def recorder(
     opts: Any,
     run_dir: Path,
     driver: dict[str, Any],
-    shards: int,
+    spec: RunSpec,
 ) -> RunRecorder:
-    """The run directory's writer, with the manifest's options and spec, and ``driver`` (the
-    Locust process that ran the test); ``shards``: the workers that send it."""
+    """The run directory's writer, with the manifest's options and ``spec``, and ``driver``
+    (the Locust process that ran the test)."""
     return RunRecorder(
         run_dir=run_dir,
         trace=cfg.trace,
@@ -112,5 +102,5 @@ def recorder(
         seed=cfg.seed,
         max_results=cfg.max_results,
         slo=cfg.slo,
-        run_spec=cfg.run_spec(run_dir, shards),
+        run_spec=spec,
     )

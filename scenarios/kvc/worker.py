@@ -104,10 +104,10 @@ class Shard:
         try:
             self._read_trace()
             self.prepared = self.bridge.call(
-                prepare(self.spec, [r for _, r in self.items], Buckets.parse(p.buckets))
+                prepare(self.spec, [r for _, r in self.items], Buckets.parse(p.run.quality.buckets))
             )
             self.client = self.bridge.call(self._make_client(self.prepared.model))
-            if p.checkers:
+            if p.run.quality.checkers:
                 self._warm_checkers()
             log.info(
                 "kvcanary: shard %d/%d ready: %d requests", p.shard + 1, p.shards, len(self.items)
@@ -138,10 +138,10 @@ class Shard:
         """This shard's requests and their due offsets, in one streaming pass over the trace
         (which the master has checked: the same file, by its digest)."""
         p = self.plan
-        path = Path(p.trace_path)
+        path = Path(p.run.trace.path)
         if not path.is_file():
             raise KvcanaryError(f"{path}: no such trace file on this worker")
-        if file_digest(path) != p.trace_sha256:
+        if file_digest(path) != p.run.trace.sha256:
             raise KvcanaryError(
                 f"{path} on this worker differs from the master's "
                 "(sha256): give every worker the same trace"
@@ -190,8 +190,8 @@ class Shard:
             self.spec.url or "",
             model,
             api_key=self.spec.api_key(),
-            timeout_s=self.plan.timeout_s,
-            seed=self.plan.seed,
+            timeout_s=self.plan.run.load.timeout_s,
+            seed=self.plan.run.load.seed,
             epoch=self.epoch,
         )
 
@@ -211,7 +211,7 @@ class Shard:
         if self.stopping or self.failure is not None:
             return None
         if self.cursor >= len(self.items):
-            if not self.plan.loop or not self.items:
+            if not self.plan.run.load.loop or not self.items:
                 return None
             self.cursor, self.pass_no = 0, self.pass_no + 1
         _, req = self.items[self.cursor]
@@ -291,7 +291,7 @@ class Shard:
                 context=ctx,
                 exception=LLMFailure(ev.error) if ev.error else None,
             )
-        if self.plan.checkers:
+        if self.plan.run.quality.checkers:
             checked = check_event(res, item.req, self.grader)
             if checked is not None:
                 fire(
@@ -317,7 +317,9 @@ class Shard:
             return False
         if self.failure is not None:
             return True
-        return not self.plan.loop and self.cursor >= len(self.items) and not self.outstanding
+        return (
+            not self.plan.run.load.loop and self.cursor >= len(self.items) and not self.outstanding
+        )
 
     def _flush(self) -> None:
         while self.pending:
@@ -363,7 +365,7 @@ class Shard:
             )
             for it in left
         ]
-        if not self.plan.loop:
+        if not self.plan.run.load.loop:
             rows += [
                 cancelled_result(
                     req,
@@ -394,7 +396,9 @@ class Shard:
         deadline = time.monotonic() + STOP_WAIT_S
         while self.running and time.monotonic() < deadline:
             gevent.sleep(0.05)
-        unsent = len(self.outstanding) + (0 if self.plan.loop else len(self.items) - self.cursor)
+        unsent = len(self.outstanding) + (
+            0 if self.plan.run.load.loop else len(self.items) - self.cursor
+        )
         log.info(
             "kvcanary: shard %d/%d stopping: %d in flight cancelled, %d not sent (%s)",
             self.plan.shard + 1,
