@@ -18,7 +18,7 @@ How kvcanary's concepts map onto Locust's
 
 The modules, by role
 --------------------
-    options    kvcanary's command-line options and one test's validated Config
+    options    kvcanary's command-line options, read into one test's validated Config
     bridge     the one asyncio loop per process, run in a greenlet (why: see there)
     protocol   the messages between the master and its workers
     worker     the worker role: one shard of the trace, sent by Locust's users
