@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from replay.core.buckets import Buckets
 from replay.core.errors import TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
@@ -22,6 +21,7 @@ from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.rundir import JsonlWriter
+from replay.run.spec import QualitySpec
 from replay.run.stopping import RunStop
 from replay.run.teacher import Scoring
 from replay.serving.local_server import LocalServer
@@ -202,8 +202,7 @@ def config(
         trace_format="v1",
         targets=[TargetSpec(name=n, url=url or f"http://{n}.invalid") for n in targets],
         schedules=list(schedules),
-        buckets=Buckets.parse("256,1K"),
+        quality=QualitySpec(buckets="256,1K", teacher_forced=False),
         run_dir=run_dir,
-        teacher_forced=False,
         **kw,
     )

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from replay.core.buckets import Buckets
 from replay.core.schedule import ClosedLoop
 from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import Runner
+from replay.run.spec import QualitySpec
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load
@@ -57,10 +57,9 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
                 TargetSpec(name="fp8", url=bad.url, expect_cache_dtype="fp8"),
             ],
             schedules=[ClosedLoop(2)],
-            buckets=Buckets.parse("256,1K"),
+            quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
             timeout_s=3.0,
-            teacher_forced=False,
             parallel_targets=True,
         )
         summary = asyncio.run(Runner(cfg).run())
@@ -120,10 +119,9 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
             trace_format="v1",
             targets=[TargetSpec(name="fp8", url=server.url)],
             schedules=[ClosedLoop(1)],
-            buckets=Buckets.parse("256,1K"),
+            quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
             timeout_s=30.0,
-            teacher_forced=False,
         )
         results_file = cfg.run_dir / "results.jsonl"
 

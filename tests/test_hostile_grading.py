@@ -23,7 +23,6 @@ from click.testing import CliRunner
 from replay.analysis.grading.rows import grade_rows
 from replay.checkers import Answer, Grade, Grader, Job, JsonSchema, grade_safely, parse_check
 from replay.cli import main
-from replay.core.buckets import Buckets
 from replay.core.errors import TraceError
 from replay.core.records import Result, ToolCall
 from replay.core.schedule import ClosedLoop
@@ -31,6 +30,7 @@ from replay.run.analyze import reanalyse
 from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_json
 from replay.run.runner import Runner
+from replay.run.spec import QualitySpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load
 
@@ -372,11 +372,9 @@ def _replay(tmp_path: Path) -> Path:
                 TargetSpec(name="cand", url=server.url),
             ],
             schedules=[ClosedLoop(2)],
-            buckets=Buckets.parse("256,1K"),
+            quality=QualitySpec(buckets="256,1K", teacher_forced=False, reference="ref"),
             run_dir=new_run_dir(tmp_path / "reports"),
             timeout_s=5.0,
-            teacher_forced=False,
-            reference="ref",
             cli_options={"targets": "ref=x,cand=y", "tolerance": 0.05},
         )
         asyncio.run(Runner(cfg).run())

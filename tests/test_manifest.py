@@ -13,13 +13,13 @@ import orjson
 import pytest
 
 from replay.analysis.schemas_manifest import Manifest, SpecFacts, TargetEntry, TraceFacts
-from replay.core.buckets import Buckets
 from replay.core.errors import SummaryError
 from replay.core.schedule import ClosedLoop
 from replay.run.config import RunConfig
 from replay.run.manifest import read_manifest, read_spec, written_targets
 from replay.run.rundir import new_run_dir
 from replay.run.runner import Runner
+from replay.run.spec import QualitySpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import scan
 
@@ -45,9 +45,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 TargetSpec(name="bf16-b", url=server.url),
             ],
             schedules=[ClosedLoop(2)],
-            buckets=Buckets.parse("256,1K"),
+            quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp),
-            teacher_forced=False,
         )
         asyncio.run(Runner(cfg).run())
     return cfg.run_dir

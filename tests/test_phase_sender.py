@@ -16,6 +16,7 @@ from replay.core.schedule import MonotonicClock
 from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import Runner
+from replay.run.spec import BudgetSpec
 from replay.traces.importers import load
 
 from .fault_server import fault_server
@@ -25,7 +26,9 @@ LIMIT = 6
 
 
 def _config(url: str, run_dir: Path, resume: bool = False) -> RunConfig:
-    return config(run_dir, limit=LIMIT, url=url, timeout_s=3.0, drain_s=0.1, resume=resume)
+    return config(
+        run_dir, limit=LIMIT, url=url, timeout_s=3.0, budget=BudgetSpec(drain_s=0.1), resume=resume
+    )
 
 
 def test_every_phase_goes_through_the_injected_sender_on_the_injected_clock(

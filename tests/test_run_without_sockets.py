@@ -33,6 +33,7 @@ from replay.run.progress import QuietProgress
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import OneAfterAnother, Runner
 from replay.run.sequential_run import RoundLoop, Rounds, SequentialOptions
+from replay.run.spec import BudgetSpec
 from replay.run.stopping import RunStop
 from replay.run.worker_pool import WorkerPoolSender
 
@@ -119,7 +120,11 @@ def test_resume_finishes_the_target_that_was_cut_short_and_restores_the_other(
 def test_a_spent_budget_fails_its_target_and_the_others_go_on(tmp_path: Path) -> None:
     run_dir = new_run_dir(tmp_path)
     sender = Scripted(failing=frozenset({"fp8"}))
-    summary = _run(_runner(run_dir, sender, targets=("bf16", "fp8"), max_errors=3))
+    summary = _run(
+        _runner(
+            run_dir, sender, targets=("bf16", "fp8"), budget=BudgetSpec(max_errors=3, drain_s=30.0)
+        )
+    )
     # fp8's budget is spent in c1: its c2 is written as not sent; bf16 gets every phase.
     assert [(t, p) for t, p, _ in sender.sent] == [
         ("bf16", "c1"),
@@ -145,7 +150,7 @@ def test_a_spent_budget_fails_its_target_and_the_others_go_on(tmp_path: Path) ->
 def test_the_budget_counts_a_rate_not_just_a_count(tmp_path: Path) -> None:
     run_dir = new_run_dir(tmp_path)
     sender = Scripted(failing=frozenset({"bf16"}))
-    runner = _runner(run_dir, sender, max_errors=None, max_error_rate=0.5)
+    runner = _runner(run_dir, sender, budget=BudgetSpec(max_error_rate=0.5, drain_s=30.0))
     runner.runs["bf16"].budget.min_requests = 4
     _run(runner)
     bf16 = _manifest(run_dir)["targets"]["bf16"]
@@ -194,7 +199,7 @@ class InFlight:
 def test_an_interrupt_lets_the_request_in_flight_finish_within_the_drain(tmp_path: Path) -> None:
     run_dir, clock, sender = new_run_dir(tmp_path), VirtualClock(), InFlight(answer_after=5.0)
     began = time.monotonic()
-    _run(_runner(run_dir, sender, clock, drain_s=30.0))
+    _run(_runner(run_dir, sender, clock, budget=BudgetSpec(drain_s=30.0)))
     assert time.monotonic() - began < 5  # virtual seconds
     assert sender.phases == ["c1"]  # c2 never begins
     assert _rows(run_dir) == {("bf16", "c1", "ok"): 3}
@@ -207,7 +212,7 @@ def test_an_interrupt_lets_the_request_in_flight_finish_within_the_drain(tmp_pat
 def test_what_outlasts_the_drain_is_cancelled_at_its_end(tmp_path: Path) -> None:
     run_dir, clock, sender = new_run_dir(tmp_path), VirtualClock(), InFlight(answer_after=3600.0)
     began = time.monotonic()
-    _run(_runner(run_dir, sender, clock, drain_s=30.0))
+    _run(_runner(run_dir, sender, clock, budget=BudgetSpec(drain_s=30.0)))
     assert time.monotonic() - began < 5
     assert clock.now() == pytest.approx(30.0)  # the drain's end, not the answer's
     assert _rows(run_dir) == {("bf16", "c1", "ok"): 2}
@@ -216,7 +221,14 @@ def test_what_outlasts_the_drain_is_cancelled_at_its_end(tmp_path: Path) -> None
 
 def test_a_second_interrupt_cancels_at_once(tmp_path: Path) -> None:
     run_dir, clock = new_run_dir(tmp_path), VirtualClock()
-    _run(_runner(run_dir, InFlight(answer_after=5.0, interrupts=2), clock, drain_s=30.0))
+    _run(
+        _runner(
+            run_dir,
+            InFlight(answer_after=5.0, interrupts=2),
+            clock,
+            budget=BudgetSpec(drain_s=30.0),
+        )
+    )
     assert clock.now() == 0.0
     assert _rows(run_dir) == {("bf16", "c1", "ok"): 2}
 
@@ -370,6 +382,8 @@ def test_the_composition_root_picks_the_order_and_the_sender(tmp_path: Path) -> 
     sequential = compose(cfg, _options(sequential=True), progress)
     assert isinstance(sequential.order, Rounds)
     assert [s.label for s in sequential.cfg.schedules] == ["seq"]
-    assert sequential.cfg.teacher_forced is False and sequential.cfg.parallel_targets is True
+    assert (
+        sequential.cfg.quality.teacher_forced is False and sequential.cfg.parallel_targets is True
+    )
     pooled = compose(replace(cfg, workers=2), _options(workers=2), progress)
     assert isinstance(pooled.sender, WorkerPoolSender) and pooled.sender.clock is pooled.clock

@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay.cli import main
-from replay.core.buckets import Buckets
 from replay.core.errors import TraceError
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
 from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_jsonl, read_results
 from replay.run.runner import Runner
+from replay.run.spec import QualitySpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load, scan
 from replay.traces.trace import IdIndex, Request
@@ -192,10 +192,9 @@ def test_replay_holds_only_requests_in_flight(tmp_path: Path, open_loop: bool) -
             trace_format="v1",
             targets=[TargetSpec(name="bf16", url=server.url)],
             schedules=[sched],
-            buckets=Buckets.parse("256,1K"),
+            quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
             timeout_s=10.0,
-            teacher_forced=False,
         )
         base = live_requests()
         asyncio.run(Runner(cfg, progress).run())
@@ -217,11 +216,10 @@ def test_phase_time_limit_records_every_unsent_request_once(tmp_path: Path) -> N
             trace_format="v1",
             targets=[TargetSpec(name="bf16", url=server.url)],
             schedules=[ClosedLoop(2)],
-            buckets=Buckets.parse("256,1K"),
+            quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
             timeout_s=10.0,
             phase_timeout_s=0.4,
-            teacher_forced=False,
         )
         asyncio.run(Runner(cfg).run())
     results = list(read_results(cfg.run_dir))

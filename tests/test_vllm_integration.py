@@ -13,11 +13,11 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: these tests start vLLM servers")
 
-from replay.core.buckets import Buckets  # noqa: E402
 from replay.core.schedule import ClosedLoop  # noqa: E402
 from replay.run.config import RunConfig  # noqa: E402
 from replay.run.rundir import new_run_dir, read_results  # noqa: E402
 from replay.run.runner import Runner  # noqa: E402
+from replay.run.spec import QualitySpec  # noqa: E402
 from replay.serving.introspect import introspect  # noqa: E402
 from replay.serving.local_server import LocalServer  # noqa: E402
 from replay.serving.targets import TargetSpec  # noqa: E402
@@ -51,7 +51,7 @@ def replay(
         trace_format="auto",
         targets=[TargetSpec(name=name, url=server_url, expect_cache_dtype=expect)],
         schedules=[ClosedLoop(c) for c in concurrency],
-        buckets=Buckets.parse(buckets),
+        quality=QualitySpec(buckets=buckets, teacher_forced=True),
         run_dir=new_run_dir(tmp_path),
         length_policy=policy,
     )
@@ -213,9 +213,8 @@ def test_graded_replay_with_control_reports_quality(
         trace_format="v1",
         targets=[TargetSpec(name="bf16", url=bf16_server.url, expect_cache_dtype="auto")],
         schedules=[ClosedLoop(2)],
-        buckets=Buckets.parse("256,1K"),
+        quality=QualitySpec(buckets="256,1K", teacher_forced=True, control=True),
         run_dir=new_run_dir(tmp_path),
-        control=True,
     )
     summary = asyncio.run(Runner(cfg).run())
     run_dir = Path(summary["run_dir"])
@@ -261,7 +260,7 @@ def test_fp8_teacher_forced_scores_differ_from_bf16(
             TargetSpec(name="fp8", url=fp8_server.url, expect_cache_dtype=FP8_DTYPE),
         ],
         schedules=[ClosedLoop(2)],
-        buckets=Buckets.parse("256,1K"),
+        quality=QualitySpec(buckets="256,1K", teacher_forced=True),
         run_dir=new_run_dir(tmp_path),
     )
     summary = asyncio.run(Runner(cfg).run())
@@ -334,7 +333,7 @@ def test_api_key_never_reaches_any_run_artifact(
         trace_format="v1",
         targets=[TargetSpec(name="bf16", url=bf16_server.url, api_key_env="KVC_PLANTED_KEY")],
         schedules=[ClosedLoop(2)],
-        buckets=Buckets.parse("256,1K"),
+        quality=QualitySpec(buckets="256,1K", teacher_forced=True),
         run_dir=new_run_dir(tmp_path),
     )
     summary = asyncio.run(Runner(cfg).run())

@@ -45,6 +45,7 @@ from replay.run.config import RunConfig
 from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
+from replay.run.spec import BudgetSpec, QualitySpec
 from replay.serving.targets import (
     BUILTIN_DTYPES,
     TargetSpec,
@@ -278,8 +279,7 @@ def run_config(
         trace_format=plan.trace_format,
         targets=plan.targets,
         schedules=plan.schedules,
-        buckets=plan.buckets,
-        slo=plan.slo,
+        quality=quality_spec(o, plan),
         think=think_time(o.think_time, o.time_scale),
         session_history=check_mode(o.session_history, o.parallel_targets),
         stop_at_saturation=o.stop_at_saturation,
@@ -294,20 +294,33 @@ def run_config(
         phase_timeout_s=o.phase_timeout_s,
         seed=o.seed,
         salt_phases=not o.share_prefix_cache,
+        budget=BudgetSpec(
+            max_errors=o.max_errors, max_error_rate=o.max_error_rate, drain_s=o.drain_s
+        ),
+        resume=resume,
+        cli_options=o.to_json(),
+        advice=read_advice(o.advice_path) if o.advice_path else None,
+    )
+
+
+def quality_spec(o: RunOptions, plan: Plan) -> QualitySpec:
+    """How the run's answers are grouped, graded and judged (its buckets and SLOs as the plan
+    checked them)."""
+    return QualitySpec(
+        buckets=plan.buckets.spec(),
+        slo=plan.slo.text if plan.slo else None,
         reference=o.reference,
         candidate=o.candidate,
         calibrated=o.calibrated,
         control=bool(o.control),
         teacher_forced=not o.no_teacher_forced,
-        tolerance=o.tolerance,
-        thresholds=o.thresholds,
-        max_errors=o.max_errors,
-        max_error_rate=o.max_error_rate,
-        drain_s=o.drain_s,
-        resume=resume,
-        cli_options=o.to_json(),
-        advice=read_advice(o.advice_path) if o.advice_path else None,
         quality_phase=SERIAL_PHASE if o.quality_pass == "serial" else None,
+        tolerance=o.tolerance,
+        alpha=o.alpha,
+        min_pairs=o.min_pairs,
+        required_capacity_ratio=o.required_capacity_ratio,
+        accept_emulated=o.accept_emulated,
+        systems_threshold=o.systems_threshold,
     )
 
 

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import click
 
-from replay.analysis.verdict.facts import Thresholds
 from replay.cli.measuring_options import MEASURING_OPTIONS
 from replay.core.buckets import DEFAULT_BOUNDS
 from replay.core.errors import InputError
@@ -128,18 +127,6 @@ class RunOptions:
     @property
     def length_policy(self) -> LengthPolicy:
         return LengthPolicy(self.length_scale, self.max_input_tokens, self.max_output_tokens)
-
-    @property
-    def thresholds(self) -> Thresholds:
-        return Thresholds(
-            tolerance=self.tolerance,
-            alpha=self.alpha,
-            min_pairs=self.min_pairs,
-            required_capacity_ratio=self.required_capacity_ratio,
-            max_error_rate=self.max_error_rate,
-            accept_emulated=self.accept_emulated,
-            systems_threshold=self.systems_threshold,
-        )
 
 
 def _typed(value: Any, hint: Any, where: str) -> Any:

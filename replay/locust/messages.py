@@ -44,8 +44,7 @@ class RunPlan:
 
     def budget(self) -> ErrorBudget:
         """The shard's error budget (replay/run/budget.py)."""
-        b = self.run.budget
-        return ErrorBudget(max_errors=b.max_errors, max_error_rate=b.max_error_rate)
+        return self.run.budget.error_budget()
 
     def with_shard(self, shard: int) -> RunPlan:
         return replace(self, shard=shard)

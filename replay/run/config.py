@@ -7,13 +7,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from replay.analysis.verdict.facts import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.records import Result
-from replay.core.slo import SloSpec
+from replay.core.slo import SloSpec, parse_slo
 from replay.run.budget import ErrorBudget
 from replay.run.manifest import target_entry, trace_facts
 from replay.run.phase import Schedule
@@ -48,10 +49,11 @@ class RunConfig:
     trace_format: str
     targets: Sequence[TargetSpec]
     schedules: Sequence[Schedule]
-    buckets: Buckets
+    # Buckets, SLOs, roles, the A/A control, teacher-forced scoring and the verdict's
+    # thresholds, as the run spec has them (``buckets``, ``slo``, ``thresholds`` parse them).
+    quality: QualitySpec
     run_dir: Path
     length_policy: LengthPolicy = field(default_factory=LengthPolicy)
-    slo: SloSpec | None = None  # SLO attainment and goodput in the summary
     # Multi-turn sessions: the wait between turns, and whose history later turns carry.
     think: ThinkTime = field(default_factory=ThinkTime)
     session_history: str = "trace"
@@ -72,28 +74,29 @@ class RunConfig:
     # A prefix-cache salt per phase, so a phase does not reuse the cache a previous phase
     # filled with the same prompts (that would flatter TTFT). Sharing within a phase stays.
     salt_phases: bool = True
-    # Quality: the target others are compared with (default: bf16, else the first), an A/A
-    # replay of it for the noise floor, and teacher-forced scoring of its answers.
-    reference: str | None = None
-    candidate: str | None = None
-    calibrated: str | None = None
-    control: bool = False
-    teacher_forced: bool = True
-    tolerance: float = 0.05
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    # Interrupts: in-flight requests get this long to finish before they are cancelled.
-    drain_s: float = 30.0
+    # Each target's error budget (replay/run/budget.py): past it the target gets no more
+    # requests; on an interrupt, in-flight requests get ``drain_s`` to finish.
+    budget: BudgetSpec = field(default_factory=lambda: BudgetSpec(drain_s=30.0))
     # Continue an interrupted or killed run in ``run_dir``: send only what has no final result.
     resume: bool = False
-    # Each target's error budget (replay/run/budget.py): past it the target gets no more requests.
-    max_errors: int | None = None
-    max_error_rate: float | None = 0.05
     cli_options: dict[str, Any] = field(default_factory=dict)
     # ``kvcal advise``'s figures, for the verdict's next step (``analysis.verdict.advice``).
     advice: dict[str, Any] | None = None
-    # The one phase the stop rule's quality side reads (--quality-pass serial: c1); None: all.
-    quality_phase: str | None = None
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
+
+    @cached_property
+    def buckets(self) -> Buckets:
+        return Buckets.parse(self.quality.buckets)
+
+    @cached_property
+    def slo(self) -> SloSpec | None:
+        """SLO attainment and goodput in the summary; None: no SLOs."""
+        text = self.quality.slo
+        return parse_slo(text, self.buckets.labels) if text else None
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return self.quality.thresholds(self.budget.max_error_rate)
 
     def phase_salt(self, target: str, label: str) -> str | None:
         """The prefix-cache salt of a target's phase (``salt_phases``), None when phases share
@@ -117,7 +120,7 @@ class RunConfig:
     def run_spec(self, sha256: str) -> RunSpec:
         """This run as both drivers describe it (the manifest's ``spec``); ``sha256``: the
         trace's digest, as ``trace_facts`` found it."""
-        lp, th = self.length_policy, self.thresholds
+        lp = self.length_policy
         return RunSpec(
             trace=TraceSpec(
                 path=str(self.trace_path),
@@ -129,27 +132,8 @@ class RunConfig:
                 max_output_tokens=lp.max_output_tokens,
             ),
             load=self._load_spec(),
-            quality=QualitySpec(
-                buckets=self.buckets.spec(),
-                slo=self.slo.text if self.slo else None,
-                reference=self.reference,
-                candidate=self.candidate,
-                calibrated=self.calibrated,
-                control=self.control,
-                teacher_forced=self.teacher_forced,
-                quality_phase=self.quality_phase,
-                tolerance=self.tolerance,
-                alpha=th.alpha,
-                min_pairs=th.min_pairs,
-                required_capacity_ratio=th.required_capacity_ratio,
-                accept_emulated=th.accept_emulated,
-                systems_threshold=th.systems_threshold,
-            ),
-            budget=BudgetSpec(
-                max_errors=self.max_errors,
-                max_error_rate=self.max_error_rate,
-                drain_s=self.drain_s,
-            ),
+            quality=self.quality,
+            budget=self.budget,
             run_dir=RunDirSpec(path=str(self.run_dir), resume=self.resume),
         )
 
@@ -191,8 +175,8 @@ class RunConfig:
             options["workers"] = self.workers
         if self.advice is not None:
             options["advice"] = self.advice
-        if self.quality_phase is not None:
-            options["quality_phase"] = self.quality_phase
+        if self.quality.quality_phase is not None:
+            options["quality_phase"] = self.quality.quality_phase
         return options
 
 

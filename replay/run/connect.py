@@ -101,7 +101,7 @@ class HttpConnector:
                 timeout_s=self.cfg.timeout_s,
                 seed=self.cfg.seed,
                 epoch=self.clock.epoch,
-                token_logprobs=self.cfg.teacher_forced,
+                token_logprobs=self.cfg.quality.teacher_forced,
             )
             try:
                 async with self._measured(run, session, client, url) as arm:

@@ -114,9 +114,9 @@ class Runner:
         names = [s.name for s in cfg.targets]
         self.roles = resolve_roles(
             names,
-            reference=cfg.reference,
-            candidate=cfg.candidate,
-            calibrated=cfg.calibrated,
+            reference=cfg.quality.reference,
+            candidate=cfg.quality.candidate,
+            calibrated=cfg.quality.calibrated,
             declared={s.name: s.role for s in cfg.targets if s.role},
         )
         self.reference = self.roles.reference
@@ -124,13 +124,13 @@ class Runner:
         ordered = sorted(cfg.targets, key=lambda s: s.name != self.reference)
         self.runs = {s.name: TargetRun(s, budget=self.new_budget()) for s in ordered}
         self.control: TargetRun | None = None
-        if cfg.control:
+        if cfg.quality.control:
             ref = self.runs[self.reference].spec
             self.control = TargetRun(
                 replace(ref, name=ref.name + CONTROL_SUFFIX), budget=self.new_budget()
             )
         self.ref_done: asyncio.Event | None = None
-        self.stop = RunStop(cfg.run_dir, cfg.drain_s, self.progress, self.clock)
+        self.stop = RunStop(cfg.run_dir, cfg.budget.drain_s or 0.0, self.progress, self.clock)
         self.stopping = self.stop.event
         self.resume = ResumeState.load(cfg.run_dir) if cfg.resume else ResumeState()
         self.sessions = has_sessions(cfg.trace.iter_requests())
@@ -149,7 +149,7 @@ class Runner:
         self.order.bind(self)
 
     def new_budget(self) -> ErrorBudget:
-        return ErrorBudget(max_errors=self.cfg.max_errors, max_error_rate=self.cfg.max_error_rate)
+        return self.cfg.budget.error_budget()
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -234,7 +234,7 @@ class Runner:
                 candidate=self.roles.candidate,
                 first_phase=self.cfg.schedules[0].label,
                 bucket_labels=self.cfg.buckets.labels,
-                tolerance=self.cfg.tolerance,
+                tolerance=self.cfg.quality.tolerance,
                 seed=self.cfg.seed,
                 thresholds=self.cfg.thresholds,
                 manifest=Manifest.from_json(self.manifest(), where="manifest"),
@@ -265,7 +265,7 @@ class Runner:
             if s.label not in skipped
         ]
         phases_done = all(all(req.id in d for d in done) for req in self.cfg.trace.iter_requests())
-        tf_due = self.cfg.teacher_forced and any(
+        tf_due = self.cfg.quality.teacher_forced and any(
             (n, rid) not in self.resume.tf_done for rid in self._reference_ids() for n in names
         )
         return phases_done and not tf_due
@@ -338,7 +338,7 @@ class Runner:
     async def _phases(self, run: TargetRun, target: Connected) -> None:
         if not await self.order.send_arms(run, target.arm):
             return
-        if self.cfg.teacher_forced and not self.stopping.is_set():
+        if self.cfg.quality.teacher_forced and not self.stopping.is_set():
             scoring = await target.scoring(self.tf_writer)
             for name in self.order.arms_on(run.spec.name):  # its own, then its control's
                 await self._teacher_forced(self.all_runs()[name], scoring)

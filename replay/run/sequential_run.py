@@ -112,7 +112,9 @@ class Rounds:
         the round that was not folded in (they are sent again)."""
         if cfg.resume:
             drop_unfolded(cfg)
-        return replace(cfg, teacher_forced=False, parallel_targets=True)
+        return replace(
+            cfg, quality=replace(cfg.quality, teacher_forced=False), parallel_targets=True
+        )
 
     def bind(self, runner: Runner) -> None:
         if runner.roles.candidate is None or len(runner.runs) != 2:

@@ -7,7 +7,11 @@ is no second type per driver."""
 
 from __future__ import annotations
 
+from replay.analysis.verdict.facts import Thresholds
 from replay.core.record_json import Record, record
+from replay.run.budget import ErrorBudget
+
+_DEFAULT = Thresholds()
 
 
 @record
@@ -59,12 +63,24 @@ class QualitySpec(Record):
     control: bool = False
     teacher_forced: bool = False
     quality_phase: str | None = None  # the one phase the stop rule's quality side reads
-    tolerance: float = 0.05
-    alpha: float = 0.05
-    min_pairs: int = 20
-    required_capacity_ratio: float = 1.5
+    tolerance: float = _DEFAULT.tolerance
+    alpha: float = _DEFAULT.alpha
+    min_pairs: int = _DEFAULT.min_pairs
+    required_capacity_ratio: float = _DEFAULT.required_capacity_ratio
     accept_emulated: bool = False
-    systems_threshold: float = 0.05
+    systems_threshold: float = _DEFAULT.systems_threshold
+
+    def thresholds(self, max_error_rate: float | None) -> Thresholds:
+        """The verdict's thresholds; ``max_error_rate``: the budget's (None: the default)."""
+        return Thresholds(
+            tolerance=self.tolerance,
+            alpha=self.alpha,
+            min_pairs=self.min_pairs,
+            required_capacity_ratio=self.required_capacity_ratio,
+            max_error_rate=_DEFAULT.max_error_rate if max_error_rate is None else max_error_rate,
+            accept_emulated=self.accept_emulated,
+            systems_threshold=self.systems_threshold,
+        )
 
 
 @record
@@ -74,8 +90,12 @@ class BudgetSpec(Record):
 
     max_errors: int | None = None  # None: no absolute cap
     max_error_rate: float | None = 0.05
-    drain_s: float | None = None  # None: Locust's own stop decides
+    drain_s: float | None = None  # None: no drain (Locust's own stop waits for its results)
     max_results: int | None = None  # None: every result is stored (the CLI)
+
+    def error_budget(self) -> ErrorBudget:
+        """A fresh budget of these limits (replay/run/budget.py)."""
+        return ErrorBudget(max_errors=self.max_errors, max_error_rate=self.max_error_rate)
 
 
 @record
