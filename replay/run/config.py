@@ -118,8 +118,8 @@ class RunConfig:
         )
 
     def run_spec(self, sha256: str) -> RunSpec:
-        """This run as both drivers describe it (the manifest's ``spec``); ``sha256``: the
-        trace's digest, as ``trace_facts`` found it."""
+        """This run as both drivers describe it (the manifest's ``run_spec``); ``sha256``:
+        the trace's digest, as ``trace_facts`` found it."""
         lp = self.length_policy
         return RunSpec(
             trace=TraceSpec(
