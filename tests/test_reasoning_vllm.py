@@ -172,8 +172,12 @@ def test_a_replay_run_reports_time_to_answer_and_reasoning(
     for b in buckets.values():
         r = b["reasoning"]
         assert r["answers"] == b["ok"] == b["requests"] and r["tokens"] == b["ok"]
-        assert r["time_to_answer_ms"]["p50"] > b["ttft_ms"]["p50"]
+        # The reasoning token comes first; the answer's first token may share its read (one
+        # stamp) when the client's loop is slow, so the answer is never earlier, not always later.
+        assert r["time_to_answer_ms"]["p50"] >= b["ttft_ms"]["p50"]
         assert r["no_answer"] == 0 and not r["tokens_estimated"]
+    results = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert all(x["first_answer_token"] >= x["first_token"] for x in results)
     grades = [json.loads(line) for line in (run / "grades.jsonl").read_text().splitlines()]
     assert len(grades) == 8 and all(g["grade"]["passed"] for g in grades)
     assert "First answer token p50 / p90 (ms)" in (run / "report.md").read_text()
