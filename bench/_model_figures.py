@@ -38,7 +38,7 @@ def served(doc: Doc) -> str:
             f"**What it does, served by vLLM CPU {m['vllm']}** (KV cache dtype "
             f"{m['kv_cache_dtype']}, greedy, {one}, on `traces/{m['trace']}`, held-out seeds; "
             "recorded in the checkpoint's `kvcanary_model.json` and checked again by "
-            "`tests/test_testmodel_vllm.py`):"
+            "`tests/integration/test_testmodel_vllm.py`):"
         ),
         "",
         "| family | held-out requests | passed |",

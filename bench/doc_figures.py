@@ -6,7 +6,7 @@
 A house rule: a figure in the docs that a run measured or a simulation produced is rendered
 by code from a recorded results file, never typed. Each block sits in its doc between
 ``<!-- generated: bench/doc_figures.py NAME -->`` and ``<!-- end doc_figures NAME -->`` and is
-rendered from its sources alone; ``tests/test_doc_figures.py`` fails when a doc and its
+rendered from its sources alone; ``tests/house/test_doc_figures.py`` fails when a doc and its
 sources disagree. Other generators keep their own blocks: ``bench/tables.py`` (bench/README.md),
 ``bench/advisor.py`` (docs/kvcal.md), ``bench/real_model.py`` (docs/models.md),
 ``bench/first_run.py`` (README.md) and ``docs/cli_reference.py`` (docs/cli.md).

@@ -117,7 +117,14 @@ CASES = [
         questions="equivalence",
     ),
 ]
-TESTED = ("a", "b", "c", "d", "a-loss", "b-eq")  # what tests/test_sequential.py asserts
+TESTED = (
+    "a",
+    "b",
+    "c",
+    "d",
+    "a-loss",
+    "b-eq",
+)  # what tests/unit/analysis/test_sequential.py asserts
 
 
 @dataclass

@@ -2,12 +2,11 @@
 
     python bench/simulations.py    # both; prints the tables docs/canary.md shows
 
-Each simulation lives beside its tests (``tests/test_evidence_simulation.py``,
-``tests/test_systems_simulation.py``), seeded, so a rerun gives the same figures. This script
-keeps every row, the settings and the machine in ``bench/results/evidence_simulation.json``
-and ``bench/results/systems_simulation.json``; docs/canary.md's tables are rendered from those
-files by ``bench/doc_figures.py``, and the tests check that the rows they simulate are the
-recorded ones.
+Each simulation lives beside its tests (``tests/unit/analysis/test_evidence_simulation.py``,
+``tests/unit/analysis/test_systems_simulation.py``), seeded, so a rerun gives the same figures. This
+script keeps every row, the settings and the machine in ``bench/results/evidence_simulation.json``
+and ``bench/results/systems_simulation.json``; docs/canary.md's tables are rendered from those files
+by ``bench/doc_figures.py``, and the tests check that the rows they simulate are the recorded ones.
 """
 
 from __future__ import annotations

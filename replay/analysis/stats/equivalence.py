@@ -141,8 +141,9 @@ def equivalence_p(n: int, regressions: int, improvements: int, tolerance: float)
     ``(1 - tolerance)^n``. As ``tolerance -> 0`` it is the exact one-sided McNemar p-value, so
     the bound never contradicts ``exact_tests.mcnemar_exact``. Fay & Lumbard conjecture, from
     extensive numerical checks, that the test never exceeds its level; this project checks it
-    too: the exact size at a true drop of exactly ``tolerance`` (tests/test_stats.py) and a
-    simulation (tests/test_evidence_simulation.py, figures in docs/canary.md).
+    too: the exact size at a true drop of exactly ``tolerance``
+    (tests/unit/analysis/test_stats.py) and a simulation
+    (tests/unit/analysis/test_evidence_simulation.py, figures in docs/canary.md).
     """
     _check_tolerance(tolerance, "equivalence_p")
     check_counts(n, regressions, improvements, "equivalence_p")
