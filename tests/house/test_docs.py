@@ -1,5 +1,5 @@
-"""docs/: the generated CLI reference is what the commands' help says now, and every relative
-link in the docs reaches a file."""
+"""docs/: the generated CLI and run-directory references are what the commands' help and the
+records say now, and every relative link in the docs reaches a file."""
 
 from __future__ import annotations
 
@@ -25,6 +25,30 @@ def test_the_cli_reference_is_current() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_run_directory_reference_is_current() -> None:
+    """The page is what the records say now (each field, its type, the code's comment)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "run_directory_reference.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_run_directory_reference_holds_every_file_and_nested_record() -> None:
+    import run_directory_reference as ref
+
+    text = ref.page()
+    for heading in ("## manifest.json", "## results.jsonl", "## summary.json"):
+        assert f"\n{heading}\n" in text
+    for record in ("Manifest", "RunSpec", "Result", "Summary", "TargetSummary", "Percentiles"):
+        assert f"\n### `{record}`\n" in text
+    assert "| `first_token` | `float \\| None` | The first token of any kind" in text
 
 
 def test_every_command_is_in_the_cli_reference() -> None:
