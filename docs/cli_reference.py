@@ -9,13 +9,12 @@ A test runs ``--check``'s comparison, so the page cannot drift from the code.
 
 from __future__ import annotations
 
-import argparse
-import difflib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
+from _page import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "cli.md"
@@ -57,23 +56,7 @@ def page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args(argv)
-    text = page()
-    if a.check:
-        old = PAGE.read_text(encoding="utf-8")
-        if old != text:
-            diff = difflib.unified_diff(
-                old.splitlines(True), text.splitlines(True), "cli.md", "now"
-            )
-            print("".join(list(diff)[:60]))
-            print(f"{PAGE.relative_to(ROOT)} is stale: run python docs/cli_reference.py")
-            return 1
-        return 0
-    PAGE.write_text(text, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(ROOT)}")
-    return 0
+    return write_or_check(argv, __doc__.splitlines()[0], PAGE, page(), ROOT)
 
 
 if __name__ == "__main__":

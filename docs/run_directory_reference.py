@@ -11,9 +11,7 @@ A test runs ``--check``'s comparison, so the page cannot drift from the records.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
 import inspect
 import re
 import sys
@@ -22,6 +20,8 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from _page import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "run-directory-reference.md"
@@ -149,21 +149,7 @@ def page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args(argv)
-    text = page()
-    if a.check:
-        old = PAGE.read_text(encoding="utf-8") if PAGE.exists() else ""
-        if old != text:
-            diff = difflib.unified_diff(old.splitlines(True), text.splitlines(True), "old", "now")
-            print("".join(list(diff)[:60]))
-            print(f"{PAGE.relative_to(ROOT)} is stale: run python docs/run_directory_reference.py")
-            return 1
-        return 0
-    PAGE.write_text(text, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(ROOT)}")
-    return 0
+    return write_or_check(argv, __doc__.splitlines()[0], PAGE, page(), ROOT)
 
 
 if __name__ == "__main__":
