@@ -14,6 +14,13 @@ base spans; the manifest is the base's, with the trace's path, digest and counts
 phases' windows replaced. So each size is what the replay of that trace against that server
 would have written, without sending a million requests first.
 
+The trace's checked records are distinct, as a real run's are: each check's fact is its
+record's index (``v1_record(i, distinct=True)``; the base run's records are the same either
+way), so no two records ask the grader the same (check, answer) and its cache of grades by
+request digest hits only across the arms of one record, where their answers are alike. (With
+the fact repeating every 10,000 records, as ``memory.py``'s trace has it, a 1M run asked the
+grading worker a few thousand requests: a hit rate no real run of that size would see.)
+
 Each command runs in its own process (``memory.run_measured``: ``wait4`` gives its own peak
 RSS and CPU):
 
@@ -54,7 +61,7 @@ TARGET_WALL_S, TARGET_RSS_MIB = 60.0, 1024.0
 def write_trace(path: Path, n: int) -> Path:
     with path.open("wb") as fh:
         for i in range(n):
-            fh.write(v1_record(i) + b"\n")
+            fh.write(v1_record(i, distinct=True) + b"\n")
     return path
 
 

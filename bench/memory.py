@@ -43,8 +43,10 @@ COMMAND_TIMEOUT_S = 1800.0
 CHECK = {"type": "retrieval", "passage_ids": ["P1"], "fact": "0000"}
 
 
-def v1_record(i: int) -> bytes:
-    fact = f"{i % 10_000:04d}"
+def v1_record(i: int, *, distinct: bool = False) -> bytes:
+    """Record i of the v1 chat trace; its check's fact is ``i % 10_000``, or i itself where
+    ``distinct`` (no two checked records then ask the same check)."""
+    fact = f"{i if distinct else i % 10_000:04d}"
     rec: dict[str, Any] = {
         "id": f"req-{i:07d}",
         "t": round(i * 0.05, 3),
