@@ -152,6 +152,8 @@ class Result:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Result:
-        d = {k: v for k, v in d.items() if k not in _DERIVED}
+        d = dict(d)  # the caller's row is left as it is
+        for k in _DERIVED:
+            d.pop(k, None)
         d["tool_calls"] = [ToolCall(**c) for c in d.get("tool_calls", [])]
         return cls(**d)

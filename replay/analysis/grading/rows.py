@@ -8,13 +8,16 @@ prompt's text only where a derived grade reads it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import zlib
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from replay.checkers import Answer, Grader, Job, derived_record, normalize
+from replay.checkers import Answer, Grade, Grader, Job, derived_record, normalize
 from replay.core.records import Result
 
 # Derived grades read the prompt for facts and code examples; a longer prompt keeps its first
@@ -54,6 +57,9 @@ class GradingSpec:
 
 
 GRADE_BATCH = 1024  # grades asked of the grader at once: bounds the requests held
+# Graders grading batches side by side when the caller gives none: each its own worker
+# process, so on two cores the workers' checks run in parallel while this one waits.
+GRADE_WORKERS = 2
 
 
 def _cap(text: str) -> str:
@@ -149,27 +155,61 @@ def iter_grade_rows(
     grader: Grader | None = None,
 ) -> Iterator[dict[str, Any]]:
     """``grade_rows``' rows, in the results' order, as their grades come (``GRADE_BATCH`` at
-    a time): a caller that writes them as they come holds a batch, not every row."""
-    if grader is None:
-        with Grader() as own:
-            yield from iter_grade_rows(results, requests, reference, own)
+    a time): a caller that writes them as they come holds a few batches, not every row.
+    Without a ``grader``, ``GRADE_WORKERS`` graders (each its own worker process) grade
+    alternate batches side by side."""
+    if grader is not None:
+        yield from _graded(results, requests, reference, [grader])
         return
+    with contextlib.ExitStack() as stack:
+        graders = [stack.enter_context(Grader()) for _ in range(GRADE_WORKERS)]
+        yield from _graded(results, requests, reference, graders)
+
+
+# A batch: its rows, and the grades they wait on: (row, field, job, why it holds no answer).
+_Asked = list[tuple[dict[str, Any], str, Job, str | None]]
+
+
+def _graded(
+    results: Sequence[Result],
+    requests: Mapping[str, Gradable],
+    reference: str,
+    graders: Sequence[Grader],
+) -> Iterator[dict[str, Any]]:
+    """Batch k is graded by ``graders[k % len(graders)]`` on a thread of its own, while the
+    next batches are built; a grader takes its next batch only once its last one is done (a
+    Grader is for one thread at a time), and batches are yielded in order."""
+    pending: deque[tuple[list[dict[str, Any]], _Asked, Future[list[Grade]]]] = deque()
+    with ThreadPoolExecutor(len(graders), thread_name_prefix="grading") as pool:
+        batches = _batches(results, requests, reference)
+        for k, (rows, asked) in enumerate(batches):
+            jobs = [job for _, _, job, _ in asked]
+            pending.append((rows, asked, pool.submit(graders[k % len(graders)].grade_many, jobs)))
+            if len(pending) == len(graders):
+                yield from _filled(*pending.popleft())
+        while pending:
+            yield from _filled(*pending.popleft())
+
+
+def _filled(
+    rows: list[dict[str, Any]], asked: _Asked, grades: Future[list[Grade]]
+) -> list[dict[str, Any]]:
+    for (row, field, _, unanswered), grade in zip(asked, grades.result(), strict=True):
+        if field == "grade":
+            row["grade"] = _said(grade.to_json(), unanswered)
+        else:
+            normalized = row["agreement"]["normalized"]
+            row["derived"] = _said(derived_record(grade, normalized), unanswered)
+    return rows
+
+
+def _batches(
+    results: Sequence[Result], requests: Mapping[str, Gradable], reference: str
+) -> Iterator[tuple[list[dict[str, Any]], _Asked]]:
+    """The rows in the results' order, a batch of ``GRADE_BATCH`` grades to ask at a time."""
     refs = {(r.phase, r.request_id): r for r in results if r.target == reference}
-    rows: list[dict[str, Any]] = []  # graded once the batch they wait on is
-    # Grades are asked of the grader GRADE_BATCH at a time (it pipelines them): (row, field,
-    # job, why the result holds no answer).
-    asked: list[tuple[dict[str, Any], str, Job, str | None]] = []
-
-    def flush() -> None:
-        grades = grader.grade_many([job for _, _, job, _ in asked])
-        for (row, field, _, unanswered), grade in zip(asked, grades, strict=True):
-            if field == "grade":
-                row["grade"] = _said(grade.to_json(), unanswered)
-            else:
-                normalized = row["agreement"]["normalized"]
-                row["derived"] = _said(derived_record(grade, normalized), unanswered)
-        asked.clear()
-
+    rows: list[dict[str, Any]] = []
+    asked: _Asked = []
     for r in results:
         req = requests.get(r.request_id)
         row: dict[str, Any] = {
@@ -199,11 +239,9 @@ def iter_grade_rows(
                     asked.append((row, "derived", job, unanswered))
         rows.append(row)
         if len(asked) >= GRADE_BATCH:
-            flush()
-            yield from rows
-            rows.clear()
-    flush()
-    yield from rows
+            yield rows, asked
+            rows, asked = [], []
+    yield rows, asked
 
 
 def no_answer(r: Result) -> str | None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from replay.analysis.grading import rows as rows_module
 from replay.analysis.grading.quality import quality
 from replay.analysis.grading.rows import GradingSpec, agreement, first_divergence, grade_rows
+from replay.checkers import Grader
 from replay.core.records import Result
 from replay.serving.prompt_scores import parse_positions
 from replay.traces.trace import Request
@@ -104,3 +106,22 @@ def test_grade_rows_turns_a_bad_spec_into_a_failed_grade() -> None:
     assert bad["passed"] is False and bad["reason"].startswith("checker error: SpecError")
     assert bad["detail"] == {"checker_error": "exception"}
     assert good["passed"] is True
+
+
+def test_batches_graded_side_by_side_come_back_in_order(monkeypatch: Any) -> None:
+    """Without a grader given, two graders grade alternate batches on threads of their own;
+    the rows come back in the results' order, as one grader gives them."""
+    monkeypatch.setattr(rows_module, "GRADE_BATCH", 3)
+    reqs: dict[str, Any] = {
+        f"r{i}": GradingSpec(f"r{i}", "chat", {"type": "exact", "value": f"v{i % 4}"})
+        for i in range(20)
+    }
+    results = [res(t, f"r{i}", f"v{i % 3}", [i]) for t in ("bf16", "fp8") for i in range(20)]
+    with Grader() as one:
+        alone = grade_rows(results, reqs, "bf16", one)
+    side_by_side = grade_rows(results, reqs, "bf16")
+    assert side_by_side == alone
+    assert [(r["target"], r["request_id"]) for r in side_by_side] == [
+        (r.target, r.request_id) for r in results
+    ]
+    assert [r["grade"]["passed"] for r in alone[:20]] == [i % 3 == i % 4 for i in range(20)]
