@@ -29,6 +29,9 @@ RSS and CPU):
 - ``compare``: ``replay compare RUN RUN``;
 - ``export``: ``replay export RUN --format parquet``.
 
+Each command's record holds the machine's 1-minute load average before and after it
+(``load_avg_1m``): on a shared machine the wall time includes the other work's share.
+
 Sizes are rounded down to a multiple of the arms (1,000,000 is 999,999 results: 333,333
 requests to each arm); ``results_summarized`` is the count the analysis reported. The summary
 gives, per command, the figures per size, the growth from each size to the next
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import itertools
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -225,7 +229,13 @@ def main(argv: list[str] | None = None) -> None:
             for name, cmd in commands(run_dir).items():
                 if name not in wanted:
                     continue
+                load = os.getloadavg()[0]
                 got = run_measured(cmd, ROOT)
+                # The machine's other work, which the wall time includes (2 cores, shared).
+                got["load_avg_1m"] = {
+                    "before": round(load, 2),
+                    "after": round(os.getloadavg()[0], 2),
+                }
                 got["output_tail"] = got["output_tail"].replace(str(work), "WORK")
                 if got["exit_code"] != 0:
                     console.print(f"[red]{name} at {size}: exit {got['exit_code']}[/red]")
