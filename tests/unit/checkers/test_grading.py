@@ -109,9 +109,10 @@ def test_grade_rows_turns_a_bad_spec_into_a_failed_grade() -> None:
 
 
 def test_batches_graded_side_by_side_come_back_in_order(monkeypatch: Any) -> None:
-    """Without a grader given, two graders grade alternate batches on threads of their own;
-    the rows come back in the results' order, as one grader gives them."""
+    """Batches graded on a thread of their own while the next is built, by one grader or by
+    two taking alternate batches, come back in the results' order, as before."""
     monkeypatch.setattr(rows_module, "GRADE_BATCH", 3)
+    monkeypatch.setattr(rows_module, "GRADE_WORKERS", 2)
     reqs: dict[str, Any] = {
         f"r{i}": GradingSpec(f"r{i}", "chat", {"type": "exact", "value": f"v{i % 4}"})
         for i in range(20)
