@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,15 +76,10 @@ class Run:
         q = self.summary.quality
         return (q.reference if q else None) or self.manifest.reference or None
 
-    @cached_property
-    def _named_by_results(self) -> tuple[list[object], list[object]]:
-        """The targets and phases the results name, in order of first appearance."""
-        return self.scan.targets, self.scan.phases
-
     def targets(self) -> list[str]:
         """Every target, in the run's order (the reference first)."""
         names: list[object] = [*self.manifest.targets, *self.summary.targets]
-        names += self._named_by_results[0]
+        names += self.scan.targets  # as the results name them, in order
         out = list(dict.fromkeys(n for n in names if isinstance(n, str)))
         return sorted(out, key=lambda n: (n != self.reference, n.endswith(CONTROL_SUFFIX)))
 
@@ -116,7 +110,7 @@ class Run:
         q = self.summary.quality
         names = [*self.manifest.schedules, *(q.phases if q else ())]
         names += [p for t in self.summary.targets.values() for p in t.phases]
-        names += self._named_by_results[1]
+        names += self.scan.phases
         return list(dict.fromkeys(n for n in names if isinstance(n, str)))
 
     def in_order(self, items: Mapping[str, T], kind: str) -> list[tuple[str, T]]:
