@@ -1,6 +1,6 @@
 """The runner's own logic with no socket at all: a connector and senders of the test's own
 (tests/support/nowire.py) and a virtual clock, so that resume, the error budget, draining after
-an interrupt (Ctrl-C, SIGTERM) and the run orders are each checked in under a second, their
+an interrupt (Ctrl-C, SIGTERM) and the run orders are each checked in about a second at most, their
 waits on a virtual clock (what is left is the runner's garbage collections and the analysis at
 the end). The wire's side of the same (a phase's own draining, backoff, a dead server) is in
 test_faults, test_error_budget and test_phase_sender."""
