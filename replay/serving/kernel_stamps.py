@@ -91,14 +91,17 @@ class StampedSocket:
         if not data:
             self._lost(None)
             return
+        # Both clocks are read back to back, before anything else: the time between the two
+        # readings (tens of microseconds if the process is preempted there) and a clock step
+        # are the only error in moving the kernel's stamp onto the receiver's clock.
         arrived = self.receiver.now()
+        wall = time.time()
         for level, kind, raw in ancillary:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
                 sec, nsec = _TIMESPEC.unpack_from(raw)
                 # How long the bytes waited, on the wall clock the kernel stamps with, taken
-                # off the receiver's own clock (which may be any): a clock step between the
-                # two readings is the only error.
-                arrived -= max(0.0, time.time() - (sec + nsec * 1e-9))
+                # off the receiver's own clock (which may be any).
+                arrived -= max(0.0, wall - (sec + nsec * 1e-9))
         self.receiver.received(data, arrived)
 
     def write(self, data: bytes) -> None:

@@ -183,6 +183,9 @@ def test_tokens_and_itl_match_the_server(usage: str, per_chunk: int) -> None:
     assert result.chunk_tokens_estimated == (usage != "every")
 
 
+CLOCK_TRANSFER_S = 0.001
+
+
 def test_a_chunk_is_stamped_when_it_came_off_the_socket_not_when_its_reader_ran() -> None:
     """A task that holds the loop for 50 ms every time it runs, queued ahead of the reading
     task in every iteration (uvloop, as the CLI runs: sockets are read before ready tasks):
@@ -219,7 +222,9 @@ def test_a_chunk_is_stamped_when_it_came_off_the_socket_not_when_its_reader_ran(
     assert result.shared_stamps == len(stamps) - len(result.chunk_times)
     last = list(itertools.accumulate(result.chunk_tokens))
     lags = [got - stamps[k - 1] for got, k in zip(result.chunk_times, last, strict=True)]
-    assert min(lags) > 0
+    # Never before the server wrote it, but for the error of moving the kernel's wall-clock
+    # stamp onto perf_counter (two clock readings apart; -41 us was seen on a loaded machine).
+    assert min(lags) > -CLOCK_TRANSFER_S, lags
     assert statistics.median(lags) < 0.8 * hold_s, lags
 
 
