@@ -1,6 +1,6 @@
 """Writes ``docs/run-directory-reference.md``: every record a run directory's files hold, with
 each field's type and the comment the code gives it, read from the records themselves
-(``manifest.json``'s ``Manifest`` and ``RunSpec``, ``results.jsonl``'s ``Result``,
+(``manifest.json``'s ``Manifest`` with its ``RunSpec``, ``results.jsonl``'s ``Result``,
 ``summary.json``'s ``Summary``). The code is the reference; this page only gathers it.
 
     python docs/run_directory_reference.py            # rewrite the page
@@ -32,11 +32,9 @@ def _roots() -> list[tuple[str, str, type]]:
     from replay.analysis.schemas import Summary
     from replay.analysis.schemas_manifest import Manifest
     from replay.core.records import Result
-    from replay.run.spec import RunSpec
 
     return [
         ("manifest.json", "What ran, where, with which trace and options.", Manifest),
-        ("manifest.json: run_spec", "The run as both drivers describe it.", RunSpec),
         ("results.jsonl", "One line per request and target, written as each completes.", Result),
         ("summary.json", "What the analysis found, and the verdict.", Summary),
     ]

@@ -6,9 +6,13 @@ these fields, never the raw JSON. Reading is lenient as the summary's is: a key 
 lacks reads as empty, a key a newer run adds is ignored, and a value of the wrong type is an
 error naming its field (or, for the report, a problem listed and the field left empty).
 
-What stays JSON as written (``Mapping[str, Any]``): the options (the CLI's own are its flags,
-which change with the CLI), what a server's endpoints answered (``models``, ``version``, its
-engine config), a phase's windows, the capacity phase's block and a driver's description.
+The run spec (``replay/analysis/run_spec.py``) is read typed, and the settings the analysis
+reads of a run come from it (or, for a run written before it, from that run's options and
+flags) through ``Manifest``'s properties, never from the raw keys. What stays JSON as written
+(``Mapping[str, Any]``): the options the run spec does not hold (think time, ``kvcal
+advise``'s figures), the CLI's own flags (which change with the CLI), what a server's
+endpoints answered (``models``, ``version``, its engine config), a phase's windows, the
+capacity phase's block and a driver's description.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from replay.analysis.run_spec import RunSpec
+from replay.analysis.thresholds import Thresholds
 from replay.core.record_json import Record, absent_if_none, record
 from replay.serving import kv_formats
 
@@ -134,17 +140,75 @@ class Manifest(Record):
     trace: TraceFacts
     buckets: BucketFacts
     schedules: tuple[str, ...]
+    # What the run spec does not hold: sessions' think time, ``kvcal advise``'s figures (an
+    # older run's options also held what its run spec now does).
     options: Mapping[str, Any]
     reference: str
-    # The run as both drivers describe it, read typed by ``replay.run.manifest.read_spec``.
-    run_spec: Mapping[str, Any] | None = absent_if_none()
+    # The run as both drivers describe it; None for a run written before manifests held it
+    # (what the analysis reads of it is below, with that run's own keys as the fallback).
+    run_spec: RunSpec | None = absent_if_none()
     roles: RolesFacts | None = absent_if_none()
-    cli_options: Mapping[str, Any] | None = absent_if_none()
+    cli_options: Mapping[str, Any] | None = absent_if_none()  # the CLI's flags, as given
     interrupted: bool
     resumed: Mapping[str, Any] | None = absent_if_none()
     capacity: Mapping[str, Any] | None = absent_if_none()
     results_not_stored: int | None = absent_if_none()
     targets: Mapping[str, TargetEntry]
+
+    # How the run was asked to run, as the analysis reads it: from the run spec, or from the
+    # ``options`` and flags a run written before the run spec recorded.
+    @property
+    def seed(self) -> int:
+        return self.run_spec.load.seed if self.run_spec else int(self.options.get("seed", 0))
+
+    @property
+    def target_order(self) -> tuple[str, ...]:
+        """The targets in the order they were given (the ``targets`` entries are sorted)."""
+        if self.run_spec:
+            return self.run_spec.load.targets
+        given = str((self.cli_options or {}).get("targets") or "")
+        return tuple(p.split("=", 1)[0].strip() for p in given.split(",") if p.strip())
+
+    @property
+    def interleaved(self) -> bool:
+        """Arms sent in blocks in a rotating order (``--interleave``)."""
+        if self.run_spec:
+            return self.run_spec.load.interleave
+        return bool(self.options.get("interleave"))
+
+    @property
+    def quality_phase(self) -> str | None:
+        """The one phase the quality side reads (``--quality-pass serial``), if any."""
+        if self.run_spec:
+            return self.run_spec.quality.quality_phase
+        only = self.options.get("quality_phase")
+        return only if isinstance(only, str) else None
+
+    @property
+    def slo(self) -> str | None:
+        """The SLOs the run was started with (``--slo``, Locust's ``--kvc-slo``), as text."""
+        if self.run_spec:
+            return self.run_spec.quality.slo
+        text = (self.cli_options or {}).get("slo") or self.options.get("slo")
+        return str(text) if text else None
+
+    def thresholds(self) -> Thresholds:
+        """The verdict's thresholds the run was started with."""
+        if self.run_spec:
+            return self.run_spec.quality.thresholds(self.run_spec.budget.max_error_rate)
+        cli = self.cli_options or {}
+        default = Thresholds()
+        return Thresholds(
+            tolerance=float(cli.get("tolerance", default.tolerance)),
+            alpha=float(cli.get("alpha", default.alpha)),
+            min_pairs=int(cli.get("min_pairs", default.min_pairs)),
+            required_capacity_ratio=float(
+                cli.get("required_capacity_ratio", default.required_capacity_ratio)
+            ),
+            max_error_rate=float(cli.get("max_error_rate", default.max_error_rate)),
+            accept_emulated=bool(cli.get("accept_emulated", default.accept_emulated)),
+            systems_threshold=float(cli.get("systems_threshold", default.systems_threshold)),
+        )
 
     def target(self, name: str | None) -> TargetEntry | None:
         return self.targets.get(name) if name is not None else None

@@ -5,7 +5,6 @@ made), and the runner they give, with its clock, its phase sender and its order
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
@@ -40,10 +39,10 @@ def compose(cfg: RunConfig, o: RunOptions, progress: Progress) -> Runner:
     """The runner of ``cfg``: over --workers load processes, in interleaved blocks, the
     sequential canary's rounds (on the first --concurrency), or one target after another."""
     clock = MonotonicClock()
-    if o.workers > 1:
-        sender = WorkerPoolSender(o.workers, cfg, clock)
+    if cfg.load.workers > 1:
+        sender = WorkerPoolSender(cfg, clock)
         return Runner(cfg, progress, clock=clock, sender=sender)
-    if cfg.interleave:
+    if cfg.load.interleave:
         return Runner(cfg, progress, clock=clock, order=Interleaved())
     if not o.sequential:
         return Runner(cfg, progress, clock=clock)
@@ -53,4 +52,4 @@ def compose(cfg: RunConfig, o: RunOptions, progress: Progress) -> Runner:
     assert isinstance(first, ClosedLoop)  # refuse_combinations: no open loop
     seq = SequentialOptions(o.round_size, o.max_requests, o.max_time)
     loop = RoundLoop(first.concurrency)
-    return Runner(replace(cfg, schedules=[loop]), progress, clock=clock, order=Rounds(seq))
+    return Runner(cfg.with_schedules([loop]), progress, clock=clock, order=Rounds(seq))

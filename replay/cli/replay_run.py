@@ -21,6 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from replay.analysis.run_spec import BudgetSpec, LoadSpec, QualitySpec
 from replay.analysis.schemas import Summary
 from replay.analysis.verdict.advice import read_advice
 from replay.cli.common import console, shown
@@ -41,11 +42,10 @@ from replay.core.schedule import (
 from replay.core.slo import SloSpec, parse_slo
 from replay.present.table import quality_table, summary_table
 from replay.present.terminal import print_tables
-from replay.run.config import RunConfig
+from replay.run.config import RunConfig, load_for
 from replay.run.exclude import exclusion, refuse_overlap
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
-from replay.run.spec import BudgetSpec, QualitySpec
 from replay.serving.targets import (
     BUILTIN_DTYPES,
     TargetSpec,
@@ -279,27 +279,36 @@ def run_config(
         trace_format=plan.trace_format,
         targets=plan.targets,
         schedules=plan.schedules,
+        load=load_spec(o, plan),
         quality=quality_spec(o, plan),
         think=think_time(o.think_time, o.time_scale),
-        session_history=check_mode(o.session_history, o.parallel_targets),
-        stop_at_saturation=o.stop_at_saturation,
         run_dir=run_dir,
         length_policy=o.length_policy,
-        parallel_targets=o.parallel_targets,
-        interleave=bool(o.interleave),
-        block_size=o.block_size,
         capacity=capacity_options(o, canary),
-        workers=o.workers,
-        timeout_s=o.timeout_s,
-        phase_timeout_s=o.phase_timeout_s,
-        seed=o.seed,
-        salt_phases=not o.share_prefix_cache,
         budget=BudgetSpec(
             max_errors=o.max_errors, max_error_rate=o.max_error_rate, drain_s=o.drain_s
         ),
         resume=resume,
         cli_options=o.to_json(),
         advice=read_advice(o.advice_path) if o.advice_path else None,
+    )
+
+
+def load_spec(o: RunOptions, plan: Plan) -> LoadSpec:
+    """Who gets the load and how it is sent."""
+    return load_for(
+        plan.targets,
+        plan.schedules,
+        seed=o.seed,
+        timeout_s=o.timeout_s,
+        phase_timeout_s=o.phase_timeout_s,
+        workers=o.workers,
+        salt_phases=not o.share_prefix_cache,
+        parallel_targets=o.parallel_targets,
+        interleave=bool(o.interleave),
+        block_size=o.block_size,
+        session_history=check_mode(o.session_history, o.parallel_targets),
+        stop_at_saturation=o.stop_at_saturation,
     )
 
 

@@ -1,7 +1,7 @@
 """One Locust test's validated ``Config``, read from kvcanary's options on Locust's command line
 (``scenarios/kvc/options.py`` declares them and hands their parsed values here), and the
 ``RunSpec`` it describes: the same record the CLI builds for the same trace, target and
-options (``replay/run/spec.py``)."""
+options (``replay/analysis/run_spec.py``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replay.analysis.run_spec import (
+    BudgetSpec,
+    LoadSpec,
+    QualitySpec,
+    RunDirSpec,
+    RunSpec,
+    TraceSpec,
+)
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError, KvcanaryError
 from replay.core.slo import SloSpec, parse_slo
 from replay.locust.plans import Constant, LoadPlan, StepSweep, TraceTimes, parse_levels
 from replay.locust.target import resolve_target
 from replay.run.rundir import file_digest
-from replay.run.spec import BudgetSpec, LoadSpec, QualitySpec, RunDirSpec, RunSpec, TraceSpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import StreamedTrace, scan, sniff_format
 

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from replay.analysis.run_spec import RunSpec
 from replay.run.budget import ErrorBudget
-from replay.run.spec import RunSpec
 from replay.serving.targets import (
     TargetSpec,
 )
@@ -44,7 +44,7 @@ class RunPlan:
 
     def budget(self) -> ErrorBudget:
         """The shard's error budget (replay/run/budget.py)."""
-        return self.run.budget.error_budget()
+        return ErrorBudget.of(self.run.budget)
 
     def with_shard(self, shard: int) -> RunPlan:
         return replace(self, shard=shard)

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from replay.analysis.grading.rows import grading_spec
+from replay.analysis.run_spec import RunSpec
 from replay.analysis.schemas_manifest import Manifest
-from replay.analysis.verdict.facts import Thresholds
+from replay.analysis.thresholds import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.records import Result
 from replay.core.slo import SloSpec
 from replay.run.analyze import Analysis, analyse, load_results, target_for_summary
 from replay.run.manifest import build_manifest, target_entry, trace_facts
 from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, write_json
-from replay.run.spec import RunSpec
 from replay.serving.targets import (
     TargetSpec,
 )

@@ -27,9 +27,6 @@ from replay.analysis.schemas_manifest import Manifest, TargetEntry
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
 from replay.analysis.systems_cells import (
-    THRESHOLD as SYSTEMS_THRESHOLD,
-)
-from replay.analysis.systems_cells import (
     Planned,
     block_counts,
     block_list,
@@ -38,8 +35,9 @@ from replay.analysis.systems_cells import (
     rate_cell,
 )
 from replay.analysis.systems_cells import rule as rule_of
+from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.candidates import decide_candidates
-from replay.analysis.verdict.facts import Thresholds, facts_from_run
+from replay.analysis.verdict.facts import facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
 from replay.core.records import Result
@@ -177,7 +175,7 @@ def candidates_of(a: Analysis) -> list[str]:
     """The targets compared with the reference, in the order --targets gave them: the primary
     candidate and every other target but the calibrated and layers arms and the A/A control."""
     roles = Roles.from_manifest(a.manifest, list(a.targets))
-    order = _ordered(list(a.targets), (a.manifest.cli_options or {}).get("targets"))
+    order = _ordered(list(a.targets), a.manifest.target_order)
     arms = (a.reference, a.candidate, roles.calibrated, roles.layers)
     others = [n for n in order if n not in arms and not n.endswith(CONTROL_SUFFIX)]
     return ([a.candidate] if a.candidate is not None else []) + others
@@ -235,7 +233,7 @@ def systems_rule(
     )
     if cell is not None:
         planned.append(cell)
-    interleaved = bool(a.manifest.options.get("interleave"))
+    interleaved = a.manifest.interleaved
     th = a.thresholds
     return (
         rule_of(
@@ -254,7 +252,7 @@ def load_phases(a: Analysis) -> list[str]:
     serial's c1 answers one request at a time for quality, not at the workload's load), unless
     it is the run's only phase."""
     phases = list(a.manifest.schedules) or [a.first_phase]
-    quality = a.manifest.options.get("quality_phase")
+    quality = a.manifest.quality_phase
     return [p for p in phases if p != quality] or phases
 
 
@@ -284,18 +282,8 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
     names = list(manifest.targets)
     reference = manifest.reference or names[0]
     targets = {n: _target_facts(manifest.targets[n], n, results) for n in names}
-    cli = manifest.cli_options or {}
-    tolerance = float(cli.get("tolerance", 0.05))
-    thresholds = Thresholds(
-        tolerance=tolerance,
-        alpha=float(cli.get("alpha", 0.05)),
-        min_pairs=int(cli.get("min_pairs", 20)),
-        required_capacity_ratio=float(cli.get("required_capacity_ratio", 1.5)),
-        max_error_rate=float(cli.get("max_error_rate", 0.05)),
-        accept_emulated=bool(cli.get("accept_emulated", False)),
-        systems_threshold=float(cli.get("systems_threshold", SYSTEMS_THRESHOLD)),
-    )
-    roles = Roles.from_manifest(manifest, _ordered(names, cli.get("targets")))
+    thresholds = manifest.thresholds()
+    roles = Roles.from_manifest(manifest, _ordered(names, manifest.target_order))
     schedules = list(manifest.schedules)
     locust = manifest.driver is not None
     return analyse(
@@ -306,8 +294,8 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
             candidate=None if locust else roles.candidate,
             first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
             bucket_labels=list(manifest.buckets.labels),
-            tolerance=tolerance,
-            seed=int(manifest.options.get("seed", 0)),
+            tolerance=thresholds.tolerance,
+            seed=manifest.seed,
             thresholds=thresholds,
             manifest=manifest,
             grading_specs=_trace_checks(run_dir, manifest, trace_path),
@@ -322,9 +310,9 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
 
 def _saved_slo(manifest: Manifest) -> SloSpec | None:
     """The SLOs the run was started with (``--slo``, or the Locust test's ``--kvc-slo``)."""
-    text = (manifest.cli_options or {}).get("slo") or manifest.options.get("slo")
+    text = manifest.slo
     labels = list(manifest.buckets.labels)
-    return parse_slo(str(text), labels or None) if text else None
+    return parse_slo(text, labels or None) if text else None
 
 
 def _manifest(run_dir: Path) -> Manifest:
@@ -411,9 +399,8 @@ def target_for_summary(
     }
 
 
-def _ordered(names: Sequence[str], targets_option: Any) -> list[str]:
-    """The targets in the order ``--targets`` gave them (the manifest's keys are sorted)."""
-    order = [p.split("=", 1)[0].strip() for p in str(targets_option or "").split(",")]
+def _ordered(names: Sequence[str], order: Sequence[str]) -> list[str]:
+    """The targets in the order they were given (the manifest's keys are sorted)."""
     return [n for n in order if n in names] + sorted(n for n in names if n not in order)
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replay.analysis.run_spec import BudgetSpec
+
 UNREACHABLE_KINDS = frozenset({"connect", "disconnect"})
 UNREACHABLE_HTTP = frozenset({502, 503, 504})
 
@@ -38,6 +40,11 @@ class ErrorBudget:
     unreachable_run: int = 0
     reason: str | None = None
     last_error: str = ""
+
+    @classmethod
+    def of(cls, spec: BudgetSpec) -> ErrorBudget:
+        """A fresh budget of the run spec's limits."""
+        return cls(max_errors=spec.max_errors, max_error_rate=spec.max_error_rate)
 
     def __post_init__(self) -> None:
         if self.max_errors is not None and self.max_errors < 1:

@@ -1,17 +1,26 @@
-"""What a run is asked to do (``RunConfig``: the run as the runner holds it, with its trace,
-targets and schedules; ``run_spec()`` is the same run as plain data, ``replay/run/spec.py``) and
-what happened to each target (``TargetRun``, which the manifest shows)."""
+"""What a run is asked to do (``RunConfig``: the run spec's load, quality and budget records,
+with the live objects they name: the trace, targets and schedules; ``run_spec()`` is the whole
+run as plain data, ``replay/analysis/run_spec.py``) and what happened to each target
+(``TargetRun``, which the manifest shows)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from replay.analysis.verdict.facts import Thresholds
+from replay.analysis.run_spec import (
+    BudgetSpec,
+    LoadSpec,
+    QualitySpec,
+    RunDirSpec,
+    RunSpec,
+    TraceSpec,
+)
+from replay.analysis.thresholds import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.records import Result
 from replay.core.slo import SloSpec, parse_slo
@@ -19,7 +28,6 @@ from replay.run.budget import ErrorBudget
 from replay.run.manifest import target_entry, trace_facts
 from replay.run.phase import Schedule
 from replay.run.rundir import file_digest
-from replay.run.spec import BudgetSpec, LoadSpec, QualitySpec, RunDirSpec, RunSpec, TraceSpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy
 from replay.traces.sessions import ThinkTime
@@ -49,31 +57,18 @@ class RunConfig:
     trace_format: str
     targets: Sequence[TargetSpec]
     schedules: Sequence[Schedule]
+    # How the load is sent (seed, timeouts, workers, order, salts), as the run spec has it;
+    # its target and phase names are those of ``targets`` and ``schedules``.
+    load: LoadSpec
     # Buckets, SLOs, roles, the A/A control, teacher-forced scoring and the verdict's
     # thresholds, as the run spec has them (``buckets``, ``slo``, ``thresholds`` parse them).
     quality: QualitySpec
     run_dir: Path
     length_policy: LengthPolicy = field(default_factory=LengthPolicy)
-    # Multi-turn sessions: the wait between turns, and whose history later turns carry.
+    # Multi-turn sessions: the wait between turns (whose history they carry is the load's).
     think: ThinkTime = field(default_factory=ThinkTime)
-    session_history: str = "trace"
-    # A rising load sweep stops for a target once it is saturated (replay/run/sweep.py).
-    stop_at_saturation: bool = False
-    parallel_targets: bool = False
-    # Every target's server up at once, each phase sent in blocks, arm after arm in a
-    # rotating order (replay/run/interleave.py); block_size 0: by the schedule.
-    interleave: bool = False
-    block_size: int = 0
     capacity: CapacityOptions = field(default_factory=CapacityOptions)
-    # Load processes that send each phase (replay/run/worker_pool.py); 1: this process alone.
-    workers: int = 1
-    timeout_s: float = 600.0
-    phase_timeout_s: float = 3600.0
-    startup_timeout_s: float = 900.0
-    seed: int = 0
-    # A prefix-cache salt per phase, so a phase does not reuse the cache a previous phase
-    # filled with the same prompts (that would flatter TTFT). Sharing within a phase stays.
-    salt_phases: bool = True
+    startup_timeout_s: float = 900.0  # for the servers the run starts itself
     # Each target's error budget (replay/run/budget.py): past it the target gets no more
     # requests; on an interrupt, in-flight requests get ``drain_s`` to finish.
     budget: BudgetSpec = field(default_factory=lambda: BudgetSpec(drain_s=30.0))
@@ -83,6 +78,28 @@ class RunConfig:
     # ``kvcal advise``'s figures, for the verdict's next step (``analysis.verdict.advice``).
     advice: dict[str, Any] | None = None
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
+
+    def __post_init__(self) -> None:
+        named = (tuple(t.name for t in self.targets), tuple(s.label for s in self.schedules))
+        if named != (self.load.targets, self.load.schedules):
+            raise ValueError(f"the load names {self.load.targets}, {self.load.schedules}: {named}")
+        if self.load.phase_timeout_s is None:
+            raise ValueError("a run the runner sends has a phase time limit")
+
+    def with_load(self, **changes: Any) -> RunConfig:
+        """A copy whose load differs by ``changes`` (a run order's own settings)."""
+        return replace(self, load=replace(self.load, **changes))
+
+    def with_schedules(self, schedules: Sequence[Schedule]) -> RunConfig:
+        """A copy that sends ``schedules`` (the load names them)."""
+        labels = tuple(s.label for s in schedules)
+        return replace(self, schedules=list(schedules), load=replace(self.load, schedules=labels))
+
+    @property
+    def phase_timeout_s(self) -> float:
+        limit = self.load.phase_timeout_s
+        assert limit is not None  # __post_init__
+        return limit
 
     @cached_property
     def buckets(self) -> Buckets:
@@ -102,14 +119,19 @@ class RunConfig:
         """The prefix-cache salt of a target's phase (``salt_phases``), None when phases share
         the cache. Per target too: the A/A control must not reuse the reference's cache on
         its server."""
-        return f"{self.run_dir.name}.{target}.{label}" if self.salt_phases else None
+        return f"{self.run_dir.name}.{target}.{label}" if self.load.salt_phases else None
+
+    @cached_property
+    def trace_sha256(self) -> str:
+        """The trace file's digest, read once (the manifest and the workers' specs name it)."""
+        return file_digest(self.trace_path)
 
     def trace_facts(self) -> dict[str, Any]:
         t = self.trace
         return trace_facts(
             self.trace_path,
             self.trace_format,
-            file_digest(self.trace_path),
+            self.trace_sha256,
             t.lines,
             t.count,
             t.bad_count,
@@ -117,67 +139,45 @@ class RunConfig:
             t.skipped,
         )
 
-    def run_spec(self, sha256: str) -> RunSpec:
-        """This run as both drivers describe it (the manifest's ``run_spec``); ``sha256``:
-        the trace's digest, as ``trace_facts`` found it."""
+    def run_spec(self) -> RunSpec:
+        """This run as both drivers describe it (the manifest's ``run_spec``)."""
         lp = self.length_policy
         return RunSpec(
             trace=TraceSpec(
                 path=str(self.trace_path),
                 format=self.trace_format,
-                sha256=sha256,
+                sha256=self.trace_sha256,
                 requests=self.trace.count,
                 length_scale=lp.scale,
                 max_input_tokens=lp.max_input_tokens,
                 max_output_tokens=lp.max_output_tokens,
             ),
-            load=self._load_spec(),
+            load=self.load,
             quality=self.quality,
             budget=self.budget,
             run_dir=RunDirSpec(path=str(self.run_dir), resume=self.resume),
         )
 
-    def _load_spec(self) -> LoadSpec:
-        return LoadSpec(
-            targets=tuple(t.name for t in self.targets),
-            schedules=tuple(s.label for s in self.schedules),
-            seed=self.seed,
-            timeout_s=self.timeout_s,
-            phase_timeout_s=self.phase_timeout_s,
-            workers=self.workers,
-            salt_phases=self.salt_phases,
-            parallel_targets=self.parallel_targets,
-            interleave=self.interleave,
-            block_size=self.block_size,
-            session_history=self.session_history,
-            stop_at_saturation=self.stop_at_saturation,
-        )
-
     def manifest_options(self, sessions: bool) -> dict[str, Any]:
-        """The run's options as the manifest lists them (the CLI's own are beside them)."""
-        options: dict[str, Any] = {
-            "parallel_targets": self.parallel_targets,
-            "timeout_s": self.timeout_s,
-            "phase_timeout_s": self.phase_timeout_s,
-            "seed": self.seed,
-            "salt_phases": self.salt_phases,
-        }
+        """The options the manifest lists beside the run spec: what the spec does not hold."""
+        options: dict[str, Any] = {}
         if sessions:
-            options["sessions"] = {
-                "history": self.session_history,
-                "think_time": self.think.describe(),
-            }
-        if self.interleave:
-            options["interleave"] = {"block_size": self.block_size or "auto"}
-        if self.stop_at_saturation:
-            options["stop_at_saturation"] = True
-        if self.workers > 1:
-            options["workers"] = self.workers
+            options["sessions"] = {"think_time": self.think.describe()}
         if self.advice is not None:
             options["advice"] = self.advice
-        if self.quality.quality_phase is not None:
-            options["quality_phase"] = self.quality.quality_phase
         return options
+
+
+def load_for(
+    targets: Sequence[TargetSpec], schedules: Sequence[Schedule], **settings: Any
+) -> LoadSpec:
+    """The load of a run that sends ``schedules`` to ``targets``, with ``settings`` (the other
+    ``LoadSpec`` fields; their defaults otherwise)."""
+    return LoadSpec(
+        targets=tuple(t.name for t in targets),
+        schedules=tuple(s.label for s in schedules),
+        **{"phase_timeout_s": 3600.0, **settings},
+    )
 
 
 @dataclass

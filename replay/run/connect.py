@@ -98,8 +98,8 @@ class HttpConnector:
                 url,
                 model,
                 api_key=spec.api_key(),
-                timeout_s=self.cfg.timeout_s,
-                seed=self.cfg.seed,
+                timeout_s=self.cfg.load.timeout_s,
+                seed=self.cfg.load.seed,
                 epoch=self.clock.epoch,
                 token_logprobs=self.cfg.quality.teacher_forced,
             )
@@ -113,7 +113,7 @@ class HttpConnector:
                             client.model,
                             writer,
                             self.progress,
-                            self.cfg.timeout_s,
+                            self.cfg.load.timeout_s,
                             salt=None,
                             # A local server is started to serve them; an external one is asked.
                             cached=run.spec.is_local or await serves_cached_scores(session, url),

@@ -170,7 +170,7 @@ class Interleaved:
         return self._runner
 
     def prepare(self, cfg: RunConfig) -> RunConfig:
-        return replace(cfg, parallel_targets=True)
+        return cfg.with_load(parallel_targets=True)
 
     def bind(self, runner: Runner) -> None:
         self._runner = r = runner
@@ -249,8 +249,8 @@ class Interleaved:
             stopping=r.stopping,
             save=self._save_capacity,
             budget=r.new_budget,
-            timeout_s=c.timeout_s,
-            seed=c.seed,
+            timeout_s=c.load.timeout_s,
+            seed=c.load.seed,
             startup_timeout_s=c.startup_timeout_s,
             cannot_write=r.stop.cannot_write,
         ).run()
@@ -367,7 +367,7 @@ class Interleaved:
 
     async def _phase_in_blocks(self, sched: Schedule, names: Sequence[str]) -> None:
         r = self.runner
-        label, size = sched.label, block_size(sched, r.cfg.block_size)
+        label, size = sched.label, block_size(sched, r.cfg.load.block_size)
         windows = {n: self._resumed_window(n, label) for n in names}
         for n in names:
             r.progress.phase(n, label, r.cfg.trace.count - len(r.resume.finished(n, label)))

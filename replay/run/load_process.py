@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from replay.analysis.run_spec import RunSpec
 from replay.core.buckets import Buckets
 from replay.core.errors import RunDirError
 from replay.core.event_loop import run_loop
@@ -43,28 +44,32 @@ ADVANCE_EVERY_S = 0.1
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything one worker needs for its share of one phase (pickled to the process)."""
+    """A worker's spec: the run's (``run``, as the manifest records it) plus its ``shard`` of
+    one phase, and what the phase hands it: the target's server, the trace it reads, the
+    target's counts and budget as the phase starts (pickled to the process)."""
 
+    run: RunSpec
+    shard: AnyShard
+    sched: Schedule  # the phase's (an open loop's offsets are split by ``shard``)
     results: Path
     run_wall_epoch: float  # wall-clock time of the run clock's zero
     url: str
     model: str
     api_key: str | None
-    timeout_s: float
-    seed: int
     target: str
-    sched: Schedule
-    shard: AnyShard
     trace: TraceSource
-    buckets: Buckets
     counts: array[int]
     pool: TokenPool | None
     budget: ErrorBudget  # the target's, as the phase starts
-    phase_timeout_s: float
+    phase_limit_s: float  # the phase's time limit (the run spec's, or what is left of it)
     salt: str | None
     before_done: set[str]
     sessions: Sessions | None
     max_model_len: int | None = None
+
+    @property
+    def buckets(self) -> Buckets:
+        return Buckets.parse(self.run.quality.buckets)
 
     def clock(self) -> MonotonicClock:
         """The run's clock in this process: the same zero, by the wall clock, then monotonic."""
@@ -157,8 +162,8 @@ async def _work(spec: WorkerSpec, conn: Connection) -> None:
         spec.url,
         spec.model,
         api_key=spec.api_key,
-        timeout_s=spec.timeout_s,
-        seed=spec.seed,
+        timeout_s=spec.run.load.timeout_s,
+        seed=spec.run.load.seed,
         epoch=clock.epoch,
     )
     cannot_write: list[RunDirError] = []
@@ -216,7 +221,7 @@ def _phase(
         progress=progress,
         clock=clock,
         stopping=stopping,
-        timeout_s=spec.phase_timeout_s,
+        timeout_s=spec.phase_limit_s,
         salt=spec.salt,
         before_done=spec.before_done,
         sessions=spec.sessions,

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 
 from replay import __version__
+from replay.analysis.run_spec import RunSpec
 from replay.analysis.schemas_manifest import MANIFEST_FILE, Manifest
 from replay.core.buckets import Buckets
-from replay.run.spec import RunSpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy
 
@@ -129,9 +129,7 @@ def read_spec(run_dir: Path) -> RunSpec | None:
     """The ``RunSpec`` the run's manifest records (its ``run_spec`` block); None for a run
     written before manifests had one. A value of the wrong type raises ``SummaryError``
     naming it."""
-    path = run_dir / MANIFEST_FILE
-    spec = orjson.loads(path.read_bytes()).get("run_spec")
-    return None if spec is None else RunSpec.from_json(spec, where=f"{path}: run_spec")
+    return read_manifest(run_dir).run_spec
 
 
 def written_targets(run_dir: Path) -> dict[str, Any]:

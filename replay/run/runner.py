@@ -137,7 +137,7 @@ class Runner:
         self.history = (
             ReferenceHistory(cfg.run_dir, self.reference, on_failure=self.stop.cannot_write)
             if self.sessions
-            and check_mode(cfg.session_history, cfg.parallel_targets) == "reference"
+            and check_mode(cfg.load.session_history, cfg.load.parallel_targets) == "reference"
             else None
         )
         self.writer = JsonlWriter(cfg.run_dir / RESULTS, self.stop.cannot_write)
@@ -149,7 +149,7 @@ class Runner:
         self.order.bind(self)
 
     def new_budget(self) -> ErrorBudget:
-        return self.cfg.budget.error_budget()
+        return ErrorBudget.of(self.cfg.budget)
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -164,7 +164,7 @@ class Runner:
                 schedules=[s.label for s in c.schedules],
                 options=c.manifest_options(self.sessions),
                 reference=self.reference,
-                spec=c.run_spec(trace["sha256"]),
+                spec=c.run_spec(),
                 roles=self.roles.to_json(),
                 cli_options=c.cli_options,
                 interrupted=self.interrupted,
@@ -235,7 +235,7 @@ class Runner:
                 first_phase=self.cfg.schedules[0].label,
                 bucket_labels=self.cfg.buckets.labels,
                 tolerance=self.cfg.quality.tolerance,
-                seed=self.cfg.seed,
+                seed=self.cfg.load.seed,
                 thresholds=self.cfg.thresholds,
                 manifest=Manifest.from_json(self.manifest(), where="manifest"),
                 grading_specs=self._grading_specs,
@@ -366,7 +366,7 @@ class Runner:
 
     def saturated(self, run: TargetRun, name: str) -> bool:
         """--stop-at-saturation: whether the sweep may stop rising for this target."""
-        if not self.cfg.stop_at_saturation or self.stopping.is_set() or run.budget.spent:
+        if not self.cfg.load.stop_at_saturation or self.stopping.is_set() or run.budget.spent:
             return False
         c = self.cfg
         why = stop_rising(c.run_dir, name, run.phases, c.buckets.labels, c.slo)
@@ -459,7 +459,7 @@ class OneAfterAnother:
 
     async def run_targets(self) -> None:
         r = self.runner
-        if r.cfg.parallel_targets:
+        if r.cfg.load.parallel_targets:
             await asyncio.gather(*(r.serve_target(t) for t in r.runs.values()))
             return
         for t in r.runs.values():

@@ -112,9 +112,8 @@ class Rounds:
         the round that was not folded in (they are sent again)."""
         if cfg.resume:
             drop_unfolded(cfg)
-        return replace(
-            cfg, quality=replace(cfg.quality, teacher_forced=False), parallel_targets=True
-        )
+        quality = replace(cfg.quality, teacher_forced=False)
+        return replace(cfg.with_load(parallel_targets=True), quality=quality)
 
     def bind(self, runner: Runner) -> None:
         if runner.roles.candidate is None or len(runner.runs) != 2:

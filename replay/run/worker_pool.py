@@ -192,30 +192,29 @@ class WorkerPoolSender:
     """Each phase sent by ``workers`` load processes (a ``PhaseSender``, replay/run/senders.py).
     ``clock`` is the run's: the workers' clocks share its zero through the wall clock."""
 
-    def __init__(self, workers: int, cfg: RunConfig, clock: MonotonicClock) -> None:
-        self.workers, self.cfg, self.clock = workers, cfg, clock
+    def __init__(self, cfg: RunConfig, clock: MonotonicClock) -> None:
+        self.workers, self.cfg, self.clock = cfg.load.workers, cfg, clock
         self.wall_epoch = time.time() - clock.now()
 
     def _specs(self, phase: Phase, api_key: str | None) -> list[WorkerSpec]:
         t, c = phase.target, self.cfg
+        run = c.run_spec()
         return [
             WorkerSpec(
+                run=run,
+                shard=shard,
+                sched=sched,
                 results=shard_results(c.run_dir, k),
                 run_wall_epoch=self.wall_epoch,
                 url=t.client.base_url,
                 model=t.client.model,
                 api_key=api_key,
-                timeout_s=c.timeout_s,
-                seed=c.seed,
                 target=t.name,
-                sched=sched,
-                shard=shard,
                 trace=phase.trace,
-                buckets=phase.buckets,
                 counts=t.counts,
                 pool=t.pool,
                 budget=t.budget,
-                phase_timeout_s=phase.timeout_s,
+                phase_limit_s=phase.timeout_s,
                 salt=phase.salt,
                 before_done=phase.before_done,
                 sessions=phase.sessions,

@@ -13,11 +13,11 @@ from typing import Any
 from gevent.event import Event
 from locust import __version__ as locust_version
 
+from replay.analysis.run_spec import RunSpec
 from replay.locust.config import Config
 from replay.locust.messages import RunPlan, target_message
 from replay.locust.recorder import RunRecorder
 from replay.locust.target import MetricsTap
-from replay.run.spec import RunSpec
 
 
 @dataclass
@@ -76,25 +76,17 @@ def recorder(
         buckets=cfg.buckets,
         spec=cfg.spec,
         schedules=cfg.plan.labels,
+        # What the run spec does not hold: the Locust test's own shape and pacing.
         options={
             "driver": "locust",
             "shape": cfg.mode,
-            "timeout_s": cfg.timeout_s,
-            "seed": cfg.seed,
-            "salt_phases": True,
-            "loop": cfg.loop,
             "limit": cfg.limit,
-            "checkers": cfg.checkers,
             "time_scale": cfg.time_scale,
             "levels": str(opts.kvc_levels),
             "hold_s": float(opts.kvc_hold),
             "ramp": float(opts.kvc_ramp),
             "max_in_flight": int(opts.kvc_max_in_flight),
             "itl_events": cfg.itl_events,
-            "max_errors": cfg.max_errors,
-            "max_error_rate": cfg.max_error_rate,
-            "max_results": cfg.max_results,
-            "slo": cfg.slo.text if cfg.slo else None,
         },
         driver={"name": "locust", "version": locust_version, **driver},
         command=list(sys.argv),

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from replay.analysis.run_spec import QualitySpec
 from replay.core.schedule import ClosedLoop
-from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import Runner
-from replay.run.spec import QualitySpec
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load
 from tests.conftest import ROOT
 from tests.support.fault_server import describe, fault_server
+from tests.support.run_config import run_config
 
 pytestmark = pytest.mark.vllm
 
@@ -47,7 +47,7 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
     trace = load(TRACE)
     trace.requests = trace.requests[:LIMIT]
     with fault_server(mode) as bad:
-        cfg = RunConfig(
+        cfg = run_config(
             trace=trace,
             trace_path=TRACE,
             trace_format="v1",
@@ -58,8 +58,7 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
             schedules=[ClosedLoop(2)],
             quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
-            timeout_s=3.0,
-            parallel_targets=True,
+            load={"timeout_s": 3.0, "parallel_targets": True},
         )
         summary = asyncio.run(Runner(cfg).run())
         reached = bad.requests
@@ -112,7 +111,7 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
         assert server.proc is not None
         pgid = server.proc.pid
         trace = load(TRACE)
-        cfg = RunConfig(
+        cfg = run_config(
             trace=trace,
             trace_path=TRACE,
             trace_format="v1",
@@ -120,7 +119,7 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
             schedules=[ClosedLoop(1)],
             quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
-            timeout_s=30.0,
+            load={"timeout_s": 30.0},
         )
         results_file = cfg.run_dir / "results.jsonl"
 

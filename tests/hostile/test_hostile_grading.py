@@ -21,20 +21,20 @@ import pytest
 from click.testing import CliRunner
 
 from replay.analysis.grading.rows import grade_rows
+from replay.analysis.run_spec import QualitySpec
 from replay.checkers import Answer, Grade, Grader, Job, JsonSchema, grade_safely, parse_check
 from replay.cli import main
 from replay.core.errors import TraceError
 from replay.core.records import Result, ToolCall
 from replay.core.schedule import ClosedLoop
 from replay.run.analyze import reanalyse
-from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_json
 from replay.run.runner import Runner
-from replay.run.spec import QualitySpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load
 from tests.conftest import within
 from tests.support.fault_server import fault_server
+from tests.support.run_config import run_config
 
 DEEP = "[" * 5000
 
@@ -362,7 +362,7 @@ def _replay(tmp_path: Path) -> Path:
     )
     trace = load(trace_path)
     with fault_server("split") as server:
-        cfg = RunConfig(
+        cfg = run_config(
             trace=trace,
             trace_path=trace_path,
             trace_format="v1",
@@ -373,8 +373,8 @@ def _replay(tmp_path: Path) -> Path:
             schedules=[ClosedLoop(2)],
             quality=QualitySpec(buckets="256,1K", teacher_forced=False, reference="ref"),
             run_dir=new_run_dir(tmp_path / "reports"),
-            timeout_s=5.0,
             cli_options={"targets": "ref=x,cand=y", "tolerance": 0.05},
+            load={"timeout_s": 5.0},
         )
         asyncio.run(Runner(cfg).run())
     return cfg.run_dir

@@ -93,7 +93,8 @@ def test_turns_go_in_order_with_the_references_history_on_every_target(
     history = [json.loads(line) for line in (run_dir / "session_history.jsonl").open()]
     assert len(history) == 3 * 3  # the reference's every answer: sessions x turns (one phase)
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["options"]["sessions"] == {"history": "reference", "think_time": "0.3 s"}
+    assert manifest["options"]["sessions"] == {"think_time": "0.3 s"}
+    assert manifest["run_spec"]["load"]["session_history"] == "reference"
     summary = json.loads((run_dir / "summary.json").read_text())
     sessions = summary["targets"]["other"]["phases"]["c2"]["all"]["sessions"]
     assert sessions["later_turns"] == 6 and sessions["reused_prefix_share"] > 0.5

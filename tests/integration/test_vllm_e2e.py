@@ -92,7 +92,8 @@ def test_replay_sample_bf16_fp8_from_the_command_line(tmp_path: Path) -> None:
         assert "target fp8 failed" in proc.stderr
 
     # Both phases were sent interleaved, in blocks.
-    assert manifest["options"]["interleave"] == {"block_size": "auto"}
+    assert manifest["run_spec"]["load"]["interleave"] is True
+    assert manifest["run_spec"]["load"]["block_size"] == 0  # by the schedule
     assert manifest["targets"]["bf16"]["phases"]["c4"].get("blocks")
 
     # Servers the tool started are gone.

@@ -13,16 +13,16 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: these tests start vLLM servers")
 
+from replay.analysis.run_spec import QualitySpec  # noqa: E402
 from replay.core.schedule import ClosedLoop  # noqa: E402
-from replay.run.config import RunConfig  # noqa: E402
 from replay.run.rundir import new_run_dir, read_results  # noqa: E402
 from replay.run.runner import Runner  # noqa: E402
-from replay.run.spec import QualitySpec  # noqa: E402
 from replay.serving.introspect import introspect  # noqa: E402
 from replay.serving.local_server import LocalServer  # noqa: E402
 from replay.serving.targets import TargetSpec  # noqa: E402
 from replay.traces.importers import LengthPolicy, load  # noqa: E402
 from tests.conftest import FP8_DTYPE, ROOT, SHARED_DATA, fp8_emulated  # noqa: E402
+from tests.support.run_config import run_config  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -44,7 +44,7 @@ def replay(
     policy: LengthPolicy | None = None,
 ) -> dict[str, Any]:
     policy = policy or LengthPolicy()
-    cfg = RunConfig(
+    cfg = run_config(
         trace=load(trace, policy=policy),
         trace_path=trace,
         trace_format="auto",
@@ -206,7 +206,7 @@ def test_graded_replay_with_control_reports_quality(
     the noise floor per bucket, and every grade kept in grades.jsonl."""
     trace = ROOT / "traces" / "sample.jsonl"
     reqs = load(trace).requests
-    cfg = RunConfig(
+    cfg = run_config(
         trace=load(trace),
         trace_path=trace,
         trace_format="v1",
@@ -250,7 +250,7 @@ def test_fp8_teacher_forced_scores_differ_from_bf16(
     bf16_server: LocalServer, fp8_server: LocalServer, tmp_path: Path
 ) -> None:
     trace = ROOT / "traces" / "sample.jsonl"
-    cfg = RunConfig(
+    cfg = run_config(
         trace=load(trace),
         trace_path=trace,
         trace_format="v1",
@@ -326,7 +326,7 @@ def test_api_key_never_reaches_any_run_artifact(
     trace = ROOT / "traces" / "sample.jsonl"
     loaded = load(trace)
     loaded.requests = loaded.requests[:4]
-    cfg = RunConfig(
+    cfg = run_config(
         trace=loaded,
         trace_path=trace,
         trace_format="v1",

@@ -22,7 +22,7 @@ import orjson
 
 from replay.analysis.grading.rows import grading_spec
 from replay.analysis.schemas_manifest import Manifest
-from replay.analysis.verdict.facts import Thresholds
+from replay.analysis.thresholds import Thresholds
 from replay.core.records import Result, ToolCall
 from replay.run.analyze import Analysis
 from replay.run.rundir import TEACHER_FORCED

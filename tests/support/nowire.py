@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from replay.analysis.run_spec import QualitySpec
 from replay.core.errors import TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
@@ -21,7 +22,6 @@ from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.rundir import JsonlWriter
-from replay.run.spec import QualitySpec
 from replay.run.stopping import RunStop
 from replay.run.teacher import Scoring
 from replay.serving.local_server import LocalServer
@@ -29,6 +29,7 @@ from replay.serving.targets import TargetSpec
 from replay.traces.importers import load
 from replay.traces.trace import Request
 from tests.conftest import ROOT
+from tests.support.run_config import run_config
 
 TRACE = ROOT / "traces" / "sample.jsonl"
 SETTLE_STEPS = 50  # loop turns the clock lets every runnable task take before it jumps
@@ -197,7 +198,7 @@ def config(
     # Without their checks: grading them (a sandbox, a worker process) is not what these
     # tests look at, and would take most of their time.
     trace.requests = [r.model_copy(update={"check": None}) for r in trace.requests[:limit]]
-    return RunConfig(
+    return run_config(
         trace=trace,
         trace_path=TRACE,
         trace_format="v1",

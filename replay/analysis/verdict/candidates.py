@@ -26,7 +26,8 @@ from dataclasses import replace
 
 from replay.analysis.schemas import Summary, Systems, Verdict
 from replay.analysis.schemas_manifest import Manifest
-from replay.analysis.verdict.facts import Thresholds, facts_from_run
+from replay.analysis.thresholds import Thresholds
+from replay.analysis.verdict.facts import facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.analysis.verdict.wording import VERDICTS, evidence_entry
 from replay.serving import kv_formats

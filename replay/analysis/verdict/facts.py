@@ -30,37 +30,11 @@ from replay.analysis.schemas import (
     TargetSummary,
 )
 from replay.analysis.schemas_manifest import Manifest
-from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
 from replay.analysis.stats.evidence import Evidence
 from replay.analysis.stats.evidence import evidence as pairs_evidence
-from replay.analysis.systems_cells import THRESHOLD as SYSTEMS_THRESHOLD
+from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.advice import Advice, advice_facts
 from replay.analysis.verdict.serving_path import error_problem, serving_problems
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    tolerance: float = TOLERANCE  # largest acceptable pass-rate drop per bucket (/100)
-    alpha: float = ALPHA  # level of a loss and of the bound that shows a match
-    min_pairs: int = MIN_PAIRS  # graded pairs a bucket needs to count as evidence
-    required_capacity_ratio: float = 1.5  # FP8 / BF16 KV-cache tokens that count as the gain
-    capacity_needed_usage: float = 0.5  # peak KV usage of the reference that means "needed"
-    max_error_rate: float = 0.05  # failed requests above this make a target "failed"
-    # Teacher-forced divergence that warns (never decides): a per-token NLL increase whose
-    # interval lies above this and above the A/A floor, or a top-1 agreement whose interval
-    # lies below 1 - this and below the floor's.
-    tf_warn_nll: float = 0.05
-    tf_warn_top1: float = 0.05
-    # Reasoning length that warns (never decides): a bucket where the target's reasoning
-    # tokens exceed the reference's by an interval lying above this share of the
-    # reference's mean and above the A/A floor, over at least ``reasoning_warn_pairs``.
-    reasoning_warn: float = 0.10
-    reasoning_warn_pairs: int = 5
-    # Decide on emulated FP8 arms (quality only) instead of refusing to.
-    accept_emulated: bool = False
-    # The systems rule (``systems_cells``): the smallest change of a latency or a rate that
-    # counts as faster, slower, more or fewer (either way: x1.05 or /1.05 at 0.05).
-    systems_threshold: float = SYSTEMS_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -199,8 +173,8 @@ def facts_from_run(
     cand = candidate or roles.candidate
     phases = s.quality.phases if s.quality else {}
     # --quality-pass serial: quality is decided on the answers that do not depend on batching.
-    only = manifest.options.get("quality_phase")
-    if isinstance(only, str) and only in phases:
+    only = manifest.quality_phase
+    if only is not None and only in phases:
         phases = {only: phases[only]}
     ref_t = targets.get(reference)
     ref_problem = (

@@ -31,7 +31,8 @@ from typing import Any
 
 from replay.analysis.schemas import SystemsCell, SystemsRule, Verdict
 from replay.analysis.systems_cells import CAPACITY, LOWER_IS_BETTER
-from replay.analysis.verdict.facts import Facts, Thresholds
+from replay.analysis.thresholds import Thresholds
+from replay.analysis.verdict.facts import Facts
 from replay.analysis.verdict.wording import evidence_entry, verdict_record
 
 NAMES = {

@@ -16,7 +16,8 @@ from typing import Any
 
 from replay.analysis.schemas import Sequential, Verdict
 from replay.analysis.stats.equivalence import equivalent
-from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
+from replay.analysis.thresholds import Thresholds
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.payoff import gain
 from replay.analysis.verdict.wording import (
     bucket_text,

@@ -13,7 +13,8 @@ from dataclasses import asdict
 from typing import Any
 
 from replay.analysis.schemas import Verdict
-from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Thresholds
+from replay.analysis.thresholds import Thresholds
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts
 from replay.core.exit_codes import ExitCode
 
 VERDICTS: dict[str, tuple[int, str]] = {

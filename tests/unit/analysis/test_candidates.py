@@ -7,8 +7,8 @@ from typing import Any
 
 from replay.analysis.schemas import Summary
 from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.candidates import decide_candidates, format_of, in_its_words
-from replay.analysis.verdict.facts import Thresholds
 from replay.analysis.verdict.wording import verdict_record
 from tests.unit.analysis.test_verdict import _row
 

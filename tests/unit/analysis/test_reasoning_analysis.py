@@ -16,7 +16,8 @@ from replay.analysis.reasoning import reasoning_length
 from replay.analysis.schemas import ReasoningDelta, Summary
 from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.summary import summarize_targets
-from replay.analysis.verdict.facts import ArmFacts, Thresholds, facts_from_run
+from replay.analysis.thresholds import Thresholds
+from replay.analysis.verdict.facts import ArmFacts, facts_from_run
 from replay.analysis.verdict.rule import decide, reasoning_warnings
 from replay.core.records import Result
 from replay.present import report

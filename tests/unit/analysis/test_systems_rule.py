@@ -28,7 +28,8 @@ from replay.analysis.systems_cells import (
     judge,
     latency_cells,
 )
-from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
+from replay.analysis.thresholds import Thresholds
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.rule import decide
 from replay.core.records import Result
 from tests.support.systems_cases import cell, rule

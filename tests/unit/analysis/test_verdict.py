@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 
 from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.advice import Advice
-from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.rule import decide
 from replay.analysis.verdict.wording import VERDICTS
 from tests.support.systems_cases import cell, rule

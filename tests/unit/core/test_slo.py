@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from replay.analysis.schemas import Summary
-from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts, Thresholds
+from replay.analysis.thresholds import Thresholds
+from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
 from replay.core.records import Result

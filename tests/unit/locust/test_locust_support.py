@@ -15,6 +15,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from replay.analysis.run_spec import (
+    BudgetSpec,
+    LoadSpec,
+    QualitySpec,
+    RunDirSpec,
+    RunSpec,
+    TraceSpec,
+)
 from replay.checkers import Grader
 from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
@@ -33,7 +41,6 @@ from replay.locust.recorder import RunRecorder, cancelled_result
 from replay.locust.target import resolve_target
 from replay.present.report import write_reports
 from replay.run.rundir import file_digest
-from replay.run.spec import BudgetSpec, LoadSpec, QualitySpec, RunDirSpec, RunSpec, TraceSpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load, scan
 from replay.traces.trace import Request

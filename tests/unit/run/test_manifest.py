@@ -12,17 +12,17 @@ from typing import Any
 import orjson
 import pytest
 
+from replay.analysis.run_spec import QualitySpec
 from replay.analysis.schemas_manifest import Manifest, SpecFacts, TargetEntry, TraceFacts
 from replay.core.errors import SummaryError
 from replay.core.schedule import ClosedLoop
-from replay.run.config import RunConfig
 from replay.run.manifest import read_manifest, read_spec, written_targets
 from replay.run.rundir import new_run_dir
 from replay.run.runner import Runner
-from replay.run.spec import QualitySpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import scan
 from tests.support.fault_server import fault_server
+from tests.support.run_config import run_config
 from tests.unit.run.test_streaming import write_trace
 
 
@@ -35,7 +35,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("manifest")
     path = write_trace(tmp / "t.jsonl", 12)
     with fault_server("split") as server:
-        cfg = RunConfig(
+        cfg = run_config(
             trace=scan(path),
             trace_path=path,
             trace_format="v1",

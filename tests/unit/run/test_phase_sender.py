@@ -12,11 +12,11 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from replay.analysis.run_spec import BudgetSpec
 from replay.core.schedule import MonotonicClock
 from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import Runner
-from replay.run.spec import BudgetSpec
 from replay.traces.importers import load
 from tests.support.fault_server import fault_server
 from tests.support.nowire import TRACE, Scripted, config
@@ -26,7 +26,12 @@ LIMIT = 6
 
 def _config(url: str, run_dir: Path, resume: bool = False) -> RunConfig:
     return config(
-        run_dir, limit=LIMIT, url=url, timeout_s=3.0, budget=BudgetSpec(drain_s=0.1), resume=resume
+        run_dir,
+        limit=LIMIT,
+        url=url,
+        load={"timeout_s": 3.0},
+        budget=BudgetSpec(drain_s=0.1),
+        resume=resume,
     )
 
 

@@ -10,15 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from replay.analysis.run_spec import (
+    BudgetSpec,
+    LoadSpec,
+    QualitySpec,
+    RunDirSpec,
+    RunSpec,
+    TraceSpec,
+)
 from replay.cli.measuring import resolve_control, resolve_interleave
 from replay.cli.replay_run import Plan, run_config
 from replay.cli.run_options import RunOptions
 from replay.core.buckets import Buckets
 from replay.core.errors import SummaryError
 from replay.locust.config import config_of
+from replay.run.load_process import WorkerSpec
 from replay.run.manifest import build_manifest, read_spec
-from replay.run.rundir import MANIFEST, file_digest, write_json
-from replay.run.spec import BudgetSpec, LoadSpec, QualitySpec, RunDirSpec, RunSpec, TraceSpec
+from replay.run.rundir import MANIFEST, write_json
 from tests.unit.cli.test_run_options import click_defaults
 from tests.unit.run.test_streaming import write_trace
 
@@ -42,7 +50,7 @@ def cli_spec(trace: Path, run_dir: Path) -> RunSpec:
     plan = Plan.of(o)
     o = resolve_interleave(resolve_control(o, plan.trace), plan.trace, plan.targets)
     cfg = run_config(o, plan, run_dir, resume=False)
-    return cfg.run_spec(file_digest(trace))
+    return cfg.run_spec()
 
 
 def locust_spec(trace: Path, run_dir: Path) -> RunSpec:
@@ -136,5 +144,18 @@ def test_a_manifest_without_a_spec_reads_none_and_a_bad_one_names_its_field(
     bad = _spec().to_json()
     bad["load"]["seed"] = "five"
     write_json(tmp_path / MANIFEST, {"run_spec": bad})
-    with pytest.raises(SummaryError, match=r"run_spec: load\.seed: expected an integer"):
+    with pytest.raises(SummaryError, match=r"run_spec\.load\.seed: expected an integer"):
         read_spec(tmp_path)
+
+
+def test_a_workers_spec_is_the_run_spec_plus_its_share() -> None:
+    """A load process of ``--workers`` gets the run spec whole, and beside it only what one
+    phase hands one worker: no setting of the run is described a second time."""
+    hints = {f.name: f.type for f in dataclasses.fields(WorkerSpec)}
+    assert hints["run"] == "RunSpec" and "shard" in hints
+    described = {
+        f.name
+        for record in (TraceSpec, LoadSpec, QualitySpec, BudgetSpec, RunDirSpec)
+        for f in dataclasses.fields(record)
+    }
+    assert described.isdisjoint(hints), described & set(hints)

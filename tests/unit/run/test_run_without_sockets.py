@@ -16,13 +16,14 @@ import signal
 import socket
 import time
 from collections import Counter
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import replay
+from replay.analysis.run_spec import BudgetSpec
 from replay.cli.compose import compose, refuse_combinations
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
@@ -34,7 +35,6 @@ from replay.run.progress import QuietProgress
 from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import OneAfterAnother, Runner
 from replay.run.sequential_run import RoundLoop, Rounds, SequentialOptions
-from replay.run.spec import BudgetSpec
 from replay.run.stopping import RunStop
 from replay.run.worker_pool import WorkerPoolSender
 from tests.support.nowire import NoWire, Scripted, VirtualClock, answer, config, todo
@@ -257,7 +257,11 @@ def test_a_signal_interrupts_the_run_and_the_handlers_before_are_back(
 def test_interleaved_blocks_go_to_every_arm_in_a_rotating_order(tmp_path: Path) -> None:
     run_dir, sender = new_run_dir(tmp_path), Scripted()
     cfg = config(
-        run_dir, targets=("bf16", "fp8"), schedules=(ClosedLoop(1),), limit=LIMIT, block_size=2
+        run_dir,
+        targets=("bf16", "fp8"),
+        schedules=(ClosedLoop(1),),
+        limit=LIMIT,
+        load={"block_size": 2},
     )
     runner = Runner(
         cfg, clock=VirtualClock(), sender=sender, connector=NoWire(LIMIT), order=Interleaved()
@@ -274,7 +278,7 @@ def test_interleaved_blocks_go_to_every_arm_in_a_rotating_order(tmp_path: Path) 
         ("fp8", blocks[2]),
     ]
     manifest = _manifest(run_dir)
-    assert manifest["options"]["parallel_targets"] is True
+    assert manifest["run_spec"]["load"]["parallel_targets"] is True
     assert [b[0] for b in manifest["targets"]["fp8"]["phases"]["c1"]["blocks"]] == [0, 1, 2]
 
 
@@ -377,13 +381,14 @@ def test_the_composition_root_picks_the_order_and_the_sender(tmp_path: Path) -> 
     cfg = config(new_run_dir(tmp_path), targets=("bf16", "fp8"), limit=LIMIT)
     progress = QuietProgress()
     assert isinstance(compose(cfg, _options(), progress).order, OneAfterAnother)
-    interleaved = compose(replace(cfg, interleave=True), _options(), progress)
+    interleaved = compose(cfg.with_load(interleave=True), _options(), progress)
     assert isinstance(interleaved.order, Interleaved)
     sequential = compose(cfg, _options(sequential=True), progress)
     assert isinstance(sequential.order, Rounds)
     assert [s.label for s in sequential.cfg.schedules] == ["seq"]
     assert (
-        sequential.cfg.quality.teacher_forced is False and sequential.cfg.parallel_targets is True
+        sequential.cfg.quality.teacher_forced is False
+        and sequential.cfg.load.parallel_targets is True
     )
-    pooled = compose(replace(cfg, workers=2), _options(workers=2), progress)
+    pooled = compose(cfg.with_load(workers=2), _options(workers=2), progress)
     assert isinstance(pooled.sender, WorkerPoolSender) and pooled.sender.clock is pooled.clock

@@ -15,17 +15,17 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replay.analysis.run_spec import QualitySpec
 from replay.cli import main
 from replay.core.errors import TraceError
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
-from replay.run.config import RunConfig
 from replay.run.rundir import new_run_dir, read_jsonl, read_results
 from replay.run.runner import Runner
-from replay.run.spec import QualitySpec
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load, scan
 from replay.traces.trace import IdIndex, Request
 from tests.support.fault_server import fault_server
+from tests.support.run_config import run_config
 
 
 def live_requests() -> int:
@@ -185,7 +185,7 @@ def test_replay_holds_only_requests_in_flight(tmp_path: Path, open_loop: bool) -
     )
     progress = CountingProgress()
     with fault_server("split") as server:
-        cfg = RunConfig(
+        cfg = run_config(
             trace=trace,
             trace_path=path,
             trace_format="v1",
@@ -193,7 +193,7 @@ def test_replay_holds_only_requests_in_flight(tmp_path: Path, open_loop: bool) -
             schedules=[sched],
             quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
-            timeout_s=10.0,
+            load={"timeout_s": 10.0},
         )
         base = live_requests()
         asyncio.run(Runner(cfg, progress).run())
@@ -209,7 +209,7 @@ def test_phase_time_limit_records_every_unsent_request_once(tmp_path: Path) -> N
     path = write_trace(tmp_path / "t.jsonl", 300)
     trace = scan(path)
     with fault_server("split") as server:
-        cfg = RunConfig(
+        cfg = run_config(
             trace=trace,
             trace_path=path,
             trace_format="v1",
@@ -217,8 +217,7 @@ def test_phase_time_limit_records_every_unsent_request_once(tmp_path: Path) -> N
             schedules=[ClosedLoop(2)],
             quality=QualitySpec(buckets="256,1K", teacher_forced=False),
             run_dir=new_run_dir(tmp_path),
-            timeout_s=10.0,
-            phase_timeout_s=0.4,
+            load={"timeout_s": 10.0, "phase_timeout_s": 0.4},
         )
         asyncio.run(Runner(cfg).run())
     results = list(read_results(cfg.run_dir))

@@ -105,7 +105,8 @@ def test_targets_that_differ_only_by_noise_give_no_systems_claim(tmp_path: Path)
     rows = [line for line in md.split("### Systems")[1].splitlines() if line.startswith("| c4 |")]
     assert len(rows) == len(calls) and all("±" in r and "same" in r for r in rows), rows
     manifest = json.loads((tmp_path / "noise" / "manifest.json").read_text())
-    assert manifest["options"]["interleave"] == {"block_size": "auto"}
+    assert manifest["run_spec"]["load"]["interleave"] is True
+    assert manifest["run_spec"]["load"]["block_size"] == 0  # by the schedule
     blocks = manifest["targets"]["cand"]["phases"]["c4"]["blocks"]
     assert len(blocks) == 160 // 8 and [b[0] for b in blocks] == list(range(20))
 
@@ -129,7 +130,7 @@ def test_the_serial_quality_pass_is_interleaved_and_weighs_no_systems_cell(tmp_p
     summary = _replay(tmp_path, "serial", drift=0.0, extra=("--quality-pass", "serial"), n=48)
     manifest = json.loads((tmp_path / "serial" / "manifest.json").read_text())
     assert manifest["schedules"] == ["c1", "c4"]
-    assert manifest["options"]["quality_phase"] == "c1"
+    assert manifest["run_spec"]["quality"]["quality_phase"] == "c1"
     for arm in ("ref", "ref-control", "cand"):
         blocks = manifest["targets"][arm]["phases"]["c1"]["blocks"]
         assert [b[0] for b in blocks] == list(range(24)), (arm, blocks)

@@ -117,7 +117,7 @@ def test_a_closed_loop_sends_every_request_once_per_phase(tmp_path: Path) -> Non
     got = Counter(prompt for _, prompt, _ in server.seen)
     assert got == {f"p{i}": 2 for i in range(30)}  # once per phase, no more
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["options"]["workers"] == 2
+    assert manifest["run_spec"]["load"]["workers"] == 2
 
 
 def test_an_open_loop_keeps_the_schedule_across_workers(tmp_path: Path) -> None:

@@ -1,15 +1,14 @@
 """``RunSpec``: what one run was asked to do, as plain typed data that both drivers produce (the
 CLI from its ``RunOptions``, the Locust adapter from its ``Config``), the manifest records in
-its ``spec`` block and reads back (``replay/run/manifest.py``), and a re-analysis or a resume
+its ``run_spec`` block and reads back typed (``Manifest.run_spec``), and a re-analysis or a resume
 can compare. Built of five records: the trace, the load, quality, the error budget and the run
 directory. A field a driver has no equivalent of says so in its default and its comment; there
 is no second type per driver."""
 
 from __future__ import annotations
 
-from replay.analysis.verdict.facts import Thresholds
+from replay.analysis.thresholds import Thresholds
 from replay.core.record_json import Record, record
-from replay.run.budget import ErrorBudget
 
 _DEFAULT = Thresholds()
 
@@ -92,10 +91,6 @@ class BudgetSpec(Record):
     max_error_rate: float | None = 0.05
     drain_s: float | None = None  # None: no drain (Locust's own stop waits for its results)
     max_results: int | None = None  # None: every result is stored (the CLI)
-
-    def error_budget(self) -> ErrorBudget:
-        """A fresh budget of these limits (replay/run/budget.py)."""
-        return ErrorBudget(max_errors=self.max_errors, max_error_rate=self.max_error_rate)
 
 
 @record
