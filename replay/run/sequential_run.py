@@ -28,6 +28,7 @@ from typing import Any
 from replay.analysis.grading.rows import grade_rows, grading_spec
 from replay.analysis.sequential import Rule, SequentialState
 from replay.analysis.sequential_plan import plan_round
+from replay.checkers.grader import Grader
 from replay.core.errors import ConfigError, RunDirError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop
@@ -98,6 +99,7 @@ class Rounds:
         self.candidate: str | None = None
         self.arms: dict[str, TargetSession] = {}
         self._ready: dict[str, asyncio.Event] = {}
+        self._grader: Grader | None = None  # the rounds' (``_rounds``)
         self._over = asyncio.Event()
         self.seq: SequentialRun | None = None
         self.queues: dict[str, deque[int]] = {}
@@ -219,9 +221,12 @@ class Rounds:
         self._start_state()
         assert self.seq is not None
         began = r.clock.now()  # --max-time is on the run's clock
-        while (why := self._why_stop(began)) is None:
-            await self._round(names)
-            self.seq.elapsed_s, began = self.seq.elapsed_s + r.clock.now() - began, r.clock.now()
+        # One grading process for every round (each would otherwise start its own).
+        with Grader() as self._grader:
+            while (why := self._why_stop(began)) is None:
+                await self._round(names)
+                elapsed = self.seq.elapsed_s + r.clock.now() - began
+                self.seq.elapsed_s, began = elapsed, r.clock.now()
         self.seq.stopped = why
         for t in r.all_runs().values():
             if t.budget.spent and t.status != "failed":
@@ -266,7 +271,7 @@ class Rounds:
         r = self.runner
         results = [Result.from_json(x) for x in rows]
         specs = {q.id: grading_spec(q) for q in r.cfg.trace.iter_requests() if q.id in buckets}
-        graded = grade_rows(results, specs, r.reference)
+        graded = grade_rows(results, specs, r.reference, self._grader)
         control = r.control.spec.name if r.control is not None else None
         assert self.candidate is not None
         return round_counts(graded, buckets, self.candidate, r.reference, control)

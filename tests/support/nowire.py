@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from replay.analysis.run_spec import QualitySpec
+from replay.analysis.schemas import Summary
+from replay.analysis.summary import SUMMARY_VERSION
 from replay.core.errors import TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
+from replay.run.analyze import Analysis
 from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected
 from replay.run.phase import Phase, Schedule, TargetSession
@@ -208,3 +211,10 @@ def config(
         run_dir=run_dir,
         **kw,
     )
+
+
+def unanalysed(a: Analysis) -> Summary:
+    """The analysis at the end of a run, left out: these tests look at what the runner sent
+    and wrote; the analysis has tests of its own (tests/unit/analysis, the golden run), and
+    here it would be most of each test's time."""
+    return Summary(version=SUMMARY_VERSION, targets={}, run_dir=str(a.run_dir))
