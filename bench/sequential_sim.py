@@ -5,8 +5,8 @@ design's N.
     python bench/sequential_sim.py --markdown [PATH]   # the README's table from the JSON
 
 Every simulated canary is a run of :data:`BUCKETS` context-length buckets, fed in rounds of
-:data:`ROUND` pairs per open bucket (what ``sequential_plan.plan_round`` gives with enough
-requests) until the run is decided (``replay.analysis.sequential``) or the budget per bucket
+:data:`ROUND` pairs per open bucket (what ``analysis.sequential.plan.plan_round`` gives with enough
+requests) until the run is decided (``replay.analysis.sequential.state``) or the budget per bucket
 is spent. The pass model: the reference passes a request with probability :data:`P_REF`; the
 candidate fails one the reference passed with probability ``p10 / P_REF`` and passes one it
 failed with ``p01 / (1 - P_REF)``, so per pair a regression has probability p10, an
@@ -63,8 +63,8 @@ from _machine import cpu_model
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from replay.analysis.sequential import Rule  # noqa: E402
-from replay.analysis.sequential_capital import rejects  # noqa: E402
+from replay.analysis.sequential.capital import rejects  # noqa: E402
+from replay.analysis.sequential.state import Rule  # noqa: E402
 from replay.analysis.stats import binomial, power  # noqa: E402
 
 CANARIES = 10_000

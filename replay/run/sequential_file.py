@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from replay.analysis.schemas import Sequential
-from replay.analysis.sequential import SequentialState
-from replay.analysis.sequential_summary import sequential_record
+from replay.analysis.sequential.state import SequentialState
+from replay.analysis.sequential.summary import sequential_record
 from replay.run.rundir import read_json, write_json
 
 SEQUENTIAL = "sequential.json"

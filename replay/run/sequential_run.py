@@ -2,8 +2,9 @@
 requests sent to both (and to the A/A control on the reference's server) in rounds, and the
 run stopped as soon as the sequential evidence decides (``analysis.sequential``).
 
-Each round takes up to ``round_size`` requests per open bucket (``sequential_plan.plan_round``;
-buckets by prompt length on the reference's tokenizer), sends them to every arm (each arm a
+Each round takes up to ``round_size`` requests per open bucket
+(``analysis.sequential.plan.plan_round``; buckets by prompt length on the reference's
+tokenizer), sends them to every arm (each arm a
 ``Phase`` limited to the round's requests, a closed loop of ``--concurrency``, phase ``seq``),
 grades the round's pairs as the analysis does (explicit checks, derived grades against the
 A/A control), folds them into the state and saves ``sequential.json``. A decided bucket gets no
@@ -26,8 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from replay.analysis.grading.rows import grade_rows, grading_spec
-from replay.analysis.sequential import Rule, SequentialState
-from replay.analysis.sequential_plan import plan_round
+from replay.analysis.sequential.plan import plan_round
+from replay.analysis.sequential.state import Rule, SequentialState
 from replay.checkers.grader import Grader
 from replay.core.errors import ConfigError, RunDirError
 from replay.core.records import Result
@@ -266,7 +267,7 @@ class Rounds:
     def _grade(
         self, rows: list[dict[str, Any]], buckets: Mapping[str, str]
     ) -> dict[str, tuple[int, int, int]]:
-        from replay.analysis.sequential_summary import round_counts
+        from replay.analysis.sequential.summary import round_counts
 
         r = self.runner
         results = [Result.from_json(x) for x in rows]

@@ -1,4 +1,4 @@
-"""The sequential canary (replay.analysis.sequential*): its capital, state, planner and, by
+"""The sequential canary (replay.analysis.sequential.state*): its capital, state, planner and, by
 simulation, its error rates and the pairs it needs.
 
 The simulation is ``bench/sequential_sim.py``'s, which the README's table comes from, with
@@ -18,21 +18,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.analysis import sequential_plan
-from replay.analysis.sequential import (
-    EQUIVALENT,
-    LOSS,
-    OPEN,
-    Rule,
-    SequentialState,
-)
-from replay.analysis.sequential_capital import (
+from replay.analysis.sequential import plan as sequential_plan
+from replay.analysis.sequential.capital import (
     BETS,
     log_capital,
     lower_bound,
     pairs_to_cross,
     rejects,
     upper_bound,
+)
+from replay.analysis.sequential.state import (
+    EQUIVALENT,
+    LOSS,
+    OPEN,
+    Rule,
+    SequentialState,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))

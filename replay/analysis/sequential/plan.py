@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from replay.analysis.sequential import EQUIVALENT, LOSS, OPEN, Rule, SequentialState, Tally
-from replay.analysis.sequential_capital import MAX_PROJECTED, pairs_to_cross
+from replay.analysis.sequential.capital import MAX_PROJECTED, pairs_to_cross
+from replay.analysis.sequential.state import EQUIVALENT, LOSS, OPEN, Rule, SequentialState, Tally
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 The fixed design (``stats.evidence``) must guess N up front, and looking at it before N inflates
 its error rates. Here each context-length bucket keeps the counts of its graded pairs (pairs,
 regressions = reference passed and candidate failed, improvements = the reverse) and, after
-each round of new pairs, reads the always-valid betting capital of ``sequential_capital`` for
+each round of new pairs, reads the always-valid betting capital of ``capital`` for
 two questions about its drop ``P(ref pass) - P(cand pass)``:
 
 * LOSS: reject "drop <= 0" (the candidate is worse);
@@ -32,7 +32,7 @@ Each bucket's interval is the running intersection of its confidence sequence, s
 narrows: the lower end at the bucket's LOSS level (above 0: a loss) and the upper at alpha
 (below the tolerance: equivalent). :class:`SequentialState` is immutable and serializable
 (``to_json`` / ``from_json``, an exact round trip), with one history row per round per open
-bucket. ``sequential_plan`` says what each open bucket would still need and which buckets
+bucket. ``plan`` says what each open bucket would still need and which buckets
 the next round's requests go to.
 """
 
@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from replay.analysis.sequential_capital import lower_bound, rejects, upper_bound
+from replay.analysis.sequential.capital import lower_bound, rejects, upper_bound
 from replay.analysis.stats.equivalence import (
     ALPHA,
     MIN_PAIRS,

@@ -16,8 +16,8 @@ from typing import Any
 
 from replay.analysis.grading.pairing import combined_pairs, grades_frame
 from replay.analysis.schemas import Sequential, SequentialBucket
-from replay.analysis.sequential import HISTORY_COLUMNS, SequentialState, Tally
-from replay.analysis.sequential_plan import needs
+from replay.analysis.sequential.plan import needs
+from replay.analysis.sequential.state import HISTORY_COLUMNS, SequentialState, Tally
 from replay.analysis.stats.pairs import discordant
 from replay.analysis.stats.power import pairs_needed
 
