@@ -133,31 +133,9 @@ def twin_dir() -> Path:
 def twin_overlay(twin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """kvcal's scales for the twin, from the sample trace (disjoint from the evaluated ones):
     calibrated once, shared by the FP8 story, the emulation check and the interop test."""
-    import subprocess
-    import sys
+    from tests.support.twin_overlay import calibrate_twin
 
-    overlay = tmp_path_factory.mktemp("kvcal") / "twin-calibrated"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvcal.cli",
-            "calibrate",
-            str(twin_dir),
-            "--trace",
-            str(ROOT / "traces" / "sample.jsonl"),
-            "--buckets",
-            "256,1K",
-            "--per-bucket",
-            "8",
-            "-o",
-            str(overlay),
-        ],
-        cwd=ROOT,
-        check=True,
-        timeout=1800,
-    )
-    return overlay
+    return calibrate_twin(twin_dir, tmp_path_factory.mktemp("kvcal") / "twin-calibrated")
 
 
 def _shared(
