@@ -20,6 +20,7 @@ from typing import Any
 
 import _blocks
 import orjson
+from _kvcal_figures import nat
 
 BENCH = Path(__file__).resolve().parent
 README = BENCH / "README.md"
@@ -232,6 +233,36 @@ def sequential_rows(doc: dict[str, Any]) -> Iterator[Row]:
             yield what, value, f"<= {r['target_median_over_fixed']:g}x"
 
 
+def kvcal_formats_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """docs/kvcal.md's emulation and KV-format runs (``bench/kvcal_formats.py``; the doc's
+    tables are ``bench/doc_figures.py``'s): one row per step recorded."""
+    for step in ("emulate", "served", "canary", "formats"):
+        entry = doc.get(step)
+        if not entry:
+            continue
+        f, took = entry.get("figures"), f"{entry['wall_s'] / 60:.0f} min"
+        if f is None:
+            yield f"kvcal formats, {step}", f"figures not read ({took})", ""
+        elif step == "emulate":
+            cells = [
+                f"{r['model']} {r['setting']} {nat(r['buckets']['all']['nll_delta_mean'])}"
+                for r in f["rows"]
+                if r["buckets"].get("all")
+            ]
+            yield "kvcal emulate, ΔNLL/token over all buckets", "; ".join(cells) + f" ({took})", ""
+        elif step == "served":
+            corr = min(r["positions"]["correlation"] for r in f["rows"])
+            value = f"correlation >= {corr:.4f} over {len(f['rows'])} pairs ({took})"
+            yield "FP8 emulated in vLLM vs served: per-position NLL", value, ">= 0.99"
+        elif step == "canary":
+            v = [f"{n}: {t['verdict']['verdict']}" for n, t in f["targets"].items() if t["verdict"]]
+            yield "canary bf16,fp8,fp8_e5m2: verdicts", ", ".join(v) + f" ({took})", ""
+        else:
+            p = f["e5m2_positions"]
+            value = f"correlation {p['correlation']:.4f} over {p['positions']} positions ({took})"
+            yield "fp8_e5m2 emulated in vLLM vs served: per-position NLL", value, ">= 0.99"
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("sequential", sequential_rows),
     ("evidence_simulation", evidence_simulation_rows),
@@ -241,6 +272,7 @@ KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("client_overhead", client_overhead_rows),
     ("memory", memory_rows),
     ("kvcal_observer", kvcal_rows),
+    ("kvcal_formats", kvcal_formats_rows),
     ("open_loop", open_loop_rows),
     ("workers", workers_rows),
     ("real_canary", real_canary_rows),
