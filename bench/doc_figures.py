@@ -23,6 +23,7 @@ from typing import Any
 
 import _blocks
 import _canary_figures
+import _kvcal_figures
 import _model_figures
 import orjson
 
@@ -30,6 +31,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 DOCS = ROOT / "docs"
 RESULTS = BENCH / "results"
+KV = RESULTS / "kvcal_formats.json"
 MODEL = ROOT / "replay" / "testmodel" / "models" / "kvcanary-tiny-llama" / "kvcanary_model.json"
 
 
@@ -73,6 +75,10 @@ BLOCKS = (
     ),
     Block(DOCS / "models.md", "testmodel", (MODEL,), _model_figures.served),
     Block(DOCS / "models.md", "training", (MODEL,), _model_figures.training),
+    Block(DOCS / "kvcal.md", "kvcal-emulate", (KV,), _kvcal_figures.emulate),
+    Block(DOCS / "kvcal.md", "kvcal-served", (KV,), _kvcal_figures.served),
+    Block(DOCS / "kvcal.md", "kv-formats-canary", (KV,), _kvcal_figures.canary),
+    Block(DOCS / "kvcal.md", "kv-formats-emulated", (KV,), _kvcal_figures.formats),
 )
 
 
