@@ -4,7 +4,7 @@ One replay with seven targets: the BF16 reference, and for the original, the out
 the twin's kvcal overlay, a served FP8 server and an emulated one. The teacher-forced scores
 of the reference's answers are compared position by position and per bucket. Only where
 vLLM can serve FP8: elsewhere there is nothing served to compare with (the other FP8 tests
-run against emulation there). docs/kvcal.md records the figures.
+run against emulation there). bench/kvcal_formats.py records the figures docs/kvcal.md shows.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ plugin), fp8_e5m2 served beside its emulation, and the canary deciding several c
 2. ``replay canary --targets bf16,fp8,fp8_e5m2`` on the embedded model, both FP8 formats
    served: each candidate decided, at alpha / 2, with twice the reference's cache.
 
-Served FP8 needs AVX-512 or AMX; the README records the figures.
+Served FP8 needs AVX-512 or AMX; bench/kvcal_formats.py records the figures docs/kvcal.md shows.
 """
 
 from __future__ import annotations
