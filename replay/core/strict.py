@@ -5,7 +5,8 @@ has; nothing is coerced:
 * a boolean is never a number (``true`` is not 1);
 * a string is never a number (``"16"`` is not 16), nor a number a string;
 * an integer takes an integral number (``16``, or ``16.0`` as a JSON writer may put it), never
-  ``16.5``, NaN or infinity; a count is an integer >= 0;
+  ``16.5``, NaN or infinity, nor one past 64 bits (no count or id is, and the run's files,
+  written with orjson, could not hold it); a count is an integer >= 0;
 * token ids are a list of counts.
 
 In a trace, a value that breaks the rule is a bad line naming its field (``StrictInt``,
@@ -20,14 +21,18 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 
 def integer(value: object) -> int | None:
     """``value`` as an integer under the rule; None when it is not one."""
     if type(value) is int:
-        return value
-    if type(value) is float and value.is_integer():
-        return int(value)
-    return None
+        n = value
+    elif type(value) is float and value.is_integer():
+        n = int(value)
+    else:
+        return None
+    return n if _INT64_MIN <= n <= _INT64_MAX else None
 
 
 def number(value: object) -> float | None:
@@ -66,7 +71,9 @@ def shown(value: object) -> str:
 def _strict_int(value: Any) -> int:
     n = integer(value)
     if n is None:
-        raise ValueError(f"must be an integer, got {shown(value)}")
+        whole = type(value) is int or (type(value) is float and value.is_integer())
+        past = " (past 64 bits)" if whole else ""
+        raise ValueError(f"must be an integer, got {shown(value)}{past}")
     return n
 
 
