@@ -9,14 +9,13 @@ order the results came, as they always were: every figure is exact.
 
 from __future__ import annotations
 
-import math
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from replay.analysis.result_table import ResultTable, as_table
 from replay.analysis.schemas import (
     BucketStats,
     Capacity,
@@ -91,58 +90,68 @@ _TEXTS = ("target", "phase", "bucket", "error_kind")
 
 
 def results_frame(results: Iterable[Result]) -> tuple[pd.DataFrame, npt.NDArray[np.float64]]:
-    """One row per result, with what the summary's figures are computed from, built column by
-    column (8 bytes a number, NaN where there is none), and the ITL gaps of every result in
-    one array: a row's are ``itl_n`` of them from ``itl_at`` (``gaps``). The latencies, ITL
-    gaps and decode rate count only when ok."""
+    """One row per result, with what the summary's figures are computed from, column by
+    column from the results' table (8 bytes a number, NaN where there is none), and the ITL
+    gaps of every result in one array: a row's are ``itl_n`` of them from ``itl_at``
+    (``gaps``). The latencies, ITL gaps and decode rate count only when ok."""
     import pandas as pd
 
-    texts: dict[str, list[str]] = {c: [] for c in _TEXTS}
-    floats = {c: array("d") for c in _FLOATS}
-    flags = {c: bytearray() for c in _FLAGS}
-    ints = {c: array("q") for c in ("output_tokens", "reasoning_tokens", "itl_at", "itl_n")}
-    itl = array("d")
-    add_text = [texts[c].append for c in _TEXTS]
-    add_float = [floats[c].append for c in _FLOATS]
-    add_flag = [flags[c].append for c in _FLAGS]
-    add_int = [ints[c].append for c in ints]
-    for r in results:
-        labels = (r.target, r.phase, r.bucket, r.error_kind or "unknown")
-        for put_text, label in zip(add_text, labels, strict=True):
-            put_text(label)
-        first = None if r.first_token is None else r.first_token - r.scheduled
-        numbers: tuple[float | None, ...] = (
-            r.ttft,
-            first,
-            r.queue_delay,
-            r.e2e,
-            _decode_rate(r),
-            tpot(r),
-            r.prompt_tokens,
-            r.turn,
-            r.reused_prefix_tokens,
-            r.time_to_answer,
-        )
-        for put_float, x in zip(add_float, numbers, strict=True):
-            put_float(math.nan if x is None else x)
-        status = r.status
-        marks = (status == "ok", r.tokens_estimated, status == "cancelled", status == "skipped")
-        for put_flag, mark in zip(add_flag, (*marks, r.reasoning_tokens_estimated), strict=True):
-            put_flag(bool(mark))
-        gaps = r.itl()
-        counts = (r.output_tokens, r.reasoning_tokens, len(itl), len(gaps))
-        for put_int, n in zip(add_int, counts, strict=True):
-            put_int(n)
-        itl.extend(gaps)
+    t = as_table(results)
+    sent, first, done = t.floats("sent"), t.floats("first_token"), t.floats("done")
+    scheduled, tokens = t.floats("scheduled"), t.counts("output_tokens")
+    status = t.codes("status")
+    itl, itl_n = itl_gaps(t)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        decoding = done - first
+        # NaN where a time is missing (NaN compares false) or the answer has one token.
+        rate = np.where((decoding > 0) & (tokens > 1), tokens / decoding, np.nan)
+        per_token = np.where(tokens > 1, decoding / (tokens - 1), np.nan)
     frame = pd.DataFrame(
         {
-            **texts,
-            **{c: np.frombuffer(v, dtype=np.float64) for c, v in floats.items()},
-            **{c: np.frombuffer(v, dtype=np.bool_) for c, v in flags.items()},
-            **{c: np.frombuffer(v, dtype=np.int64) for c, v in ints.items()},
+            # The labels stay Python strings (each shared by every row that has it): a
+            # column of arrow strings would copy them into a pool that keeps its memory.
+            "target": pd.Series(t.labels("target"), dtype=object),
+            "phase": pd.Series(t.labels("phase"), dtype=object),
+            "bucket": pd.Series(t.labels("bucket"), dtype=object),
+            "error_kind": pd.Series(t.labels("error_kind", none="unknown"), dtype=object),
+            "ttft": first - sent,
+            "from_schedule": first - scheduled,
+            "queue_delay": sent - scheduled,
+            "e2e": done - sent,
+            "decode_rate": rate,
+            "tpot": per_token,
+            "prompt_tokens": t.floats("prompt_tokens"),
+            "turn": t.floats("turn"),
+            "reused": t.floats("reused_prefix_tokens"),
+            "time_to_answer": t.floats("first_answer_token") - sent,
+            "ok": status == t.code_of("status", "ok"),
+            "estimated": t.flags("tokens_estimated"),
+            "cancelled": status == t.code_of("status", "cancelled"),
+            "skipped": status == t.code_of("status", "skipped"),
+            "reasoning_estimated": t.flags("reasoning_tokens_estimated"),
+            "output_tokens": tokens,
+            "reasoning_tokens": t.counts("reasoning_tokens"),
+            "itl_at": np.cumsum(itl_n) - itl_n,
+            "itl_n": itl_n,
         }
     )
-    return frame, np.frombuffer(itl, dtype=np.float64)
+    return frame, itl
+
+
+def itl_gaps(t: ResultTable) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Every result's inter-token gaps in one array, in the results' order, and how many
+    each result has: as ``Result.itl`` gives them, a chunk of n tokens spreading its gap
+    over n tokens (a chunk with none adds no gap)."""
+    times, tokens, times_at, tokens_at = t.chunks()
+    lengths = np.diff(times_at)
+    row = np.repeat(np.arange(len(t)), lengths)  # each chunk's result
+    k = np.arange(times.size) - np.repeat(times_at[:-1], lengths)  # its place in its result
+    n = tokens[np.repeat(tokens_at[:-1], lengths) + k] if times.size else tokens[:0]
+    counted = (k > 0) & (n > 0)
+    at = np.flatnonzero(counted)
+    gap = (times[at] - times[at - 1]) / n[at]
+    per_row = np.bincount(row[at], weights=n[at], minlength=len(t)).astype(np.int64)
+    return np.repeat(gap, n[at]), per_row
 
 
 def gaps(group: pd.DataFrame, itl: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -11,7 +11,7 @@ prefill can regress while decode improves, so TTFT and ITL are fitted separately
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,11 +25,11 @@ from replay.analysis.schemas import (
     SystemsRule,
 )
 from replay.analysis.stats.intervals import paired_bootstrap
-from replay.analysis.systems_cells import LATENCY, LOWER_IS_BETTER
+from replay.analysis.systems_cells import LOWER_IS_BETTER
+from replay.analysis.timings import Timings, timings
 from replay.core.records import Result
 
-Metric = Callable[[Result], float | None]
-METRICS: dict[str, Metric] = {k: LATENCY[k] for k in ("ttft_ms", "e2e_ms", "itl_ms")}
+METRICS = ("ttft_ms", "e2e_ms", "itl_ms")  # in the order the summary lists them
 
 
 def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float] | None:
@@ -77,24 +77,21 @@ def systems(
     """Per bucket of ``phase``: paired latency deltas (candidate - reference) with intervals,
     and fits; with ``rule`` (``systems_cells.rule``), the cells the verdict weighs. The output
     throughput ratio comes from the summary (``throughput_ratio``): None here."""
-    by: dict[str, dict[str, Result]] = defaultdict(dict)
-    for r in results:
-        if r.phase == phase and r.status == "ok" and r.target in (reference, candidate):
-            by[r.target][r.request_id] = r
-    ref, cand = by.get(reference, {}), by.get(candidate, {})
+    tm = timings(results)
+    ref, cand = tm.rows(reference, phase), tm.rows(candidate, phase)
     common = sorted(set(ref) & set(cand))
     buckets: dict[str, dict[str, LatencyDelta]] = defaultdict(dict)
-    for name, metric in METRICS.items():
+    for name in METRICS:
         per_bucket: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
         for rid in common:
-            a, b = metric(ref[rid]), metric(cand[rid])
+            a, b = tm.value(name, ref[rid]), tm.value(name, cand[rid])
             if a is not None and b is not None:
-                per_bucket[ref[rid].bucket][0].append(a)
-                per_bucket[ref[rid].bucket][1].append(b)
+                per_bucket[tm.bucket[ref[rid]]][0].append(a)
+                per_bucket[tm.bucket[ref[rid]]][1].append(b)
         for bucket, (xs, ys) in per_bucket.items():
             buckets[bucket][name] = _delta(xs, ys, seed)
-    fits = {name: _fit(METRICS[name], ref, cand) for name in ("ttft_ms", "itl_ms", "e2e_ms")}
-    prompts = [float(r.prompt_tokens) for r in ref.values() if r.prompt_tokens is not None]
+    fits = {name: _fit(tm, name, ref, cand) for name in ("ttft_ms", "itl_ms", "e2e_ms")}
+    prompts = [float(x) for i in ref.values() if (x := tm.prompt_tokens[i]) == x]
     median_ctx = float(np.median(prompts)) if prompts else None
     return Systems(
         reference=reference,
@@ -140,13 +137,13 @@ def _latency_better(rule: SystemsRule | None) -> bool | None:
     return "better" in calls and "worse" not in calls
 
 
-def _fit(metric: Metric, ref: Mapping[str, Result], cand: Mapping[str, Result]) -> Fit:
+def _fit(tm: Timings, metric: str, ref: Mapping[str, int], cand: Mapping[str, int]) -> Fit:
     lines = []
-    for rs in (ref, cand):
+    for rows in (ref, cand):
         pts = [
-            (float(r.prompt_tokens), v)
-            for r in rs.values()
-            if r.prompt_tokens is not None and (v := metric(r)) is not None
+            (float(p), v)
+            for i in rows.values()
+            if (p := tm.prompt_tokens[i]) == p and (v := tm.value(metric, i)) is not None
         ]
         lines.append(fit_line([p[0] for p in pts], [p[1] for p in pts]))
     tokens, wins = crossing(lines[0], lines[1])

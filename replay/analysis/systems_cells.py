@@ -35,24 +35,14 @@ import numpy.typing as npt
 from replay.analysis.schemas import SystemsCell, SystemsRule
 from replay.analysis.stats.median_change import Change, log_ratios, median_change, min_pairs
 from replay.analysis.summary import tpot
+from replay.analysis.timings import LATENCY, Timings, timings
 from replay.core.records import Result
 from replay.core.slo import SloSpec, meets
 
 THRESHOLD = 0.05  # the smallest change that counts (--systems-threshold)
 LOWER_IS_BETTER = ("ttft_ms", "itl_ms", "e2e_ms")
-Metric = Callable[[Result], float | None]
 
 
-def _itl_ms(r: Result) -> float | None:
-    gaps = r.itl()
-    return 1000 * float(np.mean(gaps)) if gaps else None
-
-
-LATENCY: dict[str, Metric] = {
-    "ttft_ms": lambda r: None if r.ttft is None else 1000 * r.ttft,
-    "itl_ms": _itl_ms,
-    "e2e_ms": lambda r: None if r.e2e is None else 1000 * r.e2e,
-}
 Block = tuple[int, float, float]  # (index, start, end) on the run's clock
 
 
@@ -169,24 +159,21 @@ def latency_cells(
     """TTFT, ITL and E2E per phase and bucket, paired by request and grouped by the block the
     reference sent it in (the bucket is the reference's); a pair counts where both arms sent
     that block whole. A phase sent whole (not interleaved) is one block: unweighed."""
-    by: dict[tuple[str, str], dict[str, Result]] = defaultdict(dict)
-    for r in results:
-        if r.status == "ok":
-            by[(r.target, r.phase)][r.request_id] = r
+    tm = timings(results)
     out = []
     for ph in phases:
-        a, b = by.get((ref, ph), {}), by.get((cand, ph), {})
-        c = by.get((control, ph), {}) if control else None
+        a, b = tm.rows(ref, ph), tm.rows(cand, ph)
+        c = tm.rows(control, ph) if control else None
         mine = list(blocks.get(ref, {}).get(ph, ()))
-        k_of = _blocks_of(a, mine)
+        k_of = _blocks_of(tm, a, mine)
         whole = {t: _whole(blocks, t, ph) if mine else None for t in (cand, control) if t}
         why = "" if mine else ONE_BLOCK
-        for bucket in dict.fromkeys(a[i].bucket for i in a if i in b):
-            for name, metric in LATENCY.items():
-                pairs = _pairs(a, b, bucket, metric, k_of, whole[cand])
+        for bucket in dict.fromkeys(tm.bucket[a[i]] for i in a if i in b):
+            for name in LATENCY:
+                pairs = _pairs(tm, a, b, bucket, name, k_of, whole[cand])
                 aa = None
                 if c is not None and control is not None:
-                    aa = _pairs(a, c, bucket, metric, k_of, whole[control])
+                    aa = _pairs(tm, a, c, bucket, name, k_of, whole[control])
                 out.append(Planned(ph, bucket, name, pairs, aa, why))
     return out
 
@@ -196,34 +183,36 @@ def _whole(blocks: Mapping[str, Mapping[str, Sequence[Block]]], arm: str, phase:
     return {k for k, _, _ in blocks.get(arm, {}).get(phase, ())}
 
 
-def _blocks_of(results: Mapping[str, Result], blocks: Sequence[Block]) -> dict[str, int]:
+def _blocks_of(tm: Timings, rows: Mapping[str, int], blocks: Sequence[Block]) -> dict[str, int]:
     """The block each request was sent in (its scheduled time in the block's window); 0 for
     all of them when the phase has no blocks."""
     if not blocks:
-        return dict.fromkeys(results, 0)
+        return dict.fromkeys(rows, 0)
     starts = np.asarray([s for _, s, _ in blocks])
     out = {}
-    for rid, r in results.items():
-        i = int(np.searchsorted(starts, r.scheduled, "right")) - 1
-        if i >= 0 and r.scheduled <= blocks[i][2]:
+    for rid, row in rows.items():
+        scheduled = float(tm.scheduled[row])
+        i = int(np.searchsorted(starts, scheduled, "right")) - 1
+        if i >= 0 and scheduled <= blocks[i][2]:
             out[rid] = blocks[i][0]
     return out
 
 
 def _pairs(
-    a: Mapping[str, Result],
-    b: Mapping[str, Result],
+    tm: Timings,
+    a: Mapping[str, int],
+    b: Mapping[str, int],
     bucket: str,
-    metric: Metric,
+    metric: str,
     k_of: Mapping[str, int],
     whole: set[int] | None,
 ) -> list[Pair]:
     out = []
     for rid in sorted(set(a) & set(b) & set(k_of)):
         k = k_of[rid]
-        if a[rid].bucket != bucket or (whole is not None and k not in whole):
+        if tm.bucket[a[rid]] != bucket or (whole is not None and k not in whole):
             continue
-        x, y = metric(a[rid]), metric(b[rid])
+        x, y = tm.value(metric, a[rid]), tm.value(metric, b[rid])
         if x is not None and y is not None:
             out.append((k, x, y))
     return out
@@ -240,13 +229,53 @@ def block_counts(
     """Per block (one arm, one phase): how many requests sent in it met the SLOs (with no
     SLOs, were answered), and the block's seconds."""
     good = sorted(r.scheduled for r in results if _counts(r, slo))
-    at = np.asarray(good, dtype=float)
+    return _counted(np.asarray(good, dtype=float), blocks)
+
+
+def _counted(at: npt.NDArray[np.float64], blocks: Sequence[Block]) -> dict[int, tuple[int, float]]:
+    """Per block, the sorted times ``at`` within it, and its seconds."""
     out = {}
     for k, start, end in blocks:
         if end > start:
             n = int(np.searchsorted(at, end, "right") - np.searchsorted(at, start, "left"))
             out[k] = (n, end - start)
     return out
+
+
+def arm_block_counts(
+    results: Sequence[Result],
+    target: str,
+    phase: str,
+    blocks: Sequence[Block],
+    slo: SloSpec | None,
+) -> dict[int, tuple[int, float]]:
+    """``block_counts`` of ``target``'s results in ``phase``, read from the results' columns."""
+    tm = timings(results)
+    t = tm.table
+    mine = (t.codes("target") == t.code_of("target", target)) & (
+        t.codes("phase") == t.code_of("phase", phase)
+    )
+    rows = np.flatnonzero(mine & tm.ok)
+    if slo is not None:
+
+        def seconds(x: float) -> float | None:
+            return None if x != x else float(x)
+
+        rows = np.asarray(
+            [
+                i
+                for i in rows
+                if meets(
+                    slo.for_bucket(str(tm.bucket[i])),
+                    True,
+                    seconds(tm.ttft_s[i]),
+                    seconds(tm.tpot_s[i]),
+                    seconds(tm.e2e_s[i]),
+                )
+            ],
+            dtype=np.int64,
+        )
+    return _counted(np.sort(tm.scheduled[rows]), blocks)
 
 
 def block_rates(counts: Mapping[int, tuple[int, float]]) -> dict[int, float]:

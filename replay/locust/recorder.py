@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from replay.analysis.grading.rows import grading_spec
+from replay.analysis.result_table import phase_spans
 from replay.analysis.run_spec import RunSpec
 from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.thresholds import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.records import Result
 from replay.core.slo import SloSpec
-from replay.run.analyze import Analysis, analyse, load_results, target_for_summary
+from replay.run.analyze import Analysis, analyse, results_table, target_for_summary
 from replay.run.manifest import build_manifest, target_entry, trace_facts
 from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, write_json
 from replay.serving.targets import (
@@ -158,13 +159,11 @@ class RunRecorder:
     def finish(self, tolerance: float = 0.05) -> dict[str, Any]:
         """Write manifest, grades and summary from everything received (callable again when
         late results arrive: each call rewrites them)."""
-        results = load_results(self.run_dir, prompt_ids=False)  # lean, as the CLI reads them
+        results = results_table(self.run_dir)  # columns, as the CLI's analysis reads them
         # A phase some result names but no window covers (e.g. the target failed before the
         # first phase opened) gets the span of its results, so the summary counts them.
-        for r in results:
-            if r.phase not in self.phases:
-                times = [x for x in (r.scheduled, r.sent, r.done) if x is not None]
-                self.phases[r.phase] = {"start": min(times), "end": max(times)}
+        for label, (start, end) in phase_spans(results, self.phases).items():
+            self.phases[label] = {"start": start, "end": end}
         self.save_manifest()
         name = self.spec.name
         targets = {
@@ -172,7 +171,7 @@ class RunRecorder:
                 self.status, self.reason, self.info.get("cache_config"), self.phases
             )
         }
-        ids = {r.request_id for r in results}
+        ids = results.request_ids()
         specs = {r.id: grading_spec(r) for r in self.trace.iter_requests() if r.id in ids}
         # The CLI's own analysis (replay/run/analyze.py): one pipeline for both drivers.
         return analyse(

@@ -20,15 +20,16 @@ from replay.analysis.capacity import capacity_phase
 from replay.analysis.grading.quality import CONTROL_SUFFIX, Graded, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grading_spec, iter_grade_rows
 from replay.analysis.reasoning import reasoning_length
+from replay.analysis.result_table import ResultTable, as_table, phase_spans
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
-from replay.analysis.schemas import CapacityPhase, Sequential, Summary, SystemsRule
+from replay.analysis.schemas import CapacityPhase, Quality, Sequential, Summary, SystemsRule
 from replay.analysis.schemas_manifest import Manifest, TargetEntry
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
 from replay.analysis.systems_cells import (
     Planned,
-    block_counts,
+    arm_block_counts,
     block_list,
     block_rates,
     latency_cells,
@@ -121,9 +122,7 @@ class Analysis:
 def analyse(a: Analysis) -> Summary:
     """Write ``grades.jsonl`` and ``summary.json`` of a run; return the summary."""
     # Prompt ids are only for teacher-forced scoring, which reads them from the file.
-    results = (
-        list(a.results) if a.results is not None else load_results(a.run_dir, prompt_ids=False)
-    )
+    results = as_table(a.results) if a.results is not None else results_table(a.run_dir)
     summary = Summary(
         version=SUMMARY_VERSION,
         targets=summarize_targets(
@@ -141,26 +140,10 @@ def analyse(a: Analysis) -> Summary:
     if sweep is not None:
         summary = replace(summary, saturation=sweep)
     if a.grading:
-        specs = a.grading_specs({r.request_id for r in results})
-        # Written as they are graded: quality keeps a few fields of each row (``Graded``).
-        graded = Graded()
-        rows = iter_grade_rows(results, specs, a.reference)
-        rewrite_jsonl(a.run_dir / GRADES, (graded.add(row) for row in rows))
-        tf_rows = list(_complete_rows(a.run_dir / TEACHER_FORCED))
-        summary = replace(
-            summary,
-            quality=assess_quality(
-                graded,
-                tf_rows,
-                a.reference,
-                a.bucket_labels,
-                a.tolerance,
-                a.seed,
-                alpha=a.thresholds.alpha,
-                min_pairs=a.thresholds.min_pairs,
-            ),
-        )
-    length = reasoning_length(results, a.reference, a.bucket_labels, a.seed)
+        summary = replace(summary, quality=_graded_quality(a, results))
+    # Only answers that reasoned have a length to compare: most runs have none to read.
+    reasoned = results.counts("reasoning_tokens").any()
+    length = reasoning_length(results, a.reference, a.bucket_labels, a.seed) if reasoned else None
     if length is not None:
         summary = replace(summary, reasoning=length)
     if a.sequential is not None:
@@ -169,6 +152,32 @@ def analyse(a: Analysis) -> Summary:
         summary = _decide(a, results, summary)
     write_json(a.run_dir / SUMMARY, summary.to_json())
     return summary
+
+
+def _graded_quality(a: Analysis, results: ResultTable) -> Quality:
+    """Grade every answer into ``grades.jsonl`` and judge quality from the grades. Its own
+    function so that what grading holds (every request's checks, a few fields of every
+    grade) is let go before the next step."""
+    return assess_quality(
+        _grades(a, results),
+        list(_complete_rows(a.run_dir / TEACHER_FORCED)),
+        a.reference,
+        a.bucket_labels,
+        a.tolerance,
+        a.seed,
+        alpha=a.thresholds.alpha,
+        min_pairs=a.thresholds.min_pairs,
+    )
+
+
+def _grades(a: Analysis, results: ResultTable) -> Graded:
+    """Every answer graded into ``grades.jsonl``, as it is graded; quality keeps a few fields
+    of each row (``Graded``). The checks of every request are let go on return."""
+    specs = a.grading_specs(results.request_ids())
+    graded = Graded()
+    rows = iter_grade_rows(results, specs, a.reference)
+    rewrite_jsonl(a.run_dir / GRADES, (graded.add(row) for row in rows))
+    return graded
 
 
 def candidates_of(a: Analysis) -> list[str]:
@@ -221,8 +230,9 @@ def systems_rule(
         for ph in phases:
             arms = [n for n in (a.reference, candidate, control_name) if n is not None]
             if all(blocks.get(n, {}).get(ph) for n in arms[:2]):
-                mine = {n: [r for r in results if r.target == n and r.phase == ph] for n in arms}
-                counts = {n: block_counts(mine[n], blocks[n].get(ph, []), a.slo) for n in arms}
+                counts = {
+                    n: arm_block_counts(results, n, ph, blocks[n].get(ph, []), a.slo) for n in arms
+                }
                 rates = {n: block_rates(c) for n, c in counts.items()}
                 planned.append(
                     rate_cell(ph, "goodput_rps", rates, a.reference, candidate, control_name)
@@ -278,7 +288,7 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
     Reads the run directory without repairing it; a line cut short at the end of a file is
     left out."""
     manifest = _manifest(run_dir)
-    results = held(lean(r) for r in _complete_results(run_dir))
+    results = results_table(run_dir)
     names = list(manifest.targets)
     reference = manifest.reference or names[0]
     targets = {n: _target_facts(manifest.targets[n], n, results) for n in names}
@@ -292,7 +302,7 @@ def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
             targets=targets,
             reference=reference,
             candidate=None if locust else roles.candidate,
-            first_phase=schedules[0] if schedules else next((r.phase for r in results), ""),
+            first_phase=schedules[0] if schedules else (results.values("phase") or [""])[0],
             bucket_labels=list(manifest.buckets.labels),
             tolerance=thresholds.tolerance,
             seed=manifest.seed,
@@ -356,6 +366,22 @@ def _complete_rows(path: Path) -> Iterator[Any]:
                     raise InputError(f"{path}:{lineno}: not JSON ({exc})") from None
 
 
+def results_table(run_dir: Path) -> ResultTable:
+    """The run's results as the analysis holds them: columns (``ResultTable``), without what
+    it never reads. A line cut short at the end is left out; a line that is not a result is
+    an error naming it."""
+    table = ResultTable()
+    for lineno, row in enumerate(_complete_rows(run_dir / RESULTS), 1):
+        try:
+            table.add_row(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"{run_dir / RESULTS}: result {lineno} is not a result "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+    return table
+
+
 def _complete_results(run_dir: Path) -> Iterator[Result]:
     for lineno, row in enumerate(_complete_rows(run_dir / RESULTS), 1):
         try:
@@ -367,18 +393,12 @@ def _complete_results(run_dir: Path) -> Iterator[Result]:
             ) from None
 
 
-def _target_facts(info: TargetEntry, name: str, results: Sequence[Result]) -> dict[str, Any]:
+def _target_facts(info: TargetEntry, name: str, results: ResultTable) -> dict[str, Any]:
     """What the summary needs of a target, from its manifest entry. A phase that some result
     names but the manifest has no window for (the run was killed inside it) gets the span of
     its results, so that its requests are counted."""
     phases = {k: dict(v) for k, v in info.phases.items()}
-    spans: dict[str, list[float]] = {}
-    for r in results:
-        if r.target == name and r.phase not in phases:
-            times = [t for t in (r.scheduled, r.sent, r.done) if t is not None]
-            span = spans.setdefault(r.phase, [min(times), max(times)])
-            span[0], span[1] = min(span[0], *times), max(span[1], *times)
-    for label, (start, end) in spans.items():
+    for label, (start, end) in phase_spans(results, phases, target=name).items():
         phases[label] = {"start": start, "end": end, "interrupted": True}
     return target_for_summary(info.status or None, info.reason, info.cache_config, phases)
 

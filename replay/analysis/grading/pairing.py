@@ -69,7 +69,13 @@ def frame_of(flat: Sequence[FlatGrade]) -> pd.DataFrame:
     """``grades_frame`` of rows already flattened (``flat_grade``)."""
     import pandas as pd
 
-    frame = pd.DataFrame.from_records(flat, columns=GRADE_COLUMNS)
+    # Text columns hold the rows' own Python strings (each shared by the rows that have it):
+    # arrow storage would copy them, a million rows at a time, into a pool that keeps its
+    # memory.
+    with pd.option_context("mode.string_storage", "python"):
+        frame = pd.DataFrame.from_records(flat, columns=GRADE_COLUMNS)
+    if not frame.duplicated(KEY).any():  # as a rule: the copies below would change nothing
+        return frame.set_index("request_id", drop=False)
     first = frame.groupby(KEY, sort=False).ngroup()
     return (
         frame.assign(first=first)

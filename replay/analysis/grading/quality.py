@@ -144,6 +144,12 @@ class Graded:
         for row in rows:
             self.add(row)
 
+    def take_frame(self) -> pd.DataFrame:
+        """The grades as a table (``pairing.frame_of``); the flattened rows are let go, so a
+        million of them are not held beside their table."""
+        flat, self.flat = self.flat, []
+        return frame_of(flat)
+
     def add(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         self.flat.append(flat_grade(row))
         if any(((row.get(k) or {}).get("detail") or {}).get("checker_error") for k in _GRADES):
@@ -172,7 +178,7 @@ def assess_quality(
     rules: dict[str, dict[str, RuleFloor]] = {}
     notes = []
     graded = rows if isinstance(rows, Graded) else Graded(rows)
-    frame = frame_of(graded.flat)
+    frame = graded.take_frame()
     for phase, in_phase in frame.groupby("phase", sort=False):
         targets = dict(iter(in_phase.groupby("target", sort=False)))
         by_rule = rule_floors(in_phase, control)

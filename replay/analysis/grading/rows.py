@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from replay.analysis.result_table import as_table, keyed_rows
 from replay.checkers import Answer, Grade, Grader, Job, derived_record, normalize
 from replay.core.records import Result
 
@@ -213,10 +214,12 @@ def _batches(
     results: Sequence[Result], requests: Mapping[str, Gradable], reference: str
 ) -> Iterator[tuple[list[dict[str, Any]], _Asked]]:
     """The rows in the results' order, a batch of ``GRADE_BATCH`` grades to ask at a time."""
-    refs = {(r.phase, r.request_id): r for r in results if r.target == reference}
+    table = as_table(results)
+    # The reference's rows, each made a ``Result`` when an answer is compared with it.
+    refs = keyed_rows(table, reference)
     rows: list[dict[str, Any]] = []
     asked: _Asked = []
-    for r in results:
+    for r in table:
         req = requests.get(r.request_id)
         row: dict[str, Any] = {
             "target": r.target,
@@ -236,8 +239,9 @@ def _batches(
             answer = Answer(r.output_text, tuple(r.tool_calls))
             if req is not None and req.check is not None:
                 asked.append((row, "grade", Job(answer, spec=req.check), unanswered))
-            ref = refs.get((r.phase, r.request_id))
-            if r.target != reference and ref is not None and ref.status == "ok":
+            at = refs.get((r.phase, r.request_id)) if r.target != reference else None
+            ref = None if at is None else table[at]
+            if ref is not None and ref.status == "ok":
                 row["agreement"] = agreement(r, ref)
                 if req is not None and req.check is None:
                     reference_answer = Answer(ref.output_text, tuple(ref.tool_calls))
