@@ -5,6 +5,7 @@ and a row that is not a result is refused as ``Result.from_json`` refuses it."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -38,11 +39,9 @@ def _results(n: int, seed: int) -> list[Result]:
             r.status, r.error_kind = "skipped", "too_long"
         else:
             r.sent = r.scheduled + rng.random() / 10
-            times = [r.sent + 0.05]
-            for _ in range(rng.randrange(0, 12)):
-                times.append(times[-1] + rng.random() / 50)
+            steps = [rng.random() / 50 for _ in range(rng.randrange(0, 12))]
+            r.chunk_times = times = list(itertools.accumulate(steps, initial=r.sent + 0.05))
             r.first_token, r.done = times[0], rng.choice([times[-1], None])
-            r.chunk_times = times
             r.chunk_tokens = [rng.randrange(0, 4) for _ in times]
             r.output_tokens = sum(r.chunk_tokens)
             r.output_text = rng.choice(["", "yes", "caf\u00e9 \ud800", "a\nb"])
