@@ -18,7 +18,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +65,25 @@ class _Labels:
             code = self._code[value] = len(self.values)
             self.values.append(value)
         self.codes.append(code)
+
+
+class AnswerRow(NamedTuple):
+    """What grading reads of one result (``ResultTable.answer_row``): made for each result as
+    grading reaches it, at a third of the cost of its whole ``Result``."""
+
+    request_id: str
+    target: str
+    phase: str
+    bucket: str
+    status: str
+    error_kind: str | None
+    error: str | None
+    output_text: str
+    tool_calls: Sequence[ToolCall]
+    output_ids: list[int]
+    reasoning_tokens: int
+    first_answer_token: float | None
+    finish_reason: str | None
 
 
 class ResultTable(Sequence[Result]):
@@ -187,6 +206,29 @@ class ResultTable(Sequence[Result]):
             tool_calls=list(sparse["tool_calls"].get(i, ())),
             other_content_parts=dict(sparse["other_content_parts"].get(i, {})),
             session=sparse["session"].get(i),
+        )
+
+    def answer_row(self, i: int) -> AnswerRow:
+        """Row i as grading reads it."""
+        labels = self._labels
+        codes = {name: labels[name].codes[i] for name in LABELS if name != "status"}
+        label = {name: None if c < 0 else labels[name].values[c] for name, c in codes.items()}
+        status = labels["status"]
+        answer_at = self._floats["first_answer_token"][i]
+        return AnswerRow(
+            labels["request_id"].values[labels["request_id"].codes[i]],
+            label["target"],  # type: ignore[arg-type]  # never None: required
+            label["phase"],  # type: ignore[arg-type]
+            label["bucket"],  # type: ignore[arg-type]
+            status.values[status.codes[i]],
+            label["error_kind"],
+            self._sparse["error"].get(i),
+            self.output_text(i),
+            self._sparse["tool_calls"].get(i, ()),
+            self._output_ids[self._ids_at[i] : self._ids_at[i + 1]].tolist(),
+            self._counts["reasoning_tokens"][i],
+            None if answer_at != answer_at else answer_at,
+            label["finish_reason"],
         )
 
     def output_text(self, i: int) -> str:

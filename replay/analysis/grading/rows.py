@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from replay.analysis.result_table import as_table, keyed_rows
+from replay.analysis.result_table import AnswerRow, as_table, keyed_rows
 from replay.checkers import Answer, Grade, Grader, Job, derived_record, normalize
 from replay.core.records import Result
 
@@ -122,7 +122,7 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def agreement(r: Result, ref: Result) -> dict[str, Any]:
+def agreement(r: Result | AnswerRow, ref: Result | AnswerRow) -> dict[str, Any]:
     """How an answer agrees with the reference's: exactly, after normalizing, and where their
     tokens first differ (0 for different texts without token ids)."""
     calls = [(c.name, c.arguments) for c in r.tool_calls]
@@ -219,7 +219,8 @@ def _batches(
     refs = keyed_rows(table, reference)
     rows: list[dict[str, Any]] = []
     asked: _Asked = []
-    for r in table:
+    for i in range(len(table)):
+        r = table.answer_row(i)
         req = requests.get(r.request_id)
         row: dict[str, Any] = {
             "target": r.target,
@@ -240,7 +241,7 @@ def _batches(
             if req is not None and req.check is not None:
                 asked.append((row, "grade", Job(answer, spec=req.check), unanswered))
             at = refs.get((r.phase, r.request_id)) if r.target != reference else None
-            ref = None if at is None else table[at]
+            ref = None if at is None else table.answer_row(at)
             if ref is not None and ref.status == "ok":
                 row["agreement"] = agreement(r, ref)
                 if req is not None and req.check is None:
@@ -254,7 +255,7 @@ def _batches(
     yield rows, asked
 
 
-def no_answer(r: Result) -> str | None:
+def no_answer(r: Result | AnswerRow) -> str | None:
     """Why an ok result that reasoned holds no answer (its reasoning never reached one: cut by
     max_tokens, as a rule); None for any other. Grading reads the answer only, never the
     reasoning, so such a result is graded as the empty answer it is, and says why."""

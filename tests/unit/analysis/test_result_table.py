@@ -69,6 +69,11 @@ def test_a_row_comes_back_as_the_result_the_analysis_keeps() -> None:
         r.prompt_ids = [1, 2]  # what lean drops
         assert got == lean(r)
     assert table[-1] == table[len(table) - 1] and table[1:3] == [table[1], table[2]]
+    for i, whole in enumerate(table):  # what grading reads of it, the same
+        row = table.answer_row(i)
+        assert row._replace(tool_calls=list(row.tool_calls)) == tuple(
+            getattr(whole, f) for f in row._fields
+        )
     assert list(ResultTable.of(results)) == list(table)
 
 
