@@ -286,11 +286,6 @@ class ResultTable(Sequence[Result]):
         return set(self._labels["request_id"].values)
 
 
-def as_table(results: Iterable[Result]) -> ResultTable:
-    """``results`` as a table: a table as it is, anything else copied into one."""
-    return ResultTable.of(results)
-
-
 def _tool_calls(calls: Sequence[Any]) -> list[ToolCall]:
     return [c if isinstance(c, ToolCall) else ToolCall(**c) for c in calls]
 

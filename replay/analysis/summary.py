@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from replay.analysis.result_table import ResultTable, as_table
+from replay.analysis.result_table import ResultTable
 from replay.analysis.schemas import (
     BucketStats,
     Capacity,
@@ -96,7 +96,7 @@ def results_frame(results: Iterable[Result]) -> tuple[pd.DataFrame, npt.NDArray[
     (``gaps``). The latencies, ITL gaps and decode rate count only when ok."""
     import pandas as pd
 
-    t = as_table(results)
+    t = ResultTable.of(results)
     sent, first, done = t.floats("sent"), t.floats("first_token"), t.floats("done")
     scheduled, tokens = t.floats("scheduled"), t.counts("output_tokens")
     status = t.codes("status")

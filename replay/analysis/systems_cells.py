@@ -34,7 +34,6 @@ import numpy.typing as npt
 
 from replay.analysis.schemas import SystemsCell, SystemsRule
 from replay.analysis.stats.median_change import Change, log_ratios, median_change, min_pairs
-from replay.analysis.summary import tpot
 from replay.analysis.timings import LATENCY, Timings, timings
 from replay.core.records import Result
 from replay.core.slo import SloSpec, meets
@@ -224,16 +223,27 @@ def block_list(window: Mapping[str, Any]) -> list[Block]:
 
 
 def block_counts(
-    results: Sequence[Result], blocks: Sequence[Block], slo: SloSpec | None
+    results: Sequence[Result],
+    blocks: Sequence[Block],
+    slo: SloSpec | None,
+    *,
+    target: str | None = None,
+    phase: str | None = None,
 ) -> dict[int, tuple[int, float]]:
-    """Per block (one arm, one phase): how many requests sent in it met the SLOs (with no
-    SLOs, were answered), and the block's seconds."""
-    good = sorted(r.scheduled for r in results if _counts(r, slo))
-    return _counted(np.asarray(good, dtype=float), blocks)
-
-
-def _counted(at: npt.NDArray[np.float64], blocks: Sequence[Block]) -> dict[int, tuple[int, float]]:
-    """Per block, the sorted times ``at`` within it, and its seconds."""
+    """Per block (one arm, one phase: ``target``'s results in ``phase``, or all of
+    ``results``): how many requests sent in it met the SLOs (with no SLOs, were answered), and
+    the block's seconds. Read from the results' columns."""
+    tm = timings(results)
+    t = tm.table
+    mine = tm.ok.copy()
+    if target is not None:
+        mine &= t.codes("target") == t.code_of("target", target)
+    if phase is not None:
+        mine &= t.codes("phase") == t.code_of("phase", phase)
+    rows = np.flatnonzero(mine)
+    if slo is not None:
+        rows = np.asarray([i for i in rows if _meets(tm, int(i), slo)], dtype=np.int64)
+    at = np.sort(tm.scheduled[rows])
     out = {}
     for k, start, end in blocks:
         if end > start:
@@ -242,52 +252,19 @@ def _counted(at: npt.NDArray[np.float64], blocks: Sequence[Block]) -> dict[int, 
     return out
 
 
-def arm_block_counts(
-    results: Sequence[Result],
-    target: str,
-    phase: str,
-    blocks: Sequence[Block],
-    slo: SloSpec | None,
-) -> dict[int, tuple[int, float]]:
-    """``block_counts`` of ``target``'s results in ``phase``, read from the results' columns."""
-    tm = timings(results)
-    t = tm.table
-    mine = (t.codes("target") == t.code_of("target", target)) & (
-        t.codes("phase") == t.code_of("phase", phase)
-    )
-    rows = np.flatnonzero(mine & tm.ok)
-    if slo is not None:
+def _meets(tm: Timings, i: int, slo: SloSpec) -> bool:
+    """Whether answered row ``i`` met its bucket's SLOs (seconds; NaN: the time is missing)."""
 
-        def seconds(x: float) -> float | None:
-            return None if x != x else float(x)
+    def seconds(x: float) -> float | None:
+        return None if x != x else float(x)
 
-        rows = np.asarray(
-            [
-                i
-                for i in rows
-                if meets(
-                    slo.for_bucket(str(tm.bucket[i])),
-                    True,
-                    seconds(tm.ttft_s[i]),
-                    seconds(tm.tpot_s[i]),
-                    seconds(tm.e2e_s[i]),
-                )
-            ],
-            dtype=np.int64,
-        )
-    return _counted(np.sort(tm.scheduled[rows]), blocks)
+    bounds = slo.for_bucket(str(tm.bucket[i]))
+    return meets(bounds, True, seconds(tm.ttft_s[i]), seconds(tm.tpot_s[i]), seconds(tm.e2e_s[i]))
 
 
 def block_rates(counts: Mapping[int, tuple[int, float]]) -> dict[int, float]:
     """Each block's requests per second."""
     return {k: n / seconds for k, (n, seconds) in counts.items()}
-
-
-def _counts(r: Result, slo: SloSpec | None) -> bool:
-    ok = r.status == "ok"
-    if slo is None:
-        return ok
-    return meets(slo.for_bucket(r.bucket), ok, r.ttft, tpot(r), r.e2e)
 
 
 def rate_cell(

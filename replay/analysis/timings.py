@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
-from replay.analysis.result_table import ResultTable, as_table
+from replay.analysis.result_table import ResultTable
 from replay.analysis.summary import itl_gaps
 from replay.core.records import Result
 
@@ -64,7 +64,7 @@ class Timings:
 
 def timings(results: Iterable[Result]) -> Timings:
     """The timings of ``results`` (made once per table)."""
-    table = as_table(results)
+    table = ResultTable.of(results)
     built = _BUILT.get(table)
     if built is None:
         built = _BUILT[table] = Timings(table)

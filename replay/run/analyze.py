@@ -20,7 +20,7 @@ from replay.analysis.capacity import capacity_phase
 from replay.analysis.grading.quality import CONTROL_SUFFIX, Graded, assess_quality
 from replay.analysis.grading.rows import Gradable, GradingSpec, grading_spec, iter_grade_rows
 from replay.analysis.reasoning import reasoning_length
-from replay.analysis.result_table import ResultTable, as_table, phase_spans
+from replay.analysis.result_table import ResultTable, phase_spans
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
 from replay.analysis.schemas import CapacityPhase, Quality, Sequential, Summary, SystemsRule
@@ -29,7 +29,7 @@ from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
 from replay.analysis.systems_cells import (
     Planned,
-    arm_block_counts,
+    block_counts,
     block_list,
     block_rates,
     latency_cells,
@@ -122,7 +122,7 @@ class Analysis:
 def analyse(a: Analysis) -> Summary:
     """Write ``grades.jsonl`` and ``summary.json`` of a run; return the summary."""
     # Prompt ids are only for teacher-forced scoring, which reads them from the file.
-    results = as_table(a.results) if a.results is not None else results_table(a.run_dir)
+    results = ResultTable.of(a.results) if a.results is not None else results_table(a.run_dir)
     summary = Summary(
         version=SUMMARY_VERSION,
         targets=summarize_targets(
@@ -231,7 +231,8 @@ def systems_rule(
             arms = [n for n in (a.reference, candidate, control_name) if n is not None]
             if all(blocks.get(n, {}).get(ph) for n in arms[:2]):
                 counts = {
-                    n: arm_block_counts(results, n, ph, blocks[n].get(ph, []), a.slo) for n in arms
+                    n: block_counts(results, blocks[n].get(ph, []), a.slo, target=n, phase=ph)
+                    for n in arms
                 }
                 rates = {n: block_rates(c) for n, c in counts.items()}
                 planned.append(

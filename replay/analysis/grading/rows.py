@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from replay.analysis.result_table import AnswerRow, as_table, keyed_rows
+from replay.analysis.result_table import AnswerRow, ResultTable, keyed_rows
 from replay.checkers import Answer, Grade, Grader, Job, derived_record, normalize
 from replay.core.records import Result
 
@@ -214,7 +214,7 @@ def _batches(
     results: Sequence[Result], requests: Mapping[str, Gradable], reference: str
 ) -> Iterator[tuple[list[dict[str, Any]], _Asked]]:
     """The rows in the results' order, a batch of ``GRADE_BATCH`` grades to ask at a time."""
-    table = as_table(results)
+    table = ResultTable.of(results)
     # The reference's rows, each made a ``Result`` when an answer is compared with it.
     refs = keyed_rows(table, reference)
     rows: list[dict[str, Any]] = []
