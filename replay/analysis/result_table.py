@@ -210,30 +210,32 @@ class ResultTable(Sequence[Result]):
 
     def answer_row(self, i: int) -> AnswerRow:
         """Row i as grading reads it."""
-        labels = self._labels
-        codes = {name: labels[name].codes[i] for name in LABELS if name != "status"}
-        label = {name: None if c < 0 else labels[name].values[c] for name, c in codes.items()}
-        status = labels["status"]
+        label = self._label
         answer_at = self._floats["first_answer_token"][i]
         return AnswerRow(
-            labels["request_id"].values[labels["request_id"].codes[i]],
-            label["target"],  # type: ignore[arg-type]  # never None: required
-            label["phase"],  # type: ignore[arg-type]
-            label["bucket"],  # type: ignore[arg-type]
-            status.values[status.codes[i]],
-            label["error_kind"],
+            self._required("request_id", i),
+            self._required("target", i),
+            self._required("phase", i),
+            self._required("bucket", i),
+            self._required("status", i),
+            label("error_kind", i),
             self._sparse["error"].get(i),
             self.output_text(i),
             self._sparse["tool_calls"].get(i, ()),
             self._output_ids[self._ids_at[i] : self._ids_at[i + 1]].tolist(),
             self._counts["reasoning_tokens"][i],
             None if answer_at != answer_at else answer_at,
-            label["finish_reason"],
+            label("finish_reason", i),
         )
 
     def output_text(self, i: int) -> str:
         """Row i's answer."""
         return self._text[self._text_at[i] : self._text_at[i + 1]].decode("utf-8", "surrogatepass")
+
+    def _required(self, name: str, i: int) -> str:
+        """Row i's label of a column every row has (``_REQUIRED``, and the status)."""
+        column = self._labels[name]
+        return column.values[column.codes[i]]
 
     def _label(self, name: str, i: int) -> str | None:
         column = self._labels[name]

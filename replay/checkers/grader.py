@@ -30,8 +30,9 @@ memory
 repeats
     The worker grades a request once: identical requests (the same check or derived spec and
     the same answer, as the arms of a run often give) share its grade, and a Grader keeps the
-    last ``GRADES_KEPT`` grades by their request's digest, all but those of a worker that timed
-    out or died (they describe that moment, not the answer).
+    last ``kept`` grades (``GRADES_KEPT`` unless told) by their request's digest, all but those
+    of a worker that timed out or died (they describe that moment, not the answer). Identical
+    replies share one ``Grade``: a kept grade costs its digest, unless it says something new.
 
 Each checker-error grade has ``detail["checker_error"]``: "size", "timeout", "exception" or
 "worker" (the worker died or could not start). A Grader is for one thread at a time.
@@ -117,15 +118,22 @@ def grade_safely(
 class Grader:
     """Grades answers under the bounds above; the worker starts on first use."""
 
-    def __init__(self, time_s: float = GRADE_TIME_S, max_chars: int = MAX_ANSWER_CHARS) -> None:
-        self.time_s, self.max_chars = time_s, max_chars
+    def __init__(
+        self,
+        time_s: float = GRADE_TIME_S,
+        max_chars: int = MAX_ANSWER_CHARS,
+        kept: int = GRADES_KEPT,
+    ) -> None:
+        self.time_s, self.max_chars, self.kept = time_s, max_chars, kept
         self._proc: subprocess.Popen[bytes] | None = None
         self._broken: str | None = None  # why no worker can start (not retried)
         self._local: dict[str, Checker | Mapping[str, Any]] = {}
         # The reference's code outcomes, shared by every target graded against it.
         self._code_outcomes: dict[str, list[str] | str] = {}
-        # The worker's grades by their request's digest (``GRADES_KEPT`` at most, oldest out).
+        # The worker's grades by their request's digest (``kept`` at most, oldest out), and
+        # each distinct reply's grade (the kept ones share it).
         self._kept: OrderedDict[bytes, Grade] = OrderedDict()
+        self._replies: dict[bytes, Grade] = {}
         # One request at a time on the worker's pipes: Locust's users grade from several
         # greenlets at once (under gevent this lock is cooperative), and interleaved
         # requests and replies were read as each other's.
@@ -191,7 +199,7 @@ class Grader:
         if grade.detail.get("checker_error") in _NOT_KEPT:
             return
         self._kept[digest] = grade
-        if len(self._kept) > GRADES_KEPT:
+        if len(self._kept) > self.kept:
             self._kept.popitem(last=False)
 
     def _here_or_spec(self, job: Job) -> Grade | Mapping[str, Any]:
@@ -307,13 +315,7 @@ class Grader:
                     line = bytes(inbox[:nl])
                     del inbox[: nl + 1]
                     try:
-                        row = json.loads(line)
-                        grade = Grade(
-                            bool(row["passed"]),
-                            str(row["reason"]),
-                            row["score"],
-                            dict(row["detail"]),
-                        )
+                        grade = self._reply(line)
                     except (ValueError, KeyError, TypeError) as exc:
                         why = f"unreadable reply from the grading process: {exc}"
                         return [*out, self._lost(proc, why)]
@@ -321,6 +323,19 @@ class Grader:
                     out.append(grade)
                     last_reply = time.monotonic()
         return out
+
+    def _reply(self, line: bytes) -> Grade:
+        """The grade a reply line says; a line said before gives the same ``Grade``."""
+        grade = self._replies.get(line)
+        if grade is None:
+            row = json.loads(line)
+            grade = Grade(
+                bool(row["passed"]), str(row["reason"]), row["score"], dict(row["detail"])
+            )
+            if len(self._replies) >= self.kept:
+                self._replies.clear()
+            self._replies[line] = grade
+        return grade
 
     def _lost(self, proc: subprocess.Popen[bytes], why: str) -> Grade:
         """The answer a worker failed on: its grade says why, and the worker goes."""

@@ -1,5 +1,6 @@
 """``sequential.json``: a sequential canary's state, saved after every round, and what the
-summary's ``sequential`` block is built from (by the run, and by ``replay analyze``).
+summary's ``sequential`` block is built from (by the run, and by
+``replay report --reanalyse``).
 
 The file holds the ``SequentialState`` (``analysis.sequential``: counts, decisions, the
 interval path per round) and, under ``run``, the requests folded into it (``sent``, in order),

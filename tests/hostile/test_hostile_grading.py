@@ -225,6 +225,19 @@ def test_a_batch_is_graded_in_order_and_a_slow_answer_fails_alone() -> None:
     assert [g.passed for g in grades[4:]] == [i % 3 != 0 for i in range(300)]
 
 
+def counting(grader: Grader) -> list[int]:
+    """How many requests each exchange with ``grader``'s worker asks, as they happen."""
+    asked: list[int] = []
+    exchange = grader._exchange_many
+
+    def counted(requests: Any) -> list[Grade]:
+        asked.append(len(requests))
+        return exchange(requests)
+
+    grader._exchange_many = counted  # type: ignore[method-assign]
+    return asked
+
+
 def test_a_repeated_request_is_asked_of_the_worker_once() -> None:
     """Identical (check, answer) requests share the worker's grade, in a batch and after it;
     a timed-out one is asked again, since its grade describes the worker, not the answer."""
@@ -232,15 +245,8 @@ def test_a_repeated_request_is_asked_of_the_worker_once() -> None:
     slow = {"type": "json_schema", "schema": {"type": "array", "uniqueItems": True}}
     text = json.dumps([{"k": i} for i in range(60_000)])
     jobs = [Job(Answer("x" if i % 2 else "y"), spec=exact) for i in range(10)]
-    asked: list[int] = []
     with Grader(time_s=1.0) as grader:
-        exchange = grader._exchange_many
-
-        def counted(requests: Any) -> list[Grade]:
-            asked.append(len(requests))
-            return exchange(requests)
-
-        grader._exchange_many = counted  # type: ignore[method-assign]
+        asked = counting(grader)
         first = grader.grade_many(jobs)
         again = grader.grade_many([*jobs, Job(Answer(text), spec=slow)])
         late = within(30, lambda: grader.grade(slow, Answer(text)))
@@ -248,6 +254,22 @@ def test_a_repeated_request_is_asked_of_the_worker_once() -> None:
     assert again[:10] == first
     assert again[10].detail == late.detail == {"checker_error": "timeout"}
     assert asked == [2, 1, 1]
+
+
+def test_a_grader_keeps_as_many_grades_as_it_is_told() -> None:
+    """``kept`` bounds the grades a Grader remembers (oldest out): a request asked again after
+    its grade went is asked of the worker again. Requests whose replies are the same share
+    one ``Grade``."""
+    exact = {"type": "exact", "value": "x"}
+    jobs = [Job(Answer(text), spec=exact) for text in ("x", " x", "X")]  # each an exact match
+    with Grader(kept=2) as grader:
+        asked = counting(grader)
+        first = grader.grade_many(jobs)
+        grader.grade_many(jobs[2:])  # kept: not asked
+        grader.grade_many(jobs[:1])  # the oldest, gone: asked again
+    assert asked == [3, 1]
+    assert all(g.passed for g in first)
+    assert first[0] is first[1] is first[2]  # one reply said thrice: one grade
 
 
 def test_quadratic_unique_items_is_bounded() -> None:

@@ -7,6 +7,8 @@ request id, in the target's own order, which the seeded bootstrap depends on.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +67,68 @@ def flat_grade(row: Mapping[str, Any]) -> FlatGrade:
     )
 
 
+class GradeColumns:
+    """Flattened grade rows (``flat_grade``) as columns, a million at a time: text as the
+    rows' own strings, each yes/no/None as a byte, the divergence as an integer (-1: None).
+    About 50 bytes a row, where a row's tuple took 170."""
+
+    def __init__(self) -> None:
+        self.text: dict[str, list[str | None]] = {c: [] for c in _TEXT_COLUMNS}
+        self.yes_no = {c: bytearray() for c in _YES_NO_COLUMNS}
+        self.divergence = array("q")
+
+    def __len__(self) -> int:
+        return len(self.divergence)
+
+    def append(self, flat: FlatGrade) -> None:
+        text, yes_no = self.text, self.yes_no
+        for name in _TEXT_COLUMNS:
+            text[name].append(flat[_AT[name]])
+        for name in _YES_NO_COLUMNS:
+            yes_no[name].append(_YES_NO_CODE[flat[_AT[name]]])
+        rule, divergence = flat[_AT["rule"]], flat[_AT["divergence"]]
+        if rule is not None:  # a few names, each a new string as a grade is read
+            text["rule"][-1] = sys.intern(rule)
+        self.divergence.append(-1 if divergence is None else divergence)
+
+    def frame(self) -> pd.DataFrame:
+        """``frame_of`` the rows, each column let go as it becomes the frame's."""
+        import numpy as np
+
+        if not len(self):  # typed as no rows are (every column text)
+            return frame_of([])
+        values = np.array(_YES_NO_VALUES, dtype=object)
+        columns: dict[str, list[Any]] = {}
+        for name in GRADE_COLUMNS:
+            if name in self.text:
+                columns[name], self.text[name] = self.text[name], []
+            elif name == "divergence":
+                columns[name] = [None if d < 0 else d for d in self.divergence]
+                self.divergence = array("q")
+            else:
+                codes = np.frombuffer(self.yes_no[name], dtype=np.uint8)
+                columns[name] = values[codes].tolist()
+                self.yes_no[name] = bytearray()
+        return _keyed(_columns_frame(columns))
+
+
+_TEXT_COLUMNS = ("phase", "target", "request_id", "bucket", "rule")
+_YES_NO_COLUMNS = tuple(c for c in GRADE_COLUMNS if c not in (*_TEXT_COLUMNS, "divergence"))
+_AT = {name: k for k, name in enumerate(GRADE_COLUMNS)}
+# A yes/no/None column's codes: ``_YES_NO_VALUES[code]`` is the value.
+_YES_NO_VALUES = (False, True, None)
+_YES_NO_CODE = {False: 0, True: 1, None: 2}
+
+
+def _columns_frame(columns: Mapping[str, list[Any]]) -> pd.DataFrame:
+    """A frame of columns given as lists, typed as ``frame_of`` types rows: pandas infers a
+    column's type from a list as it does from records (``test_grade_columns_frame``)."""
+    import pandas as pd
+
+    with pd.option_context("mode.string_storage", "python"):
+        return pd.DataFrame(columns, columns=list(GRADE_COLUMNS))
+
+
 def frame_of(flat: Sequence[FlatGrade]) -> pd.DataFrame:
     """``grades_frame`` of rows already flattened (``flat_grade``)."""
     import pandas as pd
@@ -74,6 +138,11 @@ def frame_of(flat: Sequence[FlatGrade]) -> pd.DataFrame:
     # memory.
     with pd.option_context("mode.string_storage", "python"):
         frame = pd.DataFrame.from_records(flat, columns=GRADE_COLUMNS)
+    return _keyed(frame)
+
+
+def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame indexed by request id, a request answered twice in a phase kept once."""
     if not frame.duplicated(KEY).any():  # as a rule: the copies below would change nothing
         return frame.set_index("request_id", drop=False)
     first = frame.groupby(KEY, sort=False).ngroup()

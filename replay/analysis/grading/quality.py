@@ -21,7 +21,7 @@ from replay.analysis.grading.compare import (
     compare_explicit,
     teacher_forced,
 )
-from replay.analysis.grading.pairing import FlatGrade, combined_pairs, flat_grade, frame_of
+from replay.analysis.grading.pairing import GradeColumns, combined_pairs, flat_grade
 from replay.analysis.grading.rule_floors import demotion_note, rule_floors
 from replay.analysis.schemas import (
     OMITTED,
@@ -136,10 +136,11 @@ def _target_quality(
 
 class Graded:
     """What quality reads of the grade rows, kept as they are written (``add``): each row
-    flattened (``pairing.flat_grade``), and whole only where a checker failed (its note)."""
+    flattened (``pairing.flat_grade``) into columns (``GradeColumns``), and whole only where
+    a checker failed (its note)."""
 
     def __init__(self, rows: Iterable[Mapping[str, Any]] = ()) -> None:
-        self.flat: list[FlatGrade] = []
+        self.flat = GradeColumns()
         self.failed: list[Mapping[str, Any]] = []
         for row in rows:
             self.add(row)
@@ -147,8 +148,8 @@ class Graded:
     def take_frame(self) -> pd.DataFrame:
         """The grades as a table (``pairing.frame_of``); the flattened rows are let go, so a
         million of them are not held beside their table."""
-        flat, self.flat = self.flat, []
-        return frame_of(flat)
+        flat, self.flat = self.flat, GradeColumns()
+        return flat.frame()
 
     def add(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         self.flat.append(flat_grade(row))

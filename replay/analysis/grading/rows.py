@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from replay.analysis.result_table import AnswerRow, ResultTable, keyed_rows
 from replay.checkers import Answer, Grade, Grader, Job, derived_record, normalize
+from replay.checkers.grader import GRADES_KEPT
 from replay.core.records import Result
 
 # Derived grades read the prompt for facts and code examples; a longer prompt keeps its first
@@ -163,8 +164,12 @@ def iter_grade_rows(
     if grader is not None:
         yield from _graded(results, requests, reference, [grader])
         return
+    # Grades kept: one per result at most. The arms of a run ask the same requests a whole
+    # arm apart (results are in the order they completed), so a grader that kept fewer would
+    # ask its worker again for most of them.
+    kept = max(GRADES_KEPT, len(results))
     with contextlib.ExitStack() as stack:
-        graders = [stack.enter_context(Grader()) for _ in range(GRADE_WORKERS)]
+        graders = [stack.enter_context(Grader(kept=kept)) for _ in range(GRADE_WORKERS)]
         yield from _graded(results, requests, reference, graders)
 
 

@@ -68,26 +68,18 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
     whether there were more than ``MAX_FACTS``."""
     if not prompt or not reference:
         return [], False
-    prompt_numbers = {canonical_number(m.group(0)) for m in NUMBER.finditer(prompt)}
-    prompt_tokens: set[str] = set()
-    proper: set[str] = set()  # capitalized inside a sentence of the prompt: a name there
-    for m in _TOKEN.finditer(prompt):
-        word = m.group(0)
-        prompt_tokens.add(word)
-        if word[0].isupper() and word not in proper and not _sentence_start(prompt, m.start()):
-            proper.add(word)
-    norm_prompt = f" {normalize(prompt)} "
+    seen_in = _Prompt(prompt)
     found: list[tuple[int, Fact]] = []
     for m in NUMBER.finditer(reference):
         key = canonical_number(m.group(0))
-        if key in prompt_numbers and not _list_marker(reference, m):
+        if key in seen_in.numbers() and not _list_marker(reference, m):
             found.append((m.start(), Fact("number", m.group(0), key)))
     looked: dict[str, bool] = {}
     for pattern in _QUOTES:
         for m in pattern.finditer(reference):
             key = normalize(m.group(1))
             if key and key not in looked and len(looked) < _LOOKUPS:
-                looked[key] = f" {key} " in norm_prompt
+                looked[key] = f" {key} " in seen_in.normalized()
             if key and looked.get(key):
                 found.append((m.start(), Fact("quote", m.group(1).strip(), key)))
     kinds: dict[str, str] = {}
@@ -98,7 +90,7 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
         kind = kinds.get(word)
         if kind is None:
             kind = kinds[word] = _word_kind(word)
-        if kind == "identifier" and word in prompt_tokens:
+        if kind == "identifier" and word in seen_in.tokens()[0]:
             found.append((m.start(), Fact("identifier", word, word)))
         capitalized = kind in ("name", "capitalized")
         if capitalized and run and reference[run[-1].end() : m.start()] == " ":
@@ -126,7 +118,7 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
                 found.append((r[0].start(), Fact("name", whole, normalize(whole))))
                 continue
         for m in r:
-            if kinds[m.group(0)] == "name" and m.group(0) in proper:
+            if kinds[m.group(0)] == "name" and m.group(0) in seen_in.tokens()[1]:
                 found.append((m.start(), Fact("name", m.group(0), normalize(m.group(0)))))
     found.sort(key=lambda x: x[0])
     out: list[Fact] = []
@@ -136,6 +128,41 @@ def facts_of(reference: str, prompt: str) -> tuple[list[Fact], bool]:
             seen.add((fact.kind, fact.key))
             out.append(fact)
     return out[:MAX_FACTS], len(out) > MAX_FACTS
+
+
+class _Prompt:
+    """What the reference's candidates are looked up in, read off the prompt when first
+    asked: a reference that holds no number, quote or word of a kind never reads the prompt
+    for it (the prompt is often the longer text by far)."""
+
+    def __init__(self, prompt: str) -> None:
+        self.prompt = prompt
+        self._numbers: set[str] | None = None
+        self._normalized: str | None = None
+        self._tokens: tuple[set[str], set[str]] | None = None
+
+    def numbers(self) -> set[str]:
+        if self._numbers is None:
+            self._numbers = {canonical_number(m.group(0)) for m in NUMBER.finditer(self.prompt)}
+        return self._numbers
+
+    def normalized(self) -> str:
+        if self._normalized is None:
+            self._normalized = f" {normalize(self.prompt)} "
+        return self._normalized
+
+    def tokens(self) -> tuple[set[str], set[str]]:
+        """The prompt's words, and those capitalized inside a sentence (a name there)."""
+        if self._tokens is None:
+            prompt, tokens, proper = self.prompt, set[str](), set[str]()
+            for m in _TOKEN.finditer(prompt):
+                word = m.group(0)
+                tokens.add(word)
+                upper = word[0].isupper() and word not in proper
+                if upper and not _sentence_start(prompt, m.start()):
+                    proper.add(word)
+            self._tokens = tokens, proper
+        return self._tokens
 
 
 def _sentence_start(text: str, at: int) -> bool:
