@@ -44,27 +44,19 @@ FLAGS = (
 )
 _SPARSE = ("error", "tool_calls", "other_content_parts", "session")
 _KNOWN = frozenset(f.name for f in fields(Result))
+_READ = _KNOWN | _DERIVED  # the fields a row may have
 _DEFAULTS: dict[str, Any] = {"status": "ok", "output_tokens": 0, "reasoning_tokens": 0}
 _NAN = float("nan")
 
 
 class _Labels:
-    """One label column: a code a row, each distinct value once (-1: None)."""
+    """One label column: a code a row, each distinct value once (-1: None), numbered in the
+    order the values first appear (``ResultTable.add_row`` fills it)."""
 
     def __init__(self) -> None:
         self.codes = array("i")
         self.values: list[str] = []
         self._code: dict[str, int] = {}
-
-    def add(self, value: str | None) -> None:
-        if value is None:
-            self.codes.append(-1)
-            return
-        code = self._code.get(value)
-        if code is None:
-            code = self._code[value] = len(self.values)
-            self.values.append(value)
-        self.codes.append(code)
 
 
 class AnswerRow(NamedTuple):
@@ -128,18 +120,24 @@ class ResultTable(Sequence[Result]):
         return table
 
     def add_row(self, row: Mapping[str, Any]) -> None:
-        unknown = row.keys() - _KNOWN - _DERIVED
-        if unknown:
-            raise TypeError(f"unexpected fields {sorted(unknown)}")
-        missing = [k for k in _REQUIRED if row.get(k) is None]
-        if missing:
-            raise TypeError(f"missing {missing}")
+        if not row.keys() <= _READ:
+            raise TypeError(f"unexpected fields {sorted(row.keys() - _READ)}")
         get = row.get
+        if any(get(k) is None for k in _REQUIRED):
+            raise TypeError(f"missing {[k for k in _REQUIRED if get(k) is None]}")
+        # Loops written out, not calls a column: a million rows make each call count.
         for name, column in self._labels.items():
             value = get(name, _DEFAULTS.get(name))
-            if value is not None and not isinstance(value, str):
+            if value is None:
+                column.codes.append(-1)
+                continue
+            if not isinstance(value, str):
                 raise TypeError(f"{name} is {type(value).__name__}, not text")
-            column.add(value)
+            code = column._code.get(value)
+            if code is None:
+                code = column._code[value] = len(column.values)
+                column.values.append(value)
+            column.codes.append(code)
         for name, floats in self._floats.items():
             x = get(name)
             floats.append(_NAN if x is None else float(x))

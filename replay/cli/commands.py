@@ -88,16 +88,20 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
 
     def run() -> int:
         from replay.run.analyze import reanalyse as analyse_again
+        from replay.run.analyze import results_table
 
+        results = None
         if reanalyse or not (run_dir / "summary.json").exists():
             if not (run_dir / "manifest.json").exists():
                 raise InputError(
                     f"{run_dir}: no summary.json and no manifest.json; is this a "
                     "kvcanary run directory?"
                 )
-            analyse_again(run_dir, trace_path)
+            # Read once: the report reads the results the analysis read.
+            results = results_table(run_dir)
+            analyse_again(run_dir, trace_path, results)
             console.print(f"graded and summarized {shown(str(run_dir))} from its results")
-        for path in write_reports(run_dir):
+        for path in write_reports(run_dir, results):
             click.echo(str(path))
         return ExitCode.OK
 

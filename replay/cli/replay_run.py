@@ -21,6 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from replay.analysis.result_table import ResultTable
 from replay.analysis.run_spec import BudgetSpec, LoadSpec, QualitySpec
 from replay.analysis.schemas import Summary
 from replay.analysis.verdict.advice import read_advice
@@ -483,8 +484,8 @@ def target_errors(
     return out
 
 
-def write_reports(run_dir: Path) -> tuple[Path, Path]:
+def write_reports(run_dir: Path, results: ResultTable | None = None) -> tuple[Path, Path]:
     from replay.present.report import write_reports
 
-    html, md = write_reports(run_dir)
+    html, md = write_reports(run_dir, results)
     return Path(html), Path(md)

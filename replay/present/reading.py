@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from replay.analysis.result_table import ResultTable
 from replay.analysis.roles import Roles
 from replay.analysis.schemas import Summary
 from replay.analysis.schemas_manifest import Manifest
@@ -147,7 +148,9 @@ def _read_lines(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     return list(json_lines(path, problems))
 
 
-def load_run(run_dir: Path) -> Run:
+def load_run(run_dir: Path, results: ResultTable | None = None) -> Run:
+    """The run directory as the reports read it; ``results``: its results as the analysis
+    just read them, so that the scan reads their columns, not results.jsonl again."""
     problems: list[str] = []
     series = {}
     metrics = run_dir / "metrics"
@@ -160,5 +163,5 @@ def load_run(run_dir: Path) -> Run:
         _read_object(run_dir / SUMMARY, problems), where=SUMMARY, problems=problems
     )
     run = Run(run_dir, manifest, summary, Scan(), series, problems)
-    run.scan = scan_run(run_dir, run.reference, problems)
+    run.scan = scan_run(run_dir, run.reference, problems, results)
     return run

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from replay.analysis.result_table import ResultTable
 from replay.present.html import html_report
 from replay.present.markdown import markdown_report
 from replay.present.reading import load_run
@@ -38,10 +39,11 @@ def render_markdown(run_dir: Path) -> str:
     return markdown_report(load_run(Path(run_dir)))
 
 
-def write_reports(run_dir: Path) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``report.md`` into the run directory; return both paths."""
+def write_reports(run_dir: Path, results: ResultTable | None = None) -> tuple[Path, Path]:
+    """Write ``report.html`` and ``report.md`` into the run directory; return both paths.
+    ``results``: the run's results as the analysis just read them (``load_run``)."""
     run_dir = Path(run_dir)
-    run = load_run(run_dir)
+    run = load_run(run_dir, results)
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
     write_text(html_path, html_report(run))  # whole or not at all; RunDirError when it cannot
     write_text(md_path, markdown_report(run))

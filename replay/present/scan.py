@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX
+from replay.analysis.result_table import ResultTable
+from replay.analysis.summary import itl_gaps
 from replay.present.formatting import num, text
 from replay.run.rundir import GRADES, RESULTS
 
@@ -50,12 +53,20 @@ class Scan:
     requests: dict[str, RequestFacts] = field(default_factory=dict)
 
 
-def scan_run(run_dir: Path, reference: str | None, problems: list[str]) -> Scan:
+def scan_run(
+    run_dir: Path, reference: str | None, problems: list[str], results: ResultTable | None = None
+) -> Scan:
     """One pass over grades.jsonl, then one over results.jsonl; unreadable lines are counted
-    in ``problems``."""
+    in ``problems``. Given ``results`` (the run's results as the analysis just read them), the
+    results' part is read off their columns instead: results.jsonl is not read again."""
     scan = Scan()
     for g in json_lines(run_dir / GRADES, problems):
         _fold_grade(scan, g, reference)
+    if results is not None:
+        _scan_table(scan, results)
+        if _cut_short(run_dir / RESULTS):  # as the line by line reading says it
+            problems.append(f"{RESULTS}: 1 unreadable line(s) skipped")
+        return scan
     targets: dict[object, None] = {}
     phases: dict[object, None] = {}
     for i, r in enumerate(json_lines(run_dir / RESULTS, problems)):
@@ -72,6 +83,48 @@ def scan_run(run_dir: Path, reference: str | None, problems: list[str]) -> Scan:
     # A grade whose request no result names is not a request of the report.
     scan.requests = {rid: f for rid, f in scan.requests.items() if f.order >= 0}
     return scan
+
+
+def _scan_table(scan: Scan, t: ResultTable) -> None:
+    """``scan_run``'s reading of results.jsonl, from the results' columns: the same targets
+    and phases in the same order, the same facts per request, and the same latencies, in the
+    results' order (``test_report_from_the_analysis_columns``)."""
+    scan.targets, scan.phases = list(t.values("target")), list(t.values("phase"))
+    ids, codes = t.values("request_id"), t.codes("request_id")
+    ok = t.codes("status") == t.code_of("status", "ok")
+    _, first = np.unique(codes, return_index=True)  # codes are numbered as they first appear
+    failed = np.zeros(len(ids), dtype=bool)
+    failed[codes[~ok]] = True
+    for code, rid in enumerate(ids):
+        facts = scan.requests.setdefault(rid, RequestFacts())
+        facts.order = int(first[code])
+        facts.error = facts.error or bool(failed[code])
+    scan.requests = {rid: f for rid, f in scan.requests.items() if f.order >= 0}
+    ttft = 1000 * (t.floats("first_token") - t.floats("sent"))
+    itl, per_row = itl_gaps(t)
+    labels = {name: (t.values(name), t.codes(name)) for name in ("phase", "bucket", "target")}
+    group = np.zeros(len(t), dtype=np.int64)
+    for values, codes in labels.values():  # one number per (phase, bucket, target)
+        group = group * (len(values) + 1) + codes
+    group[~ok] = -1  # a failed request has no latency
+    gap_group = np.repeat(group, per_row)
+    for g in np.unique(group[ok]):
+        rows = group == g
+        i = int(np.argmax(rows))
+        key = tuple(values[codes[i]] for values, codes in labels.values())
+        times = ttft[rows]
+        if not np.isnan(times).all():
+            scan.latency[(*key, "ttft")] = array("d", times[~np.isnan(times)].tobytes())
+        scan.latency[(*key, "itl")] = array("d", (1000 * itl[gap_group == g]).tobytes())
+
+
+def _cut_short(path: Path) -> bool:
+    """Whether a file's last line is unfinished (a run killed as it wrote it)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as fh:
+        fh.seek(-1, 2)
+        return fh.read(1) != b"\n"
 
 
 def _fold_grade(scan: Scan, g: Mapping[str, Any], reference: str | None) -> None:

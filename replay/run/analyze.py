@@ -292,15 +292,17 @@ def _capacity(
     return capacity_phase(block, results, series, a.slo, a.reference, candidate, control)
 
 
-def reanalyse(run_dir: Path, trace_path: Path | None = None) -> dict[str, Any]:
+def reanalyse(
+    run_dir: Path, trace_path: Path | None = None, results: ResultTable | None = None
+) -> dict[str, Any]:
     """Grades and summary of a run whose analysis failed or never ran (killed, stopped by
     SIGTERM, a checker that crashed an older version), from what its directory holds: the
     manifest (targets, phases, options), results.jsonl, metrics/ and teacher_forced.jsonl, and
     the checks of its trace (``trace_path``, else the manifest's, which must be unchanged).
     Reads the run directory without repairing it; a line cut short at the end of a file is
-    left out."""
+    left out. ``results``: the run's results, already read (``results_table``)."""
     manifest = _manifest(run_dir)
-    results = results_table(run_dir)
+    results = results_table(run_dir) if results is None else results
     names = list(manifest.targets)
     reference = manifest.reference or names[0]
     targets = {n: _target_facts(manifest.targets[n], n, results) for n in names}

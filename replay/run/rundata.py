@@ -9,7 +9,8 @@ into named columns, so a user can answer their own questions of a run without pa
 
 What the tables leave out is what has no place in a cell: token ids, per-chunk arrival times
 (their count and the ITL summary stay) and the metrics' histogram buckets (sums and counts
-stay). ``replay export RUN_DIR --format csv|parquet`` writes the same tables to files.
+stay). ``replay export RUN_DIR --format csv|parquet`` writes the same tables to files, a piece
+at a time (``EXPORT_ROWS`` rows), each column of one declared type.
 """
 
 from __future__ import annotations
@@ -44,18 +45,28 @@ class RunData:
 def load_run(run_dir: str | Path) -> RunData:
     """The run directory's results, grades, metrics and teacher-forced scores as DataFrames
     (empty ones, with their columns, for what a run did not write)."""
+    path = _run_path(run_dir)
+    frames = {name: _frame(rows, columns) for name, (rows, columns) in _table_rows(path).items()}
+    return RunData(run_dir=path, **frames)
+
+
+def _run_path(run_dir: str | Path) -> Path:
     path = Path(run_dir)
     if not (path / MANIFEST).is_file() and not (path / RESULTS).is_file():
         raise InputError(
             f"{path}: no manifest.json or results.jsonl; is this a kvcanary run directory?"
         )
-    return RunData(
-        run_dir=path,
-        results=_frame(_result_rows(path), RESULT_COLUMNS),
-        grades=_frame(_grade_rows(path / GRADES), GRADE_COLUMNS),
-        metrics=_frame(_metric_rows(path / "metrics"), METRIC_COLUMNS),
-        teacher_forced=_frame(_tf_rows(path / TEACHER_FORCED), TF_COLUMNS),
-    )
+    return path
+
+
+def _table_rows(path: Path) -> dict[str, tuple[Iterator[dict[str, Any]], list[str]]]:
+    """Each table's rows, read as they are asked for, and its columns."""
+    return {
+        "results": (_result_rows(path), RESULT_COLUMNS),
+        "grades": (_grade_rows(path / GRADES), GRADE_COLUMNS),
+        "metrics": (_metric_rows(path / "metrics"), METRIC_COLUMNS),
+        "teacher_forced": (_tf_rows(path / TEACHER_FORCED), TF_COLUMNS),
+    }
 
 
 def _frame(rows: Iterable[Mapping[str, Any]], columns: list[str]) -> pd.DataFrame:
@@ -72,28 +83,69 @@ def _frame(rows: Iterable[Mapping[str, Any]], columns: list[str]) -> pd.DataFram
     return pd.DataFrame(cells, columns=columns)
 
 
+EXPORT_ROWS = 65_536  # rows a table is written at a time: what export holds, at any size
+
+
 def export_run(run_dir: str | Path, out_dir: Path, fmt: str) -> list[Path]:
-    """Write each table as ``<table>.csv`` or ``<table>.parquet`` under ``out_dir``."""
+    """Write each table as ``<table>.csv`` or ``<table>.parquet`` under ``out_dir``: the rows
+    ``load_run`` gives, ``EXPORT_ROWS`` at a time, each column of one declared type
+    (``_kinds``: whole numbers stay whole where some are missing)."""
     if fmt not in ("csv", "parquet"):
         raise InputError(f"--format: '{fmt}' is not one of csv, parquet")
     if fmt == "parquet":
         try:
-            import pyarrow  # noqa: F401  (pandas writes parquet through it)
+            import pyarrow  # noqa: F401  (the parquet writer)
         except ImportError:
             raise InputError(
                 "--format parquet needs pyarrow: pip install 'kvcanary[data]' (or use --format csv)"
             ) from None
-    run = load_run(run_dir)
+    path = _run_path(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, frame in run.tables().items():
+    for name, (rows, columns) in _table_rows(path).items():
         target = out_dir / f"{name}.{fmt}"
+        kinds = _kinds(name, columns)
+        chunks = _typed_chunks(rows, kinds)
         if fmt == "csv":
-            frame.to_csv(target, index=False)
+            with target.open("w", encoding="utf-8", newline="") as fh:
+                for k, chunk in enumerate(chunks):
+                    chunk.to_csv(fh, header=k == 0, index=False)
         else:
-            frame.to_parquet(target, index=False)
+            _write_parquet(target, chunks, kinds)
         written.append(target)
     return written
+
+
+def _typed_chunks(
+    rows: Iterable[Mapping[str, Any]], kinds: Mapping[str, str]
+) -> Iterator[pd.DataFrame]:
+    """The rows as frames of ``EXPORT_ROWS``, each column of its kind (at least one frame: a
+    table with no rows is written with its columns)."""
+    import pandas as pd
+
+    columns = list(kinds)
+    dtypes = {c: _PANDAS[k] for c, k in kinds.items()}
+    cells: dict[str, list[Any]] = {c: [] for c in columns}
+    sent = False
+    for row in rows:
+        for c, values in cells.items():
+            values.append(row.get(c))
+        if len(cells[columns[0]]) == EXPORT_ROWS:
+            yield pd.DataFrame({c: pd.array(v, dtype=dtypes[c]) for c, v in cells.items()})
+            cells, sent = {c: [] for c in columns}, True
+    if cells[columns[0]] or not sent:
+        yield pd.DataFrame({c: pd.array(v, dtype=dtypes[c]) for c, v in cells.items()})
+
+
+def _write_parquet(target: Path, chunks: Iterable[pd.DataFrame], kinds: Mapping[str, str]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {"text": pa.string(), "float": pa.float64(), "int": pa.int64(), "bool": pa.bool_()}
+    schema = pa.schema([(c, types[k]) for c, k in kinds.items()])
+    with pq.ParquetWriter(target, schema) as writer:
+        for chunk in chunks:
+            writer.write_table(pa.Table.from_pandas(chunk, schema=schema, preserve_index=False))
 
 
 # -- rows ---------------------------------------------------------------------------------------
@@ -263,6 +315,51 @@ def _tf_rows(path: Path) -> Iterator[dict[str, Any]]:
             "top1_agreement": sum(map(bool, top1)) / len(top1) if top1 else None,
             "error": row.get("error"),
         }
+
+
+# Each column's type as export writes it (a name in several tables has one type in all but
+# metrics, whose every number is a Prometheus float: ``_kinds``).
+_KINDS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            *("target", "phase", "bucket", "request_id", "status", "error_kind", "error"),
+            *("finish_reason", "output_text", "task", "grade_reason", "derived_rule"),
+            "derived_reason",
+        ),
+        "text",
+    ),
+    **dict.fromkeys(
+        (
+            *("scheduled", "sent", "first_token", "done", "queue_delay_s", "ttft_s", "e2e_s"),
+            *("itl_mean_s", "itl_p50_s", "first_answer_token", "time_to_answer_s", "t"),
+            *("grade_score", "mean_nll", "top1_agreement"),
+        ),
+        "float",
+    ),
+    **dict.fromkeys(
+        (
+            *("http_status", "chunks", "prompt_tokens", "output_tokens", "tool_calls"),
+            *("reasoning_tokens", "shared_stamps", "first_divergence", "tokens"),
+        ),
+        "int",
+    ),
+    **dict.fromkeys(
+        (
+            *("tokens_estimated", "chunk_tokens_estimated", "output_truncated"),
+            *("reasoning_tokens_estimated", "answered", "grade_passed", "derived_passed"),
+            *("agree_exact", "agree_normalized"),
+        ),
+        "bool",
+    ),
+}
+# The pandas type of each kind: nullable, so that a missing value stays missing.
+_PANDAS = {"text": "object", "float": "Float64", "int": "Int64", "bool": "boolean"}
+
+
+def _kinds(table: str, columns: list[str]) -> dict[str, str]:
+    if table == "metrics":
+        return {c: "text" if c == "target" else "float" for c in columns}
+    return {c: _KINDS[c] for c in columns}
 
 
 def _jsonl(path: Path) -> Iterable[Mapping[str, Any]]:
