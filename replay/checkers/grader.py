@@ -29,10 +29,9 @@ memory
 
 repeats
     The worker grades a request once: identical requests (the same check or derived spec and
-    the same answer, as the arms of a run often give) share its grade, and a Grader keeps the
-    last ``kept`` grades (``GRADES_KEPT`` unless told) by their request's digest, all but those
-    of a worker that timed out or died (they describe that moment, not the answer). Identical
-    replies share one ``Grade``: a kept grade costs its digest, unless it says something new.
+    answer, as the arms of a run often give) share its grade. A Grader keeps the last ``kept``
+    grades (``GRADES_KEPT`` unless told) by their request's digest, but not a timed-out or dead
+    worker's (they describe that moment, not the answer); identical replies share one Grade.
 
 Each checker-error grade has ``detail["checker_error"]``: "size", "timeout", "exception" or
 "worker" (the worker died or could not start). A Grader is for one thread at a time.
@@ -130,8 +129,7 @@ class Grader:
         self._local: dict[str, Checker | Mapping[str, Any]] = {}
         # The reference's code outcomes, shared by every target graded against it.
         self._code_outcomes: dict[str, list[str] | str] = {}
-        # The worker's grades by their request's digest (``kept`` at most, oldest out), and
-        # each distinct reply's grade (the kept ones share it).
+        # The worker's grades by request digest (oldest out), and each distinct reply's.
         self._kept: OrderedDict[bytes, Grade] = OrderedDict()
         self._replies: dict[bytes, Grade] = {}
         # One request at a time on the worker's pipes: Locust's users grade from several
