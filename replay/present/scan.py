@@ -65,7 +65,7 @@ def scan_run(
     if results is not None:
         _scan_table(scan, results)
         if _cut_short(run_dir / RESULTS):  # as the line by line reading says it
-            problems.append(f"{RESULTS}: 1 unreadable line(s) skipped")
+            problems.append(_skipped(RESULTS, 1))
         return scan
     targets: dict[object, None] = {}
     phases: dict[object, None] = {}
@@ -206,7 +206,11 @@ def json_lines(path: Path, problems: list[str]) -> Iterator[dict[str, Any]]:
             else:
                 bad += 1
     if bad:
-        problems.append(f"{path.name}: {bad} unreadable line(s) skipped")
+        problems.append(_skipped(path.name, bad))
+
+
+def _skipped(name: str, bad: int) -> str:
+    return f"{name}: {bad} unreadable line(s) skipped"
 
 
 def _obj(x: object) -> dict[str, Any]:

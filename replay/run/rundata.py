@@ -16,7 +16,7 @@ at a time (``EXPORT_ROWS`` rows), each column of one declared type.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,13 +74,27 @@ def _frame(rows: Iterable[Mapping[str, Any]], columns: list[str]) -> pd.DataFram
     never held as a million dicts."""
     import pandas as pd
 
-    cells: dict[str, list[Any]] = {c: [] for c in columns}
-    for row in rows:
-        for c, values in cells.items():
-            values.append(row.get(c))
+    cells = next(_gathered(rows, columns, None))
     if not cells[columns[0]]:
         return pd.DataFrame([], columns=columns)  # no rows: its columns, of no type yet
     return pd.DataFrame(cells, columns=columns)
+
+
+def _gathered(
+    rows: Iterable[Mapping[str, Any]], columns: Sequence[str], size: int | None
+) -> Iterator[dict[str, list[Any]]]:
+    """The rows' cells, column by column, ``size`` rows at a time (None: all at once); at
+    least one piece, which a table without rows gives empty."""
+    cells: dict[str, list[Any]] = {c: [] for c in columns}
+    given = False
+    for row in rows:
+        for c, values in cells.items():
+            values.append(row.get(c))
+        if len(cells[columns[0]]) == size:
+            yield cells
+            cells, given = {c: [] for c in columns}, True
+    if cells[columns[0]] or not given:
+        yield cells
 
 
 EXPORT_ROWS = 65_536  # rows a table is written at a time: what export holds, at any size
@@ -123,17 +137,8 @@ def _typed_chunks(
     table with no rows is written with its columns)."""
     import pandas as pd
 
-    columns = list(kinds)
     dtypes = {c: _PANDAS[k] for c, k in kinds.items()}
-    cells: dict[str, list[Any]] = {c: [] for c in columns}
-    sent = False
-    for row in rows:
-        for c, values in cells.items():
-            values.append(row.get(c))
-        if len(cells[columns[0]]) == EXPORT_ROWS:
-            yield pd.DataFrame({c: pd.array(v, dtype=dtypes[c]) for c, v in cells.items()})
-            cells, sent = {c: [] for c in columns}, True
-    if cells[columns[0]] or not sent:
+    for cells in _gathered(rows, list(kinds), EXPORT_ROWS):
         yield pd.DataFrame({c: pd.array(v, dtype=dtypes[c]) for c, v in cells.items()})
 
 

@@ -56,7 +56,7 @@ def flat_grade(row: Mapping[str, Any]) -> FlatGrade:
         row["bucket"],
         bool(row["answered"]),
         None if g is None else bool(g["passed"]),
-        str(d["rule"]) if d else None,
+        sys.intern(str(d["rule"])) if d else None,  # a few names, each read anew
         None if not d or d["passed"] is None else bool(d["passed"]),
         None if not d or d.get("exact") is None else bool(d["exact"]),
         bool(d and (d.get("detail") or {}).get("checker_error")),
@@ -86,9 +86,7 @@ class GradeColumns:
             text[name].append(flat[_AT[name]])
         for name in _YES_NO_COLUMNS:
             yes_no[name].append(_YES_NO_CODE[flat[_AT[name]]])
-        rule, divergence = flat[_AT["rule"]], flat[_AT["divergence"]]
-        if rule is not None:  # a few names, each a new string as a grade is read
-            text["rule"][-1] = sys.intern(rule)
+        divergence = flat[_AT["divergence"]]
         self.divergence.append(-1 if divergence is None else divergence)
 
     def frame(self) -> pd.DataFrame:

@@ -3,7 +3,7 @@ mean difference's (percentile bootstrap over pairs).
 
 The bootstrap is deterministic: its resamples come from ``np.random.default_rng(seed)``. Up to
 ``BOOT_INDEX_MAX`` pairs it resamples indices; a larger sample's interval costs what its
-distinct values cost (``_large_interval``): at a million results, resampling a third of a
+distinct values cost (``_interval``): at a million results, resampling a third of a
 million pairs 2,000 times by index was most of the time quality and the systems comparison
 took.
 """
@@ -83,29 +83,32 @@ def _boot_means(d: npt.NDArray[np.float64], n_boot: int, seed: int) -> npt.NDArr
     return np.concatenate(out)
 
 
-def _large_interval(
+def _interval(
     d: npt.NDArray[np.float64], n_boot: int, alpha: float, seed: int
 ) -> tuple[float, float]:
-    """The (1 - alpha) interval of the mean of more than ``BOOT_INDEX_MAX`` differences.
+    """The percentile-bootstrap (1 - alpha) interval of the mean of the differences ``d``.
 
-    With at most ``BOOT_VALUES_MAX`` distinct values it is the same percentile bootstrap,
-    exact: a resample of n indices holds each value a multinomial number of times, so each
-    resample is drawn as those counts (k values, not n indices). With more (latencies) it is
-    the normal interval, mean +- z * sd / sqrt(n), the bootstrap's large-sample limit: it
-    differs from the percentile bootstrap by about skew / (6 sqrt n) * (z^2 - 1) standard
-    errors, under the bootstrap's own resampling noise at this size even for heavy-tailed
-    latencies (``test_large_sample_intervals_match_the_bootstrap``)."""
+    Up to ``BOOT_INDEX_MAX`` pairs each resample draws n indices. Above it, with at most
+    ``BOOT_VALUES_MAX`` distinct values, each resample is drawn as how often it holds each value
+    (a multinomial): the same bootstrap, exact, at k values a resample instead of n indices.
+    With more values (latencies) it is the normal interval, mean +- z * sd / sqrt(n), the
+    bootstrap's large-sample limit: it differs from the percentile bootstrap by about
+    skew / (6 sqrt n) * (z^2 - 1) standard errors, under the bootstrap's own resampling noise
+    at this size even for heavy-tailed latencies
+    (``test_large_sample_intervals_match_the_bootstrap``)."""
     n = d.size
-    values, counts = np.unique(d, return_counts=True)
-    if values.size <= BOOT_VALUES_MAX:
-        rng = np.random.default_rng(seed)
-        draws = rng.multinomial(n, counts / n, size=n_boot)
+    if n <= BOOT_INDEX_MAX:
+        means = _boot_means(d, n_boot, seed)
+    else:
+        values, counts = np.unique(d, return_counts=True)
+        if values.size > BOOT_VALUES_MAX:
+            half = NormalDist().inv_cdf(1 - alpha / 2) * float(d.std()) / math.sqrt(n)
+            mean = float(d.mean())
+            return mean - half, mean + half
+        draws = np.random.default_rng(seed).multinomial(n, counts / n, size=n_boot)
         means = draws @ values / n
-        lo, hi = np.percentile(means, [50 * alpha, 100 - 50 * alpha])
-        return float(lo), float(hi)
-    half = NormalDist().inv_cdf(1 - alpha / 2) * float(d.std()) / math.sqrt(n)
-    mean = float(d.mean())
-    return mean - half, mean + half
+    lo, hi = np.percentile(means, [50 * alpha, 100 - 50 * alpha])
+    return float(lo), float(hi)
 
 
 def cluster_ci(
@@ -161,10 +164,7 @@ def paired_bootstrap(
         return None
     d = xb - xa
     diff = float(d.mean())
-    if d.size > BOOT_INDEX_MAX:
-        lo, hi = _large_interval(d, n_boot, alpha, seed)
-    else:
-        lo, hi = np.percentile(_boot_means(d, n_boot, seed), [50 * alpha, 100 - 50 * alpha])
+    lo, hi = _interval(d, n_boot, alpha, seed)
     return PairedDiff(
         n=int(d.size),
         mean_a=float(xa.mean()),
