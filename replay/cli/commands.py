@@ -97,9 +97,15 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
                     f"{run_dir}: no summary.json and no manifest.json; is this a "
                     "kvcanary run directory?"
                 )
-            # Read once: the report reads the results the analysis read.
-            results = results_table(run_dir)
-            analyse_again(run_dir, trace_path, results)
+            with console.status("reading the results") as status:
+                # Read once: the report reads the results the analysis read.
+                results = results_table(run_dir)
+
+                def graded(k: int, of: int) -> None:
+                    status.update(f"grading: {k:,} of {of:,} answers")
+
+                status.update(f"grading {len(results):,} answers")
+                analyse_again(run_dir, trace_path, results, graded)
             console.print(f"graded and summarized {shown(str(run_dir))} from its results")
         for path in write_reports(run_dir, results):
             click.echo(str(path))

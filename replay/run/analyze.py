@@ -20,7 +20,13 @@ import orjson
 
 from replay.analysis.capacity import capacity_phase
 from replay.analysis.grading.quality import CONTROL_SUFFIX, Graded, assess_quality
-from replay.analysis.grading.rows import Gradable, GradingSpec, grading_spec, iter_grade_rows
+from replay.analysis.grading.rows import (
+    GRADE_BATCH,
+    Gradable,
+    GradingSpec,
+    grading_spec,
+    iter_grade_rows,
+)
 from replay.analysis.reasoning import reasoning_length
 from replay.analysis.result_table import ResultTable, phase_spans
 from replay.analysis.roles import Roles
@@ -127,6 +133,8 @@ class Analysis:
     series: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
     slo: SloSpec | None = None  # SLO attainment and goodput per group
     sequential: Sequential | None = None  # a sequential canary's block (it decides the verdict)
+    # Told how grading goes, a batch at a time: (answers graded, of how many).
+    progress: Callable[[int, int], None] | None = None
 
 
 def analyse(a: Analysis) -> Summary:
@@ -187,8 +195,21 @@ def _grades(a: Analysis, results: ResultTable) -> Graded:
         specs = a.grading_specs(results.request_ids())
         graded = Graded()
         rows = iter_grade_rows(results, specs, a.reference)
-        rewrite_jsonl(a.run_dir / GRADES, (graded.add(row) for row in rows))
+        rewrite_jsonl(a.run_dir / GRADES, (graded.add(row) for row in _told(rows, a, results)))
     return graded
+
+
+def _told(rows: Iterator[Any], a: Analysis, results: ResultTable) -> Iterator[Any]:
+    """The rows, telling ``a.progress`` every ``GRADE_BATCH`` of them, and at the end."""
+    if a.progress is None:
+        yield from rows
+        return
+    k = 0
+    for k, row in enumerate(rows, 1):
+        if k % GRADE_BATCH == 0:
+            a.progress(k, len(results))
+        yield row
+    a.progress(k, len(results))
 
 
 def candidates_of(a: Analysis) -> list[str]:
@@ -293,14 +314,18 @@ def _capacity(
 
 
 def reanalyse(
-    run_dir: Path, trace_path: Path | None = None, results: ResultTable | None = None
+    run_dir: Path,
+    trace_path: Path | None = None,
+    results: ResultTable | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Grades and summary of a run whose analysis failed or never ran (killed, stopped by
     SIGTERM, a checker that crashed an older version), from what its directory holds: the
     manifest (targets, phases, options), results.jsonl, metrics/ and teacher_forced.jsonl, and
     the checks of its trace (``trace_path``, else the manifest's, which must be unchanged).
     Reads the run directory without repairing it; a line cut short at the end of a file is
-    left out. ``results``: the run's results, already read (``results_table``)."""
+    left out. ``results``: the run's results, already read (``results_table``); ``progress``:
+    told how grading goes (``Analysis.progress``)."""
     manifest = _manifest(run_dir)
     results = results_table(run_dir) if results is None else results
     names = list(manifest.targets)
@@ -328,6 +353,7 @@ def reanalyse(
             driver=manifest.driver,
             slo=_saved_slo(manifest),
             sequential=load_record(run_dir),
+            progress=progress,
         )
     ).to_json()
 

@@ -243,6 +243,7 @@ class Runner:
                 manifest=Manifest.from_json(self.manifest(), where="manifest"),
                 grading_specs=self._grading_specs,
                 slo=self.cfg.slo,
+                progress=lambda k, n: self.progress.status(f"analysis: {k:,} of {n:,} graded"),
             )
         )
 

@@ -8,6 +8,7 @@ as the same JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from replay.analysis.schemas import (
 from replay.analysis.schemas_manifest import Manifest
 from replay.cli import main
 from replay.present import report
+from replay.run import analyze
 from replay.run.analyze import analyse
 from replay.run.rundir import write_json
 from tests.support import analysis_run
@@ -83,6 +85,22 @@ def test_the_pipeline_writes_what_it_wrote_before(tmp_path: Path) -> None:
     written = orjson.loads((tmp_path / "locust" / "summary.json").read_bytes())
     written.pop("run_dir")
     assert _bytes(written) == (GOLDEN / "locust_summary.json").read_bytes()
+
+
+def test_grading_says_how_it_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The analysis tells its caller how many answers are graded, a batch at a time and at
+    the end, and writes what it writes untold."""
+    monkeypatch.setattr(analyze, "GRADE_BATCH", 50)
+    told: list[tuple[int, int]] = []
+    run = dataclasses.replace(
+        analysis_run.analysis(tmp_path / "run"), progress=lambda k, n: told.append((k, n))
+    )
+    analyse(run)
+    n = len(analysis_run.results())
+    assert told == [(50, n), (100, n), (150, n), (200, n), (n, n)]
+    assert (tmp_path / "run" / "grades.jsonl").read_bytes() == (
+        GOLDEN / "run_grades.jsonl"
+    ).read_bytes()
 
 
 def test_keys_left_out_stay_left_out() -> None:
