@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from replay.analysis.layer_capacity import served_cache
 from replay.analysis.result_table import ResultTable
 from replay.analysis.schemas import (
     BucketStats,
@@ -31,6 +32,7 @@ from replay.analysis.schemas import (
 )
 from replay.core.records import Result
 from replay.core.slo import SloSpec
+from replay.serving.kv_served import ServedCache
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -361,9 +363,16 @@ def spans_of(window: Mapping[str, Any]) -> list[tuple[float, float]] | None:
     return [(float(b[1]), float(b[2])) for b in blocks] if blocks else None
 
 
-def capacity(cache_config: Mapping[str, str], context_tokens: float | None) -> Capacity:
-    """Cache size in tokens and how many sequences of ``context_tokens`` it holds at once."""
+def capacity(
+    cache_config: Mapping[str, str], context_tokens: float | None, served: ServedCache | None = None
+) -> Capacity:
+    """Cache size in tokens and how many sequences of ``context_tokens`` it holds at once:
+    counted per layer type where the model's layout is known (``served``), else as tokens over
+    context (right only when every layer attends in full)."""
     size = _num(cache_config.get("kv_cache_size_tokens"))
+    if served is not None and context_tokens:
+        held = served.concurrency(context_tokens)
+        return Capacity(kv_cache_size_tokens=size, concurrency_at_context=held, per_layer_type=True)
     conc = size / context_tokens if size is not None and context_tokens else None
     return Capacity(kv_cache_size_tokens=size, concurrency_at_context=conc)
 
@@ -383,6 +392,7 @@ def _phase(
     series: Sequence[Mapping[str, Any]],
     bucket_order: Sequence[str],
     slo: SloSpec | None = None,
+    served: ServedCache | None = None,
 ) -> PhaseSummary:
     import pandas as pd
 
@@ -408,7 +418,7 @@ def _phase(
         ctx = None
         if figures["prompt_tokens_median"] is not None:
             ctx = figures["prompt_tokens_median"] + (figures["output_tokens_median"] or 0)
-        buckets[str(b)] = BucketStats(**figures, capacity=capacity(cache, ctx))
+        buckets[str(b)] = BucketStats(**figures, capacity=capacity(cache, ctx, served))
     throughput = totals["output_tokens"] / dur if dur > 0 and len(group) else None
     return PhaseSummary(
         start=start,
@@ -436,6 +446,7 @@ def summarize_targets(
     out = {}
     for name, info in targets.items():
         cache = info.get("cache_config") or {}
+        served, layers = served_cache(info) or (None, None)
         out[name] = TargetSummary(
             status=info.get("status"),
             reason=info.get("reason"),
@@ -450,9 +461,11 @@ def summarize_targets(
                     series.get(name, ()),
                     bucket_order,
                     slo,
+                    served,
                 )
                 for label, window in (info.get("phases") or {}).items()
             },
+            layer_capacity=layers,
         )
     return out
 

@@ -6,7 +6,7 @@ Each step is a function of the typed ``RunOptions``; the manifest saves those op
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from replay.cli.compose import SERIAL_PHASE, compose, refuse_combinations
 from replay.cli.measuring import capacity_options, resolve_control, resolve_interleave
 from replay.cli.run_directory import run_directory, run_options_of
 from replay.cli.run_options import RunOptions
+from replay.cli.skip_layers import with_skip_layers
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError, RunDirError
 from replay.core.event_loop import run_loop
@@ -173,17 +174,18 @@ def load_trace(o: RunOptions) -> tuple[StreamedTrace, str]:
 
 def resolve_targets(o: RunOptions) -> list[TargetSpec]:
     """The targets, with the embedded test model where bf16 or a KV format names no other
-    model."""
+    model (nor the name ``--skip-layers`` gives layers)."""
     config = load_targets_config(o.targets_file) if o.targets_file else None
     names = [n.strip() for n in o.targets.split(",")]
     model_dir = None if o.model_dir is None else resolve_model(o.model_dir, "replay --model")
-    needs_default = any(n.lower() in BUILTIN_DTYPES for n in names)
+    arm = o.skip_layers.partition("=")[0].strip() if o.skip_layers else None
+    needs_default = any(n.lower() in BUILTIN_DTYPES or n == arm for n in names)
     if model_dir is None and needs_default and not (config and all(n in config for n in names)):
         from replay.testmodel.factory import ensure_default_model
 
         model_dir = ensure_default_model()
         console.print(f"using the embedded test model {shown(str(model_dir))}")
-    specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config)
+    specs = parse_targets(o.targets, model_dir.resolve() if model_dir else None, config, arm)
     if o.skip_layers:
         specs = with_skip_layers(specs, o.skip_layers)
     if o.emulate_kv:
@@ -193,33 +195,6 @@ def resolve_targets(o: RunOptions) -> list[TargetSpec]:
     for spec in specs:
         spec.api_key()  # a missing key variable is bad input, found before any server starts
     return specs
-
-
-def with_skip_layers(specs: list[TargetSpec], text: str) -> list[TargetSpec]:
-    """``--skip-layers NAME=0,29``: NAME's server keeps those layers' KV cache in BF16
-    (vLLM's flag takes one index a word), and NAME is the layers arm (unless declared)."""
-    name, sep, layers = text.partition("=")
-    name = name.strip()
-    try:
-        indices = sorted({int(x) for x in layers.replace(",", " ").split()})
-    except ValueError:
-        indices = []
-    if not sep or not indices or any(i < 0 for i in indices):
-        raise InputError(
-            f"--skip-layers {text!r}: expected NAME=LAYERS, layer indices from 0 (fp8-skip=0,29)"
-        )
-    spec = next((s for s in specs if s.name == name), None)
-    if spec is None:
-        raise InputError(f"--skip-layers: '{name}' is not one of the targets")
-    if not spec.is_local:
-        raise InputError(
-            f"--skip-layers: '{name}' is a server kvcanary does not start; start it with "
-            f"--kv-cache-dtype-skip-layers {' '.join(map(str, indices))} and give it "
-            'role = "layers" in a targets file'
-        )
-    flag = ("--kv-cache-dtype-skip-layers", *map(str, indices))
-    changed = replace(spec, args=(*spec.args, *flag), role=spec.role or "layers")
-    return [changed if s.name == name else s for s in specs]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 from replay.analysis.schemas import (
     LatencyDelta,
+    LayerCapacity,
     Percentiles,
     ReasoningStats,
     SystemsBucket,
@@ -265,11 +266,12 @@ def capacity_view(run: Run) -> dict[str, Any]:
                 "Served cache dtype",
                 "KV cache (tokens)",
                 "× reference",
+                "Its layer types predict (tokens)",
                 "Its format's bytes imply (× BF16)",
                 "Block size",
                 "Blocks",
                 "Max concurrency (engine)",
-                "Sequences at each bucket's median context",
+                "Requests in flight at each bucket's median context",
             ]
         ),
     )
@@ -280,10 +282,10 @@ def capacity_view(run: Run) -> dict[str, Any]:
         size = num(s.kv_cache_size_tokens) or to_float(cfg.get("kv_cache_size_tokens"))
         bars.append((name, run.color(name), size))
         first = next(iter(run.in_order(s.phases, "phase")), None)
-        conc = [
-            f"{b}: {f_sig(row.capacity.concurrency_at_context)}"
-            for b, row in run.in_order(first[1].buckets if first else {}, "bucket")
-        ]
+        rows = run.in_order(first[1].buckets if first else {}, "bucket")
+        conc = [f"{b}: {f_sig(row.capacity.concurrency_at_context)}" for b, row in rows]
+        if conc and not all(row.capacity.per_layer_type for _, row in rows):
+            conc[-1] += " (tokens ÷ context)"
         emulated = run.emulated(name)
         fmt = run.format_label(name)
         if emulated:  # BF16 storage: never shown as the format's capacity
@@ -296,14 +298,48 @@ def capacity_view(run: Run) -> dict[str, Any]:
             f"not {fmt}'s: emulated"
             if emulated
             else f_ratio(size / ref_size if size and ref_size else None),
+            _predicted(s.layer_capacity, size),
             _implied(run, name),
             text(cfg.get("block_size")),
             text(cfg.get("num_gpu_blocks")),
             text(cfg.get("kv_cache_max_concurrency")),
             ", ".join(conc) or DASH,
         )
+    if any(targets[n].layer_capacity for n in run.targets() if n in targets):
+        t.caption = LAYER_TYPES_CAPTION
     chart = bar_chart(bars, "tokens", "KV-cache capacity per target (tokens)")
     return {"chart": chart, "table": t if t.rows else None}
+
+
+# Counted per layer type: why the figures differ from tokens / context.
+LAYER_TYPES_CAPTION = (
+    "Where a target's model folder is here, each layer is counted by its attention type (its "
+    "config.json): a sliding-window layer holds at most its window, so the requests in flight "
+    "at a context come from the served cache's bytes, not kv_cache_size_tokens ÷ context "
+    "(vLLM's figure is its concurrency at max_model_len times max_model_len)."
+)
+MATCH_WITHIN = 0.05  # the served size and the layout's prediction agree within this share
+
+
+def _predicted(layers: LayerCapacity | None, served: float | None) -> str | Cell:
+    """The cache the model's layer types predict, and whether the server's figure agrees:
+    a server reporting another size runs another layout than its config.json says (other
+    skip layers, another window, another block size), which its capacity figures inherit."""
+    if layers is None:
+        return DASH
+    pred = layers.predicted_kv_cache_size_tokens
+    if pred is None:
+        return f"— (bytes read from {layers.cache_bytes_from})"
+    if not served:
+        return f_int(pred)
+    off = served / pred - 1
+    if abs(off) <= MATCH_WITHIN:
+        return f"{f_int(pred)} (served within 5%)"
+    return Cell(
+        f"{f_int(pred)} (served {off:+.0%}: not the cache this layout predicts)",
+        "num",
+        "check the served model, its skip layers and its block size against its config.json",
+    )
 
 
 def _implied(run: Run, name: str) -> str:

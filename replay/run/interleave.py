@@ -44,6 +44,7 @@ from replay.run.capacity import (
     finished_capacity,
     kv_bytes_per_token,
     peak_usage,
+    ref_layers,
     size,
     units_needed,
     why_not,
@@ -263,7 +264,10 @@ class Interleaved:
         ]
         max_tokens = {q.id: q.max_tokens for q in r.cfg.trace.iter_requests()}
         per_token = kv_bytes_per_token(ref_run.spec, info.get("cache_config") or {})
-        return size(results, max_tokens, per_token, info.get("max_model_len"), r.cfg.capacity)
+        layers = ref_layers(ref_run.spec, info.get("cache_config") or {})
+        return size(
+            results, max_tokens, per_token, info.get("max_model_len"), r.cfg.capacity, layers
+        )
 
     def _save_capacity(self, block: dict[str, Any]) -> None:
         self.capacity = block

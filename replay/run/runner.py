@@ -28,7 +28,7 @@ from replay.analysis.schemas import Summary
 from replay.analysis.schemas_manifest import Manifest
 from replay.core.errors import ServerStartError, TargetError
 from replay.core.schedule import MonotonicClock
-from replay.run.analyze import Analysis, analyse, target_for_summary
+from replay.run.analyze import Analysis, analyse
 from replay.run.budget import ErrorBudget
 from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected, Connector, HttpConnector
@@ -50,6 +50,7 @@ from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
 from replay.run.stopping import RunStop
+from replay.run.summary_targets import run_for_summary
 from replay.run.sweep import stop_rising
 from replay.run.teacher import Scoring, reference_offsets, score_answers
 from replay.serving.introspect import engine_config_from_log
@@ -229,10 +230,7 @@ class Runner:
         return self.order.analysis(
             Analysis(
                 run_dir=self.cfg.run_dir,
-                targets={
-                    n: target_for_summary(r.status, r.reason, r.info.get("cache_config"), r.phases)
-                    for n, r in runs.items()
-                },
+                targets={n: run_for_summary(r) for n, r in runs.items()},
                 reference=self.reference,
                 candidate=self.roles.candidate,
                 first_phase=self.cfg.schedules[0].label,

@@ -22,7 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from replay.core.errors import ServerStartError
+from replay.core.errors import ConfigError, ServerStartError
+from replay.serving.kv_layout import SLIDING_WINDOW, KvLayout
 from replay.serving.prompt_scores import CACHED_SCORING_ARGS
 from replay.serving.targets import TargetSpec
 
@@ -157,9 +158,24 @@ class LocalServer:
             j = i + 1
             while j < len(args) and not args[j].startswith("-"):
                 j += 1
-            env[EMULATION_SKIP_ENV] = ",".join(",".join(args[i + 1 : j]).split(","))
+            env[EMULATION_SKIP_ENV] = self._skip_indices(args[i + 1 : j])
             del args[i:j]
         return args, env
+
+    def _skip_indices(self, words: list[str]) -> str:
+        """The plugin takes layer indices (``0,3``): vLLM's ``sliding_window`` is resolved
+        to the model's sliding-window layers, read off its config.json."""
+        parts = [p for w in words for p in w.split(",") if p]
+        if SLIDING_WINDOW not in parts:
+            return ",".join(parts)
+        layout = KvLayout.of_model(self.spec.model)
+        if layout is None:
+            raise ConfigError(
+                f"target '{self.spec.name}': {SKIP_LAYERS_FLAG} {SLIDING_WINDOW} needs the "
+                f"model's layer types, and {self.spec.model} has no readable config.json: "
+                "name layer indices instead"
+            )
+        return ",".join(map(str, layout.skip_indices(parts)))
 
     def environment(self) -> dict[str, str]:
         """The server's environment: this process's, the defaults above where it sets none,

@@ -175,11 +175,15 @@ def check_served_dtype(
 
 
 def parse_targets(
-    text: str, default_model: Path | None, config: Mapping[str, TargetSpec] | None = None
+    text: str,
+    default_model: Path | None,
+    config: Mapping[str, TargetSpec] | None = None,
+    layers_arm: str | None = None,
 ) -> list[TargetSpec]:
     """``bf16,fp8,fp8_e5m2`` (built-ins on the default model: bf16 and every KV format),
     ``name=URL``, ``name=MODEL_DIR`` (a local server; dtype from the name: ``fp8-cal=DIR``)
-    or names from a config."""
+    or names from a config. ``layers_arm``: the name ``--skip-layers`` gives layers, which
+    needs no definition either (``fp8-swa``: FP8 on the default model)."""
     specs: list[TargetSpec] = []
     for raw in (p.strip() for p in text.split(",")):
         if not raw:
@@ -215,6 +219,8 @@ def parse_targets(
                     expect_cache_dtype=BUILTIN_DTYPES[name],
                 )
             )
+        elif name == layers_arm:
+            specs.append(_layers_target(name, default_model))
         else:
             quantized = [n for n, f in kv_formats.FORMATS.items() if f.quantized]
             known = ["bf16", *quantized, *kv_formats.UNQUANTIZED, *sorted(config or {})]
@@ -229,6 +235,27 @@ def parse_targets(
     if len(set(names)) != len(names):
         raise ConfigError(f"--targets: duplicate target names in {names}")
     return specs
+
+
+def _layers_target(name: str, default_model: Path | None) -> TargetSpec:
+    """``--targets fp8-swa --skip-layers fp8-swa=...``: the layers arm on the default model,
+    its KV format the one its name starts with (the layers themselves are added later)."""
+    dtype = kv_formats.format_of_name(name)
+    fmt = kv_formats.FORMATS.get(dtype or "")
+    if fmt is None or not fmt.quantized:
+        raise ConfigError(
+            f"--targets: '{name}' (the --skip-layers arm): start its name with a quantized KV "
+            "format (fp8-swa, fp8_e5m2-skip) so its KV cache dtype is known"
+        )
+    if default_model is None:
+        raise ConfigError(f"--targets: '{name}' needs a local model (--model)")
+    return TargetSpec(
+        name=name,
+        model=str(default_model),
+        kv_cache_dtype=fmt.name,
+        args=DEFAULT_MODEL_ARGS,
+        expect_cache_dtype=fmt.name,
+    )
 
 
 def _local_dir_target(name: str, raw: str, model: Path) -> TargetSpec:

@@ -13,6 +13,8 @@ from typing import Any
 from replay.analysis.schemas import TargetSummary
 from replay.analysis.schemas_manifest import Manifest, TargetEntry
 from replay.serving import kv_formats
+from replay.serving.kv_layout import SLIDING_WINDOW, KvLayout
+from replay.serving.kv_served import layout_of, skip_words
 from replay.serving.scale_log import SCALE_ONE_WARNING, from_engine_config
 
 
@@ -76,7 +78,9 @@ def serving_problems(
     if not calibrated and info.model_root and ref.model_root and info.model_root != ref.model_root:
         out.append(f"serves model {info.model_root}, the reference {ref.model_root}")
     skip = _skip_layers_problem(
-        list(info.spec.args), str(info.cache_config.get("kv_cache_dtype_skip_layers", ""))
+        list(info.spec.args),
+        str(info.cache_config.get("kv_cache_dtype_skip_layers", "")),
+        target_layout(info),
     )
     if skip and not emulated:  # an emulated target's plugin does the skipping
         out.append(skip)
@@ -118,9 +122,20 @@ def _fallback(meant: str | None, served: str | None) -> str | None:
     return f"served cache_dtype is '{served}', not {what} (the backend fell back)"
 
 
-def _skip_layers_problem(args: Sequence[str], served: str) -> str | None:
-    """``--kv-cache-dtype-skip-layers 0 3`` against the server's ``['0', '3']``. vLLM 0.32
-    takes one pattern per word, so ``0,3`` is a single pattern that matches no layer."""
+def target_layout(entry: TargetEntry | None) -> KvLayout | None:
+    """A target's model layout: its spec's folder, else the folder its server reports
+    (``/v1/models``' root) where that folder is here too."""
+    if entry is None:
+        return None
+    found = layout_of(entry.spec.model, entry.model_root)
+    return found[0] if found is not None else None
+
+
+def _skip_layers_problem(args: Sequence[str], served: str, layout: KvLayout | None) -> str | None:
+    """``--kv-cache-dtype-skip-layers 0 3`` against the server's ``['0', '3']`` (vLLM echoes
+    the words: ``['sliding_window']``). vLLM 0.32 takes one pattern per word, so ``0,3`` is a
+    single pattern that matches no layer. With the model's layout, the words are compared as
+    the layers they name, and words that name none are a problem."""
     flag = "--kv-cache-dtype-skip-layers"
     if flag not in args:
         return None
@@ -135,6 +150,31 @@ def _skip_layers_problem(args: Sequence[str], served: str) -> str | None:
             f"{' '.join(w for word in words for w in word.split(',') if w)}); a "
             "comma-separated value is one pattern that matches no layer"
         )
-    if not set(words) <= set(re.findall(r"\w+", served)):
-        return f"skip-layers configured as {' '.join(words)!r} but the server reports {served!r}"
+    missing = _names_no_layer(words, layout)
+    if missing:
+        return missing
+    reported = re.findall(r"\w+", served)
+    if set(words) <= set(reported):
+        return None
+    if layout is not None and layout.skip_indices(words) == layout.skip_indices(reported):
+        return None
+    return f"skip-layers configured as {' '.join(words)!r} but the server reports {served!r}"
+
+
+def _names_no_layer(words: Sequence[str], layout: KvLayout | None) -> str | None:
+    """Indices past the model's last layer, or ``sliding_window`` on a model with none: vLLM
+    matches no layer with them and keeps those layers' cache quantized, silently."""
+    if layout is None or skip_words(words) != tuple(words):
+        return None  # other patterns are vLLM's to read
+    past = [w for w in words if w.isdigit() and int(w) >= layout.layers]
+    if past:
+        return (
+            f"skip-layers {' '.join(past)}: the model has {layout.layers} layers "
+            f"(0-{layout.layers - 1}); vLLM keeps no layer in BF16 for them"
+        )
+    if SLIDING_WINDOW in words and not layout.sliding:
+        return (
+            f"skip-layers {SLIDING_WINDOW}: the model has no sliding-window layer, so it keeps "
+            "nothing in BF16"
+        )
     return None
