@@ -2,6 +2,7 @@
 
     Summary                      summary.json: targets, quality, systems, saturation, verdict
     ├── TargetSummary            one target: served cache dtype and size, its phases
+    │   ├── LayerCapacity        its cache read per layer type, where its model is here
     │   └── PhaseSummary         one phase: its window, totals, server figures, buckets
     │       ├── PhaseTotals      ResultStats of the whole phase, with output throughput
     │       ├── ServerStats      figures from the scraped /metrics over the phase
@@ -9,7 +10,8 @@
     │                            (ResultStats hold SloStats when the run has --slo, and
     │                            ReasoningStats where the answers reasoned)
     ├── Quality                  phase -> target -> TargetQuality, and notes
-    │   └── TargetQuality        buckets (BucketQuality), all (QualityTotals), shift, TF
+    │   └── TargetQuality        buckets (BucketQuality), all (QualityTotals), shift, TF,
+    │       │                    the trend across context length (Trend)
     │       └── BucketQuality    explicit checks (Comparison), derived grades, the combined
     │                            pairs the verdict decides on, teacher-forced scores, floor
     ├── Systems                  paired latency per bucket (LatencyDelta), fits (Fit), the
@@ -31,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from replay.analysis.schemas_layers import LayerCapacity as LayerCapacity
 from replay.analysis.schemas_reasoning import ReasoningDelta as ReasoningDelta
 from replay.analysis.schemas_reasoning import ReasoningLength as ReasoningLength
 from replay.analysis.schemas_sequential import Sequential as Sequential
@@ -40,6 +43,8 @@ from replay.analysis.schemas_systems import CapacityArm as CapacityArm
 from replay.analysis.schemas_systems import CapacityPhase as CapacityPhase
 from replay.analysis.schemas_systems import SystemsCell as SystemsCell
 from replay.analysis.schemas_systems import SystemsRule as SystemsRule
+from replay.analysis.schemas_trend import LengthSlope as LengthSlope
+from replay.analysis.schemas_trend import Trend as Trend
 from replay.core.errors import SummaryError as SummaryError
 from replay.core.record_json import OMITTED as OMITTED
 from replay.core.record_json import Omitted as Omitted
@@ -67,6 +72,8 @@ class Capacity(Record):
 
     kv_cache_size_tokens: float | None
     concurrency_at_context: float | None
+    # True: counted per layer type (``TargetSummary.layer_capacity``); absent: tokens / context.
+    per_layer_type: bool | None = absent_if_none()
 
 
 @record
@@ -181,6 +188,7 @@ class TargetSummary(Record):
     cache_dtype: str | None
     kv_cache_size_tokens: float | None
     phases: Mapping[str, PhaseSummary]
+    layer_capacity: LayerCapacity | None = absent_if_none()  # where its model's layout is known
 
 
 # -- quality: explicit checks, derived grades, the pairs the verdict decides on ---------------
@@ -376,6 +384,9 @@ class TargetQuality(Record):
     all: QualityTotals
     shift: Shift | None  # None for the reference
     teacher_forced: TeacherForced
+    # Change per doubling of context (``schemas_trend``); None for the reference, and in
+    # summaries written before the trend.
+    trend: Trend | None = absent_if_none()
 
 
 @record

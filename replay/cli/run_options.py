@@ -182,7 +182,8 @@ RUN_OPTIONS = [
         type=click.Path(path_type=Path),
         help="Model folder for the built-in bf16/fp8 local targets, or a built-in model: "
         "embedded (the default: `replay model` prints it), twin, real (SmolLM2-135M-Instruct: "
-        "`replay model --real`).",
+        "`replay model --real`), long (Gemma 3 270M, 32K tokens, sliding-window layers: "
+        "`replay model --long`).",
     ),
     click.option(
         "--concurrency",
@@ -281,8 +282,9 @@ RUN_OPTIONS = [
         "--skip-layers",
         metavar="NAME=LAYERS",
         help="Serve the local target NAME with these layers' KV cache in BF16 "
-        "(--kv-cache-dtype-skip-layers; e.g. fp8-skip=0,29): the layers arm of the stop rule, "
-        "what `kvcal advise` proposes.",
+        "(--kv-cache-dtype-skip-layers; e.g. fp8-skip=0,29, or fp8-swa=sliding_window for "
+        "every sliding-window layer): the layers arm of the stop rule, what `kvcal advise` "
+        "proposes. A NAME no other option defines is FP8 (its name's format) on --model.",
     ),
     click.option(
         "--advice",

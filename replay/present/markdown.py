@@ -29,6 +29,9 @@ def markdown_report(run: Run) -> str:
     for qt in tables:
         caption = f" ({qt['table'].caption})" if qt["table"] else ""
         out += _md_section(f"Quality{caption}", qt["table"], MD_QUALITY)
+        if qt.get("trends"):
+            out += ["Trend across context length, per doubling of the prompt's tokens:", ""]
+            out += [f"- {md(line)}" for line in qt["trends"]] + [""]
         if qt.get("rules"):
             out += _md_section(f"Derived rules{caption}", qt["rules"])
     systems = views["systems"] or {}

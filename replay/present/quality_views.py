@@ -14,10 +14,12 @@ from replay.analysis.schemas import (
     NoiseFloor,
     RuleCounts,
     RuleFloor,
+    TargetQuality,
     VsReference,
 )
+from replay.analysis.verdict.trend import graded_text, tf_text
 from replay.present.formatting import DASH, f_est, f_int, f_nll, f_p, f_pct, f_pts, num, text
-from replay.present.reading import Run
+from replay.present.reading import CONTROL_SUFFIX, Run
 from replay.present.views import Cell, Table
 
 QUALITY_HEADERS = [
@@ -42,8 +44,10 @@ def quality_view(run: Run) -> dict[str, Any]:
     tables = []
     for phase, targets in run.in_order(q.phases if q else {}, "phase"):
         t = Table(QUALITY_HEADERS, caption=f"phase {phase}")
-        shifts = []
+        shifts, trends = [], []
         for target, tq in run.in_order(targets, "target"):
+            if target != f"{run.reference}{CONTROL_SUFFIX}":  # the control's is every floor
+                trends += trend_lines(target, tq)
             for bucket, row in run.in_order(tq.buckets, "bucket"):
                 t.add(*_quality_row(target, bucket, row, tol, target == run.reference))
             if tq.shift:
@@ -51,7 +55,9 @@ def quality_view(run: Run) -> dict[str, Any]:
                     f"{target}: stratified shift across buckets "
                     f"p={f_p(tq.shift.p_value)} ({text(tq.shift.direction)})"
                 )
-        tables.append({"table": t, "shifts": shifts, "rules": _rules_table(run, phase)})
+        tables.append(
+            {"table": t, "shifts": shifts, "trends": trends, "rules": _rules_table(run, phase)}
+        )
     return {
         "present": bool(tables),
         "tables": tables,
@@ -59,6 +65,19 @@ def quality_view(run: Run) -> dict[str, Any]:
         "tolerance": f_pts(tol).lstrip("+") if tol is not None else DASH,
         "notes": list(q.notes if q else ()),
     }
+
+
+def trend_lines(target: str, tq: TargetQuality) -> list[str]:
+    """The target's trend across context length in words: its pass-rate difference and its
+    teacher-forced ΔNLL per doubling of context, each with the A/A control's (none: the
+    reference, or a summary written before the trend)."""
+    t = tq.trend
+    if t is None:
+        return []
+    return [
+        graded_text(target, t.graded, t.graded_floor),
+        tf_text(target, t.teacher_forced, t.teacher_forced_floor),
+    ]
 
 
 RULE_HEADERS = [

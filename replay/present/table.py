@@ -8,9 +8,11 @@ from replay.analysis.schemas import (
     BucketQuality,
     Combined,
     EvidenceSummary,
+    LengthSlope,
     NoiseFloor,
     Quality,
     Summary,
+    Trend,
 )
 from replay.present.formatting import TERMINAL_DASH, fixed, percent, points
 
@@ -171,7 +173,44 @@ def quality_table(q: Quality) -> Table:
                     "",
                     "",
                 )
+            if tq.trend is not None:
+                t.add_row(name, phase, "trend per doubling", *_trend_cells(tq.trend))
     return t
+
+
+def _slope(s: LengthSlope | None, graded: bool) -> str:
+    """A slope per doubling of context with its interval: points for a pass-rate difference,
+    ΔNLL per token for teacher-forced scores; why not, where no slope was fitted."""
+    if s is None:
+        return ""
+    if s.slope is None:
+        return "no trend"
+    if graded:
+        lo, hi = points(s.lo, 1, TERMINAL_DASH), points(s.hi, 1, TERMINAL_DASH)
+        return f"{points(s.slope, 1, TERMINAL_DASH)} [{lo}, {hi}]"
+    return f"{_f(s.slope, '+.4f')} [{_f(s.lo, '+.4f')}, {_f(s.hi, '+.4f')}]"
+
+
+def _trend_cells(tr: Trend) -> list[str]:
+    """The trend across context length in the quality table's columns: the graded slope
+    under the difference, its requests and p-value, the A/A control's under the floor, the
+    teacher-forced slope (with the control's) under ΔNLL."""
+    g, tf, floor = tr.graded, tr.teacher_forced, tr.teacher_forced_floor
+    tf_floor = "" if floor is None or floor.slope is None else f" (A/A {_f(floor.slope, '+.4f')})"
+    return [
+        "",
+        "",
+        "",
+        _slope(g, True),
+        str(g.requests),
+        _f(g.p_value, ".3f"),
+        _slope(tr.graded_floor, True),
+        "",
+        "",
+        _slope(tf, False) + (tf_floor if tf.slope is not None else ""),
+        "",
+        "",
+    ]
 
 
 def _quality_cells(row: BucketQuality, is_ref: bool) -> list[str]:

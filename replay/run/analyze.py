@@ -27,6 +27,7 @@ from replay.analysis.grading.rows import (
     grading_spec,
     iter_grade_rows,
 )
+from replay.analysis.grading.trend import prompt_token_counts
 from replay.analysis.reasoning import reasoning_length
 from replay.analysis.result_table import ResultTable, phase_spans
 from replay.analysis.roles import Roles
@@ -65,6 +66,7 @@ from replay.run.rundir import (
     write_json,
 )
 from replay.run.sequential_file import load_record
+from replay.run.summary_targets import target_for_summary as target_for_summary
 from replay.traces.importers import stream
 
 
@@ -115,7 +117,7 @@ class Analysis:
     fills it from its own state at the end of a run, ``reanalyse`` from the run directory."""
 
     run_dir: Path
-    targets: Mapping[str, Mapping[str, Any]]  # name -> target_for_summary(...)
+    targets: Mapping[str, Mapping[str, Any]]  # name -> summary_targets.target_for_summary(...)
     reference: str
     candidate: str | None
     first_phase: str
@@ -185,6 +187,7 @@ def _graded_quality(a: Analysis, results: ResultTable) -> Quality:
         a.seed,
         alpha=a.thresholds.alpha,
         min_pairs=a.thresholds.min_pairs,
+        prompt_tokens=prompt_token_counts(results, a.reference),
     )
 
 
@@ -440,23 +443,14 @@ def _target_facts(info: TargetEntry, name: str, results: ResultTable) -> dict[st
     phases = {k: dict(v) for k, v in info.phases.items()}
     for label, (start, end) in phase_spans(results, phases, target=name).items():
         phases[label] = {"start": start, "end": end, "interrupted": True}
-    return target_for_summary(info.status or None, info.reason, info.cache_config, phases)
-
-
-def target_for_summary(
-    status: str | None,
-    reason: str | None,
-    cache_config: Mapping[str, Any] | None,
-    phases: Mapping[str, Any],
-) -> dict[str, Any]:
-    """What the summary needs of a target (an entry of ``Analysis.targets``): its status and
-    why, the cache configuration its server reported, and its phase windows."""
-    return {
-        "status": status,
-        "reason": reason,
-        "cache_config": cache_config or {},
-        "phases": phases,
-    }
+    return target_for_summary(
+        info.status or None,
+        info.reason,
+        info.cache_config,
+        phases,
+        model_dirs=(info.spec.model, info.model_root),
+        max_model_len=info.max_model_len,
+    )
 
 
 def _ordered(names: Sequence[str], order: Sequence[str]) -> list[str]:

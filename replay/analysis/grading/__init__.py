@@ -28,4 +28,6 @@ The result is a ``Quality`` record (``schemas``); ``quality`` gives its JSON.
   and teacher-forced.
 * ``quality`` - every phase, target and bucket, with noise floors and notes
   (``assess_quality``).
+* ``trend`` - each target's trend across context length in a phase: its graded and
+  teacher-forced differences per request against the request's prompt tokens.
 """

@@ -206,6 +206,12 @@ def compare_combined(
     )
 
 
+def scored(s: Mapping[str, Any], base: Mapping[str, Any]) -> bool:
+    """Whether a request's teacher-forced scores under a target (``s``) and the reference
+    (``base``) compare: both scored without an error, the same tokens."""
+    return bool(s and base and not s["error"] and not base["error"] and s["n"] == base["n"])
+
+
 def teacher_forced(
     tf: Mapping[str, Mapping[str, Any]],
     tf_ref: Mapping[str, Mapping[str, Any]],
@@ -223,7 +229,7 @@ def teacher_forced(
     errors = 0
     for rid in ids:
         s, base = tf.get(rid), tf_ref.get(rid)
-        if not s or not base or s["error"] or base["error"] or s["n"] != base["n"]:
+        if s is None or base is None or not scored(s, base):
             errors += s is not None
             continue
         d = [x - y for x, y in zip(s["nll"], base["nll"], strict=True)]

@@ -167,9 +167,18 @@ def paired_outcomes(
     rows)."""
     if base is None or rows.empty:
         return [], []
+    theirs, mine = graded_in_both(rows, base, column)
+    return outcomes(theirs), outcomes(mine)
+
+
+def graded_in_both(
+    rows: pd.DataFrame, base: pd.DataFrame, column: str
+) -> tuple[pd.Series, pd.Series]:
+    """``column`` of the requests graded in both, in ``rows``' order, by request id: (base,
+    rows)."""
     theirs = base[column].reindex(rows.index)
     both = rows[column].notna() & theirs.notna()
-    return outcomes(theirs[both]), outcomes(rows.loc[both, column])
+    return theirs[both], rows.loc[both, column]
 
 
 def combined_pairs(
@@ -186,9 +195,39 @@ def combined_pairs(
     disagreement with the reference counts against the candidate, the conservative reading
     (no noise floor). Derived grades of a ``demoted`` rule (``rule_floors``) are left out."""
     a, b = paired_outcomes(rows, ref, "passed")
-    derived = rows[rows["passed"].isna() & rows["d_passed"].notna() & ~rows["rule"].isin(demoted)]
+    derived = _derived(rows, demoted)
     if control is None:
         base, mine = [True] * len(derived), outcomes(derived["d_passed"])
     else:
         base, mine = paired_outcomes(derived, control, "d_passed")
     return a + base, b + mine, len(base)
+
+
+def _derived(rows: pd.DataFrame, demoted: frozenset[str]) -> pd.DataFrame:
+    """The requests graded by a derived grade in the pairs: no check, a derived outcome, a
+    rule not demoted."""
+    return rows[rows["passed"].isna() & rows["d_passed"].notna() & ~rows["rule"].isin(demoted)]
+
+
+def combined_differences(
+    rows: pd.DataFrame,
+    ref: pd.DataFrame | None,
+    control: pd.DataFrame | None,
+    demoted: frozenset[str] = frozenset(),
+) -> pd.Series:
+    """``combined_pairs`` as each pair's difference (target minus baseline: -1, 0 or +1) by
+    request id: what a per-request statistic (the trend across context length) reads."""
+    import pandas as pd
+
+    parts = []
+    if ref is not None and not rows.empty:
+        theirs, mine = graded_in_both(rows, ref, "passed")
+        parts.append(mine.astype(float) - theirs.astype(float))
+    derived = _derived(rows, demoted)
+    if control is None:
+        parts.append(derived["d_passed"].astype(float) - 1.0)
+    elif not derived.empty:
+        theirs, mine = graded_in_both(derived, control, "d_passed")
+        parts.append(mine.astype(float) - theirs.astype(float))
+    parts = [p for p in parts if not p.empty]
+    return pd.concat(parts) if parts else pd.Series([], dtype=float)

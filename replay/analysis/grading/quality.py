@@ -23,6 +23,7 @@ from replay.analysis.grading.compare import (
 )
 from replay.analysis.grading.pairing import GradeColumns, combined_pairs, flat_grade
 from replay.analysis.grading.rule_floors import demotion_note, rule_floors
+from replay.analysis.grading.trend import with_trends
 from replay.analysis.schemas import (
     OMITTED,
     BucketQuality,
@@ -134,6 +135,24 @@ def _target_quality(
     )
 
 
+def _with_floors(out: dict[str, TargetQuality], control: str) -> dict[str, TargetQuality]:
+    """Every bucket of a phase with the A/A control's figures in it as its noise floor
+    (unchanged where no control ran)."""
+    if control not in out:
+        return out
+    floors = out[control].buckets
+    return {
+        t: replace(
+            q,
+            buckets={
+                b: replace(row, noise_floor=_noise_floor(floors.get(b)))
+                for b, row in q.buckets.items()
+            },
+        )
+        for t, q in out.items()
+    }
+
+
 class Graded:
     """What quality reads of the grade rows, kept as they are written (``add``): each row
     flattened (``pairing.flat_grade``) into columns (``GradeColumns``), and whole only where
@@ -168,9 +187,12 @@ def assess_quality(
     *,
     alpha: float = ALPHA,
     min_pairs: int = MIN_PAIRS,
+    prompt_tokens: Mapping[str, float] | None = None,
 ) -> Quality:
     """phase -> target -> buckets, all and shift, plus notes. ``tolerance``, ``alpha`` and
-    ``min_pairs`` are the verdict's, so the evidence column says what it says."""
+    ``min_pairs`` are the verdict's, so the evidence column says what it says. With
+    ``prompt_tokens`` (request id -> its prompt's tokens: ``trend.prompt_token_counts``),
+    every target but the reference gets its trend across context length."""
     tf: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
     for t in tf_rows:
         tf[t["target"]][t["request_id"]] = t
@@ -194,25 +216,24 @@ def assess_quality(
             )
             for t, t_rows in targets.items()
         }
+        if prompt_tokens is not None:
+            out = with_trends(
+                out,
+                targets,
+                tf,
+                prompt_tokens,
+                (reference, control),
+                demoted=demoted,
+                seed=seed,
+                alpha=alpha,
+            )
         if control not in targets and in_phase["rule"].notna().any():
             notes.append(
                 f"{phase}: derived grades have no noise floor: no A/A control ({control}) ran, "
                 "so every disagreement with the reference's answer counts against the "
                 "candidate (--control gives the floor)"
             )
-        if control in out:
-            floors = out[control].buckets
-            out = {
-                t: replace(
-                    q,
-                    buckets={
-                        b: replace(row, noise_floor=_noise_floor(floors.get(b)))
-                        for b, row in q.buckets.items()
-                    },
-                )
-                for t, q in out.items()
-            }
-        phases[str(phase)] = out
+        phases[str(phase)] = _with_floors(out, control)
     notes += checker_error_notes(graded.failed)
     notes += [
         f"{phase}/{target}: teacher-forced scores are identical to {reference}'s: this "
@@ -243,8 +264,17 @@ def quality(
     *,
     alpha: float = ALPHA,
     min_pairs: int = MIN_PAIRS,
+    prompt_tokens: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """``assess_quality`` as JSON, for callers outside the pipeline."""
     return assess_quality(
-        rows, tf_rows, reference, bucket_order, tolerance, seed, alpha=alpha, min_pairs=min_pairs
+        rows,
+        tf_rows,
+        reference,
+        bucket_order,
+        tolerance,
+        seed,
+        alpha=alpha,
+        min_pairs=min_pairs,
+        prompt_tokens=prompt_tokens,
     ).to_json()

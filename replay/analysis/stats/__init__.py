@@ -11,6 +11,9 @@ effect, which is why nothing here compares two independent pass rates.
   chance within one bucket?) and the stratified tests for a *consistent* downward FP8 shift
   across buckets, which can be significant even when no single bucket is (the Kimi-K2.5
   pattern: a small drift in every length bucket, not a few noisy failures).
+* ``trend`` - the slope of the paired difference against log2(prompt tokens): how much it
+  changes per doubling of context, with an interval from a bootstrap within buckets (a loss
+  that grows with length, which a per-bucket test reads only as several small losses).
 * ``equivalence`` - the exact one-sided bound that shows a bucket's drop is below the
   tolerance, and the rule's defaults (tolerance, alpha, minimum pairs).
 * ``power`` - the exact chance that n pairs show equivalence, and from it how many pairs a

@@ -11,7 +11,7 @@ took.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -71,16 +71,21 @@ class PairedDiff:
     hi: float
 
 
+def resample_indices(
+    n: int, n_boot: int, rng: np.random.Generator
+) -> Iterator[npt.NDArray[np.int64]]:
+    """The bootstrap's resamples of n items, n_boot of them: each a row of n indices drawn
+    with replacement, a chunk of rows at a time (about ``_BOOT_CHUNK`` indices held at once).
+    Every bootstrap here draws its resamples this way, so one seed gives one set of draws."""
+    rows = max(1, _BOOT_CHUNK // n)
+    for i in range(0, n_boot, rows):
+        yield rng.integers(0, n, size=(min(rows, n_boot - i), n))
+
+
 def _boot_means(d: npt.NDArray[np.float64], n_boot: int, seed: int) -> npt.NDArray[np.float64]:
     """Means of n_boot resamples (with replacement) of the pair differences d."""
     rng = np.random.default_rng(seed)
-    n = d.size
-    rows = max(1, _BOOT_CHUNK // n)
-    out = [
-        d[rng.integers(0, n, size=(min(rows, n_boot - i), n))].mean(axis=1)
-        for i in range(0, n_boot, rows)
-    ]
-    return np.concatenate(out)
+    return np.concatenate([d[idx].mean(axis=1) for idx in resample_indices(d.size, n_boot, rng)])
 
 
 def _interval(
@@ -127,11 +132,8 @@ def cluster_ci(
     if s.size == 0 or c.sum() <= 0:
         return None
     point = float(s.sum() / c.sum())
-    rng = np.random.default_rng(seed)
-    rows = max(1, _BOOT_CHUNK // s.size)
     parts = []
-    for i in range(0, n_boot, rows):
-        idx = rng.integers(0, s.size, size=(min(rows, n_boot - i), s.size))
+    for idx in resample_indices(s.size, n_boot, np.random.default_rng(seed)):
         with np.errstate(invalid="ignore", divide="ignore"):  # a resample of 0-token clusters
             parts.append(s[idx].sum(axis=1) / c[idx].sum(axis=1))
     est = np.concatenate(parts)

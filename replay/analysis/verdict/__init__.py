@@ -5,8 +5,9 @@
                    pays for itself (``payoff``: capacity the workload needs, or goodput or
                    latency beyond the A/A floor, or requests/s where the reference's cache is
                    full).
-    CALIBRATE      the scale-1.0 gap is repeatable (significant in a bucket, or a consistent
-                   downward shift across buckets); or a calibrated target fixes it.
+    CALIBRATE      the scale-1.0 gap is repeatable (significant in a bucket, a consistent
+                   downward shift across buckets, or a loss that grows with context length
+                   beyond the A/A control's: ``trend``); or a calibrated target fixes it.
     PER-HEAD/SKIP  after calibration a localized problem remains (one bucket): try per-head
                    scales (FlashAttention only) or BF16 for the outlier layers.
     REJECT         the backend fell back (served cache dtype is not FP8, scales not applied,

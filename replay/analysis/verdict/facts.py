@@ -34,7 +34,9 @@ from replay.analysis.stats.evidence import Evidence
 from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.advice import Advice, advice_facts
-from replay.analysis.verdict.serving_path import error_problem, serving_problems
+from replay.analysis.verdict.serving_path import error_problem, serving_problems, target_layout
+from replay.analysis.verdict.trend import TrendFacts, trend_facts
+from replay.serving.kv_layout import SLIDING_WINDOW
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class ArmFacts:
     # Its reasoning length against the reference's, per bucket: (phase, named only when the
     # run has several; bucket; the difference and the A/A floor), for the early warning.
     reasoning: tuple[tuple[str | None, str, ReasoningDelta], ...] = ()
+    # Its trends across context length, one per phase (``verdict.trend``).
+    trends: tuple[TrendFacts, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class Facts:
     outlier_layers: tuple[int, ...] = ()
     # FP8 with some layers' cache in BF16, served (``--skip-layers``): the layers it keeps.
     layers: ArmFacts | None = None
-    layers_skipped: tuple[int, ...] = ()
+    layers_skipped: tuple[int | str, ...] = ()  # ``sliding_window`` where no layout resolves it
     # ``kvcal advise``'s emulated figures and advice (``--advice``), for the next step.
     advice: Advice | None = None
     # A sequential canary: its decision replaces the fixed design's at scale 1.0.
@@ -233,19 +237,24 @@ def _on_overlay(manifest: Manifest, name: str | None, reference: str) -> bool:
     return bool(mine.spec.model and ref.spec.model and mine.spec.model != ref.spec.model)
 
 
-def _skipped(manifest: Manifest, name: str | None) -> tuple[int, ...]:
-    """The layers a target's server keeps in BF16 (its ``--kv-cache-dtype-skip-layers``)."""
+def _skipped(manifest: Manifest, name: str | None) -> tuple[int | str, ...]:
+    """The layers a target's server keeps in BF16 (its ``--kv-cache-dtype-skip-layers``):
+    indices, vLLM's ``sliding_window`` resolved through the model's layout where it is known
+    (the verdict then names the layers), else kept as the word (what the flag takes)."""
     spec = manifest.spec(name)
     args = list(spec.args) if spec is not None else []
     flag = "--kv-cache-dtype-skip-layers"
     if flag not in args:
         return ()
-    out = []
+    words: list[str] = []
     for word in args[args.index(flag) + 1 :]:
         if str(word).startswith("-"):
             break
-        out += [int(x) for x in str(word).split(",") if x.strip().isdigit()]
-    return tuple(out)
+        words += [x.strip() for x in str(word).split(",") if x.strip()]
+    layout = target_layout(manifest.target(name)) if SLIDING_WINDOW in words else None
+    if layout is not None:
+        return layout.skip_indices(words)
+    return tuple(int(w) if w.isdigit() else w for w in words if w.isdigit() or w == SLIDING_WINDOW)
 
 
 def _calibration_report(manifest: Manifest, name: str | None) -> Mapping[str, Any]:
@@ -325,6 +334,7 @@ def _arm_facts(
         shift.direction if shift else None,
         max(1, len(per_phase)),
         manifest.emulated(name),
+        trends=trend_facts(per_phase),
     )
 
 

@@ -3,9 +3,10 @@ what each verdict means and how the phases of a sweep combine).
 
 :func:`decide` goes in order: the serving path (a fallback rejects the path; an emulated FP8
 arm gets no rollout decision unless accepted), then a calibrated arm if there is one, else
-scale 1.0 against the reference (:func:`losses`, a consistent shift, :func:`matches`), and
-last whether FP8 pays for itself. Teacher-forced divergence and a longer chain of thought only
-warn (:func:`tf_warnings`, :func:`reasoning_warnings`).
+scale 1.0 against the reference (:func:`losses`, a consistent shift, a loss that grows with
+context length, :func:`matches`), and last whether FP8 pays for itself. Teacher-forced
+divergence (per bucket, or growing with length) and a longer chain of thought only warn
+(:func:`tf_warnings`, :func:`reasoning_warnings`, ``trend.trend_evidence``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from replay.analysis.stats.equivalence import equivalent
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.payoff import gain
+from replay.analysis.verdict.trend import TrendFacts, falling, falling_reason, trend_evidence
 from replay.analysis.verdict.wording import (
     bucket_text,
     evidence_entry,
@@ -81,6 +83,23 @@ def _shifted(arm: ArmFacts, th: Thresholds) -> bool:
     )
 
 
+def _trending(arm: ArmFacts, th: Thresholds) -> list[TrendFacts]:
+    """The phases where the arm's graded difference falls as the context doubles, beyond the
+    A/A control's trend (``verdict.trend``): a loss that grows with length is repeatable."""
+    return falling(arm.trends, _level(arm, th))
+
+
+def _repeatable(arm: ArmFacts, th: Thresholds) -> bool:
+    """A loss in a bucket, a consistent shift across buckets, or one that grows with length."""
+    return bool(losses(arm, th)) or _shifted(arm, th) or bool(_trending(arm, th))
+
+
+def _lost_in(arm: ArmFacts, th: Thresholds) -> str:
+    """Where the arm loses, in words: its buckets, else across them, else with length."""
+    lost = ", ".join(where(b) for b in losses(arm, th))
+    return lost or ("across buckets" if _shifted(arm, th) else "growing with context length")
+
+
 def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
     """The stop rule (``replay.analysis.verdict``), with the teacher-forced warnings added to its
     evidence: perplexity warns, it never decides (the outcomes do)."""
@@ -89,7 +108,11 @@ def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
         w
         for arm in (f.candidate, f.calibrated, f.layers)
         if arm is not None
-        for w in (*tf_warnings(arm, th), *reasoning_warnings(arm, th))
+        for w in (
+            *tf_warnings(arm, th),
+            *reasoning_warnings(arm, th),
+            *trend_evidence(arm.name, arm.trends, _level(arm, th)),
+        )
     ]
     return replace(v, evidence=(*v.evidence, *warnings)) if warnings else v
 
@@ -175,7 +198,7 @@ def _decide(f: Facts, th: Thresholds) -> Verdict:
     # 2. With a calibrated target, judge the calibration (and a layers arm after it).
     if f.calibrated is not None:
         return _calibration(f, f.calibrated, th, ev)
-    if f.layers is not None and (losses(f.candidate, th) or _shifted(f.candidate, th)):
+    if f.layers is not None and _repeatable(f.candidate, th):
         ev += quality_evidence(f.candidate, f.reference, th)
         return _layers_arm(f, f.layers, th, ev, "FP8 at scale 1.0")
     # 3. Scale 1.0 against the reference.
@@ -188,7 +211,7 @@ def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any
     advise's emulated figures)."""
     cal_loss = losses(cal, th)
     ev += quality_evidence(cal, f.reference, th) + _advice_evidence(f)
-    if not cal_loss and not _shifted(cal, th):
+    if not _repeatable(cal, th):
         ok, thin = matches(cal, th)
         if ok:
             return verdict_record(
@@ -199,7 +222,7 @@ def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any
         return _insufficient(cal, thin, ev, th)
     if f.layers is not None:
         return _layers_arm(f, f.layers, th, ev, f"calibrated ({cal.name})")
-    lost_in = ", ".join(where(b) for b in cal_loss) or "across buckets"
+    lost_in = _lost_in(cal, th)
     advice = f.advice
     if advice is not None and advice.action in ("skip_layers", "per_head"):
         how = (
@@ -265,7 +288,7 @@ def _layers_arm(
     ev += quality_evidence(arm, f.reference, th)
     ev += [e for e in _advice_evidence(f) if e not in ev]  # after calibration: already there
     kept = " ".join(map(str, f.layers_skipped)) or "?"
-    if not losses(arm, th) and not _shifted(arm, th):
+    if not _repeatable(arm, th):
         ok, thin = matches(arm, th)
         if ok:
             return verdict_record(
@@ -278,7 +301,7 @@ def _layers_arm(
                 ev,
             )
         return _insufficient(arm, thin, ev, th)
-    lost_in = ", ".join(where(b) for b in losses(arm, th)) or "across buckets"
+    lost_in = _lost_in(arm, th)
     return verdict_record(
         "reject",
         [f"{after} and {arm.name} (layers {kept} in BF16) both still lose ({lost_in})"],
@@ -302,16 +325,18 @@ def _scale_one(f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]
     ev += quality_evidence(arm, f.reference, th)
     if f.sequential is not None:
         return _sequential(f, f.sequential, th, ev)
-    lost = losses(arm, th)
-    if lost or _shifted(arm, th):
+    lost, trending = losses(arm, th), _trending(arm, th)
+    if lost or _shifted(arm, th) or trending:
         if lost:
             b = lost[0]
             reason = f"repeatable loss in {where(b)}: {bucket_text(arm.name, f.reference, b, th)}"
-        else:
+        elif _shifted(arm, th):
             reason = (
                 f"consistent downward shift across buckets (stratified p="
                 f"{arm.shift_p:.3g}) although no single bucket is significant"
             )
+        else:
+            reason = falling_reason(arm.name, trending[0])
         return verdict_record("calibrate", [reason], ev)
     ok, thin = matches(arm, th)
     if not ok:
