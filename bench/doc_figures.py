@@ -7,7 +7,8 @@ A house rule: a figure in the docs that a run measured or a simulation produced 
 by code from a recorded results file, never typed. Each block sits in its doc between
 ``<!-- generated: bench/doc_figures.py NAME -->`` and ``<!-- end doc_figures NAME -->`` and is
 rendered from its sources alone; ``tests/house/test_doc_figures.py`` fails when a doc and its
-sources disagree. Other generators keep their own blocks: ``bench/tables.py`` (bench/README.md),
+sources disagree; ``bench/kvcal_long.py``'s block (docs/kvcal.md) is checked here under its own
+markers. Other generators keep their own blocks: ``bench/tables.py`` (bench/README.md),
 ``bench/advisor.py`` (docs/kvcal.md), ``bench/real_model.py`` (docs/models.md),
 ``bench/first_run.py`` (README.md) and ``docs/cli_reference.py`` (docs/cli.md).
 """
@@ -25,6 +26,7 @@ import _blocks
 import _canary_figures
 import _kvcal_figures
 import _model_figures
+import kvcal_long
 import orjson
 
 BENCH = Path(__file__).resolve().parent
@@ -54,6 +56,20 @@ class Block:
         return f"<!-- end doc_figures {self.name} -->"
 
 
+@dataclass(frozen=True)
+class OwnBlock(Block):
+    """A block under its own bench script's markers (``<!-- generated: bench/NAME.py -->`` ...
+    ``<!-- end NAME -->``): the script writes it after a run, this check keeps it current."""
+
+    @property
+    def begin(self) -> str:
+        return f"<!-- generated: bench/{self.name}.py -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- end {self.name} -->"
+
+
 BLOCKS = (
     Block(
         DOCS / "canary.md",
@@ -79,6 +95,7 @@ BLOCKS = (
     Block(DOCS / "kvcal.md", "kvcal-served", (KV,), _kvcal_figures.served),
     Block(DOCS / "kvcal.md", "kv-formats-canary", (KV,), _kvcal_figures.canary),
     Block(DOCS / "kvcal.md", "kv-formats-emulated", (KV,), _kvcal_figures.formats),
+    OwnBlock(DOCS / "kvcal.md", "kvcal_long", (kvcal_long.OUT,), kvcal_long.render),
 )
 
 

@@ -263,6 +263,17 @@ def kvcal_formats_rows(doc: dict[str, Any]) -> Iterator[Row]:
             yield "fp8_e5m2 emulated in vLLM vs served: per-position NLL", value, ">= 0.99"
 
 
+def kvcal_long_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """kvcal's teacher-forced scoring on long prompts (``bench/kvcal_long.py``; docs/kvcal.md's
+    table): time and peak RSS by context length and setting."""
+    longest = max(doc["config"]["lengths"])
+    target = f"< {doc['summary']['target_peak_gib_at_longest']:g} GiB, linear"
+    for r in doc["runs"]:
+        what = f"kvcal teacher-forced, long model, {r['length']:,} tokens, {r['setting']}"
+        value = f"{r['wall_s']:.1f} s, {r['peak_rss_mib']:.0f} MiB peak"
+        yield what, value, target if r["length"] == longest else ""
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("sequential", sequential_rows),
     ("evidence_simulation", evidence_simulation_rows),
@@ -272,6 +283,7 @@ KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("client_overhead", client_overhead_rows),
     ("memory", memory_rows),
     ("kvcal_observer", kvcal_rows),
+    ("kvcal_long", kvcal_long_rows),
     ("kvcal_formats", kvcal_formats_rows),
     ("open_loop", open_loop_rows),
     ("workers", workers_rows),

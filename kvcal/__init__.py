@@ -8,6 +8,7 @@
     _checkpoint _scales                  overlay checkpoint and manifest; scales and advice
     _observe _sample                     K/V at the cache write; stratified samples
     _emulate_advice                      capacity per setting, tolerance, rounding shares
+    _capacity                            cache bytes per layer type (sliding windows) at a length
     _kv_formats                          every emulated KV format's round trip (torch only):
       _fp8 _kv_dynamic _nvfp4            E4M3/E5M2; per-token-head INT8/FP8/INT4; NVFP4
     _backend                             per-head scales on vLLM's attention backend here

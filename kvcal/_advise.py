@@ -11,16 +11,22 @@ teacher-forced on the same requests (``kvcal._emulate_report``'s scorer and inte
 * the layers to keep in BF16: each layer kept BF16 alone, ranked by the loss it recovers on
   the best per-tensor setting the backend serves, and the smallest set that recovers
   ``--recover`` of it, scored again to confirm; with its cost in cache capacity
-  (``--kv-cache-dtype-skip-layers`` keeps those layers' cache in BF16).
+  (``--kv-cache-dtype-skip-layers`` keeps those layers' cache in BF16);
+* on a hybrid model (sliding-window and full-attention layers), every sliding-window layer
+  kept in BF16 (vLLM's ``--kv-cache-dtype-skip-layers sliding_window``) as one more
+  candidate. A sliding-window layer caches only its window, so what a layer costs in BF16
+  depends on its attention type and the request's length: capacity is counted per layer
+  type at the model's max length (:mod:`kvcal._capacity`), never by counting layers.
 
 Then the advice, in this order: nothing to do when the best setting shows no real loss; keep
-the confirmed layers in BF16 when that recovers enough with at most ``--max-skip-share`` of
-the layers; per-head scales when they recover it and the backend takes them; otherwise reject
-FP8 on this backend, saying how much of the loss the backend's rounding makes (a backend that
-rounds to nearest may keep it: test there). Each step names its figures. An emulation: it
-predicts quality, never capacity or kernel speed; ``replay canary`` with the advised arm
-served (``--skip-layers NAME=LAYERS``) checks it, and ``--advice`` shows this file's figures
-in the verdict.
+layers in BF16 when that recovers enough and keeps at least the capacity ``--max-skip-share``
+of a uniform model's layers would (:func:`keep_floor`): the confirmed set or the
+sliding-window layers, whichever keeps more; per-head scales when they recover it and the
+backend takes them; otherwise reject FP8 on this backend, saying how much of the loss the
+backend's rounding makes (a backend that rounds to nearest may keep it: test there). Each
+step names its figures. An emulation: it predicts quality, never capacity or kernel speed;
+``replay canary`` with the advised arm served (``--skip-layers NAME=LAYERS``) checks it, and
+``--advice`` shows this file's figures in the verdict.
 """
 
 from __future__ import annotations
@@ -36,10 +42,12 @@ import torch
 
 from replay.core.buckets import Buckets
 from replay.core.errors import InputError
+from replay.serving.kv_layout import SLIDING_WINDOW
 
+from ._capacity import Capacity, model_capacity
 from ._emulate import Setting, uniform
 from ._emulate_overlay import overlay_setting, read_overlay
-from ._emulate_report import CAVEAT, INTERVAL, EmulateArgs, _draw, _no_track
+from ._emulate_report import CAVEAT, INTERVAL, EmulateArgs, _draw, _no_track, capacity_notes
 from ._emulate_score import bf16_answers, by_bucket, reference_scores, tf_summary
 from ._emulate_sensitivity import Scorer, Track, loss_is_real
 from ._fp8 import E4M3_MAX, hf_head_scale
@@ -98,9 +106,12 @@ def backend_rounding(rounding: str) -> str:
     return ENGINE_ROUNDING["fp8"] if rounding == "engine" else rounding
 
 
-def capacity_ratio(layers: int, skipped: int) -> float:
-    """BF16 cache bytes over FP8's with ``skipped`` layers kept in BF16 (2x with none)."""
-    return 2 * layers / (layers + skipped)
+def keep_floor(max_skip_share: float) -> float:
+    """The least capacity (x BF16) that still counts as keeping FP8: what ``max_skip_share``
+    of a uniform model's layers in BF16 leave, 2 / (1 + share) (1.33x at a half). On a
+    uniform model the same rule as counting layers; on a hybrid one each layer weighs what
+    its cache holds (a sliding-window layer little, at length)."""
+    return 2 / (1 + max_skip_share)
 
 
 def _row(scorer: Scorer, s: Setting, labels: list[str]) -> dict[str, Any]:
@@ -131,7 +142,12 @@ def rank_layers(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, An
 
 
 def confirm_skip(
-    scorer: Scorer, base: Setting, ranked: list[dict[str, Any]], loss: float, args: AdviseArgs
+    scorer: Scorer,
+    base: Setting,
+    ranked: list[dict[str, Any]],
+    loss: float,
+    args: AdviseArgs,
+    cap: Capacity,
 ) -> dict[str, Any]:
     """The smallest prefix of the ranking whose confirmed recovery reaches ``recover`` of
     the loss, scored set by set (up to ``skip_candidates`` layers)."""
@@ -153,14 +169,92 @@ def confirm_skip(
         "recovered_share": best["recovered_share"],
         "reached": best["recovered_share"] >= args.recover,
         "flag": f"{FLAG} {' '.join(map(str, skip))}",
-        "capacity_ratio": capacity_ratio(len(base.k), len(skip)),
+        "capacity_ratio": cap.ratio("fp8", skip),
+        "capacity_at_tokens": cap.context,
     }
 
 
+def sliding_candidate(
+    scorer: Scorer, base: Setting, cap: Capacity, labels: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``base`` with every sliding-window layer in BF16 (vLLM's ``sliding_window`` word): its
+    settings row, and as a candidate its recovery of ``base``'s loss and its capacity."""
+    sliding = cap.layout.sliding
+    setting = base.skipping(sliding, f"{base.name}, sliding-window layers in BF16")
+    row = _row(scorer, setting, labels)
+    return row, {
+        "setting": setting.name,
+        "skip_layers": list(sliding),
+        "flag": f"{FLAG} {SLIDING_WINDOW}",
+        "all": row["all"],
+        "capacity_ratio": cap.ratio("fp8", sliding),
+        "capacity_at_tokens": cap.context,
+    }
+
+
+def _recovery(candidate: dict[str, Any], loss: float, recover: float) -> dict[str, Any]:
+    share = (loss - float(candidate["all"].get("nll_delta_mean") or 0.0)) / loss
+    return {**candidate, "recovered_share": share, "reached": share >= recover}
+
+
+def _kept(
+    skip: dict[str, Any] | None,
+    sliding: dict[str, Any] | None,
+    args: AdviseArgs,
+    at: str,
+    reasons: list[str],
+) -> dict[str, Any] | None:
+    """Of the confirmed layer set and the sliding-window layers, the one that recovers
+    ``recover`` of the loss and keeps the most capacity, at least :func:`keep_floor`'s;
+    each one's figures added to ``reasons``."""
+    floor = keep_floor(args.max_skip_share)
+    if skip is not None:
+        reasons.append(
+            f"layers {skip['skip_layers']} in BF16 recover {skip['recovered_share']:.0%} of the "
+            f"loss (confirmed; capacity {skip['capacity_ratio']:.2f}x BF16{at} instead of 2x)"
+        )
+    if sliding is not None:
+        reasons.append(
+            f"the {len(sliding['skip_layers'])} sliding-window layers in BF16 ({sliding['flag']}) "
+            f"recover {sliding['recovered_share']:.0%} of the loss (capacity "
+            f"{sliding['capacity_ratio']:.2f}x BF16{at} instead of 2x)"
+        )
+    enough = [c for c in (skip, sliding) if c is not None and c["reached"]]
+    ok = [c for c in enough if c["capacity_ratio"] >= floor - 1e-9]
+    for c in enough:
+        if c not in ok:
+            reasons.append(
+                f"{_what(c)} recover enough but keep {c['capacity_ratio']:.2f}x BF16{at}, "
+                f"less than {floor:.2f}x (--max-skip-share {args.max_skip_share:g})"
+            )
+    if not ok:
+        return None
+    best = max(ok, key=lambda c: float(c["capacity_ratio"]))
+    if len(ok) == 2:
+        other = ok[1] if best is ok[0] else ok[0]
+        reasons.append(
+            f"both recover {args.recover:.0%} of the loss: {_what(best)} keep more capacity "
+            f"({best['capacity_ratio']:.2f}x against {other['capacity_ratio']:.2f}x BF16{at})"
+        )
+    return best
+
+
+def _what(candidate: dict[str, Any]) -> str:
+    if str(candidate["flag"]).endswith(SLIDING_WINDOW):
+        return "the sliding-window layers"
+    return f"layers {candidate['skip_layers']}"
+
+
 def next_step(
-    rows: dict[str, dict[str, Any]], skip: dict[str, Any] | None, args: AdviseArgs, layers: int
+    rows: dict[str, dict[str, Any]],
+    skip: dict[str, Any] | None,
+    args: AdviseArgs,
+    sliding: dict[str, Any] | None = None,
+    at: str = "",
 ) -> dict[str, Any]:
-    """The advice: one ``action`` (none, skip_layers, per_head, reject) with its reasons."""
+    """The advice: one ``action`` (none, skip_layers, per_head, reject) with its reasons.
+    ``sliding``: the sliding-window layers in BF16 as a candidate beside the confirmed set
+    ``skip``; ``at``: the context the capacity figures hold at (a hybrid model's)."""
     best = rows.get("fp8@cal") or rows["fp8@1.0"]
     real, why = loss_is_real(best["all"], args.min_loss)
     reasons = [f"{best['setting']} ({ROUNDING_WORDS[best['rounding']]}): {why}"]
@@ -177,20 +271,16 @@ def next_step(
             "the backend's rounding"
         )
     out: dict[str, Any] = {"rounding_share": rounding_share, "loss": loss}
-    if skip is not None:
-        k = len(skip["skip_layers"])
-        reasons.append(
-            f"layers {skip['skip_layers']} in BF16 recover {skip['recovered_share']:.0%} of the "
-            f"loss (confirmed; capacity {skip['capacity_ratio']:.2f}x BF16 instead of 2x)"
-        )
-        if skip["reached"] and k <= args.max_skip_share * layers:
-            return {
-                **out,
-                "action": "skip_layers",
-                "skip_layers": skip["skip_layers"],
-                "flag": skip["flag"],
-                "reasons": reasons,
-            }
+    kept = _kept(skip, sliding, args, at, reasons)
+    if kept is not None:
+        return {
+            **out,
+            "action": "skip_layers",
+            "skip_layers": kept["skip_layers"],
+            "flag": kept["flag"],
+            "capacity_ratio": kept["capacity_ratio"],
+            "reasons": reasons,
+        }
     head = rows.get("fp8@per-head")
     if head is not None:
         head_share = (loss - float(_mean(head) or 0.0)) / loss
@@ -206,19 +296,11 @@ def next_step(
     return {**out, "action": "reject", "reasons": reasons}
 
 
-def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
-    from transformers import AutoConfig
-
-    from ._observe import kv_shape, load_model
-
-    started = time.perf_counter()
-    if not (args.model_dir / "config.json").is_file():
-        raise InputError(
-            f"{args.model_dir}: no config.json; give the model folder the server loads"
-        )
-    config = AutoConfig.from_pretrained(str(args.model_dir))
-    layers, kv_heads, _ = kv_shape(config)
-    backend = backend_rounding(args.rounding)
+def _settings(
+    args: AdviseArgs, layers: int, kv_heads: int, backend: str
+) -> tuple[list[Setting], frozenset[str]]:
+    """FP8 at scale 1.0 and at the overlay's scales, each at both roundings, and per-head
+    scales where the overlay's report has them; the calibration ids to leave out."""
     settings = [uniform("fp8@1.0", layers, 1.0, backend)]
     exclude: frozenset[str] = frozenset()
     if args.overlay is not None:
@@ -235,26 +317,49 @@ def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
         args.notes.append(
             "no per-head amax in the overlay's kvcal_report.json: per-head not scored"
         )
+    return settings, exclude
+
+
+def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    from ._observe import kv_shape, load_model
+
+    started = time.perf_counter()
+    if not (args.model_dir / "config.json").is_file():
+        raise InputError(
+            f"{args.model_dir}: no config.json; give the model folder the server loads"
+        )
+    config = AutoConfig.from_pretrained(str(args.model_dir))
+    layers, kv_heads, head_dim = kv_shape(config)
+    cap = model_capacity(args.model_dir, config, (layers, kv_heads, head_dim))
+    backend = backend_rounding(args.rounding)
+    settings, exclude = _settings(args, layers, kv_heads, backend)
     drawn = _draw(args, config, exclude)
     if not drawn.items:
         raise InputError("no requests to score: the trace has none that fit the model")
     model = load_model(str(args.model_dir), args.dtype, args.device)
-    labels = Buckets.parse(args.buckets).labels
+    labels = list(Buckets.parse(args.buckets).labels)
     missing = [it for it in drawn.items if not it.answer]
     bf16_answers(model, missing, args.chunk_tokens, track("BF16 greedy answers", len(missing)))
     ref = reference_scores(
         model, drawn.items, args.chunk_tokens, track("BF16 scores", len(drawn.items))
     )
     scorer = Scorer(model, drawn.items, ref, args.chunk_tokens, track)
-    rows = {s.name: _row(scorer, s, list(labels)) for s in settings}
+    rows = {s.name: _row(scorer, s, labels) for s in settings}
     base = settings[1] if args.overlay is not None else settings[0]
+    sliding = None
+    if cap.hybrid:  # the one set vLLM names by a word: every sliding-window layer
+        row, sliding = sliding_candidate(scorer, base, cap, labels)
+        rows[row["setting"]] = row
     real, _ = loss_is_real(rows[base.name]["all"], args.min_loss)
     skip = None
     ranking: list[dict[str, Any]] = []
     if real:
         loss = float(_mean(rows[base.name]) or 0.0)
         ranking = rank_layers(scorer, base, loss)
-        skip = confirm_skip(scorer, base, ranking, loss, args)
+        skip = confirm_skip(scorer, base, ranking, loss, args, cap)
+        sliding = None if sliding is None else _recovery(sliding, loss, args.recover)
     return {
         "emulated": True,
         "caveat": CAVEAT,
@@ -267,12 +372,14 @@ def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
         "per_head_supported": args.per_head_supported,
         "per_head_why": args.per_head_why,
         "sampling": drawn.info,
-        "notes": args.notes,
+        "notes": [*args.notes, *capacity_notes(cap)],
+        "capacity": cap.to_json(),
         "settings": list(rows.values()),
         "sensitivity_base": base.name,
         "ranking": ranking,
         "skip": skip,
-        "next_step": next_step(rows, skip, args, layers),
+        "sliding_window": sliding,
+        "next_step": next_step(rows, skip, args, sliding, cap.at()),
         "seconds": time.perf_counter() - started,
     }
 

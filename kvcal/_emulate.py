@@ -139,12 +139,27 @@ def _prefill(
     return logits if keep_last else None
 
 
+# Answer positions are scored this many logits at a time at most (16 Mi values, 64 MiB in
+# float32): the model computes a logit per vocabulary entry at every position it is asked
+# for, and a 262,144-token vocabulary (Gemma 3) makes that 1 GiB per 1,024 positions.
+LOGITS_BUDGET = 1 << 24
+
+
+def answer_step(model: Any, chunk: int) -> int:
+    """Answer positions per forward pass in :func:`teacher_forced`: ``chunk``, fewer where
+    the vocabulary would make their logits outgrow :data:`LOGITS_BUDGET`."""
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
+    vocab = int(getattr(text or model.config, "vocab_size", 0) or 0)
+    return max(1, min(chunk, LOGITS_BUDGET // vocab if vocab else chunk))
+
+
 @torch.inference_mode()
 def teacher_forced(
     model: Any, prompt: Sequence[int], answer: Sequence[int], cache: DynamicCache, chunk: int
 ) -> tuple[list[float], list[int]]:
     """NLL of each answer token after the prompt and the answer before it, and the argmax
-    there. The prompt but its last token is prefilled in chunks (only the cache kept)."""
+    there. The prompt but its last token is prefilled in chunks (only the cache kept); the
+    answer positions go through in steps whose logits stay within :data:`LOGITS_BUDGET`."""
     if not prompt or not answer:
         raise ValueError("teacher_forced needs a prompt and an answer")
     ids = _ids(model, [*prompt, *answer])
@@ -153,13 +168,15 @@ def teacher_forced(
     nll: list[float] = []
     top: list[int] = []
     tail = ids[:, head : head + len(answer)]  # positions whose next token is an answer token
-    for start in range(0, tail.shape[1], chunk):
-        part = tail[:, start : start + chunk]
+    step = answer_step(model, chunk)
+    for start in range(0, tail.shape[1], step):
+        part = tail[:, start : start + step]
         logits = model(input_ids=part, past_key_values=cache, use_cache=True).logits[0].float()
         target = ids[0, head + start + 1 : head + start + 1 + part.shape[1]]
         logp = torch.log_softmax(logits, dim=-1)
         nll.extend((-logp.gather(1, target[:, None])[:, 0]).tolist())
         top.extend(logits.argmax(dim=-1).tolist())
+        del logits, logp  # before the next step's: two steps' logits never live at once
     return nll, top
 
 

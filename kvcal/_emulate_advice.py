@@ -3,8 +3,9 @@
 * **Capacity**: the cache bytes one token takes in the model (every layer and KV head, K and
   V; a layer kept in BF16 at BF16's bytes), from the format's layout
   (``replay.serving.kv_formats``), and what that implies: tokens per GiB of cache and the
-  multiple of BF16's. Implied by the bytes, never measured: a served cache's own figures
-  come from the replay.
+  multiple of BF16's. A sliding-window layer holds at most its window, so in a hybrid model
+  these are a request's figures at the model's max length (:mod:`kvcal._capacity`). Implied
+  by the bytes, never measured: a served cache's own figures come from the replay.
 * **Tolerance**: a setting stays within ``--tolerance`` when, in every bucket, the upper end
   of its ΔNLL/token interval is at most the tolerance (the loss is bounded below it, not
   merely not shown).
@@ -22,27 +23,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from replay.serving.kv_formats import FORMATS
-
+from ._capacity import Capacity
 from ._emulate import Setting
 from ._emulate_sensitivity import why_no_loss
 
 GIB = 1 << 30
 
 
-def setting_facts(s: Setting, layers: int, kv_heads: int, head_dim: int) -> dict[str, Any]:
-    """Bytes per token in the model under ``s``, and the capacity they imply."""
-    fmt, bf16 = FORMATS[s.fmt], FORMATS["bfloat16"]
-    per_layer = [
-        (bf16 if k is None else fmt).bytes_per_token_head(head_dim) * kv_heads for k in s.k
-    ]
-    total = sum(per_layer)
-    full = bf16.bytes_per_token_head(head_dim) * kv_heads * layers
+def setting_facts(s: Setting, cap: Capacity) -> dict[str, Any]:
+    """Bytes per token in the model under ``s``, and the capacity they imply, each layer
+    by its attention type at ``cap``'s context (see :mod:`kvcal._capacity`)."""
+    total = cap.bytes_per_token(s.fmt, s.skip)
     return {
         "bytes_per_token": total,
-        "bf16_bytes_per_token": full,
-        "capacity_ratio": full / total,
+        "bf16_bytes_per_token": cap.bytes_per_token("bfloat16"),
+        "capacity_ratio": cap.ratio(s.fmt, s.skip),
         "tokens_per_gib": GIB / total,
+        "capacity_at_tokens": cap.context,
     }
 
 

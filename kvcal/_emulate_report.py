@@ -20,6 +20,7 @@ from typing import Any
 from replay.core.buckets import DEFAULT_BOUNDS, Buckets
 from replay.core.errors import InputError
 
+from ._capacity import Capacity, model_capacity
 from ._emulate import Setting, uniform
 from ._emulate_advice import advise, setting_facts
 from ._emulate_overlay import carries_scales, overlay_setting, read_overlay
@@ -188,6 +189,19 @@ def settings_for(
     return out, bases, notes, exclude
 
 
+def capacity_notes(cap: Capacity) -> list[str]:
+    """What a hybrid model's capacity figures mean: a request's at one length."""
+    if not cap.hybrid:
+        return []
+    sliding = cap.layout.sliding
+    window = cap.layout.windows[sliding[0]]
+    return [
+        f"capacity per request of {cap.context:,} tokens (the model's max length): "
+        f"{len(sliding)} of {cap.layout.layers} layers slide over {window} tokens and cache "
+        "only their window (and one step's tokens); a shorter request gains less"
+    ]
+
+
 def _greedy_sample(items: Sequence[Item], labels: Sequence[str], n: int) -> list[Item]:
     picked = {i for ids in by_bucket(items, labels).values() for i in ids[:n]}
     return [it for it in items if it.id in picked]
@@ -248,6 +262,7 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
     # everything that can be refused is checked before the weights load
     config = AutoConfig.from_pretrained(str(args.model_dir))
     layers, kv_heads, head_dim = kv_shape(config)
+    cap = model_capacity(args.model_dir, config, (layers, kv_heads, head_dim))
     if head_dim % 16 and any(f.startswith("nvfp4") for f in args.formats):
         raise InputError(f"--formats nvfp4: head_dim {head_dim} is not a multiple of 16")
     settings, bases, notes, exclude = settings_for(args, layers, kv_heads)
@@ -286,7 +301,8 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
         "kv_heads": kv_heads,
         "head_dim": head_dim,
         "sampling": drawn.info,
-        "notes": [*args.notes, *notes],
+        "notes": [*args.notes, *notes, *capacity_notes(cap)],
+        "capacity": cap.to_json(),
         "reference": {
             "answers": "replay run" if args.answers else "BF16 greedy, transformers",
             "max_new_tokens": args.max_new_tokens,
@@ -294,9 +310,7 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
             "tokens": sum(len(it.answer) for it in items),
             "greedy_sample_per_bucket": args.greedy_sample,
         },
-        "settings": [
-            {**s.to_json(), **setting_facts(s, layers, kv_heads, head_dim)} for s in settings
-        ],
+        "settings": [{**s.to_json(), **setting_facts(s, cap)} for s in settings],
         "results": rows,
         "per_request": per_request,
         # the first format's (the one the rest of kvcanary calibrates), and every format's

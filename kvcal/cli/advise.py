@@ -52,7 +52,8 @@ ADVISE_OPTIONS = [
         "--max-skip-share",
         default=0.5,
         show_default=True,
-        help="Most layers kept in BF16 that still count as keeping FP8.",
+        help="Most layers kept in BF16 that still count as keeping FP8 (a hybrid model: "
+        "the capacity that share of a uniform model's layers would leave).",
     ),
     click.option(
         "--skip-candidates",
@@ -184,13 +185,23 @@ def show(report: dict[str, Any]) -> None:
     print_tables([settings_table(report), *([ranking_table(report)] if report["ranking"] else [])])
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
+    sliding = report.get("sliding_window")
+    if sliding is not None:
+        at = f" at {report['capacity']['context_tokens']:,} tokens"
+        console.print(
+            f"candidate: {sliding['setting']} ({sliding['flag']}): capacity "
+            f"{sliding['capacity_ratio']:.2f}x BF16{at} (the model's max length) instead of 2x"
+        )
     step = report["next_step"]
     console.print(f"[bold]next step: {step['action']}[/bold]")
     for reason in step["reasons"]:
         console.print(f"  - {reason}")
     if step["action"] == "skip_layers":
+        swa = step["flag"].endswith("sliding_window")
+        name = "fp8-swa" if swa else "fp8-skip"
+        layers = "sliding_window" if swa else ",".join(map(str, step["skip_layers"]))
         console.print(
-            f"  serve it and replay: replay canary ... --targets bf16,fp8-skip=MODEL "
-            f"--skip-layers fp8-skip={','.join(map(str, step['skip_layers']))}"
+            f"  serve it and replay: replay canary ... --targets bf16,{name}=MODEL "
+            f"--skip-layers {name}={layers}"
         )
     console.print(f"[dim]{report['caveat']}; intervals: {report['interval']}[/dim]")

@@ -19,6 +19,7 @@ from replay.core.buckets import Buckets
 from replay.core.errors import InputError
 from replay.present.terminal import print_tables
 from replay.serving.kv_formats import EMULABLE as EMULATED
+from replay.serving.kv_layout import SLIDING_WINDOW, KvLayout
 from replay.testmodel.named import resolve_model
 
 from .common import EXIT_OK, console, guard, with_options
@@ -58,8 +59,8 @@ EMULATE_OPTIONS = [
     click.option(
         "--skip-layers",
         "skip_text",
-        help="Also emulate with these layers kept BF16, "
-        "e.g. 0,3 (vLLM: --kv-cache-dtype-skip-layers 0 3).",
+        help="Also emulate with these layers kept BF16, e.g. 0,3 (vLLM: "
+        "--kv-cache-dtype-skip-layers 0 3), or sliding_window: every sliding-window layer.",
     ),
     click.option(
         "--formats",
@@ -212,7 +213,7 @@ def emulate_cmd(
             seed=seed,
             on_bad_line=on_bad_line,
             overlay=overlay_dir,
-            skip_layers=_parse_layers(skip_text),
+            skip_layers=_parse_layers(skip_text, model_dir),
             rounding=rounding,
             formats=_parse_formats(formats_text),
             tolerance=tolerance,
@@ -278,13 +279,25 @@ def _parse_formats(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _parse_layers(text: str | None) -> tuple[int, ...]:
+def _parse_layers(text: str | None, model_dir: Path) -> tuple[int, ...]:
+    """Layer indices, and ``sliding_window`` for every sliding-window layer of the model (as
+    vLLM's ``--kv-cache-dtype-skip-layers`` reads it)."""
     if not text:
         return ()
+    words = text.replace(",", " ").split()
+    if SLIDING_WINDOW in words:
+        layout = KvLayout.of_model(model_dir)
+        if layout is None or not layout.sliding:
+            raise InputError(
+                f"--skip-layers {SLIDING_WINDOW}: {model_dir} has no sliding-window layer"
+            )
+        words = [w for w in words if w != SLIDING_WINDOW] + [str(i) for i in layout.sliding]
     try:
-        layers = tuple(sorted({int(p) for p in text.replace(",", " ").split()}))
+        layers = tuple(sorted({int(p) for p in words}))
     except ValueError:
-        raise InputError(f"--skip-layers {text!r}: expected layer indices such as 0,3") from None
+        raise InputError(
+            f"--skip-layers {text!r}: expected layer indices such as 0,3 (or {SLIDING_WINDOW})"
+        ) from None
     if any(i < 0 for i in layers):
         raise InputError(f"--skip-layers {text!r}: layer indices start at 0")
     return layers
