@@ -155,12 +155,19 @@ def _run_in_terminal(
 def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
     """``wait4`` on the replay: its exit status and CPU seconds, the load processes it
     waited for included; killed after ``RUN_TIMEOUT_S``."""
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    status, ru = wait_rusage(proc, RUN_TIMEOUT_S)
+    return status, ru.ru_utime + ru.ru_stime
+
+
+def wait_rusage(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, Any]:
+    """``wait4`` on ``proc``: its exit status and resource usage (CPU, peak RSS in KiB), the
+    processes it waited for included; killed after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     while True:
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return status, ru.ru_utime + ru.ru_stime
+            return status, ru
         if time.monotonic() > deadline:
             proc.kill()
         time.sleep(0.05)

@@ -17,7 +17,6 @@ so every figure there is one a run recorded.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,6 +25,13 @@ from typing import Any
 import _blocks
 import orjson
 from _machine import describe
+from _run_figures import committed as _committed
+from _run_figures import frac as _frac
+from _run_figures import load as _load
+from _run_figures import nll as _nll
+from _run_figures import table as _table
+from _run_figures import tf as _tf
+from _run_figures import user_command
 
 BENCH = Path(__file__).resolve().parent
 README = BENCH.parent / "docs" / "models.md"
@@ -34,16 +40,6 @@ BEGIN = "<!-- generated: bench/real_model.py -->"
 END = "<!-- end real_model -->"
 BUCKETS = ("<1K", "1K-4K", ">=4K")
 Doc = Mapping[str, Any]
-
-
-def _load(path: Path) -> Any:
-    return orjson.loads(path.read_bytes())
-
-
-def _tf(tf: Doc | None) -> dict[str, Any] | None:
-    if not tf or tf.get("nll_delta_mean") is None:
-        return None
-    return {k: tf.get(k) for k in ("nll_delta_mean", "nll_delta_lo", "nll_delta_hi", "requests")}
 
 
 def _target(tq: Doc) -> dict[str, Any]:
@@ -62,25 +58,12 @@ def _target(tq: Doc) -> dict[str, Any]:
     return out
 
 
-def _command(argv: list[str]) -> list[str]:
-    """The command as a user types it: no output folder or run id of this machine."""
-    out, skip = ["replay"], False
-    for arg in argv[1:]:
-        if skip:
-            skip = False
-        elif arg in ("--out", "--run-id"):
-            skip = True
-        else:
-            out.append(arg)
-    return out
-
-
 def _run(run: Path) -> dict[str, Any]:
     summary, manifest = _load(run / "summary.json"), _load(run / "manifest.json")
     quality = summary["quality"]
     verdict = summary.get("verdict") or {}
     return {
-        "command": _command(manifest["command"]),
+        "command": user_command(manifest["command"]),
         "cpu_flags": manifest.get("platform", {}).get("cpu_flags"),
         "trace": manifest["trace"]["path"],
         "trace_sha256": manifest["trace"]["sha256"],
@@ -128,19 +111,12 @@ def _sequential(run: Path) -> dict[str, Any]:
     seq, verdict = summary["sequential"], summary["verdict"]
     keep = ("decision", "stopped", "rounds", "requests_sent", "fixed_n", "trace_requests")
     return {
-        "command": _command(manifest["command"]),
+        "command": user_command(manifest["command"]),
         **{k: seq[k] for k in keep},
         "verdict": verdict["verdict"],
         "exit_code": verdict["exit_code"],
         "headline": verdict["headline"],
     }
-
-
-def _committed(run: dict[str, Any]) -> dict[str, Any]:
-    """``run`` noting whether its trace is the one committed at that path now."""
-    path = BENCH.parent / run["trace"]
-    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-    return {**run, "trace_committed": digest == run["trace_sha256"]}
 
 
 def record(a: argparse.Namespace) -> None:
@@ -163,28 +139,11 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
-def _nll(tf: Doc | None) -> str:
-    if not tf:
-        return "—"
-    return f"{tf['nll_delta_mean']:+.3f} [{tf['nll_delta_lo']:+.3f}, {tf['nll_delta_hi']:+.3f}]"
-
-
-def _frac(n: int | None, d: int | None) -> str:
-    return "—" if not d else f"{n}/{d} ({100 * (n or 0) / d:.0f}%)"
-
-
 def _identical(row: Doc | None) -> str:
     if not row or not row.get("compared"):
         return "—"
     n = round(row["identical"] * row["compared"])
     return f"{n}/{row['compared']}"
-
-
-def _table(head: list[str], rows: list[list[str]]) -> Iterator[str]:
-    yield "| " + " | ".join(head) + " |"
-    yield "|" + "---|" * len(head)
-    for r in rows:
-        yield "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |"
 
 
 def _order(phases: Doc) -> list[str]:

@@ -274,6 +274,40 @@ def kvcal_long_rows(doc: dict[str, Any]) -> Iterator[Row]:
         yield what, value, target if r["length"] == longest else ""
 
 
+def long_requests_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """A long request at the client's cost (``bench/long_requests.py``): the replay's CPU per
+    request over the shortest length's, its peak RSS, and the re-analysis's."""
+    for r in doc["per_request"]:
+        what = f"client per request, {r['length']:,}-token prompts"
+        value = (
+            f"replay {r['replay_cpu_s_per_request']:+.3f} s CPU, {r['replay_peak_rss_mib']:.0f} "
+            f"MiB peak; reanalyse {r['reanalyse_cpu_s_per_request']:+.3f} s CPU, "
+            f"{r['reanalyse_peak_rss_mib']:.0f} MiB peak"
+        )
+        yield what, value, ""
+
+
+def long_model_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """The long-context model's matrix (``bench/long_model.py`` renders it in docs/models.md)."""
+    m = doc["matrix"]
+    yield "long model, canary bf16,fp8,fp8-swa", f"{m['verdict']} (exit {m['exit_code']})", ""
+    cap = m["capacity"]
+    ref = cap["bf16"]["served_tokens"]
+    for name in ("fp8", "fp8-swa"):
+        a = cap.get(name)
+        if a:
+            err = a["served_tokens"] / a["predicted_tokens"] - 1
+            yield (
+                f"long model, {name}: served cache over BF16's (layer types' prediction)",
+                f"{a['served_tokens'] / ref:.2f}x ({err:+.2%})",
+                "within 5%",
+            )
+    seq = doc.get("sequential")
+    if seq:
+        wall = f"{seq['wall_s'] / 60:.0f} min" if seq.get("wall_s") else "?"
+        yield "long model, sequential canary", f"{seq['verdict']} in {wall}", "<= 20 min"
+
+
 KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("sequential", sequential_rows),
     ("evidence_simulation", evidence_simulation_rows),
@@ -289,6 +323,8 @@ KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("workers", workers_rows),
     ("real_canary", real_canary_rows),
     ("real_model", real_model_rows),
+    ("long_model", long_model_rows),
+    ("long_requests", long_requests_rows),
     ("first_run", first_run_rows),
 ]
 
