@@ -20,6 +20,8 @@ from typing import Any
 
 from replay.core.errors import MissingExtra
 from replay.core.extras import importable
+from replay.run.rundir import file_digest
+from replay.testmodel.factory import checkpoint_digest
 
 # What reading a GGUF and saving the checkpoint import (gguf: transformers' GGUF reader).
 NEEDS = ("torch", "transformers", "safetensors", "gguf")
@@ -100,6 +102,25 @@ def plain_config(raw: dict[str, Any], architecture: str) -> dict[str, Any]:
     keep["dtype"] = "bfloat16"
     keep["architectures"] = [architecture]
     return keep
+
+
+def write_manifest(
+    out: Path, name: str, source: dict[str, Any], converted_by: str, weights_sha256: str
+) -> None:
+    """The checkpoint's manifest: where it came from, how, and its digests (the weights' is
+    the same on every machine: the conversion is deterministic)."""
+    weights = file_digest(out / "model.safetensors")
+    write_json(
+        out / MANIFEST,
+        {
+            "name": name,
+            "source": source,
+            "converted_by": converted_by,
+            "weights_sha256": weights,
+            "weights_as_expected": weights == weights_sha256,
+            "digest": checkpoint_digest(out),
+        },
+    )
 
 
 def write_json(path: Path, obj: Any) -> None:

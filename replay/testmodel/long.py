@@ -26,15 +26,13 @@ import shutil
 from pathlib import Path
 
 from replay.core.errors import MissingExtra
-from replay.run.rundir import file_digest
-from replay.testmodel.factory import cache_dir, checkpoint_digest
+from replay.testmodel.factory import cache_dir
 from replay.testmodel.gguf import (
-    MANIFEST,
     build_once,
     built_from,
     convert,
     installed_version,
-    write_json,
+    write_manifest,
 )
 
 NAME = "gemma3-270m"
@@ -139,23 +137,15 @@ def build(chunks: list[Path], out: Path) -> Path:
     for name in LICENSE_FILES:
         if data is not None and (data / "data" / name).is_file():
             shutil.copyfile(data / "data" / name, out / name)
-    write_json(
-        out / MANIFEST,
-        {
-            "name": NAME,
-            "source": {
-                "package": PACKAGE,
-                "version": PACKAGE_VERSION,
-                "chunks": [module for module, _ in CHUNKS],
-                "file": GGUF_FILE,
-                "sha256": gguf_sha,
-                "license": LICENSE,
-                "upstream": "google/gemma-3-270m (pretrained base), Q4_K_M",
-            },
-            "converted_by": "replay.testmodel.long (transformers' GGUF reader, bf16, <bos> added)",
-            "weights_sha256": (weights := file_digest(out / "model.safetensors")),
-            "weights_as_expected": weights == WEIGHTS_SHA256,
-            "digest": checkpoint_digest(out),
-        },
-    )
+    source = {
+        "package": PACKAGE,
+        "version": PACKAGE_VERSION,
+        "chunks": [module for module, _ in CHUNKS],
+        "file": GGUF_FILE,
+        "sha256": gguf_sha,
+        "license": LICENSE,
+        "upstream": "google/gemma-3-270m (pretrained base), Q4_K_M",
+    }
+    how = "replay.testmodel.long (transformers' GGUF reader, bf16, <bos> added)"
+    write_manifest(out, NAME, source, how, WEIGHTS_SHA256)
     return out

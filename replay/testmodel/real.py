@@ -22,14 +22,13 @@ from pathlib import Path
 
 from replay.core.errors import MissingExtra
 from replay.run.rundir import file_digest
-from replay.testmodel.factory import cache_dir, checkpoint_digest
+from replay.testmodel.factory import cache_dir
 from replay.testmodel.gguf import (
-    MANIFEST,
     build_once,
     built_from,
     convert,
     installed_version,
-    write_json,
+    write_manifest,
 )
 
 NAME = "smollm2-135m-instruct"
@@ -93,21 +92,13 @@ def ensure_real_model(command: str = "replay model --real") -> Path:
 def build(src: Path, out: Path) -> Path:
     """Dequantize ``src`` (a GGUF) into a bf16 Llama checkpoint folder at ``out``."""
     convert(src, out, "LlamaForCausalLM")
-    write_json(
-        out / MANIFEST,
-        {
-            "name": NAME,
-            "source": {
-                "package": PACKAGE,
-                "version": PACKAGE_VERSION,
-                "file": GGUF_FILE,
-                "sha256": file_digest(src),
-                "license": "Apache-2.0",
-            },
-            "converted_by": "replay.testmodel.real (transformers' GGUF reader, bf16)",
-            "weights_sha256": (weights := file_digest(out / "model.safetensors")),
-            "weights_as_expected": weights == WEIGHTS_SHA256,
-            "digest": checkpoint_digest(out),
-        },
-    )
+    source = {
+        "package": PACKAGE,
+        "version": PACKAGE_VERSION,
+        "file": GGUF_FILE,
+        "sha256": file_digest(src),
+        "license": "Apache-2.0",
+    }
+    how = "replay.testmodel.real (transformers' GGUF reader, bf16)"
+    write_manifest(out, NAME, source, how, WEIGHTS_SHA256)
     return out

@@ -18,26 +18,10 @@ from replay.analysis.verdict.facts import facts_from_run
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.core.records import Result
 from replay.run.summary_targets import target_for_summary
+from tests.support.gemma_layout import GEMMA, SERVED, SLIDING
 
 FLAG = "--kv-cache-dtype-skip-layers"
-GEMMA: dict[str, Any] = {
-    "num_hidden_layers": 18,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 256,
-    "hidden_size": 640,
-    "sliding_window": 512,
-    "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(18)],
-}
-SLIDING = (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16)
-BF16_LABELS = {
-    "cache_dtype": "auto",
-    "block_size": "128",
-    "num_gpu_blocks": "2730",
-    "kv_cache_size_tokens": "247802",
-    "kv_cache_dtype_skip_layers": "[]",
-    "kv_cache_memory_bytes": "1073741824",
-}
+BF16_LABELS = SERVED["bf16"]
 
 
 @pytest.fixture

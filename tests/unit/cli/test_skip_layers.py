@@ -17,20 +17,11 @@ from replay.cli.replay_run import resolve_targets
 from replay.cli.run_options import RunOptions
 from replay.core.errors import ConfigError, InputError
 from replay.serving.targets import TargetSpec
+from tests.support.gemma_layout import GEMMA
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE = ROOT / "traces" / "sample.jsonl"
 FLAG = "--kv-cache-dtype-skip-layers"
-# Gemma 3 270M's layout: 18 layers, every sixth in full attention, the rest over 512 tokens.
-GEMMA: dict[str, Any] = {
-    "num_hidden_layers": 18,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 256,
-    "hidden_size": 640,
-    "sliding_window": 512,
-    "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(18)],
-}
 LLAMA: dict[str, Any] = {
     "num_hidden_layers": 4,
     "num_attention_heads": 4,

@@ -23,17 +23,9 @@ from replay.run.capacity import (
 from replay.run.config import CapacityOptions
 from replay.serving.kv_layout import Engine, KvLayout, concurrency
 from replay.serving.targets import TargetSpec
+from tests.support.gemma_layout import GEMMA
 
 GIB = 1 << 30
-GEMMA: dict[str, Any] = {
-    "num_hidden_layers": 18,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 256,
-    "hidden_size": 640,
-    "sliding_window": 512,
-    "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(18)],
-}
 BF16_LABELS = {
     "cache_dtype": "auto",
     "block_size": "128",

@@ -6,7 +6,6 @@ layers sliding over 512 tokens) with a 1 GiB cache: 247,802 tokens in BF16, 495,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,50 +27,11 @@ from replay.serving.kv_served import (
 )
 from replay.serving.local_server import EMULATION_SKIP_ENV, LocalServer
 from replay.serving.targets import TargetSpec
+from tests.support.gemma_layout import GEMMA, SERVED
 
 GIB = 1 << 30
 MAX_LEN = 32768
-SLIDE, FULL = "sliding_attention", "full_attention"
-# Gemma 3 270M's config.json, the fields the layout reads: every sixth layer attends in full.
-GEMMA: dict[str, Any] = {
-    "num_hidden_layers": 18,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 256,
-    "hidden_size": 640,
-    "sliding_window": 512,
-    "layer_types": [FULL if i % 6 == 5 else SLIDE for i in range(18)],
-}
 # What the three servers' vllm:cache_config_info said (the labels the analysis reads).
-SERVED = {
-    "bf16": {
-        "cache_dtype": "auto",
-        "block_size": "128",
-        "num_gpu_blocks": "2730",
-        "kv_cache_size_tokens": "247802",
-        "kv_cache_max_concurrency": "7.562326869806094",
-        "kv_cache_dtype_skip_layers": "[]",
-        "kv_cache_memory_bytes": "1073741824",
-    },
-    "fp8": {
-        "cache_dtype": "fp8",
-        "block_size": "128",
-        "num_gpu_blocks": "5461",
-        "kv_cache_size_tokens": "495695",
-        "kv_cache_max_concurrency": "15.12742382271468",
-        "kv_cache_dtype_skip_layers": "[]",
-        "kv_cache_memory_bytes": "1073741824",
-    },
-    "fp8-swa": {
-        "cache_dtype": "fp8",
-        "block_size": "128",
-        "num_gpu_blocks": "2730",
-        "kv_cache_size_tokens": "383934",
-        "kv_cache_max_concurrency": "11.716738197424892",
-        "kv_cache_dtype_skip_layers": "['sliding_window']",
-        "kv_cache_memory_bytes": "1073741824",
-    },
-}
 
 
 def gemma() -> KvLayout:
