@@ -159,6 +159,26 @@ def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
     return status, ru.ru_utime + ru.ru_stime
 
 
+# On Linux a process's ru_maxrss starts at the high-water mark of the process it was forked
+# from (exec keeps the old memory map's peak), so a command forked from a bench script (tens of
+# MiB; hundreds once it holds a tokenizer) would never measure below the script's size. A bare
+# launcher (~10 MiB) posix_spawns the command and writes ``wait4``'s figures for it to a file:
+# ``[sys.executable, "-c", SPAWN, REPORT, *cmd]``, read back with ``spawned_usage(REPORT)``.
+SPAWN = """import os, sys
+pid = os.posix_spawn(sys.argv[2], sys.argv[2:], os.environ)
+_, status, ru = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as fh:
+    fh.write(f"{ru.ru_maxrss} {ru.ru_utime + ru.ru_stime} {os.waitstatus_to_exitcode(status)}")
+"""
+
+
+def spawned_usage(report: Path) -> tuple[float, float, int]:
+    """What the ``SPAWN`` launcher wrote: the command's own peak RSS in KiB, CPU seconds (its
+    waited children included) and exit code."""
+    peak, cpu, code = report.read_text().split()
+    return float(peak), float(cpu), int(code)
+
+
 def wait_rusage(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, Any]:
     """``wait4`` on ``proc``: its exit status and resource usage (CPU, peak RSS in KiB), the
     processes it waited for included; killed after ``timeout_s``."""

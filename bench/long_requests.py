@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from _replay_runs import machine_info, wait_rusage, write_json
+from _replay_runs import SPAWN, machine_info, spawned_usage, wait_rusage, write_json
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -65,17 +66,22 @@ def write_trace(path: Path, tokenizer: Any, ids: list[int], length: int, n: int)
 
 
 def measured(cmd: list[str], log: Path) -> dict[str, Any]:
-    """Run ``cmd`` in its own process: exit code, wall and CPU seconds, peak RSS in MiB."""
+    """Run ``cmd`` in its own process, spawned by a bare launcher (``SPAWN``: so that its peak
+    RSS is its own, not this script's with its tokenizer): exit code, wall and CPU seconds,
+    peak RSS in MiB."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
+    report = log.with_suffix(".rusage")
     t0 = time.monotonic()
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        status, ru = wait_rusage(proc, RUN_TIMEOUT_S)
+        launcher = [sys.executable, "-c", SPAWN, str(report), *cmd]
+        proc = subprocess.Popen(launcher, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        wait_rusage(proc, RUN_TIMEOUT_S)
+    kib, cpu, code = spawned_usage(report)
     return {
-        "exit_code": os.waitstatus_to_exitcode(status),
+        "exit_code": code,
         "wall_s": round(time.monotonic() - t0, 2),
-        "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
-        "peak_rss_mib": round(ru.ru_maxrss / 1024, 1),
+        "cpu_s": round(cpu, 3),
+        "peak_rss_mib": round(kib / 1024, 1),
     }
 
 
@@ -86,7 +92,11 @@ def one_length(url: str, trace: Path, work: Path, length: int) -> dict[str, Any]
     replay = [sys.executable, "-m", "replay", "--trace", str(trace), "--targets", targets]
     replay += ["--reference", "bf16", "--no-control", "--concurrency", "1"]
     replay += ["--buckets", "2K,8K,16K", "--out", str(work), "--run-id", run_id]
+    shutil.rmtree(work / run_id, ignore_errors=True)  # a run of an earlier bench
     run = measured(replay, work / f"{run_id}.log")
+    if run["exit_code"] != 0:
+        tail = (work / f"{run_id}.log").read_text(errors="replace")[-2000:]
+        sys.exit(f"the replay of {length}-token prompts failed (exit {run['exit_code']}):\n{tail}")
     analyse = [sys.executable, "-m", "replay", "report", str(work / run_id), "--reanalyse"]
     again = measured(analyse, work / f"{run_id}-report.log")
     rows = [orjson.loads(x) for x in (work / run_id / "results.jsonl").read_bytes().splitlines()]

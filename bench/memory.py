@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 from _machine import cpu_model
+from _replay_runs import SPAWN, spawned_usage
 from client_overhead import FastServer
 from rich.console import Console
 from rich.table import Table
@@ -93,18 +94,6 @@ def write_trace(path: Path, n: int, record: Any) -> Path:
     return path
 
 
-# On Linux a process's ru_maxrss starts at the high-water mark of the process it was forked
-# from (exec keeps the old memory map's peak), so a command forked from this script (tens of
-# MiB, more while it writes traces) would never measure below this script's size. A bare
-# launcher (~10 MiB) posix_spawns the command and reports ``wait4`` for it to a file.
-SPAWN = """import os, sys
-pid = os.posix_spawn(sys.argv[2], sys.argv[2:], os.environ)
-_, status, ru = os.wait4(pid, 0)
-with open(sys.argv[1], "w") as fh:
-    fh.write(f"{ru.ru_maxrss} {ru.ru_utime + ru.ru_stime} {os.waitstatus_to_exitcode(status)}")
-"""
-
-
 def run_measured(cmd: list[str], root: Path) -> dict[str, Any]:
     """Run one command; its own peak RSS (``wait4``), wall and CPU time, exit code."""
     env = dict(os.environ)
@@ -132,12 +121,12 @@ def run_measured(cmd: list[str], root: Path) -> dict[str, Any]:
             wall = time.monotonic() - start
             out.seek(0)
             tail = out.read().decode("utf-8", "replace")[-1500:]
-        kib, cpu, code = report.read_text().split()
+        kib, cpu, code = spawned_usage(report)
     return {
-        "peak_rss_mib": round(int(kib) / 1024, 1),
+        "peak_rss_mib": round(kib / 1024, 1),
         "wall_s": round(wall, 2),
-        "cpu_s": round(float(cpu), 2),
-        "exit_code": int(code),
+        "cpu_s": round(cpu, 2),
+        "exit_code": code,
         "output_tail": tail,
     }
 
