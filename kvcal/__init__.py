@@ -7,6 +7,7 @@
     _emulate_score _emulate_report       scores per setting; intervals, sensitivity, report
     _checkpoint _scales                  overlay checkpoint and manifest; scales and advice
     _observe _sample                     K/V at the cache write; stratified samples
+    _preflight                           a checkpoint folder checked before it is trusted
     _emulate_advice                      capacity per setting, tolerance, rounding shares
     _capacity                            cache bytes per layer type (sliding windows) at a length
     _kv_formats                          every emulated KV format's round trip (torch only):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replay.core.errors import InputError
 from replay.core.ids import write_ids
 
 from . import __version__
@@ -19,9 +20,11 @@ from ._checkpoint import (
     RECIPE,
     legacy_scales,
     model_digests,
+    read_manifest,
     recipe_yaml,
     write_overlay,
 )
+from ._preflight import check_weights
 from ._sample import CALIBRATION_IDS, SAMPLES, Sample
 from ._scales import advise, tensor_reports
 
@@ -47,6 +50,29 @@ class Recipe:
         }
 
 
+def refuse_uncalibratable(model_dir: Path) -> None:
+    """Refuse, before anything is loaded or observed, a folder kvcal cannot calibrate: a broken
+    one (:func:`check_weights`), or one whose config already declares a ``kv_cache_scheme``.
+
+    That one is refused rather than recalibrated: transformers runs it through
+    compressed-tensors' FP8 K/V quantization with the scales it carries (random ones where it
+    carries none), or rejects a block it cannot validate, so kvcal would observe K/V rounded
+    by the old scales instead of the model's own; and the overlay cannot drop the scales it
+    would link in. The checkpoint it was made from has the K/V to calibrate on."""
+    qcfg = check_weights(model_dir).get("quantization_config") or {}
+    if qcfg.get("kv_cache_scheme") is None:
+        return
+    try:
+        base = f" ({read_manifest(model_dir)['model']}, as its kvcal_manifest.json says)"
+    except InputError:
+        base = ""
+    raise InputError(
+        f"{model_dir / 'config.json'}: this checkpoint already carries k/v scales "
+        f"(quantization_config.kv_cache_scheme); calibrate the checkpoint it was made from"
+        f"{base} instead"
+    )
+
+
 def calibrate(
     model_dir: Path,
     samples: Sequence[Sample],
@@ -60,6 +86,7 @@ def calibrate(
     """Observe, compute scales, write the overlay and everything that explains it."""
     from ._observe import load_model, observe
 
+    refuse_uncalibratable(model_dir)
     model = load_model(str(model_dir), recipe.dtype)
     started = time.perf_counter()
     stats = observe(model, [s.input_ids for s in samples], recipe.chunk_tokens, on_sample)

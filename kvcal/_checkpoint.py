@@ -22,6 +22,7 @@ from replay.core.errors import InputError
 from replay.run.rundir import file_digest
 
 from . import __version__
+from ._preflight import INDEX, weight_map
 
 if TYPE_CHECKING:  # _scales computes with torch; the manifest and digests need none
     from ._scales import TensorReport
@@ -29,7 +30,6 @@ if TYPE_CHECKING:  # _scales computes with torch; the manifest and digests need 
 SCALES_SHARD = "kv_scales.safetensors"
 SINGLE_FILE = "model.safetensors"
 SINGLE_FILE_LINK = "model-weights.safetensors"
-INDEX = "model.safetensors.index.json"
 MANIFEST = "kvcal_manifest.json"  # replay reads "sample_ids" from it to refuse an overlap
 RECIPE = "recipe.yaml"
 LEGACY_SCALES = "kv_cache_scales.json"
@@ -124,22 +124,12 @@ def scale_tensors(reports: Sequence[TensorReport], strategy: str, dtype: Any) ->
 
 
 def _original_weight_map(model_dir: Path) -> dict[str, str]:
-    index = model_dir / INDEX
-    if index.is_file():
-        return dict(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
-    from safetensors import safe_open
-
-    shards = sorted(model_dir.glob("*.safetensors"))
-    if not shards:
+    out = weight_map(model_dir)
+    if not out:
         raise InputError(
             f"{model_dir}: no *.safetensors weights; convert the checkpoint to "
             "safetensors first (vLLM and kvcal read those)"
         )
-    out = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                out[key] = shard.name
     return out
 
 

@@ -18,10 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import DynamicCache
+
+from replay.core.errors import InputError
+
+from ._preflight import check_weights
 
 # |x| as bfloat16 bits, shifted right by 3: 8 exponent bits and the top 4 mantissa bits.
 MANTISSA_BINS = 16
@@ -106,13 +111,28 @@ def kv_shape(config: Any) -> tuple[int, int, int]:
 
 def load_model(model_dir: str, dtype: str = "auto", device: str = "auto") -> Any:
     """The checkpoint in the dtype it declares (what vLLM computes in), in eval mode, on the
-    GPU when torch has one (``device="auto"``), else on the CPU."""
+    GPU when torch has one (``device="auto"``), else on the CPU. A broken folder, or weights
+    that lack what the config declares, is refused (:mod:`kvcal._preflight`)."""
     from transformers import AutoModelForCausalLM
 
+    if Path(model_dir).is_dir():
+        check_weights(Path(model_dir))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype: Any = "auto" if dtype == "auto" else getattr(torch, dtype)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch_dtype, output_loading_info=True
+    )
+    model, loading = loaded  # with output_loading_info, (model, what loading found)
+    # transformers fills what the weights lack with random values and only logs it; K/V
+    # observed through those would be noise, calibrated and reported as the model's.
+    missing = sorted(loading["missing_keys"])
+    if missing:
+        raise InputError(
+            f"{model_dir}: the weights lack {len(missing)} tensor(s) its config.json asks for "
+            f"({missing[0]}, ...), which transformers filled with random values; give the "
+            "folder all of the model's shards, or the config that matches them"
+        )
     return model.to(device).eval()
 
 

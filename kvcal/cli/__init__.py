@@ -7,8 +7,9 @@
     kvcal emulate MODEL --trace T             FP8 quality offline: E4M3 at the cache write
     kvcal advise MODEL --trace T --overlay O  still losing: BF16 layers, per-head, rounding?
 
-Exit codes: 0 done (verify: scales applied); 1 verify: not applied; 2 bad input (or a missing
-optional dependency); 3 verify: the FP8 server refused (unsupported on this backend).
+Exit codes: 0 done (verify: scales applied); 1 verify: not applied; 2 bad input (a broken
+checkpoint, ``inspect --strict``'s unusable scales, or a missing optional dependency); 3 verify:
+the FP8 server refused (unsupported on this backend).
 
 One module per command; ``common`` runs them (errors, exit codes), ``tables`` draws their
 reports. Nothing here imports torch, transformers, safetensors or vLLM at import time: each

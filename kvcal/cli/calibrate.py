@@ -106,8 +106,10 @@ def calibrate_cmd(
             raise InputError("give exactly one of --samples FILE and --trace TRACE")
         if chunk_tokens < 16:
             raise InputError("--chunk-tokens must be at least 16")
-        from .._calibrate import Recipe
+        from .._calibrate import Recipe, refuse_uncalibratable
 
+        # before the samples: drawing them writes the split into the overlay folder
+        refuse_uncalibratable(model_dir)
         samples, sampling = _samples(model_dir, samples_path, draw, out_dir)
         recipe = Recipe(strategy, chunk_tokens, dtype, mse_search)
         seed_used = int(sampling.get("seed", draw.seed))

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.markup import escape
 
-from replay.core.errors import InputError, MissingExtra
+from replay.core.errors import InputError
 from replay.core.extras import as_missing_extra, require
 
 console = Console(stderr=True)
@@ -33,21 +33,19 @@ def guard(
     try:
         require(name, needs, purpose, otherwise)
         code = fn()
-    except MissingExtra as exc:
-        code = _missing(exc)
-    except InputError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        code = EXIT_INPUT
+    except InputError as exc:  # a MissingExtra among them
+        code = _refused(exc)
     except ModuleNotFoundError as exc:
         extra = as_missing_extra(name, exc)
         if extra is None:
             raise
-        code = _missing(extra)
+        code = _refused(extra)
     sys.exit(code)
 
 
-def _missing(exc: MissingExtra) -> int:
-    # One line however narrow the terminal, and "[model]" is an extra, not rich markup.
+def _refused(exc: InputError) -> int:
+    # One line however narrow the terminal (it names a file and the fix: a grep finds it
+    # whole), and "[model]" is an extra, not rich markup.
     console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
     return EXIT_INPUT
 

@@ -76,9 +76,22 @@ def takes_draw(command: Callable[..., Any]) -> Callable[..., Any]:
 def _tokenizer(model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    if not (model_dir / "config.json").is_file():
-        raise InputError(f"{model_dir}: no config.json; give the model folder the server loads")
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    from .._preflight import TOKENIZER_VOCAB, read_config
+
+    read_config(model_dir)  # transformers reads it too, and trips over a broken one deep inside
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as exc:
+        if not any((model_dir / name).is_file() for name in TOKENIZER_VOCAB):
+            raise InputError(
+                f"{model_dir}: no tokenizer (none of {', '.join(TOKENIZER_VOCAB)}); copy the "
+                "tokenizer files of the model the server loads into the folder"
+            ) from exc
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"{model_dir}: transformers cannot load its tokenizer ({reason}); copy the "
+            "tokenizer files of the model the server loads into the folder"
+        ) from exc
 
 
 def draw_split(model_dir: Path, opts: TraceDraw) -> tuple[Any, dict[str, Any]]:
