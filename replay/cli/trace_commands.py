@@ -125,11 +125,12 @@ def _secret(secret_env: str | None, secret_file: Path | None) -> bytes:
 def trace_anonymize(
     path: Path, output: Path, secret_env: str | None, secret_file: Path | None
 ) -> None:
-    """Scrub PII and secrets (emails, also full-width or look-alike ones; phones, IPs, cards,
-    also split across a line; IBANs, keys, JWTs, PEM blocks, credentials in URLs, query strings
-    and password=/token: text, and fragments of them where a field was cut) from a v1 trace, in
-    messages, tool arguments and checks alike, with consistent pseudonyms keyed by a secret;
-    then re-scan the output."""
+    """Scrub PII and secrets (emails, also full-width, look-alike or internationalised ones;
+    phones, also 00-prefixed; IPs; cards; IBANs; keys, JWTs, PEM blocks, AWS secret keys and
+    other random tokens; credentials in URLs, query strings and password=/token: text; emails,
+    cards and keys also split across a line, and fragments of them where a field was cut) from
+    a v1 trace, in messages, tool arguments and checks alike, with consistent pseudonyms keyed
+    by a secret; then re-scan the output. A key a JSON object repeats keeps its last value."""
 
     def run() -> int:
         from replay.tools.anonymize import anonymize_file, scan_file
@@ -153,7 +154,8 @@ def trace_anonymize(
 @trace.command("scan")
 @click.argument("path", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 def trace_scan(path: Path) -> None:
-    """Report PII and secrets left in a trace; exit 1 when anything is found."""
+    """Report PII, secrets and repeated JSON keys left in a trace; exit 1 when anything is found.
+    Every value of a line is read, those a repeated key hides too (a reader may take either)."""
 
     def run() -> int:
         from replay.tools.anonymize import scan_file

@@ -30,6 +30,13 @@ check is matched with its escapes (``\\.``) undone; integers of 13-19 digits tha
 numbers become the card placeholder (not in ``prompt``/``synth`` token ids, nor in a ``number``
 check). ``anonymize_file`` marks each record with ``meta.anonymized = {"by": "kvcanary",
 "version": 1}``; ``is_scanned`` checks that mark.
+
+Repeated keys: in ``{"content": "mail bob@example.com", "content": "benign"}`` orjson and json
+alike keep the last value, and a reader that keeps the first would find the address. So
+``scan_file`` reads every value, those a repeated key hides too, and reports each repeated key
+itself (``duplicate_key``: the key's path, and how many values it has); anonymize keeps the last
+value and drops the others (a JSON string, such as tool-call ``arguments``, is re-serialized
+without them), so its output has neither.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import hashlib
 import hmac
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +58,7 @@ from replay.core.errors import TraceError
 from replay.tools.pii import KINDS, PLACEHOLDER, PREFIX, detect, fold
 
 __all__ = [
+    "DUPLICATE_KEY",
     "KINDS",
     "MARKER",
     "PLACEHOLDER",
@@ -62,13 +71,15 @@ __all__ = [
     "scan_text",
 ]
 MARKER = {"by": "kvcanary", "version": 1}
+DUPLICATE_KEY = "duplicate_key"  # a scan finding of its own, not a kind anonymize replaces
 _MAX_PASSES = 8
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One detected item: its kind, where (JSON path and span in that string) and a masked
-    excerpt (two characters and the length, never the value)."""
+    excerpt (two characters and the length, never the value). A ``duplicate_key`` finding names
+    the key's path; its span is 0-0 and its excerpt how many values the key has."""
 
     kind: str
     field: str
@@ -152,6 +163,32 @@ def _folded(shown: str, where: list[int] | None) -> tuple[str, list[int] | None]
     return folded, [where[i] for i in fwhere] if where else fwhere
 
 
+# -- objects with a repeated key --------------------------------------------------------------
+
+
+class _Shadowing(dict[str, Any]):
+    """A JSON object that holds a key more than once: each key's last value, as every reader here
+    (orjson, json) takes it, and in ``shadowed`` the earlier values it hides, which a reader that
+    keeps the first one would take instead."""
+
+    shadowed: list[tuple[str, Any]]
+
+
+def _every_pair(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a plain dict, or a ``_Shadowing`` one when a key repeats."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    out = _Shadowing(obj)
+    last = {key: i for i, (key, _) in enumerate(pairs)}
+    out.shadowed = [(key, v) for i, (key, v) in enumerate(pairs) if last[key] != i]
+    return out
+
+
+def _loads_every_pair(data: str | bytes) -> Any:
+    return json.loads(data, object_pairs_hook=_every_pair)
+
+
 # -- the anonymizer -----------------------------------------------------------------------------
 
 
@@ -160,6 +197,7 @@ class _Walk:
     findings: list[Finding] = field(default_factory=list)
     numbers: bool = True
     regex_field: str | None = None
+    repeated: list[Finding] = field(default_factory=list)  # keys an object holds twice or more
 
 
 def _join(path: str, key: str) -> str:
@@ -218,25 +256,38 @@ class Anonymizer:
 
     def scrub_record(self, obj: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
         """A scrubbed copy of one trace record (same keys, same shape) and what was found."""
-        out: dict[str, Any] = {}
+        out, findings, _ = self._scrub_record(obj)
+        return out, findings
+
+    def _scrub_record(
+        self, obj: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[Finding], list[Finding]]:
+        """``scrub_record``, and the keys an object (parsed by ``_loads_every_pair``) repeats."""
         findings: list[Finding] = []
+        repeated: list[Finding] = []
         check = obj.get("check")
         kind = check.get("type") if isinstance(check, dict) else None
-        for key, value in obj.items():
+
+        def walk(key: str, value: Any) -> Any:
             if (
                 key == "synth"
                 or (key == "prompt" and isinstance(value, list))
                 or not isinstance(value, str | list | dict)
             ):
-                out[key] = value  # token ids, hash ids and top-level numbers are not text
-                continue
+                return value  # token ids, hash ids and top-level numbers are not text
             ctx = _Walk(
                 findings,
                 numbers=not (key == "check" and kind == "number"),
                 regex_field="check.pattern" if kind == "regex" else None,
+                repeated=repeated,
             )
-            out[key] = self._walk(value, key, ctx)
-        return out, findings
+            return self._walk(value, key, ctx)
+
+        out = {key: walk(key, value) for key, value in obj.items()}
+        for key, value in getattr(obj, "shadowed", ()):
+            walk(key, value)  # what a hidden value holds is found; the value is dropped
+        repeated[:0] = self._repeats(obj, "")
+        return out, findings, repeated
 
     def _walk(self, value: Any, path: str, ctx: _Walk) -> Any:
         if isinstance(value, str):
@@ -264,11 +315,29 @@ class Anonymizer:
             ctx.findings += [
                 Finding(f.kind, f"{child}(key)", f.start, f.end, f.excerpt) for f in found
             ]
-            if isinstance(v, str) and isinstance(key, str):
-                out[new_key] = self._walk_str(v, child, ctx, label=key)
-            else:
-                out[new_key] = self._walk(v, child, ctx)
+            out[new_key] = self._walk_value(key, v, child, ctx)
+        for key, v in getattr(value, "shadowed", ()):
+            # what a hidden value holds is found; the value is dropped from the output
+            self._walk_value(key, v, self._key_path(path, key), ctx)
+        ctx.repeated += self._repeats(value, path)
         return out
+
+    def _walk_value(self, key: Any, v: Any, child: str, ctx: _Walk) -> Any:
+        if isinstance(v, str) and isinstance(key, str):
+            return self._walk_str(v, child, ctx, label=key)
+        return self._walk(v, child, ctx)
+
+    def _key_path(self, path: str, key: str) -> str:
+        """A key's path, with the key as scrubbed (its findings are the shown value's)."""
+        return _join(path, self._scrub(key, "", _plain)[0])
+
+    def _repeats(self, value: dict[str, Any], path: str) -> list[Finding]:
+        """A ``duplicate_key`` finding for each key a ``_Shadowing`` object holds again."""
+        hidden = Counter(key for key, _ in getattr(value, "shadowed", ()))
+        return [
+            Finding(DUPLICATE_KEY, self._key_path(path, key), 0, 0, f"{n + 1} values")
+            for key, n in hidden.items()
+        ]
 
     def _walk_str(self, value: str, path: str, ctx: _Walk, label: str | None = None) -> str:
         if _JSONISH.match(value):
@@ -283,14 +352,16 @@ class Anonymizer:
     def _walk_json(self, value: str, path: str, ctx: _Walk) -> str | None:
         """A string holding a JSON object/array: scrub its values, re-serialize if changed."""
         try:
-            parsed = json.loads(value)
+            parsed = _loads_every_pair(value)
         except (ValueError, RecursionError):
             return None
         if not isinstance(parsed, dict | list):
             return None
-        before = len(ctx.findings)
+        before = len(ctx.findings), len(ctx.repeated)
         new = self._walk(parsed, path + "#", ctx)
-        return value if len(ctx.findings) == before else json.dumps(new, ensure_ascii=False)
+        if (len(ctx.findings), len(ctx.repeated)) == before:
+            return value
+        return json.dumps(new, ensure_ascii=False)  # without the values a repeated key hid
 
 
 _SCANNER = Anonymizer(b"kvcanary-scan")
@@ -302,7 +373,10 @@ def scan_text(text: str) -> list[Finding]:
 
 
 def scan_record(obj: dict[str, Any]) -> list[Finding]:
-    return _SCANNER.scrub_record(obj)[1]
+    """What ``scrub_record`` would replace, then each key an object (parsed by
+    ``_loads_every_pair``, as ``scan_file`` does) holds more than once."""
+    _, findings, repeated = _SCANNER._scrub_record(obj)
+    return findings + repeated
 
 
 # -- files --------------------------------------------------------------------------------------
@@ -350,17 +424,18 @@ def anonymize_file(src: Path, dst: Path, secret: bytes) -> dict[str, int]:
 
 def scan_file(path: Path) -> tuple[int, list[tuple[int, Finding]]]:
     """(lines scanned, findings with their line numbers); a line that is not a JSON object is
-    scanned as text (field ``(line)``)."""
+    scanned as text (field ``(line)``). Every value of a line is scanned, those of a repeated key
+    too, and a repeated key is a finding of its own (``duplicate_key``)."""
     lines = 0
     out: list[tuple[int, Finding]] = []
     for lineno, raw in _records(path):
         lines += 1
         try:
-            obj = orjson.loads(raw)
+            obj = orjson.loads(raw)  # what is valid JSON: orjson's verdict, as anonymize's
         except orjson.JSONDecodeError:
             obj = None
         if isinstance(obj, dict):
-            found = scan_record(obj)
+            found = scan_record(_every_value(raw, obj))
         else:
             found = [
                 Finding(f.kind, "(line)", f.start, f.end, f.excerpt)
@@ -368,6 +443,16 @@ def scan_file(path: Path) -> tuple[int, list[tuple[int, Finding]]]:
             ]
         out += [(lineno, f) for f in found]
     return lines, out
+
+
+def _every_value(raw: bytes, obj: dict[str, Any]) -> dict[str, Any]:
+    """The line parsed again keeping the values a repeated key hides (``obj``, orjson's parse,
+    where the standard library's parser gives up first: nesting too deep for it)."""
+    try:
+        every = _loads_every_pair(raw)
+    except (ValueError, RecursionError):
+        return obj
+    return every if isinstance(every, dict) else obj
 
 
 def _marked(raw: bytes) -> bool:

@@ -8,12 +8,14 @@ and a test runner, which never imports or runs the solution's code, runs the tes
 solution import *`` gives the tests one proxy per public callable, which calls into the server
 through a pipe of its own. Arguments and results cross as literal values only (numbers, strings,
 bytes, None, and lists, tuples, dicts and sets of them, nested); a builtin exception comes back as
-the same type with the same arguments, any other as a ``SolutionError`` subclass of the same name.
-So there is no object identity across the boundary, no objects or classes (``Stack().push(1)`` fails
-with a reason), and of in-place changes to arguments only the final contents of top-level lists,
-dicts and sets come back. The tests pass iff the runner ran to its end *and* the process exited 0;
-when the server dies (at import, or in a call: ``sys.exit``, ``os._exit``, a signal, a limit), the
-runner ends the same way, so the reasons read as they would for one process.
+the same type with the same arguments (but ``StopIteration``, which would end a ``map`` early:
+it comes back as the ``RuntimeError`` PEP 479 makes of it), any other as a ``SolutionError``
+subclass of the same name. So there is no object identity across the boundary, no objects or
+classes (``Stack().push(1)`` fails with a reason), and of in-place changes to arguments only the
+final contents of top-level lists, dicts and sets come back. The tests pass iff the runner ran
+to its end *and* the process exited 0; when the server dies (at import, or in a call:
+``sys.exit``, ``os._exit``, a signal, a limit), the runner ends the same way, so the reasons read
+as they would for one process.
 
 The verdict's channel. "Ran to its end" must not be something the solution can say: it can print
 anything, exit with any status at any time, and read every file beside it (the harness, the

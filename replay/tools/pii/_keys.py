@@ -1,6 +1,6 @@
 """Credentials with a shape of their own: ``user:password`` in a URL, JWTs (a header that decodes
-to a JSON object with ``"alg"``), and API keys by their vendor prefix, after ``Bearer`` or as
-``Basic`` credentials."""
+to a JSON object with ``"alg"``), and API keys by their vendor prefix (also wrapped onto the next
+lines), after ``Bearer`` or as ``Basic`` credentials."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import json
 import re
 from collections.abc import Iterator
 
-from replay.tools.pii._reading import Hit, at_cut
+from replay.tools.pii._random import word_share
+from replay.tools.pii._reading import NL, Hit, at_cut
 
 
 def _b64decode(part: str) -> bytes | None:
@@ -82,6 +83,51 @@ _API_KEY = re.compile(
     )(?![\w-])""",
     re.X,
 )
+# A key wrapped at a line break after its prefix (``sk-proj-abc\ndef456GHI…``), on up to
+# ``_WRAPPED_LINES`` lines. A line goes on with the key only when it starts with key material,
+# 8+ characters with a digit or both cases that do not read as words, and not a key of its own
+# (a list of keys, one a line): ``sk-proj-abc123\nUse it``, ``…\nexport``, ``…\nPython3``,
+# ``…\nx86_64`` end at the break. A break inside the prefix is not joined.
+_KEY_PREFIX = (
+    r"(?:sk-|(?:sk|pk|rk)_(?:live|test)_|gh[pousr]_|github_pat_|xox[abposr]-|xapp-"
+    r"|AKIA|ASIA|AIza|hf_|glpat-|npm_|ya29\.|SG\.|whsec_)"
+)
+_KEY_BROKEN = re.compile(
+    rf"(?<![\w-]){_KEY_PREFIX}[A-Za-z0-9_.-]{{0,256}}({NL})([A-Za-z0-9_-]{{1,256}})"
+)
+_KEY_HEAD = re.compile(_KEY_PREFIX)
+_KEY_GOES_ON = re.compile(rf"{NL}([A-Za-z0-9_-]{{8,256}})(?![\w-])")
+_WRAPPED_LINES = 8
+
+
+def _key_material(part: str) -> bool:
+    has_case = any(c.isupper() for c in part) and any(c.islower() for c in part)
+    return (
+        len(part) >= 8
+        and not _KEY_HEAD.match(part)
+        and any(c.isalpha() for c in part)
+        and (has_case or any(c.isdigit() for c in part))
+        and word_share(part) < 0.75
+    )
+
+
+def _wrapped_keys(text: str) -> Iterator[Hit]:
+    for m in _KEY_BROKEN.finditer(text):
+        cut, gap = m.start(1) - m.start(), m.end(1) - m.start(1)
+        joined = text[m.start() : m.start(1)] + m.group(2)
+        key = _API_KEY.match(joined)
+        if not key or key.end() <= cut or not _key_material(joined[cut : key.end()]):
+            continue
+        end, value = m.start() + key.end() + gap, key.group(0)
+        full = end == m.end()  # the key fills its second line: a third may go on with it
+        for _ in range(_WRAPPED_LINES - 2):
+            more = _KEY_GOES_ON.match(text, end) if full else None
+            if not (more and _key_material(more.group(1))):
+                break
+            end, value = more.end(), value + more.group(1)
+        yield Hit(m.start(), end, "api_key", value)
+
+
 _SK_CUT = re.compile(r"(?<![\w-])sk-(?=[A-Za-z_-]*\d)[A-Za-z0-9_-]{6,}\Z")
 _SLACK_HOOK = re.compile(
     r"hooks\.slack\.com/(?:services|workflows|triggers)/"
@@ -95,6 +141,8 @@ _PRINTABLE_PAIR = re.compile(rb"[\x21-\x7e]{1,200}:[\x20-\x7e]{1,200}")
 
 
 def api_key(text: str) -> Iterator[Hit]:
+    if "\n" in text or "\\n" in text:
+        yield from _wrapped_keys(text)
     for m in _API_KEY.finditer(text):
         yield Hit(m.start(), m.end(), "api_key", m.group(0))
     for m in _SLACK_HOOK.finditer(text):

@@ -84,7 +84,9 @@ DETECTORS: tuple[tuple[Detector, tuple[str, ...]], ...] = (
     (phone, ()),
     (high_entropy, ()),
 )
-_ALNUM = re.compile(r"[A-Za-z0-9]")
+# A hit holds a letter or a digit, of any script, besides placeholders (``用户@例子.广告`` has no
+# ASCII one): one of punctuation and placeholders alone is what a scrub left, not a value.
+_ALNUM = re.compile(r"[^\W_]")
 
 
 def detect(text: str, label: str | None = None) -> list[Hit]:

@@ -246,6 +246,13 @@ def _outcome(name: str, reply: Any, args: tuple[Any, ...], kwargs: dict[str, Any
             raise ValueError(kind)
     except Exception:
         exc = SandboxBoundaryError(f"the solution's process sent a malformed reply to {name}()")
+    if isinstance(exc, (StopIteration, StopAsyncIteration)):
+        # PEP 479's rule for generators, applied to every call. ``map``, ``filter``, ``zip``,
+        # ``itertools`` and a test's own ``__next__`` are not generators: a StopIteration out of
+        # the function they call reads to them as their end, so ``all(map(f, xs))`` would hold
+        # over the items before it and a wrong solution pass. As a RuntimeError it fails the
+        # test; the StopIteration stays its ``__cause__``.
+        raise RuntimeError(f"{name}() raised {type(exc).__name__}") from exc
     raise exc
 
 

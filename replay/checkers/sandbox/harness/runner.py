@@ -46,7 +46,11 @@ cross); module-level values are copied once, at start-up; a callable's attribute
 its signature) are not there. ``from solution import *`` never takes the name of a builtin
 (``range``, ``sorted``, ``len``, ``AssertionError``): the tests run with the builtins they were
 written against, whatever the solution defines; a function the task names like a builtin is
-reached as ``solution.max`` (or ``from solution import max``).
+reached as ``solution.max`` (or ``from solution import max``). A ``StopIteration`` (or
+``StopAsyncIteration``) a call raises comes back as a ``RuntimeError`` caused by it, as PEP 479
+has it for generators: ``map`` or ``filter`` would take it for their end, and ``all(map(f, xs))``
+pass on the items before it. A test that expects one checks ``RuntimeError`` and its
+``__cause__``.
 
 The server's fate is the runner's: when it dies (an exception or ``sys.exit`` at import,
 ``os._exit``, a signal, a limit), the runner ends the same way (the same exit status, or killed
