@@ -34,7 +34,7 @@ LABELS = ("target", "phase", "bucket", "status", "error_kind", "finish_reason")
 TIMES = ("scheduled", "sent", "first_token", "done", "first_answer_token")
 # Integers a result may lack (None), held as floats: exact below 2**53.
 OPTIONAL_INTS = ("http_status", "prompt_tokens", "turn", "reused_prefix_tokens")
-COUNTS = ("output_tokens", "reasoning_tokens", "shared_stamps")
+COUNTS = ("output_tokens", "reasoning_tokens", "shared_stamps", "after_finish")
 FLAGS = (
     "tokens_estimated",
     "chunk_tokens_estimated",

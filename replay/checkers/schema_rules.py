@@ -15,7 +15,12 @@ Checked when the trace loads:
   answer: a backtracking pattern (``(a+)+$``) fails that answer with a checker error within
   about a second, instead of holding a grading worker until its time limit kills it.
   ``unevaluatedProperties`` beside ``patternProperties`` is refused: jsonschema matches those
-  patterns itself, with ``re``, which nothing can stop.
+  patterns itself, with ``re``, which nothing can stop. A pattern longer than
+  ``MAX_PATTERN_CHARS`` is refused before it is compiled.
+* **It is of a bounded size.** A schema of more than ``MAX_SCHEMA_BYTES`` as JSON is refused:
+  checking one costs seconds at load and again in every grading worker (on a loaded 2-core
+  machine, 85 KiB took 1.3 s and 1.4 MiB 11 s), and a schema an answer must meet is never
+  that large.
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from replay.checkers.base import SpecError
-from replay.checkers.text import REGEX_TIMEOUT_S
+from replay.checkers.text import REGEX_TIMEOUT_S, check_pattern_size
 
 _BOTH = frozenset({"object", "array"})
 _NOTHING: frozenset[str] = frozenset()
 _MAX_DEPTH = 64  # roots nested deeper than this are taken as admitting both kinds
 _DATA_KEYS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas
+MAX_SCHEMA_BYTES = 64 * 1024
 
 
 class PatternTimeout(Exception):
@@ -52,6 +58,36 @@ def check_can_pass(schema: dict[str, Any]) -> None:
             "answer with 'regex', 'exact' or 'number', or ask for an object and check "
             'that: {"type": "object", "properties": {...}}',
         )
+
+
+def check_size(schema: dict[str, Any]) -> None:
+    """Refuse a schema of more than ``MAX_SCHEMA_BYTES`` as JSON (SpecError)."""
+    size = _json_size(schema, MAX_SCHEMA_BYTES)
+    if size > MAX_SCHEMA_BYTES:
+        raise SpecError(
+            "schema",
+            f"is more than {MAX_SCHEMA_BYTES >> 10} KiB as JSON, the most a check's schema "
+            "may be (checking it would take seconds at load and in every grading worker); "
+            "check the parts of the answer that decide its grade",
+        )
+
+
+def _json_size(value: Any, stop_after: int) -> int:
+    """About how many bytes ``value`` takes as JSON (a string or key by its characters, any
+    other value or container as a few), counted without recursion and only up to past
+    ``stop_after``."""
+    size, stack = 0, [value]
+    while stack and size <= stop_after:
+        node = stack.pop()
+        size += 2
+        if isinstance(node, str):
+            size += len(node)
+        elif isinstance(node, dict):
+            size += sum(len(str(k)) + 3 for k in node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return size
 
 
 def check_patterns(schema: dict[str, Any]) -> None:
@@ -75,6 +111,7 @@ def check_patterns(schema: dict[str, Any]) -> None:
         if key == "patternProperties" and patterns:
             pattern_properties = pattern_properties or where
         for at, pattern in patterns:
+            check_pattern_size(at, pattern)
             try:
                 regex.compile(pattern)
             except (regex.error, ValueError, OverflowError) as exc:

@@ -15,6 +15,7 @@ from replay.checkers.schema_rules import (
     bounded_validator,
     check_can_pass,
     check_patterns,
+    check_size,
     validating,
 )
 from replay.checkers.text import REGEX_TIMEOUT_S
@@ -91,6 +92,7 @@ class JsonSchema:
 
         allowed_keys(spec, "schema")
         schema = get(spec, "schema", dict)
+        check_size(schema)
         check_patterns(schema)
         remote = remote_ref(schema)
         if remote is not None:

@@ -80,6 +80,20 @@ class Contains:
 
 
 REGEX_TIMEOUT_S = 1.0
+# Characters a pattern (a ``regex`` check's, a schema's) may have: a 1 MB one took 18 s and
+# 640 MB to compile for grading; a pattern an answer must match is never that long.
+MAX_PATTERN_CHARS = 10_000
+
+
+def check_pattern_size(field: str, pattern: str) -> None:
+    """Refuse a pattern longer than ``MAX_PATTERN_CHARS`` (SpecError naming ``field``)."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise SpecError(
+            field,
+            f"the pattern is {len(pattern):,} characters, more than the {MAX_PATTERN_CHARS:,} "
+            "a check may have (compiling it would take seconds and hundreds of MB at every "
+            "grading); match a shorter pattern, or check the answer with 'contains' or 'exact'",
+        )
 
 
 @register("regex")
@@ -104,8 +118,10 @@ class Regex:
             if ch not in "imsx":
                 raise SpecError("flags", f"unknown flag {ch!r}; use any of i, m, s, x")
             flags |= {"i": regex.I, "m": regex.M, "s": regex.S, "x": regex.X}[ch]
+        source = get(spec, "pattern", str)
+        check_pattern_size("pattern", source)
         try:
-            pattern = regex.compile(get(spec, "pattern", str), flags)
+            pattern = regex.compile(source, flags)
         except (regex.error, ValueError, OverflowError) as exc:
             raise SpecError("pattern", f"not a valid regular expression: {exc}") from None
         return cls(pattern, get(spec, "fullmatch", bool, False))

@@ -60,7 +60,7 @@ def given_options(ctx: click.Context) -> dict[str, str]:
 def canary(ctx: click.Context, /, **opts: Any) -> None:
     """Replay, then apply the stop rule: quiet, Markdown verdict on stdout, exit code per
     verdict (0 keep, 10 calibrate, 11 per-head/skip layers, 12 reject, 13 insufficient
-    evidence; 2 bad input, 130 interrupted)."""
+    evidence; 2 bad input, 130 interrupted, 143 stopped by SIGTERM)."""
     if opts["trace_path"] is None and opts["resume_dir"] is None:
         raise click.UsageError("--trace is required")
     install_sigterm()
@@ -132,7 +132,8 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
 )
 def export_cmd(run_dir: Path, fmt: str, output: Path | None) -> None:
     """Write the run as tables (results, grades, metrics, teacher_forced), the same ones
-    replay.load_run(RUN_DIR) returns as DataFrames."""
+    replay.load_run(RUN_DIR) returns as DataFrames. CSV text cells that a spreadsheet would
+    run as a formula get a leading quote; no symbolic link is written through."""
 
     def run() -> int:
         from replay.run.rundata import export_run

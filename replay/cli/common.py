@@ -5,13 +5,15 @@ Exit codes are ``replay.core.exit_codes.ExitCode``: 0 every target served the wh
 input or usage; 3 at least one target failed (did not start, or serves something other than its
 spec); 4 a target ran but failed more requests than its error budget allows (a CI step must not
 mistake that run for a good one); 5 the run directory could not be written mid-run (a full
-disk; ``--resume`` finishes the run); 130 interrupted. ``replay canary`` exits by its verdict.
+disk; ``--resume`` finishes the run); 130 interrupted by Ctrl-C, 143 by SIGTERM. ``replay
+canary`` exits by its verdict.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,13 +31,21 @@ T = TypeVar("T")
 console = Console(stderr=True)
 
 
+# Whether a SIGTERM came (``install_sigterm``): it unwinds as Ctrl-C does, and ``guard`` then
+# exits 143 instead of 130. Signals are the process's, so this record is too.
+_sigterm = threading.Event()
+
+
 def install_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C (asyncio cancels the run, ``finally`` blocks stop the
-    servers we started)."""
+    servers we started), and the command exits 143. During a run the run's own handler
+    (``replay.run.signals``) takes it instead: the run drains and writes its summary."""
 
     def handler(signum: int, frame: Any) -> None:
+        _sigterm.set()
         signal.raise_signal(signal.SIGINT)
 
+    _sigterm.clear()
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -50,7 +60,8 @@ def guard(fn: Callable[[], int]) -> NoReturn:
         code = ExitCode.INPUT
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: results so far are in the run directory")
-        code = ExitCode.INTERRUPTED
+        code = ExitCode.SIGTERM if _sigterm.is_set() else ExitCode.INTERRUPTED
+        _sigterm.clear()  # it stopped this command, and is told by this exit
     except RunDirError as exc:
         _print_error(exc)
         code = ExitCode.RUN_DIR

@@ -5,6 +5,8 @@ Each step is a function of the typed ``RunOptions``; the manifest saves those op
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,7 @@ from replay.present.table import quality_table, summary_table
 from replay.present.terminal import print_tables
 from replay.run.config import RunConfig, load_for
 from replay.run.exclude import exclusion, refuse_overlap
+from replay.run.run_lock import holding
 from replay.run.runner import Runner
 from replay.run.session_history import check_mode
 from replay.serving.targets import (
@@ -313,10 +316,22 @@ def replay_run(opts: dict[str, Any], canary: bool, given: Mapping[str, str] | No
     """The whole command: options in, exit code out. ``given``: the options the command line
     named (parameter name to flag)."""
     o, resuming = run_options_of(opts, given or {})
-    plan = Plan.of(o)
-    run_dir = run_directory(o, resuming)
+    with contextlib.ExitStack() as held:
+        # One process a run directory (``run_lock``): a run being resumed is held before its
+        # trace is read, so that a second --resume is refused at once; a new one once made.
+        if resuming is not None:
+            held.enter_context(holding(resuming.run_dir))
+        plan = Plan.of(o)
+        run_dir = run_directory(o, resuming)
+        if resuming is None:
+            held.enter_context(holding(run_dir))
+        return _run_in(run_dir, o, plan, canary, resumed=resuming is not None)
+
+
+def _run_in(run_dir: Path, o: RunOptions, plan: Plan, canary: bool, resumed: bool) -> int:
+    """The run in ``run_dir``, held by this process, and what it says and exits with."""
     o = resolve_interleave(resolve_control(o, plan.trace), plan.trace, plan.targets)
-    cfg = run_config(o, plan, run_dir, resume=resuming is not None, canary=canary)
+    cfg = run_config(o, plan, run_dir, resume=resumed, canary=canary)
     console.print(
         f"run directory: [bold]{shown(str(run_dir))}[/bold] - {plan.trace.count} requests, "
         f"{len(plan.targets)} target(s), schedules {', '.join(s.label for s in plan.schedules)}"
@@ -331,7 +346,7 @@ def replay_run(opts: dict[str, Any], canary: bool, given: Mapping[str, str] | No
             f"[yellow]interrupted[/yellow]: partial summary and report written; "
             f"continue with: replay --resume {shown(str(run_dir))}"
         )
-        return ExitCode.INTERRUPTED
+        return ExitCode.SIGTERM if runner.stop.signal == signal.SIGTERM else ExitCode.INTERRUPTED
     if o.markdown_path:
         _copy(md, o.markdown_path)
     if canary:

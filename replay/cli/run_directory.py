@@ -10,6 +10,7 @@ from typing import Any
 
 from replay.cli.common import console, shown
 from replay.cli.run_options import RunOptions
+from replay.core.credentials import REDACTED, redact
 from replay.core.errors import InputError
 from replay.run.manifest import read_manifest
 from replay.run.rundir import MANIFEST, check_run_location, file_digest, new_run_dir
@@ -48,12 +49,13 @@ def reconcile_resume(
     ``--markdown`` where the summary goes; any other option would change the run half-way and
     is refused, as is another trace."""
     where = f"--resume {resuming.run_dir}"
-    others = [flag for name, flag in given.items() if name not in RESUME_MAY_GIVE]
+    others = [flag for name, flag in given.items() if name not in RESUME_MAY_GIVE | {"targets"}]
     if others:
         raise InputError(
             f"{where}: a run continues with the options it started with (its manifest.json); "
             f"leave out {', '.join(others)}, or start a new run"
         )
+    o = _targets_again(o, where, opts.get("targets") if "targets" in given else None)
     if "trace_path" in given and opts.get("trace_path") is not None:
         moved = Path(opts["trace_path"])
         if not moved.is_file():
@@ -70,6 +72,25 @@ def reconcile_resume(
     if "markdown_path" in given:
         o = o.replace(markdown_path=opts.get("markdown_path"))
     return o
+
+
+def _targets_again(o: RunOptions, where: str, typed: str | None) -> RunOptions:
+    """The run's ``--targets`` were saved redacted: the credentials a URL held (user-info,
+    query values) are not on disk. ``--targets`` given again supplies them, and must be the
+    run's own targets (it redacts to what was saved)."""
+    if typed is None:
+        if REDACTED in o.targets:
+            raise InputError(
+                f"{where}: the run's --targets held credentials, which are never saved "
+                f"({o.targets}); give --targets again as first typed"
+            )
+        return o
+    if redact(typed) != o.targets:
+        raise InputError(
+            f"{where}: --targets beside --resume only gives back the credentials of the "
+            f"run's own targets ({o.targets}); leave it out, or start a new run"
+        )
+    return o.replace(targets=typed)
 
 
 def resume_options(run_dir: Path) -> tuple[RunOptions, Resuming]:

@@ -17,6 +17,7 @@ import click
 
 from replay.cli.measuring_options import MEASURING_OPTIONS
 from replay.core.buckets import DEFAULT_BOUNDS
+from replay.core.credentials import redact
 from replay.core.errors import InputError
 from replay.traces.importers import FORMAT_HELP, LengthPolicy
 
@@ -114,12 +115,15 @@ class RunOptions:
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
-        """As the manifest saves it: paths as strings, everything else as is."""
-        return {
+        """As the manifest saves it: paths as strings, ``--targets`` redacted (a URL's user-info
+        and query values are credentials: ``--resume`` asks for them again), everything else
+        as is."""
+        saved = {
             f.name: str(v) if isinstance(v, Path) else v
             for f in fields(self)
             for v in [getattr(self, f.name)]
         }
+        return saved | {"targets": redact(self.targets)}
 
     def replace(self, **changes: Any) -> RunOptions:
         return dataclasses.replace(self, **changes)

@@ -102,13 +102,16 @@ class Result:
     # Content parts of a type other than text (``delta.content`` as a list), counted by type:
     # recorded, not read as the answer.
     other_content_parts: dict[str, int] = field(default_factory=dict)
-    # The stream ended in good order after the choice's finish_reason but without
-    # ``data: [DONE]``: the answer is complete and kept (some servers and gateways omit it).
+    # The stream ended after the choice's finish_reason but without ``data: [DONE]`` (in good
+    # order, or by a reset): the answer is complete and kept (some servers and gateways omit it).
     no_done: bool = False
     # Content chunks that came in one read with a later chunk: the kernel stamps a read
     # once (its last segment's arrival), so they are folded into that chunk's arrival, their
     # tokens with its own, and the read's gap is spread over them all (never a 0 ms gap).
     shared_stamps: int = 0
+    # Chunks that carried something of an answer after the choice's finish_reason: not read,
+    # since the finish reason is the model's word that the answer is complete.
+    after_finish: int = 0
 
     @property
     def ttft(self) -> float | None:

@@ -89,8 +89,8 @@ async def prepare(spec: TargetSpec, reqs: Sequence[Request], buckets: Buckets) -
     """Introspect the target, check it serves what its spec expects, count each prompt on its
     tokenizer (the bucket) and build the synthetic-prompt pool, as the runner does. A target
     that cannot be used raises TargetError with the reason."""
-    assert spec.url is not None
-    url = spec.url
+    url = spec.connect_url
+    assert url is not None
     # The target's key goes with every call on this session, and only to the target's URL.
     async with api_session(spec.auth_headers()) as session:
         info = await introspect(session, url)
@@ -128,11 +128,12 @@ class MetricsTap:
         self._scraper: Scraper | None = None
 
     async def start(self) -> dict[str, Any]:
-        assert self.spec.url is not None
+        url = self.spec.connect_url
+        assert url is not None
         self._session = api_session(self.spec.auth_headers())
-        info = await introspect(self._session, self.spec.url)
+        info = await introspect(self._session, url)
         self._scraper = Scraper(
-            self._session, self.spec.url, self.now, lambda snap: self.sink(snap.to_json())
+            self._session, url, self.now, lambda snap: self.sink(snap.to_json())
         )
         self._scraper.start()
         return info

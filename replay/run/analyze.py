@@ -16,8 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from replay.analysis.capacity import capacity_phase
 from replay.analysis.grading.quality import CONTROL_SUFFIX, Graded, assess_quality
 from replay.analysis.grading.rows import (
@@ -60,6 +58,8 @@ from replay.run.rundir import (
     RESULTS,
     SUMMARY,
     TEACHER_FORCED,
+    complete_results,
+    complete_rows,
     file_digest,
     read_results,
     rewrite_jsonl,
@@ -180,7 +180,7 @@ def _graded_quality(a: Analysis, results: ResultTable) -> Quality:
     grade) is let go before the next step."""
     return assess_quality(
         _grades(a, results),
-        list(_complete_rows(a.run_dir / TEACHER_FORCED)),
+        list(complete_rows(a.run_dir / TEACHER_FORCED)),
         a.reference,
         a.bucket_labels,
         a.tolerance,
@@ -310,9 +310,9 @@ def _capacity(
     if block is None:
         return None, None
     where = a.run_dir / CAPACITY_DIR
-    results = list(_complete_results(where)) if (where / RESULTS).exists() else []
+    results = list(complete_results(where)) if (where / RESULTS).exists() else []
     servers = {str(i.get("server") or n) for n, i in (block.get("arms") or {}).items()}
-    series = {n: list(_complete_rows(where / "metrics" / f"{n}.jsonl")) for n in servers}
+    series = {n: list(complete_rows(where / "metrics" / f"{n}.jsonl")) for n in servers}
     return capacity_phase(block, results, series, a.slo, a.reference, candidate, control)
 
 
@@ -386,27 +386,11 @@ def read_series(
     """Each target's /metrics snapshots, from ``metrics/<target>.jsonl``. An A/A control that
     ran on the reference's server (it has no file of its own) is described by the reference's
     snapshots."""
-    series = {n: list(_complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names}
+    series = {n: list(complete_rows(run_dir / "metrics" / f"{n}.jsonl")) for n in names}
     for n in series:
         if n == reference + CONTROL_SUFFIX and not series[n]:
             series[n] = series.get(reference, [])
     return series
-
-
-def _complete_rows(path: Path) -> Iterator[Any]:
-    """The JSON lines of a file that a kill may have cut short: an unfinished last line is
-    the one being written, not data."""
-    if not path.exists():
-        return
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if not raw.endswith(b"\n"):
-                return
-            if raw.strip():
-                try:
-                    yield orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise InputError(f"{path}:{lineno}: not JSON ({exc})") from None
 
 
 def results_table(run_dir: Path) -> ResultTable:
@@ -414,7 +398,7 @@ def results_table(run_dir: Path) -> ResultTable:
     it never reads. A line cut short at the end is left out; a line that is not a result is
     an error naming it."""
     table = ResultTable()
-    for lineno, row in enumerate(_complete_rows(run_dir / RESULTS), 1):
+    for lineno, row in enumerate(complete_rows(run_dir / RESULTS), 1):
         try:
             table.add_row(row)
         except (KeyError, TypeError, ValueError) as exc:
@@ -423,17 +407,6 @@ def results_table(run_dir: Path) -> ResultTable:
                 f"({type(exc).__name__}: {exc})"
             ) from None
     return table
-
-
-def _complete_results(run_dir: Path) -> Iterator[Result]:
-    for lineno, row in enumerate(_complete_rows(run_dir / RESULTS), 1):
-        try:
-            yield Result.from_json(row)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(
-                f"{run_dir / RESULTS}: result {lineno} is not a result "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
 
 
 def _target_facts(info: TargetEntry, name: str, results: ResultTable) -> dict[str, Any]:

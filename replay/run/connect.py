@@ -97,7 +97,7 @@ class HttpConnector:
             client = Client(
                 url,
                 model,
-                api_key=spec.api_key(),
+                headers=spec.auth_headers(),
                 timeout_s=self.cfg.load.timeout_s,
                 seed=self.cfg.load.seed,
                 epoch=self.clock.epoch,

@@ -55,7 +55,7 @@ class WorkerSpec:
     run_wall_epoch: float  # wall-clock time of the run clock's zero
     url: str
     model: str
-    api_key: str | None
+    headers: dict[str, str]  # the target's credentials (TargetSpec.auth_headers)
     target: str
     trace: TraceSource
     counts: array[int]
@@ -161,7 +161,7 @@ async def _work(spec: WorkerSpec, conn: Connection) -> None:
     client = Client(
         spec.url,
         spec.model,
-        api_key=spec.api_key,
+        headers=spec.headers,
         timeout_s=spec.run.load.timeout_s,
         seed=spec.run.load.seed,
         epoch=clock.epoch,

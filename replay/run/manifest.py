@@ -17,6 +17,7 @@ from replay import __version__
 from replay.analysis.run_spec import RunSpec
 from replay.analysis.schemas_manifest import MANIFEST_FILE, Manifest
 from replay.core.buckets import Buckets
+from replay.core.credentials import redact
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy
 
@@ -102,7 +103,8 @@ def build_manifest(
     return {
         "tool": {"name": "kvcanary", "version": __version__},
         **({"driver": dict(driver)} if driver is not None else {}),
-        "command": list(command),
+        # argv as typed, but a --targets URL's user-info and query values are credentials
+        "command": [redact(arg) for arg in command],
         "started_at": started_at,
         "platform": platform_facts(),
         "trace": dict(trace),

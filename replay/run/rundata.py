@@ -10,7 +10,10 @@ into named columns, so a user can answer their own questions of a run without pa
 What the tables leave out is what has no place in a cell: token ids, per-chunk arrival times
 (their count and the ITL summary stay) and the metrics' histogram buckets (sums and counts
 stay). ``replay export RUN_DIR --format csv|parquet`` writes the same tables to files, a piece
-at a time (``EXPORT_ROWS`` rows), each column of one declared type.
+at a time (``EXPORT_ROWS`` rows), each column of one declared type, never through a link and
+with no CSV cell a spreadsheet would run as a formula (``export_files``). The tables are read
+as the analysis reads them: a last line a kill cut short is left out, a line that is not JSON
+(a NaN) is an error naming it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,18 @@ import statistics
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from replay.core.errors import InputError
-from replay.run.rundir import GRADES, MANIFEST, RESULTS, TEACHER_FORCED, read_jsonl, read_results
+from replay.run.export_files import export_folder, inert_cell, open_table, reason
+from replay.run.rundir import (
+    GRADES,
+    MANIFEST,
+    RESULTS,
+    TEACHER_FORCED,
+    complete_results,
+    complete_rows,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -98,6 +109,7 @@ def _gathered(
 
 
 EXPORT_ROWS = 65_536  # rows a table is written at a time: what export holds, at any size
+CSV_ROW_END = "\r\n"
 
 
 def export_run(run_dir: str | Path, out_dir: Path, fmt: str) -> list[Path]:
@@ -114,20 +126,34 @@ def export_run(run_dir: str | Path, out_dir: Path, fmt: str) -> list[Path]:
                 "--format parquet needs pyarrow: pip install 'kvcanary[data]' (or use --format csv)"
             ) from None
     path = _run_path(run_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    export_folder(out_dir)
     written = []
     for name, (rows, columns) in _table_rows(path).items():
         target = out_dir / f"{name}.{fmt}"
         kinds = _kinds(name, columns)
         chunks = _typed_chunks(rows, kinds)
-        if fmt == "csv":
-            with target.open("w", encoding="utf-8", newline="") as fh:
-                for k, chunk in enumerate(chunks):
-                    chunk.to_csv(fh, header=k == 0, index=False)
-        else:
-            _write_parquet(target, chunks, kinds)
+        with open_table(target, "w" if fmt == "csv" else "wb") as fh:
+            try:
+                if fmt == "csv":
+                    _write_csv(fh, chunks, kinds)
+                else:
+                    _write_parquet(fh, chunks, kinds)
+            except OSError as exc:  # a full disk: the file, not a traceback
+                raise InputError(f"{target}: cannot write it: {reason(exc)}") from None
         written.append(target)
     return written
+
+
+def _write_csv(fh: IO[str], chunks: Iterable[pd.DataFrame], kinds: Mapping[str, str]) -> None:
+    """The chunks as CSV, every text cell ``inert_cell`` (no spreadsheet runs it). Rows end in
+    CRLF (RFC 4180), so a cell holding a carriage return is quoted: with a bare LF it was not,
+    and a reader ended the row there, making the rest of an answer a row of its own (whose
+    first cell could be a formula again)."""
+    text = [c for c, k in kinds.items() if k == "text"]
+    for k, chunk in enumerate(chunks):
+        for column in text:
+            chunk[column] = chunk[column].map(inert_cell)
+        chunk.to_csv(fh, header=k == 0, index=False, lineterminator=CSV_ROW_END)
 
 
 def _typed_chunks(
@@ -142,7 +168,9 @@ def _typed_chunks(
         yield pd.DataFrame({c: pd.array(v, dtype=dtypes[c]) for c, v in cells.items()})
 
 
-def _write_parquet(target: Path, chunks: Iterable[pd.DataFrame], kinds: Mapping[str, str]) -> None:
+def _write_parquet(
+    target: IO[bytes], chunks: Iterable[pd.DataFrame], kinds: Mapping[str, str]
+) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -191,7 +219,7 @@ RESULT_COLUMNS = [
 
 
 def _result_rows(run_dir: Path) -> Iterator[dict[str, Any]]:
-    for r in read_results(run_dir):
+    for r in complete_results(run_dir):
         itl = r.itl()
         yield {
             "target": r.target,
@@ -368,9 +396,11 @@ def _kinds(table: str, columns: list[str]) -> dict[str, str]:
 
 
 def _jsonl(path: Path) -> Iterable[Mapping[str, Any]]:
+    """A table's lines as the analysis reads them (``complete_rows``: a line a kill cut short
+    is left out, one that is not JSON is an InputError naming it)."""
     if not path.is_file():
         return ()
-    return (row for row in read_jsonl(path) if isinstance(row, Mapping))
+    return (row for row in complete_rows(path) if isinstance(row, Mapping))
 
 
 def _obj(value: Any) -> Mapping[str, Any]:

@@ -12,6 +12,7 @@ reports/<run-id>/
   grades.jsonl           per result: checker grade, agreement with the reference
   teacher_forced.jsonl   the reference's answers scored under each target (per token)
   summary.json           per target x bucket x phase aggregates, and quality
+  run.lock               the pid of the process running it, under its flock (run_lock.py)
 """
 
 from __future__ import annotations
@@ -254,6 +255,36 @@ def read_results(run_dir: Path) -> Iterator[Result]:
         for raw in fh:
             if raw.strip():
                 yield Result.from_json(orjson.loads(raw))
+
+
+def complete_rows(path: Path) -> Iterator[Any]:
+    """The JSON lines of a file that a kill may have cut short: an unfinished last line is
+    the one being written, not data. A line that is not JSON (a NaN, a torn write inside the
+    file) is an InputError naming the file and line."""
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                return
+            if raw.strip():
+                try:
+                    yield orjson.loads(raw)
+                except orjson.JSONDecodeError as exc:
+                    raise InputError(f"{path}:{lineno}: not JSON ({exc})") from None
+
+
+def complete_results(run_dir: Path) -> Iterator[Result]:
+    """The run's results as ``complete_rows`` reads them; a row that is not a result is an
+    InputError naming it."""
+    for lineno, row in enumerate(complete_rows(run_dir / RESULTS), 1):
+        try:
+            yield Result.from_json(row)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"{run_dir / RESULTS}: result {lineno} is not a result "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
 
 
 def file_digest(path: Path) -> str:

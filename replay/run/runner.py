@@ -189,8 +189,8 @@ class Runner:
     def interrupted(self) -> bool:
         return self.stop.interrupted
 
-    def interrupt(self) -> None:
-        self.stop.interrupt()
+    def interrupt(self, by: int | None = None) -> None:
+        self.stop.interrupt(by)
 
     # -- the run --------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -305,7 +305,7 @@ class Runner:
                 )
                 if not await launch(server, run.info, self.save_manifest, self.stopping):
                     return  # interrupted while starting: the finally below stops it
-            url = server.url if server is not None else spec.url
+            url = server.url if server is not None else spec.connect_url
             assert url is not None
             await self._serve(run, url, server)
         except TargetError as exc:

@@ -31,16 +31,20 @@ class RunStop:
         self.clock: Clock = clock or MonotonicClock()
         self.event = asyncio.Event()
         self.interrupted = False
+        # The signal that interrupted the run (SIGINT, SIGTERM: the exit code says which);
+        # None for another cause (a lost load process).
+        self.signal: int | None = None
         self.storage: RunDirError | None = None  # the first write that failed
         self.main: asyncio.Future[None] | None = None
         self._drain: asyncio.Task[None] | None = None
 
-    def interrupt(self) -> None:
-        """First Ctrl-C/SIGTERM: drain, then cancel; a second (or one after a stop): at once."""
+    def interrupt(self, by: int | None = None) -> None:
+        """First Ctrl-C/SIGTERM (``by``): drain, then cancel; a second (or one after a stop):
+        at once."""
         if self.event.is_set():
             self.cancel()
             return
-        self.interrupted = True
+        self.interrupted, self.signal = True, by
         self.event.set()
         self.progress.status(
             f"interrupted: draining in-flight requests (up to "

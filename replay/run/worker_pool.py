@@ -196,7 +196,7 @@ class WorkerPoolSender:
         self.workers, self.cfg, self.clock = cfg.load.workers, cfg, clock
         self.wall_epoch = time.time() - clock.now()
 
-    def _specs(self, phase: Phase, api_key: str | None) -> list[WorkerSpec]:
+    def _specs(self, phase: Phase, headers: dict[str, str]) -> list[WorkerSpec]:
         t, c = phase.target, self.cfg
         run = c.run_spec()
         return [
@@ -208,7 +208,7 @@ class WorkerPoolSender:
                 run_wall_epoch=self.wall_epoch,
                 url=t.client.base_url,
                 model=t.client.model,
-                api_key=api_key,
+                headers=headers,
                 target=t.name,
                 trace=phase.trace,
                 counts=t.counts,
@@ -238,7 +238,7 @@ class WorkerPoolSender:
             answered += ok
             progress.advance(name, label, ok)
 
-        pool = WorkerPool(self._specs(phase, run.spec.api_key()), advance)
+        pool = WorkerPool(self._specs(phase, run.spec.auth_headers()), advance)
         pool.start()
         try:
             await pool.until(

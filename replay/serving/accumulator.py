@@ -19,6 +19,21 @@ memory nor goes whole into ``results.jsonl``; timing and token counts still run 
 A stream that breaks these rules (impossible usage, no content, cut short) is the server's
 ``ProtocolError``.
 
+A count is bounded before anything is sized by it: ``completion_tokens`` may not pass the
+request's ``max_tokens`` (vLLM stops there, counting every token it generates, reasoning and
+EOS included), checked as each count arrives, before its tokens are given to an arrival. Each
+arrival's tokens become that many ITL gaps in the analysis and in ``Result.itl``, so a count
+the request did not allow (millions a chunk) would size their memory by the server's word,
+and inflate the throughput beside them: it is the server's protocol error instead, and the
+memory the analysis needs is bounded by what the trace asked for, whatever a server claims.
+
+An event that says it is an error (vLLM's and OpenAI's ``{"error": ...}``, older vLLM's
+``{"object": "error", ...}``, ``{"type": "error", ...}``: ``error_answers.stream_error``) or
+a ``finish_reason`` of ``error`` is the server's error (``server_error``) with its message,
+never a part of the answer, and nothing after it is read. A choice that carries ``message``,
+a whole answer's shape, where a chunk's ``delta`` belongs is a protocol error, not an empty
+answer: whether it holds a piece or the whole answer so far cannot be told.
+
 Reasoning (``delta.reasoning_content``, or ``delta.reasoning`` as vLLM names it since 0.10)
 is kept apart from the answer: its text in ``reasoning_text``, never in ``output_text``. Its
 tokens are arrivals like the answer's (``first_token`` is the first token of either kind, ITL
@@ -34,10 +49,12 @@ content chunks folded so. ``delta.content`` may be a list of content parts: text
 answer, other parts are counted by type (``other_content_parts``). One choice a request: a
 choice with another index is a protocol error (two answers must never be merged into one).
 
-A stream that ends in good order after its choice's ``finish_reason`` but without
-``data: [DONE]`` is a complete answer, kept (``no_done`` says so): some servers and gateways
-never send it, and the finish reason is the model's own word that it stopped. One that ends
-with neither was cut short: a protocol error.
+A stream that ends after its choice's ``finish_reason`` but without ``data: [DONE]`` (in
+good order, or by a reset: ``client.py``) is a complete answer, kept (``no_done`` says so):
+some servers and gateways never send it, and the finish reason is the model's own word that it
+stopped. One that ends with neither was cut short: a protocol error. For the same reason a
+choice that comes after the finish reason is not read (``after_finish`` counts the chunks that
+carried anything); the usage that follows it still is (vLLM's last chunk is usage alone).
 """
 
 from __future__ import annotations
@@ -46,8 +63,15 @@ from collections.abc import Callable
 from typing import Any
 
 from replay.core.records import Result, ToolCall
-from replay.core.strict import integer, number, shown, token_ids
-from replay.serving.error_answers import fail
+from replay.core.strict import integer, number, shown
+from replay.serving.chunk_fields import (
+    carries_answer,
+    refuse_message,
+    text_field,
+    token_id_list,
+    usage_count,
+)
+from replay.serving.error_answers import fail, stream_error
 from replay.serving.sse import ProtocolError
 
 # Answer text kept per result (text and tool-call names and arguments together): about 250k
@@ -73,9 +97,11 @@ class StreamAccumulator:
         "_arrivals",
         "_attributed",
         "_calls",
+        "_ended",
         "_estimated",
         "_id_room",
         "_last_t",
+        "_max_count",
         "_reasoning",
         "_reasoning_arrived",
         "_reasoning_reported",
@@ -90,10 +116,16 @@ class StreamAccumulator:
     )
 
     def __init__(
-        self, result: Result, now: Callable[[], float], max_chars: int = MAX_ANSWER_CHARS
+        self,
+        result: Result,
+        now: Callable[[], float],
+        max_chars: int = MAX_ANSWER_CHARS,
+        max_tokens: int | None = None,
     ) -> None:
         self.r = result
         self.now = now
+        self._max_count = _MAX_COUNT if max_tokens is None else min(max_tokens, _MAX_COUNT)
+        self._ended = False  # a finish_reason or the server's error came: the answer is over
         self._usage_seen = False
         self._reported = 0  # the server's last completion_tokens
         self._attributed = 0  # completion_tokens given to arrivals so far (usage per chunk)
@@ -110,12 +142,17 @@ class StreamAccumulator:
         self._reasoning_arrived = 0  # tokens of arrivals that carried reasoning alone
         self._calls: dict[int, ToolCall] = {}
 
+    @property
+    def ended(self) -> bool:
+        """Whether the answer is over: its finish reason, or the server's error, came."""
+        return self._ended
+
     def add(self, ev: Any, t: float | None = None) -> None:
         """One event: its usage, its choices' content, and the token arrival it makes.
 
         Runs once per streamed chunk: lookups are done once and the usual keys checked first
         (bench/: this was the client's largest own cost per token). The choices are folded
-        in ``_choices``, the one call made per chunk besides this one.
+        in ``_choices`` and its usage in ``_usage``, the calls made per chunk besides this one.
         """
         # A well-formed JSON event of the wrong shape (a choice that is a number, a token
         # count that is a string) is the server's protocol error, recorded on the request;
@@ -125,35 +162,20 @@ class StreamAccumulator:
             if not isinstance(ev, dict):
                 raise ProtocolError(f"SSE event is not a JSON object: {str(ev)[:200]}")
             choices = ev.get("choices")
-            if not choices and "error" in ev:
-                err = ev["error"]
-                msg = err.get("message", err) if isinstance(err, dict) else err
-                fail(r, "server_error", str(msg)[:2000])
+            if not choices and (said := stream_error(ev)) is not None:
+                fail(r, "server_error", said)
+                self._ended = True
                 return
+            if self._ended:
+                if r.status != "ok":
+                    return  # the server already said what went wrong: nothing after is read
+                if carries_answer(choices):
+                    r.after_finish += 1
+                choices = None  # only the usage after the finish reason is read
             if r.prompt_ids is None and ev.get("prompt_token_ids"):
-                r.prompt_ids = _ids(ev["prompt_token_ids"], "prompt_token_ids")
+                r.prompt_ids = token_id_list(ev["prompt_token_ids"], "prompt_token_ids")
             usage = ev.get("usage")
-            ct = None
-            if isinstance(usage, dict):
-                pt = usage.get("prompt_tokens")
-                if pt is not None and pt != r.prompt_tokens:  # checked when it changes
-                    pt = pt if type(pt) is int else _count(pt, "prompt_tokens")
-                    if not 0 <= pt <= _MAX_COUNT:
-                        raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
-                    r.prompt_tokens = pt
-                ct = usage.get("completion_tokens")
-                if ct is not None:
-                    ct = ct if type(ct) is int else _count(ct, "completion_tokens")
-                    if ct < self._reported:  # below 0 too; too large is checked at the end
-                        after = f" after {self._reported}" if ct >= 0 else ""
-                        raise ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
-                    self._reported = ct
-                    self._usage_seen = True
-                    details = usage.get("completion_tokens_details")
-                    if details:  # vLLM sends it only with a reasoning parser
-                        self._reasoning_usage(details, ct)
-            elif usage is not None:
-                raise ProtocolError(f"usage is not an object: {shown(usage)}")
+            ct = self._usage(usage) if usage is not None else None
             kind = self._choices(choices) if choices else _NOTHING
             if not kind:
                 return  # no content: never a token arrival (its tokens go to the next one)
@@ -191,6 +213,42 @@ class StreamAccumulator:
         except (AttributeError, TypeError, ValueError, KeyError) as exc:
             raise ProtocolError(f"malformed SSE event ({exc}): {str(ev)[:200]}") from None
 
+    def _usage(self, usage: Any) -> int | None:
+        """A chunk's usage, checked and kept: its ``completion_tokens``, if it gives one."""
+        if not isinstance(usage, dict):
+            raise ProtocolError(f"usage is not an object: {shown(usage)}")
+        r = self.r
+        pt = usage.get("prompt_tokens")
+        if pt is not None and pt != r.prompt_tokens:  # checked when it changes
+            pt = pt if type(pt) is int else usage_count(pt, "prompt_tokens")
+            if not 0 <= pt <= _MAX_COUNT:
+                raise ProtocolError(f"impossible usage: prompt_tokens {pt}")
+            r.prompt_tokens = pt
+        got = usage.get("completion_tokens")
+        if got is None:
+            return None
+        ct: int = got if type(got) is int else usage_count(got, "completion_tokens")
+        if not self._reported <= ct <= self._max_count:  # below 0 too
+            raise self._impossible(ct)
+        self._reported = ct
+        self._usage_seen = True
+        details = usage.get("completion_tokens_details")
+        if details:  # vLLM sends it only with a reasoning parser
+            self._reasoning_usage(details, ct)
+        return ct
+
+    def _impossible(self, ct: int) -> ProtocolError:
+        """A completion_tokens that no answer to this request can have."""
+        if ct < self._reported:
+            after = f" after {self._reported}" if ct >= 0 else ""
+            return ProtocolError(f"impossible usage: completion_tokens {ct}{after}")
+        if self._max_count < _MAX_COUNT:
+            return ProtocolError(
+                f"impossible usage: completion_tokens {ct} over the request's max_tokens "
+                f"{self._max_count}, where a server stops"
+            )
+        return ProtocolError(f"impossible usage: completion_tokens {ct} (over {_MAX_COUNT})")
+
     def _reasoning_usage(self, details: dict[str, Any], ct: int) -> None:
         """The server's count of reasoning tokens so far, from completion_tokens_details."""
         rt = details.get("reasoning_tokens")
@@ -217,7 +275,7 @@ class StreamAccumulator:
                 if not (
                     type(ids) is list and len(ids) == 1 and type(ids[0]) is int and ids[0] >= 0
                 ):
-                    ids = _ids(ids, "token_ids")
+                    ids = token_id_list(ids, "token_ids")
                 room = self._id_room - len(ids)
                 self._id_room = room
                 if room >= 0:
@@ -225,7 +283,7 @@ class StreamAccumulator:
                 else:
                     r.output_truncated = True
             if r.prompt_ids is None and choice.get("prompt_token_ids"):
-                r.prompt_ids = _ids(choice["prompt_token_ids"], "prompt_token_ids")
+                r.prompt_ids = token_id_list(choice["prompt_token_ids"], "prompt_token_ids")
             logprobs = choice.get("logprobs")
             if logprobs:
                 self._logprobs(logprobs)
@@ -256,8 +314,10 @@ class StreamAccumulator:
                         kind = kind or _REASONING
             else:
                 text = choice.get("text")
+                if text is None and choice.get("message"):
+                    refuse_message(choice["message"])
                 if text is not None and type(text) is not str:
-                    text = _text(text, "text")
+                    text = text_field(text, "text")
                 if text:
                     room = self._room - len(text)
                     if room >= 0:
@@ -271,6 +331,9 @@ class StreamAccumulator:
                 if not isinstance(finish, str):
                     raise TypeError(f"finish_reason {str(finish)[:50]} is not a string")
                 r.finish_reason = finish[:100]
+                self._ended = True
+                if finish == "error":  # vLLM's own word for a generation that failed
+                    fail(r, "server_error", "the server ended the answer with finish_reason error")
         return kind
 
     def _logprobs(self, logprobs: Any) -> None:
@@ -354,11 +417,11 @@ class StreamAccumulator:
             call = self._calls[idx] = ToolCall(index=idx)
         carried = False
         if frag.get("id"):
-            call.id = _text(frag["id"], "tool call id")[:200]
+            call.id = text_field(frag["id"], "tool call id")[:200]
             carried = True
         fn = frag.get("function") or {}
-        name = _text(fn.get("name"), "tool call name")
-        args = _text(fn.get("arguments"), "tool call arguments")
+        name = text_field(fn.get("name"), "tool call name")
+        args = text_field(fn.get("arguments"), "tool call arguments")
         if name:
             call.name += self._fit(name)
             carried = True
@@ -377,9 +440,8 @@ class StreamAccumulator:
         r.output_text = "".join(self._text)
         r.reasoning_text = "".join(self._reasoning)
         r.tool_calls = [self._calls[i] for i in sorted(self._calls)]
-        too_many = self._reported > _MAX_COUNT  # kept out of the result: no JSON integer
         if self._usage_seen:
-            r.output_tokens = 0 if too_many else self._reported
+            r.output_tokens = self._reported
         else:
             r.output_tokens = self._arrivals
             r.tokens_estimated = True
@@ -387,8 +449,6 @@ class StreamAccumulator:
         self._reasoning_count()
         if r.status != "ok":  # the server already said what went wrong
             return
-        if too_many:
-            raise ProtocolError(f"impossible usage: completion_tokens {self._reported}")
         # An answer of no text is real when the server says it generated tokens and why it
         # stopped (a first token that was EOS); anything else without content is not one.
         empty = r.first_token is None and not (r.finish_reason and self._reported > 0)
@@ -419,29 +479,3 @@ class StreamAccumulator:
         if self._reasoning:
             r.reasoning_tokens = self._reasoning_arrived
             r.reasoning_tokens_estimated = True
-
-
-# -- the strictness rule (``replay.core.strict``) on an answer's fields ----------------------
-
-
-def _count(value: object, name: str) -> int:
-    n = integer(value)
-    if n is None:
-        raise ProtocolError(f"impossible usage: {name} is not a count: {shown(value)}")
-    return n
-
-
-def _ids(value: object, name: str) -> list[int]:
-    ids = token_ids(value)
-    if ids is None:
-        raise ProtocolError(f"{name} is not a list of token ids: {shown(value)}")
-    return ids
-
-
-def _text(value: object, name: str) -> str:
-    """A text field of a chunk: a string, or nothing (null or absent)."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ProtocolError(f"{name} is not a string: {shown(value)}")
-    return value

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from replay.core.credentials import redact, request_secrets
 from replay.core.records import Result
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
 from replay.serving.endpoints import connect_reason
@@ -108,9 +109,21 @@ class _Answer:
                 self.acc.add(event)
             self.acc.finish(done=False, head=self.first or b"")
 
+    def lost(self) -> bool:
+        """The connection was lost: whether the answer was over already (its finish reason,
+        or the server's error, had come), and if so its result is made. What the decoder
+        holds came after that end, cut anywhere: it is not read."""
+        if not (self.streaming and self.acc.ended):
+            return False
+        self.acc.finish(done=False, head=self.first or b"")
+        return True
+
 
 class Client:
     """Sends requests to one target and records what happened.
+
+    ``headers``: the target's credentials (``TargetSpec.auth_headers``), on every request;
+    an error recorded never holds them, nor the URL's query values.
 
     ``max_event_bytes`` bounds one SSE line or event (a larger one is that request's
     ``protocol`` error); ``max_answer_chars`` bounds the answer text a result keeps.
@@ -121,7 +134,7 @@ class Client:
         base_url: str,
         model: str,
         *,
-        api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout_s: float = 600.0,
         seed: int = 0,
         clock: Clock = time.perf_counter,
@@ -140,9 +153,13 @@ class Client:
         self.timeout_s = timeout_s
         self._clock = clock
         self._epoch = epoch
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # What a server echoing the request could put into an error (written to results).
+        self._secrets = request_secrets(self.base_url, headers or {})
         self._pool = ConnectionPool(
-            self.base_url, self.now, headers=headers, connect_timeout_s=_CONNECT_TIMEOUT_S
+            self.base_url,
+            self.now,
+            headers=dict(headers or {}),
+            connect_timeout_s=_CONNECT_TIMEOUT_S,
         )
 
     async def close(self) -> None:
@@ -222,18 +239,30 @@ class Client:
         finally:
             if result.done is None:
                 result.done = self.now()
+            if result.error is not None:
+                result.error = redact(result.error, self._secrets)
         return result
 
     async def _stream(self, path: str, body: dict[str, Any], result: Result) -> None:
         data = orjson.dumps(body)
         result.sent = self.now()  # until the request is written (a failed connect keeps this)
         answer = _Answer(
-            StreamAccumulator(result, self.now, self.max_answer_chars),
+            StreamAccumulator(
+                result, self.now, self.max_answer_chars, max_tokens=body.get("max_tokens")
+            ),
             SSEDecoder(self.max_event_bytes),
         )
 
         def writing() -> None:
             result.sent = self.now()
 
-        await self._pool.post(path, data, answer, writing)
+        try:
+            await self._pool.post(path, data, answer, writing)
+        except (Disconnected, OSError):
+            # A finish reason is the model's word that its answer is complete: a connection
+            # lost after it (a reset where [DONE] or a clean close belonged) is no error of
+            # the answer, which keeps its text.
+            if not answer.lost():
+                raise
+            return
         answer.conclude(result)

@@ -9,10 +9,12 @@ import os
 import socket
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 
+from replay.core.credentials import redact, request_secrets
 from replay.core.errors import EndpointError
 from replay.serving.http1 import KEEP_IDLE_S, ConnectError
 
@@ -80,6 +82,13 @@ class Answer:
         return EndpointError(f"{self.label}: expected {expected}, got {quote(self.body)}")
 
 
+def endpoint_url(base_url: str, path: str) -> str:
+    """``path`` (``/v1/models``) after the base URL's own path, the base URL's query after
+    both: a server behind a gateway that wants ``?api_key=...`` gets it on every endpoint."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
+
+
 async def fetch(
     session: aiohttp.ClientSession,
     method: str,
@@ -92,39 +101,35 @@ async def fetch(
 ) -> Answer:
     """One non-streaming call; anything but a 200 raises EndpointError naming the call.
     Redirects are not followed: an answer from elsewhere is not the target's answer, and the
-    session's credentials are the target's alone."""
+    session's credentials are the target's alone. The error never holds a credential, not
+    even one the server echoes."""
     label = f"{method} {path}"
+    secrets = request_secrets(base_url, session.headers)
     try:
         async with session.request(
             method,
-            base_url + path,
+            endpoint_url(base_url, path),
             json=json_body,
             allow_redirects=False,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as r:
             if 300 <= r.status < 400:
                 where = quote(r.headers.get("Location", "(none)").encode())
-                raise _scrubbed(
-                    session,
+                raise EndpointError(
                     f"{label}: HTTP {r.status} redirect to {where}: not "
-                    "followed (give the URL of the server itself)",
+                    "followed (give the URL of the server itself)"
                 )
             body = await _read_capped(r, label, max_bytes)
             if r.status != 200:
-                raise _scrubbed(
-                    session, f"{label}: HTTP {r.status} ({r.content_type}): {quote(body)}"
-                )
+                # Redacted before it is cut to a quote, which could cut a secret in two.
+                said = redact(body.decode("utf-8", "replace"), secrets).encode()
+                raise EndpointError(f"{label}: HTTP {r.status} ({r.content_type}): {quote(said)}")
             return Answer(label, body)
+    except EndpointError as exc:
+        raise EndpointError(redact(str(exc), secrets)) from None
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         why, unreachable = transport_problem(exc, timeout_s)
-        raise EndpointError(f"{label}: {why}", unreachable=unreachable) from exc
-
-
-def _scrubbed(session: aiohttp.ClientSession, message: str) -> EndpointError:
-    """A server that echoes the request's key in its error must not put the key into the run
-    directory, where the problem is written."""
-    key = session.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return EndpointError(message.replace(key, "[api key]") if key else message)
+        raise EndpointError(redact(f"{label}: {why}", secrets), unreachable=unreachable) from exc
 
 
 async def _read_capped(r: aiohttp.ClientResponse, label: str, max_bytes: int) -> bytes:

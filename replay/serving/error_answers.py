@@ -50,26 +50,46 @@ def _content_type(headers: dict[str, str]) -> str:
 
 
 def _server_message(text: str) -> tuple[str | None, bool]:
-    """The message of a JSON error body (OpenAI's ``{"error": {"message": ...}}``, older
-    vLLM's ``{"object": "error", "message": ...}``, FastAPI's ``{"detail": ...}``) and whether
-    the body says it is an error."""
+    """The message of a JSON error body and whether the body says it is an error."""
     try:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None, False
     if not isinstance(doc, dict):
         return None, False
+    return _message_of(doc)
+
+
+def _message_of(doc: dict[str, Any]) -> tuple[str | None, bool]:
+    """The message of an error object (vLLM's and OpenAI's ``{"error": {"message": ...}}``,
+    older vLLM's ``{"object": "error", "message": ...}``, the ``{"type": "error", ...}`` of
+    Anthropic-style and Responses-style streams, a gateway's ``{"error": "..."}``, FastAPI's
+    ``{"detail": ...}``) and whether it says it is an error."""
     err = doc.get("error")
     if isinstance(err, dict):
         msg = err.get("message")
         return str(err if msg is None else msg)[:2000], True
     if isinstance(err, str):
         return err[:2000], True
-    said_error = doc.get("object") == "error"
+    said_error = doc.get("object") == "error" or doc.get("type") == "error"
     for key in ("message", "detail"):
         if doc.get(key) is not None:
             return str(doc[key])[:2000], said_error
     return None, False
+
+
+def stream_error(event: dict[str, Any]) -> str | None:
+    """The server's message when an event of the stream says it is an error (any shape
+    ``_message_of`` reads, with an ``error`` of any type), else None: such an event is the
+    server's word that the answer failed, never a part of it."""
+    if (
+        event.get("error") is None
+        and event.get("object") != "error"
+        and event.get("type") != "error"
+    ):
+        return None
+    message, _ = _message_of(event)
+    return message if message is not None else str(event)[:2000]
 
 
 def _quote(text: str) -> str:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from replay.core.credentials import redact
 from replay.serving import kernel_stamps
 
 # After an answer's [DONE], the rest of its HTTP message (the last chunk, often a read of its
@@ -328,7 +329,9 @@ def _inflater(content_encoding: str, transfer_codings: list[str]) -> zlib._Decom
 
 class ConnectionPool:
     """Keep-alive connections to one base URL (``http://`` or ``https://``); its path, if any,
-    prefixes every request's. ``headers`` go on every request."""
+    prefixes every request's, and its query follows it (a gateway's ``?api_key=...``).
+    ``headers`` go on every request; credentials go there, not in user-info, which is
+    refused."""
 
     def __init__(
         self,
@@ -340,11 +343,17 @@ class ConnectionPool:
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"{base_url!r}: give an http:// or https:// URL with a host")
+            raise ValueError(f"{redact(base_url)!r}: give an http:// or https:// URL with a host")
+        if "@" in url.netloc:
+            raise ValueError(
+                f"{redact(base_url)!r}: user-info is not sent from the URL; pass it as an "
+                "Authorization header (TargetSpec.auth_headers)"
+            )
         self.host = url.hostname
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.ssl = ssl.create_default_context() if url.scheme == "https" else None
         self.prefix = url.path.rstrip("/")
+        self.query = f"?{url.query}" if url.query else ""
         self.now = now
         self.connect_timeout_s = connect_timeout_s
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -369,7 +378,7 @@ class ConnectionPool:
         request = (
             b"POST %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (
-                (self.prefix + path).encode("latin-1"),
+                (self.prefix + path + self.query).encode("latin-1"),
                 self._head,
                 len(body),
                 body,

@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from replay.core.credentials import redact
 from replay.core.errors import EndpointError, TargetError
 from replay.core.strict import integer
 from replay.serving.endpoints import Answer, fetch_json, quote
@@ -66,7 +67,7 @@ async def introspect(session: aiohttp.ClientSession, base_url: str) -> dict[str,
     a line in ``problems`` naming it; ``unreachable`` is set when the server could not be
     connected to at all (the rest is then not asked)."""
     out: dict[str, Any] = {
-        "url": base_url,
+        "url": redact(base_url),  # written to the manifest: no credential
         "problems": [],
         "model_id": None,
         "model_root": None,

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from replay.core.credentials import redact
 from replay.core.errors import EndpointError, TargetError
 from replay.core.iterate import closing, pooled
 from replay.core.strict import token_ids
@@ -28,10 +29,12 @@ async def token_pool(session: aiohttp.ClientSession, url: str, model: str) -> To
         )
         return TokenPool(ids)
     except EndpointError as exc:
-        raise TargetError(f"{url} has no usable /tokenize endpoint ({exc}); {why}") from None
+        raise TargetError(
+            f"{redact(url)} has no usable /tokenize endpoint ({exc}); {why}"
+        ) from None
     except ValueError as exc:  # too few distinct ids to build prompts from
         raise TargetError(
-            f"{url} has no usable /tokenize endpoint (POST /tokenize: {exc}); {why}"
+            f"{redact(url)} has no usable /tokenize endpoint (POST /tokenize: {exc}); {why}"
         ) from None
 
 

@@ -3,9 +3,10 @@
 Incremental: feed it bytes as they arrive (chunks may split a line anywhere) and it yields
 the JSON payload of each complete ``data:`` event. Lines end as the SSE spec allows: CRLF,
 LF, or a bare CR (a CRLF split between two reads is still one line end). ``[DONE]`` ends the
-stream. A payload that is not JSON, or a line or event over ``max_event_bytes``, is a
-``ProtocolError`` for that request, not a crash and not memory that grows with whatever the
-server sends.
+stream. A UTF-8 byte order mark that opens the stream is dropped, as the SSE spec says (read
+as part of the first line, it hid that line's ``data:`` and lost the answer's first event). A
+payload that is not JSON, or a line or event over ``max_event_bytes``, is a ``ProtocolError``
+for that request, not a crash and not memory that grows with whatever the server sends.
 
 Time and memory are linear in the stream: a line that outlasts a read is kept in a bytearray
 that each read extends in place, and is finished when its newline arrives (joining the held
@@ -30,6 +31,7 @@ MAX_EVENT_BYTES = 16 << 20
 # More data lines than this in one event is no OpenAI-style stream; each line costs a list
 # entry, so their count is bounded as well as their bytes.
 MAX_DATA_LINES = 1 << 16
+BOM = b"\xef\xbb\xbf"
 
 
 class ProtocolError(Exception):
@@ -51,7 +53,7 @@ class SSEDecoder:
     data (as joined) over ``max_event_bytes``.
     """
 
-    __slots__ = ("_after_cr", "_data", "_held", "_tail", "max_event_bytes")
+    __slots__ = ("_after_cr", "_data", "_held", "_start", "_tail", "max_event_bytes")
 
     def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.max_event_bytes = max_event_bytes
@@ -65,6 +67,9 @@ class SSEDecoder:
         # and leaves nothing pending, so the LF it would drop is a blank line with nothing to
         # dispatch.)
         self._after_cr = False
+        # The stream's first bytes while they may still be a BOM (b"" before any); None once
+        # the stream is past its start.
+        self._start: bytes | None = b""
 
     def feed_one(self, chunk: bytes) -> Any:
         """The usual read, exactly one whole ``data: {...}`` event and nothing held: its
@@ -74,6 +79,7 @@ class SSEDecoder:
         if (
             self._tail
             or self._data
+            or self._start is not None
             or chunk[:6] != b"data: "
             or chunk.find(b"\n") != (n := len(chunk)) - 2
             or chunk[-1:] != b"\n"
@@ -96,6 +102,10 @@ class SSEDecoder:
 
     def feed_rest(self, chunk: bytes) -> Iterator[Any]:
         """``feed`` for a read ``feed_one`` already found ``NOT_ONE`` (not tried again)."""
+        if self._start is not None:
+            chunk = self._past_bom(chunk)
+            if not chunk:
+                return
         if self._after_cr:
             self._after_cr = False
             if chunk[:1] == b"\n":
@@ -158,6 +168,16 @@ class SSEDecoder:
         self._held = held
         if check and len(self._tail) > self.max_event_bytes + 1:
             raise self._too_big()
+
+    def _past_bom(self, chunk: bytes) -> bytes:
+        """The stream's opening bytes without a BOM; b"" while they could still be one (a
+        server may write it alone, and a read may end inside it)."""
+        seen = self._start + chunk if self._start else chunk
+        if len(seen) < len(BOM) and BOM.startswith(seen):
+            self._start = seen
+            return b""
+        self._start = None
+        return seen[len(BOM) :] if seen.startswith(BOM) else seen
 
     def _grow_long_line(
         self, tail: bytearray, chunk: bytes

@@ -7,6 +7,7 @@ spec expects of the served KV cache is checked against what the server reports.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import tomllib
@@ -14,7 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from replay.core.credentials import (
+    env_for_record,
+    header_value_problem,
+    redact,
+    without_user_info,
+)
 from replay.core.errors import ConfigError, ServingMismatch
 from replay.serving import kv_formats
 from replay.serving.scale_log import EMULATED_FP8 as EMULATED_FP8
@@ -67,8 +75,15 @@ class TargetSpec:
             self.expect_cache_dtype
         )
 
+    @property
+    def connect_url(self) -> str | None:
+        """The URL requests are sent to: ``url`` without its user-info (sent as Basic auth
+        instead), its query kept (every request carries it)."""
+        return None if self.url is None else without_user_info(self.url)[0]
+
     def api_key(self) -> str | None:
-        """Read from the environment at connect time; never stored or written anywhere."""
+        """Read from the environment at connect time; never stored or written anywhere. A key
+        that cannot go into a header line is refused, naming the variable, not the key."""
         if not self.api_key_env:
             return None
         key = os.environ.get(self.api_key_env)
@@ -77,24 +92,39 @@ class TargetSpec:
                 f"target '{self.name}': environment variable "
                 f"{self.api_key_env} (api_key_env) is not set"
             )
+        problem = header_value_problem(key)
+        if problem is not None:
+            raise ConfigError(
+                f"target '{self.name}': environment variable {self.api_key_env} (api_key_env) "
+                f"holds {problem}; set it to the key alone, one line of printable ASCII "
+                f"(from a file: {self.api_key_env}=\"$(tr -d '\\r\\n' < KEYFILE)\")"
+            )
         return key
 
     def auth_headers(self) -> dict[str, str]:
         """What every call to this target carries, and calls elsewhere never do: each session
-        opened toward the target is made with these headers (and follows no redirect)."""
+        opened toward the target is made with these headers (and follows no redirect). The
+        key of ``api_key_env`` as a Bearer token, else the URL's user-info as Basic auth."""
         key = self.api_key()
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        if key:
+            return {"Authorization": f"Bearer {key}"}
+        login = None if self.url is None else without_user_info(self.url)[1]
+        if login is None:
+            return {}
+        token = base64.b64encode(":".join(login).encode("utf-8")).decode("ascii")
+        return {"Authorization": f"Basic {token}"}
 
     def describe(self) -> dict[str, Any]:
-        """For the manifest: everything but secrets (the key's variable name only)."""
+        """For the manifest: everything but secrets (the key's variable name only; the URL
+        without its user-info and query values)."""
         return {
             "name": self.name,
-            "url": self.url,
+            "url": None if self.url is None else redact(self.url),
             "api_key_env": self.api_key_env,
             "model": self.model,
             "kv_cache_dtype": self.kv_cache_dtype,
             "args": list(self.args),
-            "env": dict(self.env),
+            "env": env_for_record(self.env),
             "expect_cache_dtype": self.expect_cache_dtype,
             "role": self.role,
             "rounding": self.rounding,
@@ -197,12 +227,10 @@ def parse_targets(
         if sep and not re.match(r"https?://", url.strip()):
             specs.append(_local_dir_target(name, raw, Path(url.strip()).expanduser()))
         elif sep:
+            url = url.strip().rstrip("/")
+            check_url(url, f"--targets: '{name}'")
             specs.append(
-                TargetSpec(
-                    name=name,
-                    url=url.strip().rstrip("/"),
-                    expect_cache_dtype=expected_dtype_for(name, None),
-                )
+                TargetSpec(name=name, url=url, expect_cache_dtype=expected_dtype_for(name, None))
             )
         elif config and name in config:
             specs.append(config[name])
@@ -235,6 +263,35 @@ def parse_targets(
     if len(set(names)) != len(names):
         raise ConfigError(f"--targets: duplicate target names in {names}")
     return specs
+
+
+def check_url(url: str, where: str) -> None:
+    """Refuse a target URL that would be sent as something else than written: a space or a
+    control character (the request line would break there), a comma (``--targets`` splits
+    there), a fragment (never sent), a bad port or no host. The message shows the URL
+    redacted: it may hold a password or a token."""
+    problem = _url_problem(url)
+    if problem is not None:
+        raise ConfigError(f"{where}: {redact(url)}: {problem}")
+
+
+def _url_problem(url: str) -> str | None:
+    if any(ch.isspace() for ch in url):
+        return "holds a space or a line break; percent-encode it (%20)"
+    if "," in url:  # --targets separates targets with one
+        return "holds a comma; percent-encode it (%2C)"
+    if (problem := header_value_problem(url)) is not None:
+        return f"holds {problem}; percent-encode it (a host in punycode)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is no number or out of range
+    except ValueError as exc:
+        return f"is no URL kvcanary can send to ({exc})"
+    if not parts.hostname:
+        return "names no host (http://HOST:PORT)"
+    if "#" in url:
+        return "holds a '#' fragment, which is never sent; percent-encode a '#' as %23"
+    return None
 
 
 def _layers_target(name: str, default_model: Path | None) -> TargetSpec:
@@ -337,6 +394,14 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
             raise ConfigError(f"{where}: 'env' must be a table of strings")
         if "url" in t and not re.match(r"https?://", t["url"]):
             raise ConfigError(f"{where}: 'url' must start with http:// or https://")
+        if "url" in t:
+            check_url(t["url"], f"{where}: 'url'")
+        if "url" in t and "api_key_env" in t and without_user_info(t["url"])[1] is not None:
+            raise ConfigError(
+                f"{where}: 'url' holds a user name and password (sent as Basic auth) and "
+                "'api_key_env' a key (sent as a Bearer token): a request carries one "
+                "Authorization header, so give one of them"
+            )
         dtype = t.get("kv_cache_dtype", "auto")
         out[name] = TargetSpec(
             name=name,

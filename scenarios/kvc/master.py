@@ -25,6 +25,7 @@ from kvc.bridge import AsyncBridge
 from kvc.options import parsed_options, read_config
 from kvc.protocol import MSG_PHASE, MSG_PLAN, MSG_STOP, STOP_WAIT_S
 from kvc.run import Test, recorder, run_plan
+from replay.core.credentials import redact
 from replay.core.errors import KvcanaryError
 from replay.core.exit_codes import ExitCode
 from replay.locust.config import load_plan
@@ -61,9 +62,10 @@ class Master:
             self.validate()
         if not self.env.host:
             try:
-                self.env.host = resolve_target(
+                url = resolve_target(
                     str(opts.kvc_target), None, str(opts.kvc_targets_file) or None
                 ).url
+                self.env.host = redact(url or "")  # shown and written by Locust: no credential
             except KvcanaryError:
                 pass  # the test's start says what is wrong with it
 
@@ -107,7 +109,10 @@ class Master:
                 gevent.spawn(self.runner.stop)
             return
         self.tests_started += 1
-        self.env.host = cfg.spec.url  # the web UI's header shows what is measured
+        if str(parsed_options(self.env).kvc_target or "").strip():
+            # The web UI's header shows what is measured, without its credentials (Locust
+            # shows and writes its host); a host the user gave is the target itself, kept.
+            self.env.host = redact(cfg.spec.url or "")
         clients = self._workers()
         epoch_wall, epoch = time.time(), time.perf_counter()
         base = run_plan(cfg, run_dir, epoch_wall, max(1, len(clients)))

@@ -187,9 +187,9 @@ class Shard:
     async def _make_client(self, model: str) -> Client:
         # A client's connections belong to a loop: the client is made inside ours.
         return Client(
-            self.spec.url or "",
+            self.spec.connect_url or "",
             model,
-            api_key=self.spec.api_key(),
+            headers=self.spec.auth_headers(),
             timeout_s=self.plan.run.load.timeout_s,
             seed=self.plan.run.load.seed,
             epoch=self.epoch,

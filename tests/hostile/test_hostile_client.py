@@ -27,7 +27,8 @@ from replay.traces.trace import Request
 from tests.support.fault_server import PIECE, fault_server
 from tests.unit.serving.test_accounting import Ticks
 
-REQ = Request(id="r", api="completions", prompt="hello", max_tokens=64)
+# Room for the fault server's longest answers (a count over max_tokens is refused).
+REQ = Request(id="r", api="completions", prompt="hello", max_tokens=4096)
 
 
 def send(url: str, timeout_s: float = 30.0, **options: Any) -> Result:

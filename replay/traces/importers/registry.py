@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from replay.core.errors import InputError
+from replay.core.errors import InputError, TraceError
 from replay.traces.importers import azure, bailian, burstgpt, mooncake, openai_log
 from replay.traces.importers.lengths import LengthPolicy
 from replay.traces.importers.mapped import GRAMMAR, is_mapping, mapped_importer
@@ -112,7 +112,50 @@ def resolve_format(path: Path, fmt: str) -> str:
             if not path.exists()
             else f"{path}: not a regular file; give a trace file"
         )
+    refuse_wide_encoding(path)
     return sniff_format(path) if fmt == "auto" else fmt
+
+
+# A text file's encoding by its first bytes: a byte order mark, or, without one, where the NUL
+# bytes of its first ASCII characters fall (the rule of RFC 4627, section 3). UTF-32 first: its
+# little-endian mark begins with UTF-16's.
+_WIDE_MARKS = (
+    (b"\xff\xfe\x00\x00", "UTF-32LE"),
+    (b"\x00\x00\xfe\xff", "UTF-32BE"),
+    (b"\xff\xfe", "UTF-16LE"),
+    (b"\xfe\xff", "UTF-16BE"),
+)
+# The first four bytes, 0 a NUL and x any other: "{" and '"' in each encoding.
+_WIDE_NULS = {"000x": "UTF-32BE", "x000": "UTF-32LE", "0x0x": "UTF-16BE", "x0x0": "UTF-16LE"}
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """The UTF-16 or UTF-32 encoding a file's first four bytes show, or None (UTF-8, or too
+    short to say)."""
+    for mark, name in _WIDE_MARKS:
+        if head.startswith(mark):
+            return name
+    return _WIDE_NULS.get("".join("0" if b == 0 else "x" for b in head[:4]))
+
+
+def refuse_wide_encoding(path: Path) -> None:
+    """A trace saved as UTF-16 or UTF-32 (Windows' "Unicode", PowerShell's ``>``) is named as
+    such, not read as a record or a CSV header that makes no sense."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    found = wide_encoding(head)
+    if found is not None:
+        family = found[:6]  # UTF-16 or UTF-32
+        raise TraceError(
+            str(path),
+            1,
+            "encoding",
+            f"the file is {family} ({found}); traces are UTF-8: convert it to UTF-8, "
+            f"e.g. iconv -f {found} -t UTF-8 {path} > trace.jsonl",
+        )
 
 
 def sniff_format(path: Path) -> str:

@@ -103,7 +103,7 @@ def test_the_runs_signal_handlers_give_back_the_ones_before() -> None:
     try:
 
         async def main() -> Any:
-            with interrupts(lambda: None):
+            with interrupts(lambda _signal: None):
                 inside = signal.getsignal(signal.SIGTERM)
             return inside
 
