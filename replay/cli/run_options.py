@@ -442,7 +442,7 @@ RUN_OPTIONS = [
         "drain_s",
         default=30.0,
         show_default=True,
-        help="On Ctrl-C: seconds in-flight requests get to finish.",
+        help="On Ctrl-C or SIGTERM: seconds in-flight requests get to finish.",
     ),
     click.option(
         "--resume",

@@ -110,9 +110,10 @@ class _Answer:
             self.acc.finish(done=False, head=self.first or b"")
 
     def lost(self) -> bool:
-        """The connection was lost: whether the answer was over already (its finish reason,
-        or the server's error, had come), and if so its result is made. What the decoder
-        holds came after that end, cut anywhere: it is not read."""
+        """The exchange ended early (a lost connection, the time limit): whether the answer was
+        over already (its finish reason, or the server's error, had come), and if so its
+        result is made. What the decoder holds came after that end, cut anywhere: it is not
+        read."""
         if not (self.streaming and self.acc.ended):
             return False
         self.acc.finish(done=False, head=self.first or b"")
@@ -216,16 +217,25 @@ class Client:
     ) -> Result:
         """Stream one request into ``result`` (its scheduled time already set)."""
         path, body = self.payload(req, prompt_ids, cache_salt)
+        answer = _Answer(
+            StreamAccumulator(
+                result, self.now, self.max_answer_chars, max_tokens=body.get("max_tokens")
+            ),
+            SSEDecoder(self.max_event_bytes),
+        )
         try:
             # asyncio.timeout, not wait_for: no extra task, so the request starts in this
             # loop iteration instead of queueing behind every ready callback (measured in
             # bench/: wait_for added ~2-4 ms to TTFT at 64 concurrent starts).
             async with asyncio.timeout(self.timeout_s):
-                await self._stream(path, body, result)
+                await self._stream(path, body, result, answer)
         except ConnectTimeout as exc:  # before TimeoutError: it is one
             fail(result, "connect", f"cannot connect to {self.base_url}: {exc}")
         except TimeoutError:
-            fail(result, "timeout", f"no complete answer within {self.timeout_s:g} s")
+            # A server that sent its finish reason and then held the connection open (no
+            # [DONE], no close) answered in full: the answer is kept, as after a reset.
+            if not answer.lost():
+                fail(result, "timeout", f"no complete answer within {self.timeout_s:g} s")
         except ConnectError as exc:
             fail(result, "connect", connect_reason(exc))
         except (Disconnected, OSError) as exc:
@@ -243,15 +253,11 @@ class Client:
                 result.error = redact(result.error, self._secrets)
         return result
 
-    async def _stream(self, path: str, body: dict[str, Any], result: Result) -> None:
+    async def _stream(
+        self, path: str, body: dict[str, Any], result: Result, answer: _Answer
+    ) -> None:
         data = orjson.dumps(body)
         result.sent = self.now()  # until the request is written (a failed connect keeps this)
-        answer = _Answer(
-            StreamAccumulator(
-                result, self.now, self.max_answer_chars, max_tokens=body.get("max_tokens")
-            ),
-            SSEDecoder(self.max_event_bytes),
-        )
 
         def writing() -> None:
             result.sent = self.now()

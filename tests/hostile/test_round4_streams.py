@@ -70,16 +70,19 @@ def answer_body(*, chat: bool = True, finish: bool = True) -> list[bytes]:
     ]
 
 
+# Longer than a test's client waits: a server that holds the line open.
+HANG_S = 5.0
 GAP_S = 0.01  # between the writes: chunks that come in one read are one arrival
 
 
 class ScriptedServer(FakeServer):
     """``FakeServer`` whose every streamed answer is ``writes``, ``GAP_S`` apart; with
-    ``reset``, a TCP reset follows them where the end of the message belonged."""
+    ``reset``, a TCP reset follows them where the end of the message belonged; with ``hang``,
+    the connection stays open and silent after them."""
 
-    def __init__(self, writes: list[bytes], reset: bool = False) -> None:
+    def __init__(self, writes: list[bytes], reset: bool = False, hang: bool = False) -> None:
         super().__init__()
-        self.writes, self.reset = writes, reset
+        self.writes, self.reset, self.hang = writes, reset, hang
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -88,6 +91,8 @@ class ScriptedServer(FakeServer):
         for data in self.writes:
             await resp.write(data)
             await asyncio.sleep(GAP_S)
+        if self.hang:
+            await asyncio.sleep(HANG_S)
         if self.reset:
             await asyncio.sleep(0.2)  # read by the client: a reset drops what is unsent
             assert request.transport is not None
@@ -100,8 +105,10 @@ class ScriptedServer(FakeServer):
 
 
 @contextmanager
-def scripted(writes: list[bytes], reset: bool = False) -> Iterator[ScriptedServer]:
-    server = ScriptedServer(writes, reset)
+def scripted(
+    writes: list[bytes], reset: bool = False, hang: bool = False
+) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(writes, reset, hang)
     server.start()
     try:
         yield server
@@ -109,17 +116,23 @@ def scripted(writes: list[bytes], reset: bool = False) -> Iterator[ScriptedServe
         server.stop()
 
 
-def send(writes: list[bytes], req: Request = CHAT, reset: bool = False) -> Result:
+def send(
+    writes: list[bytes],
+    req: Request = CHAT,
+    reset: bool = False,
+    hang: bool = False,
+    timeout_s: float = 20.0,
+) -> Result:
     """``req`` through the real client against a server streaming ``writes``."""
 
     async def go(url: str) -> Result:
-        client = Client(url, "m", timeout_s=20.0)
+        client = Client(url, "m", timeout_s=timeout_s)
         try:
             return await client.send(req, Result("r", "t", "p", "b", 0.0))
         finally:
             await client.close()
 
-    with scripted(writes, reset) as server:
+    with scripted(writes, reset, hang) as server:
         return asyncio.run(go(server.url))
 
 
@@ -263,6 +276,16 @@ def test_a_reset_after_the_finish_reason_keeps_the_complete_answer() -> None:
     r = send(answer_body(), reset=True)
     assert (r.status, r.output_text, r.finish_reason) == ("ok", ANSWER, "stop"), r.error
     assert r.no_done and r.output_tokens == 4
+
+
+def test_a_server_silent_after_the_finish_reason_keeps_the_complete_answer() -> None:
+    """No [DONE] and no close after the finish reason, until the client's time limit: on main
+    a ``timeout`` error with the answer's text blanked."""
+    r = send(answer_body(), hang=True, timeout_s=1.0)
+    assert (r.status, r.output_text, r.finish_reason) == ("ok", ANSWER, "stop"), r.error
+    assert r.no_done
+    r = send(answer_body(finish=False), hang=True, timeout_s=1.0)
+    assert (r.status, r.error_kind) == ("error", "timeout"), (r.status, r.error)
 
 
 def test_a_reset_after_the_servers_error_keeps_the_servers_error() -> None:
