@@ -7,13 +7,15 @@ to 30K prompt tokens, on the long-context model served by vLLM CPU.
 A 32K-token request costs the server a long prefill; it must not cost the client much more
 than a short one. The client's share of a long request is: counting its prompt on the
 target's tokenizer (``/tokenize``: 32K ids back), bucketing it, streaming its answer,
-teacher-forced scoring (the reference's answer scored under the other target with
-``prompt_logprobs``: one row per prompt position back, read off the target's prefix cache
-where it still holds the prompt) and, after the run, the analysis (``replay report
---reanalyse``). The bench starts one BF16 server of the long model (``replay model --long``)
-and replays, for each length, ``--per-length`` distinct prompts of real text (Python's
-``pydoc_data`` topics) to it under two target names, so that every request is counted,
-answered twice and scored once teacher-forced, one request at a time. Each replay and each
+teacher-forced scoring and, after the run, the analysis (``replay report --reanalyse``). The
+bench starts one BF16 server of the long model (``replay model --long``) and replays, for each
+length, ``--per-length`` distinct prompts of real text (Python's ``pydoc_data`` topics) to it
+under two target names, so that every request is counted, answered twice and scored
+teacher-forced, one request at a time. Both names answer alike (one server, greedy), so every
+position is scored from the target's own answer (``own``): no scoring request is sent, and
+``scored_positions_cached`` stays 0. What a scoring request costs where the answers differ
+(``prompt_logprobs`` over the prefix cache, or a whole prefill where the cache no longer holds
+the prompt) is in the long model's matrix (``bench/long_model.py``). Each replay and each
 re-analysis is its own process: its CPU seconds and peak RSS come from ``wait4`` (the server
 is not its child, so none of the server's work is counted). Per request: the run's CPU less
 the shortest length's, over the requests.
