@@ -128,7 +128,7 @@ class FaultServer(LoopbackServer):
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
-        await request.read()
+        raw = await request.read()
         mode = self.mode
         special = getattr(self, f"_mode_{mode}", None)
         if special is not None:
@@ -164,9 +164,13 @@ class FaultServer(LoopbackServer):
             await resp.write(_chunk("a", 1))
             await asyncio.sleep(30)
         elif mode == "trickle":
-            for n in range(1, 200):
+            # Slower than any client waits, within the tokens the request allows (a count past
+            # its max_tokens is a protocol error of its own): then silence.
+            allowed = json.loads(raw).get("max_tokens") or 200
+            for n in range(1, allowed):
                 await resp.write(_chunk("x", n))
                 await asyncio.sleep(0.1)
+            await asyncio.sleep(30)
         await resp.write_eof()
         return resp
 
