@@ -781,7 +781,8 @@ def capacity_phase_block(cap: Doc) -> Iterator[str]:
     full = "ran full" if cap["reference_full"] else "did not run full"
     yield _blocks.paragraph(
         f"**The capacity phase at long context** (`{' '.join(cap['command'])}`, the 8K-16K "
-        f"requests, concurrency {cap['concurrency']}; {cap['sizing']}): BF16's cache {full}. "
+        f"requests, concurrency {cap['concurrency']}; {cap['sizing'] or cap['reason']}): "
+        f"BF16's cache {full}. "
         f"{arms}; the rule's call: {cap['call']}."
     )
 
