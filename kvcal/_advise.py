@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,13 @@ from replay.core.buckets import Buckets
 from replay.core.errors import InputError
 from replay.serving.kv_layout import SLIDING_WINDOW
 
+from ._advise_scoring import Meter, NoMeter, TapedScorer, tokens
 from ._capacity import Capacity, model_capacity
 from ._emulate import Setting, uniform
 from ._emulate_overlay import overlay_setting, read_overlay
-from ._emulate_report import CAVEAT, INTERVAL, EmulateArgs, _draw, _no_track, capacity_notes
+from ._emulate_report import CAVEAT, INTERVAL, EmulateArgs, _draw, capacity_notes
 from ._emulate_score import bf16_answers, by_bucket, reference_scores, tf_summary
-from ._emulate_sensitivity import Scorer, Track, loss_is_real
+from ._emulate_sensitivity import loss_is_real
 from ._fp8 import E4M3_MAX, hf_head_scale
 from ._kv_formats import ENGINE_ROUNDING
 
@@ -69,6 +69,7 @@ class AdviseArgs(EmulateArgs):
     per_head_supported: bool = False
     per_head_why: str = ""
     skip_candidates: int = 8  # best-ranked layers tried for the confirmed set, at most
+    whole_passes: bool = False  # score every setting by whole passes (the benchmark's before)
     notes: list[str] = field(default_factory=list)
 
 
@@ -114,8 +115,10 @@ def keep_floor(max_skip_share: float) -> float:
     return 2 / (1 + max_skip_share)
 
 
-def _row(scorer: Scorer, s: Setting, labels: list[str]) -> dict[str, Any]:
-    scores, overall = scorer.overall(s)
+def _row(
+    scorer: TapedScorer, s: Setting, labels: list[str], keep: str | None = None
+) -> dict[str, Any]:
+    scores, overall = scorer.overall(s, keep=keep)
     buckets = by_bucket(scorer.items, labels)
     return {
         "setting": s.name,
@@ -131,9 +134,11 @@ def _mean(row: dict[str, Any] | None) -> float | None:
     return None if row is None else row["all"].get("nll_delta_mean")
 
 
-def rank_layers(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, Any]]:
-    """Each layer kept in BF16 alone (the others as ``base``): the loss it recovers."""
+def rank_layers(scorer: TapedScorer, base: Setting, loss: float) -> list[dict[str, Any]]:
+    """Each layer kept in BF16 alone (the others as ``base``): the loss it recovers. Each
+    pass resumes from the base setting's tape at its layer."""
     rows = []
+    scorer.meter.plan(sum(scorer.work(base.skipping([i])) for i in range(len(base.k))))
     for layer in range(len(base.k)):
         _, kept = scorer.overall(base.skipping([layer]), f"layer {layer} kept BF16")
         recovered = loss - float(kept.get("nll_delta_mean") or 0.0)
@@ -142,29 +147,53 @@ def rank_layers(scorer: Scorer, base: Setting, loss: float) -> list[dict[str, An
 
 
 def confirm_skip(
-    scorer: Scorer,
+    scorer: TapedScorer,
     base: Setting,
     ranked: list[dict[str, Any]],
     loss: float,
     args: AdviseArgs,
     cap: Capacity,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """The smallest prefix of the ranking whose confirmed recovery reaches ``recover`` of
-    the loss, scored set by set (up to ``skip_candidates`` layers)."""
+    the loss, scored set by set (up to ``skip_candidates`` layers), and stopped before the
+    first set that keeps less capacity than :func:`keep_floor` (None when the first does).
+    Each set resumes from the one before it at the layer it adds (the ``chain`` tape)."""
     tries: list[dict[str, Any]] = []
-    for k in range(1, min(args.skip_candidates, len(ranked)) + 1):
-        chosen: list[int] = sorted(int(r["layer"]) for r in ranked[:k])
+    sets = [
+        sorted(int(r["layer"]) for r in ranked[:k])
+        for k in range(1, min(args.skip_candidates, len(ranked)) + 1)
+    ]
+    # each set resumes at the layer it adds: its work planned (the search may stop sooner)
+    total = sum(tokens(it) for it in scorer.items)
+    share = 0.0 if scorer.whole else 1 / len(base.k)
+    planned = [total * (1 - r["layer"] * share) for r in ranked[: len(sets)]]
+    scorer.meter.plan(sum(planned))
+    floor, stopped = keep_floor(args.max_skip_share), None
+    for k, chosen in enumerate(sets, 1):
+        if cap.ratio("fp8", chosen) < floor - 1e-9:
+            # neither this set nor a larger one keeps the capacity advice asks for: the
+            # search cannot change the advice any more
+            stopped = {"skip_layers": chosen, "capacity_ratio": cap.ratio("fp8", chosen)}
+            scorer.meter.plan(-sum(planned[k - 1 :]))
+            break
         _, summary = scorer.overall(
-            base.skipping(chosen, f"{base.name} skip {chosen}"), f"confirming layers {chosen}"
+            base.skipping(chosen, f"{base.name} skip {chosen}"),
+            f"confirming layers {chosen}",
+            keep="chain",
         )
         share = (loss - float(summary.get("nll_delta_mean") or 0.0)) / loss
         tries.append({"skip_layers": chosen, "summary": summary, "recovered_share": share})
         if share >= args.recover:
+            scorer.meter.plan(-sum(planned[k:]))
             break
+    scorer.drop("chain")
+    if not tries:
+        return None
     best = max(tries, key=lambda t: float(t["recovered_share"]))
     skip: list[int] = best["skip_layers"]
     return {
         "tries": tries,
+        "stopped_below_floor": stopped,
         "skip_layers": skip,
         "recovered_share": best["recovered_share"],
         "reached": best["recovered_share"] >= args.recover,
@@ -175,7 +204,7 @@ def confirm_skip(
 
 
 def sliding_candidate(
-    scorer: Scorer, base: Setting, cap: Capacity, labels: list[str]
+    scorer: TapedScorer, base: Setting, cap: Capacity, labels: list[str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``base`` with every sliding-window layer in BF16 (vLLM's ``sliding_window`` word): its
     settings row, and as a candidate its recovery of ``base``'s loss and its capacity."""
@@ -320,7 +349,7 @@ def _settings(
     return settings, exclude
 
 
-def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
+def advise(args: AdviseArgs, meter: Meter | None = None) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from ._observe import kv_shape, load_model
@@ -340,14 +369,11 @@ def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
         raise InputError("no requests to score: the trace has none that fit the model")
     model = load_model(str(args.model_dir), args.dtype, args.device)
     labels = list(Buckets.parse(args.buckets).labels)
-    missing = [it for it in drawn.items if not it.answer]
-    bf16_answers(model, missing, args.chunk_tokens, track("BF16 greedy answers", len(missing)))
-    ref = reference_scores(
-        model, drawn.items, args.chunk_tokens, track("BF16 scores", len(drawn.items))
-    )
-    scorer = Scorer(model, drawn.items, ref, args.chunk_tokens, track)
-    rows = {s.name: _row(scorer, s, labels) for s in settings}
+    meter = meter or NoMeter()
+    ref = _reference(model, drawn.items, args, len(settings) + cap.hybrid, meter)
+    scorer = TapedScorer(model, drawn.items, ref, args.chunk_tokens, meter, whole=args.whole_passes)
     base = settings[1] if args.overlay is not None else settings[0]
+    rows = {s.name: _row(scorer, s, labels, "base" if s is base else None) for s in settings}
     sliding = None
     if cap.hybrid:  # the one set vLLM names by a word: every sliding-window layer
         row, sliding = sliding_candidate(scorer, base, cap, labels)
@@ -381,7 +407,28 @@ def advise(args: AdviseArgs, track: Track = _no_track) -> dict[str, Any]:
         "sliding_window": sliding,
         "next_step": next_step(rows, skip, args, sliding, cap.at()),
         "seconds": time.perf_counter() - started,
+        "passes": "whole"
+        if args.whole_passes
+        else f"resumed (tape every {scorer.stride} layer(s))",
     }
 
 
-AdviseTrack = Callable[[str, int], Callable[[int], None]]
+def _reference(model: Any, items: list[Any], args: AdviseArgs, passes: int, meter: Meter) -> Any:
+    """BF16 first: the greedy answers a trace without answers needs, and the reference's
+    scores; the work of those and of ``passes`` whole passes is planned."""
+    missing = [it for it in items if not it.answer]
+    work = sum(len(it.prompt) for it in items) * (1 + passes) + sum(
+        len(it.prompt) for it in missing
+    )
+    meter.plan(work)
+    done = iter(missing)
+    bf16_answers(
+        model,
+        missing,
+        args.chunk_tokens,
+        lambda _n: meter.step("BF16 greedy answer", len(next(done).prompt)),
+    )
+    scored = iter(items)
+    return reference_scores(
+        model, items, args.chunk_tokens, lambda _n: meter.step("BF16 scores", tokens(next(scored)))
+    )

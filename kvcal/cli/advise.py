@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from replay.core.errors import InputError
@@ -61,6 +68,8 @@ ADVISE_OPTIONS = [
         show_default=True,
         help="Best-ranked layers tried, one more at a time, for the confirmed set.",
     ),
+    # what kvcal did before it resumed passes at a layer: bench/advise_speed.py's baseline
+    click.option("--whole-passes", is_flag=True, hidden=True),
 ]
 
 
@@ -115,9 +124,10 @@ def advise_cmd(model_dir: Path, json_path: Path | None, **opts: Any) -> None:
             per_head_supported=supported,
             per_head_why=why,
             skip_candidates=opts["skip_candidates"],
+            whole_passes=opts["whole_passes"],
         )
-        with _bars() as track:
-            report = advise(args, track)
+        with _Meter() as meter:
+            report = advise(args, meter)
         show(report)
         if json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,25 +138,32 @@ def advise_cmd(model_dir: Path, json_path: Path | None, **opts: Any) -> None:
     guard("advise", run, EMULATE_NEEDS)
 
 
-class _bars:
-    """Transient progress bars on stderr, one per scoring pass."""
+class _Meter:
+    """One progress line on stderr: what is being scored (setting, request) and the time
+    left for the work planned so far, in tokens computed (a resumed pass counts only the
+    layers it computes)."""
 
-    def __enter__(self) -> Callable[[str, int], Callable[[int], None]]:
+    def __enter__(self) -> _Meter:
         self.bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            TaskProgressColumn(),
             TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
             console=console,
             transient=True,
         )
         self.bar.__enter__()
+        self.task = self.bar.add_task("loading", total=0.0)
+        return self
 
-        def track(what: str, total: int) -> Callable[[int], None]:
-            task = self.bar.add_task(what, total=total)
-            return lambda n: self.bar.advance(task, n)
+    def plan(self, work: float) -> None:
+        total = self.bar.tasks[0].total or 0.0
+        self.bar.update(self.task, total=max(0.0, total + work))
 
-        return track
+    def step(self, what: str, work: float) -> None:
+        self.bar.update(self.task, advance=work, description=what)
 
     def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
