@@ -41,7 +41,17 @@ import gevent
 from kvc.bridge import AsyncBridge
 from kvc.master import Master
 from kvc.options import add_arguments
-from kvc.protocol import MSG_DONE, MSG_PHASE, MSG_PLAN, MSG_READY, MSG_RESULTS, MSG_STOP
+from kvc.protocol import (
+    MSG_ADOPT,
+    MSG_CLAIM,
+    MSG_DONE,
+    MSG_LEASE,
+    MSG_PHASE,
+    MSG_PLAN,
+    MSG_READY,
+    MSG_RESULTS,
+    MSG_STOP,
+)
 from kvc.shapes import KvcShape, StepSweep, TraceTimes  # the first is the default shape
 from kvc.worker import Worker
 from locust import User, constant, events, task
@@ -93,6 +103,7 @@ def _install(environment: Environment, runner: Runner | None, **_: Any) -> None:
 def _master(env: Environment, runner: Runner, bridge: AsyncBridge) -> Master:
     master = Master(env, bridge)
     runner.register_message(MSG_READY, master.on_ready)
+    runner.register_message(MSG_CLAIM, master.on_claim)
     runner.register_message(MSG_RESULTS, master.on_results)
     runner.register_message(MSG_DONE, master.on_done)
     env.events.test_start.add_listener(lambda **_: master.begin())
@@ -115,6 +126,8 @@ def _worker(env: Environment, runner: Runner, bridge: AsyncBridge) -> Worker:
     runner.register_message(MSG_PLAN, worker.on_plan)
     runner.register_message(MSG_PHASE, worker.on_phase)
     runner.register_message(MSG_STOP, worker.on_stop)
+    runner.register_message(MSG_LEASE, worker.on_lease)
+    runner.register_message(MSG_ADOPT, worker.on_adopt)
     env.events.test_stop.add_listener(
         lambda **_: worker.stop_shard("cancelled", "not sent: the test stopped")
     )

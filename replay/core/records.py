@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 # "skipped": never sent, because the request cannot be served as it is (its prompt does not fit
 # the target's context): a property of the request, not a failure of the server.
+# Error kind "lost" (status "cancelled"): a distributed load generator died with the request in
+# flight; it may have reached the server, its answer never came back (not the server's doing).
 Status = Literal["ok", "error", "cancelled", "skipped"]
 ErrorKind = Literal[
     "timeout",
@@ -23,6 +25,7 @@ ErrorKind = Literal[
     "server_error",
     "unavailable",
     "too_long",
+    "lost",
 ]
 
 

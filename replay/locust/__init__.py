@@ -11,6 +11,7 @@ usable by any other load driver. The adapter adds only the Locust and gevent glu
     target     resolve_target(), prepare(), send_one(), MetricsTap: the target, through the
                core's async client
     messages   RunPlan: what the master tells each worker (the run's RunSpec and its shard)
+    ledger     Ledger: who holds which trace requests, and what a lost worker leaves
     recorder   RunRecorder: the run directory, as ``replay`` writes it (one manifest builder,
                one analysis)
 """

@@ -52,6 +52,8 @@ class Config:
     max_error_rate: float
     max_results: int
     slo: SloSpec | None = None
+    # A lost worker's unsent requests go to the live workers (off: recorded as unavailable).
+    reassign: bool = True
 
     def run_spec(self, run_dir: Path, shards: int) -> RunSpec:
         """The run this test is, as the CLI would describe it; ``shards``: the workers that
@@ -133,6 +135,7 @@ def config_of(opts: Any, host: str | None, mode: str, common: bool) -> Config:
         max_error_rate=_rate(float(opts.kvc_max_error_rate)),
         max_results=_at_least(int(opts.kvc_max_results), 0, "--kvc-max-results"),
         slo=_slo(str(opts.kvc_slo), buckets),
+        reassign=getattr(opts, "kvc_reassign", "on") == "on",
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,16 @@ def cancelled_result(
         error_kind="cancelled" if kind == "cancelled" else "unavailable",
         error=reason,
     )
+
+
+def lost_result(
+    req: Request, target: str, phase: str, bucket: str, at: float, kind: str, reason: str
+) -> Result:
+    """A request a lost worker leaves without a result (``ledger.Ledger.unresolved``):
+    ``lost`` (it had taken it) or ``unavailable`` (nobody sent it). Cancelled, not an error:
+    a load generator died, which says nothing of the target."""
+    unsent = cancelled_result(req, target, phase, bucket, at, "cancelled", reason)
+    return replace(unsent, error_kind="lost" if kind == "lost" else "unavailable")
 
 
 # -- the run directory ------------------------------------------------------------------------

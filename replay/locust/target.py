@@ -103,6 +103,24 @@ async def prepare(spec: TargetSpec, reqs: Sequence[Request], buckets: Buckets) -
     return Prepared(info, model, counts, labels, pool)
 
 
+async def prepare_more(
+    spec: TargetSpec, prepared: Prepared, reqs: Sequence[Request], buckets: Buckets
+) -> None:
+    """Count the prompts of requests this worker takes over from a lost one, as ``prepare``
+    counted its own (and build the synthetic-prompt pool if they are the first to need it)."""
+    url = spec.connect_url
+    assert url is not None
+    async with api_session(spec.auth_headers()) as session:
+        if prepared.pool is None and any(r.synth for r in reqs):
+            prepared.pool = await token_pool(session, url, prepared.model)
+        problems = prepared.info.setdefault("problems", [])
+        counts = await count_tokens(session, url, prepared.model, reqs, problems=problems)
+    prepared.counts.update(counts)
+    prepared.buckets.update(
+        {rid: (buckets.label(n) if n is not None else "unknown") for rid, n in counts.items()}
+    )
+
+
 async def send_one(
     client: Client, req: Request, res: Result, prepared: Prepared, salt: str | None
 ) -> Result:

@@ -21,7 +21,8 @@ MD_QUALITY = tuple(QUALITY_HEADERS[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 11))
 def markdown_report(run: Run) -> str:
     """The Markdown summary of a run."""
     views, problems = build_views(
-        run, ("verdict", "serving", "quality", "systems", "latency", "load", "sequential")
+        run,
+        ("verdict", "serving", "quality", "systems", "latency", "load", "sequential", "workers"),
     )
     out = _md_verdict(run, views["verdict"] or {})
     out += _md_section("Serving path", (views["serving"] or {}).get("table"))
@@ -55,6 +56,8 @@ def markdown_report(run: Run) -> str:
     if views["load"]:  # only a load sweep has this section
         out += _md_section("Load: knee and SLO ceiling per bucket", views["load"]["knees"])
         out += _md_section("Load: each level", views["load"]["totals"])
+    if views["workers"]:  # only a distributed Locust run has this section
+        out += _md_section("Workers", views["workers"]["table"])
     if problems:
         out += ["### Problems reading this run", ""] + [f"- {md(p)}" for p in problems]
     return "\n".join(out).rstrip() + "\n"

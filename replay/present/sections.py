@@ -14,6 +14,7 @@ from replay.present.request_views import requests_view
 from replay.present.sequential_views import sequential_view
 from replay.present.systems_views import capacity_view, kv_view, latency_view, systems_view
 from replay.present.verdict_views import serving_view, verdict_view
+from replay.present.worker_views import workers_view
 
 SECTIONS = (
     ("verdict", "Verdict"),
@@ -25,6 +26,7 @@ SECTIONS = (
     ("sequential", "Sequential"),
     ("capacity", "Capacity"),
     ("kv-usage", "KV usage"),
+    ("workers", "Workers"),
     ("requests", "Requests"),
 )
 BUILDERS: dict[str, Callable[[Run], Any]] = {
@@ -37,11 +39,13 @@ BUILDERS: dict[str, Callable[[Run], Any]] = {
     "sequential": sequential_view,
     "capacity": capacity_view,
     "kv-usage": kv_view,
+    "workers": workers_view,
     "requests": requests_view,
 }
 
-# Sections only some runs have (a load sweep): absent rather than "not measured".
-OPTIONAL = frozenset({"load", "sequential"})
+# Sections only some runs have (a load sweep, a distributed Locust run's workers): absent
+# rather than "not measured".
+OPTIONAL = frozenset({"load", "sequential", "workers"})
 
 
 def build_views(run: Run, keys: Iterable[str] = BUILDERS) -> tuple[dict[str, Any], list[str]]:

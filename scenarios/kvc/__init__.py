@@ -21,8 +21,12 @@ The modules, by role
     options    kvcanary's command-line options, read into one test's validated Config
     bridge     the one asyncio loop per process, run in a greenlet (why: see there)
     protocol   the messages between the master and its workers
-    worker     the worker role: one shard of the trace, sent by Locust's users
+    worker     the worker role: the master's messages to it and the users' steps
+    shard      one shard of the trace, prepared and sent by Locust's users
+    lease      a worker's list of requests and the claims the master granted it
+    outbox     the results (and the last word) a shard ships to the master
     master     the master role: a test's start, phases, results and run directory
+    fleet      the workers of a test as the master sees them: claims, loss, re-assignment
     run        one test as the master holds it: its state, plan and recorder
     shapes     the load shapes Locust offers (users, step sweep, trace timestamps)
 

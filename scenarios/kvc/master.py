@@ -16,28 +16,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import gevent
 from locust.env import Environment
 from locust.runners import MasterRunner, Runner
 
 from kvc.bridge import AsyncBridge
+from kvc.fleet import Fleet
 from kvc.options import parsed_options, read_config
 from kvc.protocol import MSG_PHASE, MSG_PLAN, MSG_STOP, STOP_WAIT_S
 from kvc.run import Test, recorder, run_plan
+from kvc.tap import scrape, start_tap, stop_tap, worker_info
 from replay.core.credentials import redact
 from replay.core.errors import KvcanaryError
 from replay.core.exit_codes import ExitCode
 from replay.locust.config import load_plan
 from replay.locust.recorder import cancelled_result
-from replay.locust.target import MetricsTap, resolve_target
+from replay.locust.target import resolve_target
 from replay.run.rundir import read_results
 
 log = logging.getLogger("kvcanary")
-SCRAPE_WAIT_S = 5.0  # a phase-edge /metrics scrape; past it the point is a gap, not a stall
-# Why the target cannot be introspected or scraped: a recorded problem of the run (the
-# core wraps most of these in KvcanaryError; a few arrive raw). Anything else is a bug.
-TAP_FAILS = (KvcanaryError, OSError, aiohttp.ClientError, TimeoutError)
 
 
 class Master:
@@ -124,6 +121,8 @@ class Master:
         }
         rec = recorder(cfg, parsed_options(self.env), run_dir, driver, base.run)
         test = self.test = Test(cfg, base, rec, base.shards, epoch)
+        test.fleet = Fleet(self.env, test, clients, lambda: self._changed(test))
+        test.fleet.publish()
         rec.save_manifest()
         log.info(
             "kvcanary: run directory %s: %d requests in %d shard(s), shape %s",
@@ -132,7 +131,8 @@ class Master:
             base.shards,
             cfg.mode,
         )
-        gevent.spawn(self._start_tap, test)
+        gevent.spawn(start_tap, self.bridge, test)
+        test.fleet.start()
         runner = self.runner
         if isinstance(runner, MasterRunner):
             for k, client_id in enumerate(clients):
@@ -157,20 +157,6 @@ class Master:
         if path.exists() and any(path.iterdir()):
             raise KvcanaryError(f"--kvc-run-dir: {path} exists and is not empty")
         return path
-
-    def _start_tap(self, test: Test) -> None:
-        tap = MetricsTap(test.cfg.spec, test.now, test.recorder.add_snapshot)
-        try:
-            info = self.bridge.call(tap.start(), timeout=60)
-        except TAP_FAILS as exc:
-            test.recorder.info.setdefault("problems", []).append(f"introspection: {exc!r}")
-            return
-        test.recorder.info.update(info)
-        if test.closed:  # the test ended while the target was being introspected
-            self.bridge.call(tap.stop(), timeout=30)
-            return
-        test.tap = tap
-        test.recorder.save_manifest()
 
     # phases --------------------------------------------------------------------------------
     def tick(self) -> tuple[int, float] | None:
@@ -202,24 +188,13 @@ class Master:
     def _set_phase(self, test: Test, label: str) -> None:
         if label == test.label:
             return
-        self._scrape(test)  # the closing phase's last point, stamped before the boundary
+        scrape(self.bridge, test)  # the closing phase's last point, stamped before the boundary
         test.label = label
         test.recorder.open_phase(label, test.now())
-        self._scrape(test)  # the new phase's first point, as the CLI scrapes at phase edges
+        scrape(self.bridge, test)  # the new phase's first point, as the CLI scrapes at phase edges
         test.recorder.save_manifest()
         log.info("kvcanary: phase %s", label)
         self.runner.send_message(MSG_PHASE, {"label": label})
-
-    def _scrape(self, test: Test) -> None:
-        """One /metrics point now. The tap's loop scrapes about once a second, so a phase
-        shorter than that (a fast machine) would otherwise have no point inside its window;
-        a failed scrape is counted by the tap, never an error of the run."""
-        if test.tap is None:
-            return
-        try:
-            self.bridge.call(test.tap.scrape_once(), timeout=SCRAPE_WAIT_S)
-        except TimeoutError as exc:
-            log.warning("kvcanary: metrics: %s", exc)
 
     # the workers' messages -----------------------------------------------------------------
     def _current(self, msg: Any) -> Test | None:
@@ -238,7 +213,16 @@ class Master:
         test.ready[shard] = msg.data.get("failure")
         if msg.data.get("internal"):
             test.internal[shard] = (str(msg.node_id), str(msg.data["internal"]))
-        if len(test.ready) < test.shards:
+        worker_info(test, msg.data.get("info"))
+        self._maybe_go(test)
+
+    def _maybe_go(self, test: Test) -> None:
+        """Every shard ready (or its worker lost while preparing: its requests went to the
+        others): the first phase starts, unless a shard cannot run."""
+        if test.go_at is not None or test.closed or test.failed is not None:
+            return
+        lost = {a.shard for a in test.fleet.ledger.accounts if a.lost} if test.fleet else set()
+        if any(k not in test.ready and k not in lost for k in range(test.shards)):
             return
         if test.internal:
             first = min(test.internal)
@@ -279,31 +263,46 @@ class Master:
         log.error("kvcanary: %s", reason)
         self.runner.send_message(MSG_STOP, {"kind": "cancelled", "reason": f"not sent: {reason}"})
 
+    def on_claim(self, environment: Environment, msg: Any, **_: Any) -> None:
+        test = self._current(msg)
+        if test is not None and test.fleet is not None:
+            test.fleet.on_claim(str(msg.node_id), msg.data)
+
     def on_results(self, environment: Environment, msg: Any, **_: Any) -> None:
         test = self._current(msg)
-        if test is None:
+        if test is None or test.fleet is None:
             return
-        test.recorder.add_results(msg.data["rows"])
-        if test.closed:
+        rows = test.fleet.on_results(int(msg.data["shard"]), msg.data["rows"], msg.data.get("seqs"))
+        test.recorder.add_results(rows)
+        if test.closed and rows:
             test.late = True
             log.warning(
                 "kvcanary: %d result(s) arrived after the summary; it is rewritten at exit",
-                len(msg.data["rows"]),
+                len(rows),
             )
 
     def on_done(self, environment: Environment, msg: Any, **_: Any) -> None:
         test = self._current(msg)
-        if test is None or test.closed:
+        if test is None or test.closed or test.fleet is None:
             return
-        test.done.add(int(msg.data["shard"]))
         failure = msg.data.get("failure")
         if failure and test.failed is None and str(failure).startswith("error budget"):
             self._fail(test, str(failure), ExitCode.TARGET_ERRORS)
-        if len(test.done) >= test.shards and not test.finished.is_set():
-            test.finished.set()
-            log.info("kvcanary: every shard is done (%d results)", test.recorder.received)
-            if self.env.shape_class is None and not test.stopping:
-                gevent.spawn(self.runner.stop)  # no shape to end the test: end it here
+        test.fleet.on_done(int(msg.data["shard"]), int(msg.data.get("adoptions") or 0))
+
+    def _changed(self, test: Test) -> None:
+        """A worker was lost or reported done: the test may start, or be over."""
+        self._maybe_go(test)
+        self._check_finished(test)
+
+    def _check_finished(self, test: Test) -> None:
+        """Every shard done or lost: the test is over (the shapes' tick ends it)."""
+        if test.fleet is None or not test.fleet.ledger.finished() or test.finished.is_set():
+            return
+        test.finished.set()
+        log.info("kvcanary: every shard is done (%d results)", test.recorder.received)
+        if self.env.shape_class is None and not test.stopping:
+            gevent.spawn(self.runner.stop)  # no shape to end the test: end it here
 
     # the test stops ------------------------------------------------------------------------
     def sigterm(self) -> None:
@@ -332,7 +331,8 @@ class Master:
         test.ending = True
         self.stopping()
         if not test.finished.wait(timeout=STOP_WAIT_S):
-            missing = sorted(set(range(test.shards)) - test.done)
+            ledger = test.fleet.ledger if test.fleet else None
+            missing = [a.shard + 1 for a in ledger.live() if not a.done] if ledger else []
             log.warning(
                 "kvcanary: no final report from shard(s) %s; their missing results "
                 "are recorded as unavailable",
@@ -346,23 +346,15 @@ class Master:
 
     def _write_run_dir(self, test: Test) -> None:
         try:
-            self._stop_tap(test)
+            stop_tap(self.bridge, test)
         finally:  # a failure to stop the tap (a bug) still leaves a complete run directory
             test.recorder.close_phase(test.now())
+            if test.fleet is not None:
+                test.fleet.record_unresolved()
+                test.fleet.publish()
             self._account_missing(test)
             summary = test.recorder.finish()
             self._log_summary(test, summary)
-
-    def _stop_tap(self, test: Test) -> None:
-        """Stopped before the phase closes: the tap's last scrape falls inside the window,
-        so counter deltas cover the whole phase however short it was."""
-        if test.tap is None:
-            return
-        tap, test.tap = test.tap, None
-        try:
-            test.recorder.info["scrape_failures"] = self.bridge.call(tap.stop(), timeout=30)
-        except (OSError, aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("kvcanary: metrics: %r", exc)  # the series is complete without it
 
     def _account_missing(self, test: Test) -> None:
         """Trace requests no worker reported (a lost worker): results too, never silence."""
@@ -371,6 +363,7 @@ class Master:
         seen = {r.request_id for r in read_results(test.recorder.run_dir)}
         label = test.label or test.cfg.plan.labels[0]
         at = test.now()
+        holder = test.fleet.ledger.holders() if test.fleet else {}
         rows = [
             cancelled_result(
                 req,
@@ -379,7 +372,7 @@ class Master:
                 "unknown",
                 at,
                 "unavailable",
-                f"no result came back from worker shard {i % test.shards}",
+                f"no result came back from worker shard {holder.get(i, i % test.shards) + 1}",
             ).to_json()
             for i, req in enumerate(test.cfg.trace.iter_requests())
             if req.id not in seen

@@ -109,6 +109,13 @@ def _add_run(add: Callable[..., Any]) -> None:
         help="Start the trace over when it is exhausted (off: each request once, and the "
         "test ends with the trace)",
     )
+    add(
+        "--kvc-reassign",
+        default="on",
+        choices=["on", "off"],
+        help="Distributed: a lost worker's unsent requests go to the live workers (off: "
+        "recorded as unavailable)",
+    )
     add("--kvc-limit", type=int, default=0, help="Replay only the first N trace requests (0: all)")
     add("--kvc-run-dir", default="", help="Run directory [default: reports/locust-<timestamp>]")
     add("--kvc-timeout", type=float, default=600.0, help="Per-request timeout, seconds")

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gevent.event import Event
 from locust import __version__ as locust_version
@@ -18,6 +18,9 @@ from replay.locust.config import Config
 from replay.locust.messages import RunPlan, target_message
 from replay.locust.recorder import RunRecorder
 from replay.locust.target import MetricsTap
+
+if TYPE_CHECKING:
+    from kvc.fleet import Fleet
 
 
 @dataclass
@@ -29,7 +32,7 @@ class Test:
     epoch: float
     ready: dict[int, str | None] = field(default_factory=dict)
     internal: dict[int, tuple[str, str]] = field(default_factory=dict)  # node, traceback
-    done: set[int] = field(default_factory=set)
+    fleet: Fleet | None = None  # its workers: who holds which requests (set at the start)
     go_at: float | None = None
     label: str | None = None
     failed: str | None = None
@@ -40,6 +43,10 @@ class Test:
     ending: bool = False  # an end() is under way (it waits, so another greenlet may run)
     ended: Event = field(default_factory=Event)  # end() has written the run directory
     tap: MetricsTap | None = None
+    # The target as the master saw it when it could not reach it, and as the first worker
+    # did (``kvc.tap``: a target only the workers reach).
+    master_unreachable: dict[str, Any] | None = None
+    worker_info: dict[str, Any] | None = None
 
     def now(self) -> float:
         return time.perf_counter() - self.epoch
@@ -87,6 +94,7 @@ def recorder(
             "ramp": float(opts.kvc_ramp),
             "max_in_flight": int(opts.kvc_max_in_flight),
             "itl_events": cfg.itl_events,
+            "reassign": cfg.reassign,
         },
         driver={"name": "locust", "version": locust_version, **driver},
         command=list(sys.argv),
