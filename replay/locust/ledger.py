@@ -25,15 +25,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from replay.core.errors import KvcanaryError
-
 # What a lost worker leaves without a result: the request's position, its bucket when known
 # (None: the worker never said), the kind recorded and why.
 Unresolved = tuple[int, str | None, str, str]
 
 
-class LedgerError(KvcanaryError):
-    """A worker's claim that does not follow its list: a bug in kvcanary, not the target's."""
+class LedgerError(RuntimeError):
+    """A worker's claim that does not follow its list: a bug in kvcanary, not the user's
+    input nor the target's, so it stands outside kvcanary's error tree."""
 
 
 @dataclass

@@ -36,10 +36,16 @@ keep_flags() {  # per-mount flags a bind remount must repeat (they are locked in
   echo "$keep"
 }
 mounts=$(cat /proc/self/mounts) || die "cannot read /proc/self/mounts"
-echo "$mounts" | while read -r _dev mp _type opts _rest; do
+still_mounted() {  # $1 as /proc/self/mounts writes it (a mount the host removed meanwhile)
+  awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/self/mounts
+}
+echo "$mounts" | while read -r _dev raw _type opts _rest; do
   case ",$opts," in *,ro,*) continue;; esac
-  mp=$(printf '%b' "$mp")
-  mount -o "remount,bind,ro$(keep_flags "$opts")" "$mp" || { echo "read-only $mp" >&2; exit 1; }
+  mp=$(printf '%b' "$raw")
+  mount -o "remount,bind,ro$(keep_flags "$opts")" "$mp" 2>/dev/null && continue
+  # gone since the list was read (another namespace unmounted it): nothing left to protect
+  still_mounted "$raw" || continue
+  echo "read-only $mp" >&2; exit 1
 done || die "cannot make every mount read-only"
 # The host directory stays reachable through the working directory once /tmp is covered.
 mount -t tmpfs -o "size=${size}k,nr_inodes=1024,mode=700,uid=$owner,gid=$owner,nosuid,nodev" \

@@ -880,3 +880,52 @@ def test_the_decoder_refuses_what_the_encoder_never_makes() -> None:
         wire.decode(deep)
     with pytest.raises(wire.Unsendable):
         wire.encode(object())
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
+)
+def test_a_mount_removed_while_the_sandbox_is_set_up_is_not_a_failure(tmp_path: Path) -> None:
+    """Another namespace may unmount something (a network namespace's file, say) between the
+    sandbox's reading of the mount list and its remount: gone, it exposes nothing, and the
+    setup goes on; a mount that stays writable still fails it."""
+    from replay.checkers.sandbox.command import _INIT
+
+    gone, kept = tmp_path / "gone", tmp_path / "kept"
+    gone.mkdir()
+    kept.mkdir()
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real = shutil.which("mount")
+    # a mount(8) that loses the race for "gone" (unmounts it, then fails), as the host would
+    (shim / "mount").write_text(
+        f'#!/bin/sh\nfor a; do last=$a; done\nif [ "$last" = "{gone}" ]; then\n'
+        f'  umount "{gone}"; exit 32\nfi\nexec {real} "$@"\n'
+    )
+    (shim / "mount").chmod(0o755)
+    for name in ("solution.py", "test_solution.py", "kvc_harness.py"):
+        (tmp_path / name).write_text("")
+    script = (
+        f'mount -t tmpfs t "{gone}" && mount -t tmpfs t "{kept}" && '
+        f'PATH="{shim}:$PATH" exec sh -c "$0" sh 1024 0 true'
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _INIT],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    # the same shim failing a mount that is still there: the setup stops
+    (shim / "mount").write_text(
+        f'#!/bin/sh\nfor a; do last=$a; done\n[ "$last" = "{kept}" ] && exit 32\nexec {real} "$@"\n'
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _INIT],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 125 and f"read-only {kept}" in done.stderr, done.stderr
