@@ -9,11 +9,17 @@ candidate's blocks with the reference's (``systems_cells.rate_cell``). The refer
 counts as full when it preempted a request, or when its peak KV usage reached ``FULL_USAGE``
 while requests queued: only then is the cell weighed, since only then does it measure what a
 larger cache buys.
+
+The phase stops as soon as its cell's call at its planned blocks is decided
+(``systems_cells.settled``) once the reference's cache was seen full: :func:`settled_call`,
+which the run asks after every block and which reads the same figures as the analysis. A
+phase stopped short of that (its time bound, an interrupt) is undecided, and its cell says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from replay.analysis.schemas import CapacityArm, CapacityPhase
@@ -25,7 +31,9 @@ from replay.analysis.systems_cells import (
     block_counts,
     block_list,
     block_rates,
+    capacity_miss,
     rate_cell,
+    settled,
 )
 from replay.core.records import Result
 from replay.core.slo import SloSpec
@@ -85,9 +93,41 @@ def capacity_phase(
 ) -> tuple[CapacityPhase, Planned | None]:
     """The phase's record and, when it ran, its cell to judge with the rest."""
     status, reason = str(block.get("status") or "skipped"), str(block.get("reason") or "")
-    arms_info: Mapping[str, Any] = block.get("arms") or {}
     if status != "ran":
         return CapacityPhase(status=status, reason=reason), None
+    return measured(block, results, series, slo, reference, candidate, control)
+
+
+def settled_call(
+    block: Mapping[str, Any],
+    results: Sequence[Result],
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    slo: SloSpec | None,
+    roles: tuple[str, str, str | None],
+    alpha: float,
+    threshold: float,
+) -> str | None:
+    """The call the phase's cell gets at its planned blocks, once its blocks so far decide it
+    (``systems_cells.settled``, at the capacity cell's share of ``alpha``) and the reference's
+    cache was seen full; None while the phase must go on. ``roles``: the reference, the
+    candidate and the A/A control."""
+    record, cell = measured(block, results, series, slo, *roles)
+    if not record.reference_full:
+        return None
+    return settled(cell, capacity_miss(alpha), threshold)
+
+
+def measured(
+    block: Mapping[str, Any],
+    results: Sequence[Result],
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    slo: SloSpec | None,
+    reference: str,
+    candidate: str,
+    control: str | None,
+) -> tuple[CapacityPhase, Planned]:
+    """What the phase's blocks so far measured, and its cell."""
+    arms_info: Mapping[str, Any] = block.get("arms") or {}
     metric = metric_name(slo)
     rates: dict[str, dict[int, float]] = {}
     arms: dict[str, CapacityArm] = {}
@@ -100,9 +140,10 @@ def capacity_phase(
         arms[name] = _arm(mine, blocks, server, info.get("cache_config") or {}, counts)
     is_full = full(arms.get(reference))
     why = "" if is_full else _not_full(arms.get(reference))
+    stop: Mapping[str, Any] = block.get("stop") or {}
     record = CapacityPhase(
-        status=status,
-        reason=reason,
+        status=str(block.get("status") or "ran"),
+        reason=str(block.get("reason") or ""),
         concurrency=_int(block.get("concurrency")),
         cache_bytes=_int(block.get("cache_bytes")),
         max_model_len=_int(block.get("max_model_len")),
@@ -110,11 +151,14 @@ def capacity_phase(
         metric=metric,
         arms=arms,
         reference_full=is_full,
+        blocks_planned=_int(block.get("blocks_planned")),
+        stopped=str(stop["words"]) if stop.get("words") else None,
     )
     cell = rate_cell(
         PHASE, metric, rates, reference, candidate, control if control in rates else None, why
     )
-    return record, cell
+    cause = str(stop.get("cause") or "")
+    return record, replace(cell, planned_blocks=record.blocks_planned, stopped=cause)
 
 
 def _not_full(arm: CapacityArm | None) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import field
 
-from replay.core.record_json import Record, record
+from replay.core.record_json import Record, absent_if_none, record
 
 
 @record
@@ -78,3 +78,5 @@ class CapacityPhase(Record):
     metric: str | None = None  # goodput_rps with --slo, else answered_rps
     arms: Mapping[str, CapacityArm] = field(default_factory=dict)
     reference_full: bool | None = None  # its cache ran full and it queued or preempted
+    blocks_planned: int | None = absent_if_none()  # its cell's call is for these blocks
+    stopped: str | None = absent_if_none()  # decided at a block, its time bound, or all sent

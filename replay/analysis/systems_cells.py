@@ -19,6 +19,11 @@ A cell's call (:func:`direction`, the one rule, also applied to whole simulated 
 * same otherwise;
 * unweighed when it cannot be judged: too few pairs for an interval at the level, no A/A
   control (no floor), or a control with too few pairs of its own.
+
+A cell that may stop before its last block (the capacity phase's: ``Planned.planned_blocks``)
+gets the call its planned blocks would give, as soon as the blocks it has not sent can no
+longer change it (:func:`settled`: curtailment, so its level is the fixed design's), and is
+unweighed, undecided, where they still could.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +45,10 @@ from replay.core.slo import SloSpec, meets
 
 THRESHOLD = 0.05  # the smallest change that counts (--systems-threshold)
 LOWER_IS_BETTER = ("ttft_ms", "itl_ms", "e2e_ms")
+CAPACITY_SHARE = 0.5  # of alpha, for a capacity phase's cells (:func:`rule`)
+# A log ratio beyond any block's (e^50 times): what a block not sent yet is assumed to give
+# when :func:`settled` asks whether it could still change a call.
+EXTREME = 50.0
 
 
 Block = tuple[int, float, float]  # (index, start, end) on the run's clock
@@ -79,6 +88,10 @@ class Planned:
     pairs: list[Pair]
     control: list[Pair] | None  # (block, reference's, control's)
     unweighed: str = ""  # why it cannot be judged whatever its figures (kept for display)
+    # A phase that may stop early (the capacity phase): the blocks it planned, which its call
+    # is for (``settled``); None: judged on the blocks it has.
+    planned_blocks: int | None = None
+    stopped: str = ""  # why it sent fewer blocks than it planned, in words
 
 
 def block_changes(pairs: Sequence[Pair]) -> npt.NDArray[np.float64]:
@@ -94,7 +107,64 @@ def block_changes(pairs: Sequence[Pair]) -> npt.NDArray[np.float64]:
 
 
 def judge(p: Planned, miss: float, threshold: float) -> SystemsCell:
-    """One cell's change, interval, floor and call at level ``1 - miss``."""
+    """One cell's change, interval, floor and call at level ``1 - miss``; a cell short of its
+    planned blocks gets the call they would give (:func:`settled`), or none yet."""
+    cell = _judged(p, miss, threshold)
+    if p.planned_blocks is None or p.unweighed or cell.pairs >= p.planned_blocks:
+        return cell
+    call = settled(p, miss, threshold)
+    if call is None:
+        why = p.stopped or "the others not sent whole to every arm"
+        return replace(
+            cell,
+            call="unweighed",
+            why=f"undecided after {cell.pairs} of {p.planned_blocks} blocks ({why}): the blocks "
+            "not sent could still change its call",
+        )
+    return replace(cell, call=call, why=cell.why if call == "unweighed" else "")
+
+
+def settled(p: Planned, miss: float, threshold: float) -> str | None:
+    """The call ``p`` would get at its ``planned_blocks`` whatever its missing blocks give;
+    None while they could still change it. Its interval's ends and its median only rise as
+    a block's ratio rises, and the A/A floor (the control's interval's larger end, in size)
+    is smallest with the control's missing blocks at no change and largest with them all at
+    one extreme: so a change either way is possible only if it shows with every missing
+    block at that extreme and the control's at zero, and certain only if it still shows with
+    every missing block at the other extreme and the control's at either."""
+    planned = p.planned_blocks or 0
+
+    def call(mine: float, control: float) -> str:
+        return _judged(_filled(p, planned, mine, control), miss, threshold).call
+
+    up, down = call(EXTREME, 0.0), call(-EXTREME, 0.0)
+    moved = {c for c in (up, down) if c not in ("same", "unweighed")}
+    if not moved:
+        return "same" if "same" in (up, down) else up
+    if len(moved) == 2:
+        return None
+    (change,) = moved
+    rising = change == ("worse" if p.metric in LOWER_IS_BETTER else "better")
+    worst = -EXTREME if rising else EXTREME
+    sure = {call(worst, EXTREME), call(worst, -EXTREME)} == {change}
+    return change if sure else None
+
+
+def _filled(p: Planned, planned: int, mine: float, control: float) -> Planned:
+    """``p`` with its missing blocks (and its control's) sent: each a pair whose log ratio
+    is ``mine`` (``control``)."""
+
+    def fill(pairs: list[Pair], value: float) -> list[Pair]:
+        have = int(block_changes(pairs).size)  # the blocks that give a ratio
+        start = max((k for k, _, _ in pairs), default=-1) + 1
+        return [*pairs, *((start + i, 1.0, math.exp(value)) for i in range(planned - have))]
+
+    aa = fill(p.control, control) if p.control is not None else None
+    return replace(p, pairs=fill(p.pairs, mine), control=aa, planned_blocks=None)
+
+
+def _judged(p: Planned, miss: float, threshold: float) -> SystemsCell:
+    """``judge`` on the blocks ``p`` has."""
     d = block_changes(p.pairs)
     ch = median_change(d, miss)
     base = _cell(p, ch, int(d.size), 1.0 - miss)
@@ -303,10 +373,10 @@ def rule(
     other half. Each cell's miss is at most its share, so the family's is at most alpha."""
     capacity = [p for p in planned if p.phase == CAPACITY]
     load = [p for p in planned if p.phase != CAPACITY]
-    load_alpha = alpha / 2 if capacity else alpha
+    load_alpha = alpha * (1 - CAPACITY_SHARE) if capacity else alpha
     miss = load_alpha / max(1, len(load))
     cells = [judge(p, miss, threshold) for p in load]
-    cells += [judge(p, (alpha - load_alpha) / len(capacity), threshold) for p in capacity]
+    cells += [judge(p, capacity_miss(alpha, len(capacity)), threshold) for p in capacity]
     return SystemsRule(
         alpha=alpha,
         threshold=threshold,
@@ -317,3 +387,9 @@ def rule(
         interleaved=interleaved,
         cells=tuple(cells),
     )
+
+
+def capacity_miss(alpha: float, cells: int = 1) -> float:
+    """The share of alpha each of a capacity phase's ``cells`` gets (:func:`rule`), which the
+    phase's stop rule decides at too."""
+    return alpha * CAPACITY_SHARE / max(1, cells)

@@ -74,10 +74,12 @@ def resolve_interleave(
 
 def capacity_options(o: RunOptions, canary: bool) -> CapacityOptions:
     """``--capacity-phase``: on, off, or by default auto in the canary (where it can run:
-    its blocks are sent interleaved)."""
+    its blocks are sent interleaved; and only where the verdict needs it)."""
     if o.capacity_phase and not o.interleave:
         raise InputError("--capacity-phase sends its blocks interleaved: leave out --no-interleave")
     mode = "on" if o.capacity_phase else "off"
     if o.capacity_phase is None and canary and o.interleave:
         mode = "auto"
-    return CapacityOptions(mode, o.capacity_concurrency, o.capacity_cache_mib)
+    return CapacityOptions(
+        mode, o.capacity_concurrency, o.capacity_cache_mib, o.capacity_time_limit
+    )

@@ -38,14 +38,16 @@ MEASURING_OPTIONS = [
         help="Restart the reference and the candidate with the same, smaller KV cache and "
         "load them until the reference's cache is full: does the candidate's larger cache "
         "serve more requests/s there? [default: on in `canary` when the workload's own load "
-        "never fills the reference's cache; local servers only].",
+        "never fills the reference's cache and the quality side has not decided the verdict "
+        "alone; local servers only].",
     ),
     click.option(
         "--capacity-concurrency",
         default=12,
         show_default=True,
         type=click.IntRange(min=2),
-        help="Capacity phase: requests in flight (the reference's cache holds 0.6 of them).",
+        help="Capacity phase: requests in flight (the reference's cache holds half of them "
+        "at the workload's median length).",
     ),
     click.option(
         "--capacity-cache-mib",
@@ -54,5 +56,15 @@ MEASURING_OPTIONS = [
         type=click.IntRange(min=0),
         help="Capacity phase: KV-cache memory of each server in MiB (0: sized from the "
         "workload's median request).",
+    ),
+    click.option(
+        "--capacity-time-limit",
+        default=600.0,
+        show_default=True,
+        type=click.FloatRange(min=0.0, min_open=True),
+        metavar="SECONDS",
+        help="Capacity phase: the most its blocks may take (checked between blocks; server "
+        "start-up not counted). It stops sooner once its rule decides; stopped by this "
+        "bound undecided, its cell is not weighed and the verdict says so.",
     ),
 ]

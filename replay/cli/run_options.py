@@ -90,6 +90,7 @@ class RunOptions:
     capacity_phase: bool | None = None
     capacity_concurrency: int = 12
     capacity_cache_mib: int = 0
+    capacity_time_limit: float = 600.0
     skip_layers: str | None = None
     advice_path: Path | None = None
     quality_pass: str = "load"

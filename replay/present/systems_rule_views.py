@@ -78,7 +78,9 @@ def capacity_table(cap: CapacityPhase | None, ref: str) -> Table | None:
         f"{cap.status}: {cap.reason}"
         if cap.status != "ran"
         else f"concurrency {cap.concurrency}, {f_int(cap.cache_bytes)} bytes of KV cache per "
-        f"server, {cap.blocks} blocks per arm; the reference's ({ref}) cache: {full}"
+        f"server, {cap.blocks} blocks per arm"
+        + (f" ({cap.stopped})" if cap.stopped else "")
+        + f"; the reference's ({ref}) cache: {full}"
     )
     t = Table(
         [

@@ -8,6 +8,7 @@ memory."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import sys
@@ -30,7 +31,14 @@ from replay.analysis.reasoning import reasoning_length
 from replay.analysis.result_table import ResultTable, phase_spans
 from replay.analysis.roles import Roles
 from replay.analysis.saturation import saturation_of
-from replay.analysis.schemas import CapacityPhase, Quality, Sequential, Summary, SystemsRule
+from replay.analysis.schemas import (
+    CapacityPhase,
+    Quality,
+    Sequential,
+    Summary,
+    SystemsRule,
+    Verdict,
+)
 from replay.analysis.schemas_manifest import Manifest, TargetEntry
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.analysis.systems import systems, throughput_ratio
@@ -44,7 +52,7 @@ from replay.analysis.systems_cells import (
 )
 from replay.analysis.systems_cells import rule as rule_of
 from replay.analysis.thresholds import Thresholds
-from replay.analysis.verdict.candidates import decide_candidates
+from replay.analysis.verdict.candidates import decide_candidates, quality_first
 from replay.analysis.verdict.facts import facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.core.errors import InputError
@@ -137,12 +145,35 @@ class Analysis:
     sequential: Sequential | None = None  # a sequential canary's block (it decides the verdict)
     # Told how grading goes, a batch at a time: (answers graded, of how many).
     progress: Callable[[int, int], None] | None = None
+    grades_file: bool = True  # False: grade without writing grades.jsonl (``quality_verdict``)
 
 
 def analyse(a: Analysis) -> Summary:
     """Write ``grades.jsonl`` and ``summary.json`` of a run; return the summary."""
     # Prompt ids are only for teacher-forced scoring, which reads them from the file.
     results = ResultTable.of(a.results) if a.results is not None else results_table(a.run_dir)
+    summary = _measured(a, results)
+    if a.verdict:
+        summary = _decide(a, results, summary)
+    write_json(a.run_dir / SUMMARY, summary.to_json())
+    return summary
+
+
+def quality_verdict(a: Analysis) -> Verdict | None:
+    """The primary candidate's verdict where the quality side decides it alone
+    (``candidates.quality_first``: the verdict the analysis at the end gives it), from the
+    run's results so far: what a run asks before its capacity phase, which only whether FP8
+    pays needs. Grades as the analysis does, without writing grades.jsonl (the analysis at the
+    end writes it)."""
+    results = ResultTable.of(a.results) if a.results is not None else results_table(a.run_dir)
+    if a.candidate is None:
+        return None
+    summary = _measured(replace(a, grades_file=False), results)
+    return quality_first(summary, a.manifest, candidates_of(a), a.candidate, a.thresholds)
+
+
+def _measured(a: Analysis, results: ResultTable) -> Summary:
+    """Everything the summary holds but the systems comparison and the verdict."""
     summary = Summary(
         version=SUMMARY_VERSION,
         targets=summarize_targets(
@@ -168,9 +199,6 @@ def analyse(a: Analysis) -> Summary:
         summary = replace(summary, reasoning=length)
     if a.sequential is not None:
         summary = replace(summary, sequential=a.sequential)
-    if a.verdict:
-        summary = _decide(a, results, summary)
-    write_json(a.run_dir / SUMMARY, summary.to_json())
     return summary
 
 
@@ -197,8 +225,14 @@ def _grades(a: Analysis, results: ResultTable) -> Graded:
     with gc_paused():
         specs = a.grading_specs(results.request_ids())
         graded = Graded()
-        rows = iter_grade_rows(results, specs, a.reference)
-        rewrite_jsonl(a.run_dir / GRADES, (graded.add(row) for row in _told(rows, a, results)))
+        rows = (
+            graded.add(row)
+            for row in _told(iter_grade_rows(results, specs, a.reference), a, results)
+        )
+        if a.grades_file:
+            rewrite_jsonl(a.run_dir / GRADES, rows)
+        else:
+            collections.deque(rows, maxlen=0)
     return graded
 
 

@@ -3,19 +3,26 @@
 FP8's point is a cache twice as large, which a light replay never touches. This phase measures
 it: the reference and the candidate are started again with the same, smaller KV-cache memory
 (``--kv-cache-memory-bytes``, stated in the manifest; VLLM_CPU_KVCACHE_SPACE is left out,
-since vLLM CPU would take it instead), sized so that the reference holds ``HOLDS`` of
-``concurrency`` requests of the workload's median length (and at least its longest; each
-layer counted by its attention type where the model's config.json says, ``RefLayers``), and
-loaded with a closed loop of ``concurrency``. The reference's cache then fills and it queues
-or preempts, while the candidate's, at the same bytes, holds what its dtype gives it. The
-servers run at once (the A/A control on a third, of the reference's spec) and are sent the
-same blocks in turn, as ``interleave`` sends a phase; the trace is cycled to give ``BLOCKS``
-blocks, each cycle under its own cache salt, each block a stride of the trace so that every
-block mixes its lengths (only the trace's first ``units_needed`` units are used, and held).
+since vLLM CPU would take it instead), sized so that the loop's demand is twice what the
+reference's cache holds (``capacity_plan``, checked against what its server reports once it is
+up), and loaded with a closed loop of ``concurrency``. The reference's cache then fills and it
+queues or preempts, while the candidate's, at the same bytes, holds what its dtype gives it.
+The servers run at once (the A/A control on a third, of the reference's spec) and are sent
+the same blocks in turn, as ``interleave`` sends a phase; the trace is cycled to give at least
+``BLOCKS`` blocks, each cycle under its own cache salt, each block a stride of the trace so
+that every block mixes its lengths (only the trace's first ``units_needed`` units are used, and
+held).
 
-The manifest's ``capacity`` block says what ran, or why it did not (remote targets cannot be
-restarted with a smaller cache; a workload that fills the reference's cache already shows the
-need), and the phase's files are ``capacity/results.jsonl``, ``capacity/metrics/`` and
+The phase stops as soon as its rule decides: after every block, the call its cell would get
+at the planned blocks (``analysis.capacity.settled_call``: the same figures the analysis
+reads) is asked for, and once the blocks not sent could not change it, and the reference's
+cache was seen full, no more are sent. ``time_limit_s`` bounds the blocks' time (checked
+between blocks); a phase stopped by it is undecided, and its cell says so.
+
+The manifest's ``capacity`` block says what ran, why it stopped (``stop``), or why it did not
+run (remote targets cannot be restarted with a smaller cache; a workload that fills the
+reference's cache already shows the need; the quality side decided without it), and the
+phase's files are ``capacity/results.jsonl``, ``capacity/metrics/`` and
 ``capacity/servers/``. ``analysis.capacity`` reads them: was the reference's cache full, and
 what did each arm serve within the SLOs there.
 """
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -32,16 +38,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from replay.analysis.capacity import settled_call
 from replay.analysis.summary import server_over, spans_of
 from replay.analysis.systems_cells import CAPACITY as PHASE
 from replay.core.errors import KvcanaryError, RunDirError, TargetError
-from replay.core.records import Result
 from replay.core.schedule import ClosedLoop, MonotonicClock
+from replay.core.slo import SloSpec
 from replay.run.analyze import read_series
 from replay.run.budget import ErrorBudget
-from replay.run.config import CapacityOptions, RunConfig
+from replay.run.capacity_plan import Plan
+from replay.run.config import RunConfig
 from replay.run.manifest import read_manifest
 from replay.run.phase import Phase, TargetSession
 from replay.run.progress import Progress
@@ -49,28 +55,29 @@ from replay.run.rundir import (
     CAPACITY_DIR,
     RESULTS,
     JsonlWriter,
+    complete_results,
+    complete_rows,
     write_failure,
 )
 from replay.run.servers import launch, stop
-from replay.serving import kv_formats
 from replay.serving.client import Client
 from replay.serving.endpoints import api_session
 from replay.serving.introspect import introspect, served_model
-from replay.serving.kv_layout import Engine, KvLayout
-from replay.serving.kv_served import skip_words
-from replay.serving.local_server import DEFAULT_KV_CACHE_GIB, KV_CACHE_BYTES_FLAG, LocalServer
+from replay.serving.local_server import LocalServer
 from replay.serving.metrics import Scraper
 from replay.serving.targets import TargetSpec, check_served_dtype
 from replay.traces.sessions import Unit
 from replay.traces.trace import Request
 
-MIB, GIB = 1 << 20, 1 << 30
-BLOCKS = 24  # blocks per arm: the sign interval of 24 at alpha / 2 reaches from d(7) to d(18)
+# Blocks per arm the phase plans (at least; the trace's cycles may give a few more): the sign
+# interval of 24 at alpha / 2 reaches from d(7) to d(18).
+BLOCKS = 24
 PER_BLOCK = 2  # a block is this many times the concurrency
-# The reference's cache holds this share of the concurrency's requests of median length, so
-# that it queues; the candidate's, at twice the tokens, holds them all with room to spare.
-HOLDS = 0.6
-MARGIN_TOKENS = 512  # the cache holds the longest request and this much more
+# The capacity servers' /metrics are read this often (the workload's once a second): a block
+# of 2 x 12 requests lasts about a second on the embedded model, and its reference's cache sits
+# at 90% or more only in moments (vLLM admits a request once its whole prompt fits; most wait
+# for the step's token budget): five runs saw it in 1 to 4 of their blocks.
+SCRAPE_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -80,126 +87,6 @@ class CapacityLoop(ClosedLoop):
     @property
     def label(self) -> str:
         return PHASE
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The capacity servers' cache and model length, and how they were sized (in words)."""
-
-    concurrency: int
-    cache_bytes: int
-    max_model_len: int
-    sizing: str
-
-    def args(self) -> tuple[str, ...]:
-        return (
-            KV_CACHE_BYTES_FLAG,
-            str(self.cache_bytes),
-            "--max-model-len",
-            str(self.max_model_len),
-        )
-
-
-def kv_bytes_per_token(spec: TargetSpec, cache_config: Mapping[str, Any]) -> float | None:
-    """The reference's cache bytes over its tokens: from the memory its server was given
-    (``--kv-cache-memory-bytes``, else VLLM_CPU_KVCACHE_SPACE as kvcanary starts it)."""
-    try:
-        tokens = float(cache_config.get("kv_cache_size_tokens") or 0)
-    except (TypeError, ValueError):
-        return None
-    args = list(spec.args)
-    if tokens <= 0:
-        return None
-    if KV_CACHE_BYTES_FLAG in args[:-1]:
-        return float(args[args.index(KV_CACHE_BYTES_FLAG) + 1]) / tokens
-    gib = spec.env.get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get(
-        "VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB
-    )
-    return float(gib) * GIB / tokens if gib.strip().isdigit() else None
-
-
-@dataclass(frozen=True)
-class RefLayers:
-    """The reference's cache per layer type: its model's layout, its served format, the
-    layers it keeps in BF16 and its engine's block size (``serving.kv_layout``)."""
-
-    layout: KvLayout
-    fmt: str = "auto"
-    skip: tuple[int, ...] = ()
-    engine: Engine = field(default_factory=Engine)
-
-    def request_bytes(self, tokens: int) -> float:
-        return self.layout.request_bytes(tokens, self.fmt, self.skip, self.engine)
-
-    def describe(self) -> str:
-        windows = [w for w in self.layout.windows if w is not None]
-        if not windows:
-            return f"all {self.layout.layers} layers attend in full"
-        return f"{len(windows)} of {self.layout.layers} layers slide over {max(windows)} tokens"
-
-
-def ref_layers(spec: TargetSpec, cache_config: Mapping[str, Any]) -> RefLayers | None:
-    """The reference's layers, where its model folder has a config.json and its served
-    format's layout is modelled; None: size from bytes per token."""
-    layout = KvLayout.of_model(spec.model)
-    fmt = str(cache_config.get("cache_dtype") or spec.kv_cache_dtype or "auto")
-    known = kv_formats.FORMATS.get(fmt)
-    if layout is None or known is None or known.family == "other":
-        return None
-    skip = layout.skip_indices(skip_words(cache_config.get("kv_cache_dtype_skip_layers")))
-    try:
-        block = int(cache_config.get("block_size") or 0)
-    except (TypeError, ValueError):
-        block = 0
-    return RefLayers(layout, fmt, skip, Engine(block_size=block) if block > 0 else Engine())
-
-
-def size(
-    results: Sequence[Result],
-    max_tokens: Mapping[str, int],
-    per_token: float | None,
-    served_max_len: int | None,
-    opts: CapacityOptions,
-    layers: RefLayers | None = None,
-) -> Plan | str:
-    """The capacity servers' plan from the reference's workload answers, or why none. With
-    the reference's ``layers``, a request's cache is counted per layer type: bytes per token
-    (cache over kv_cache_size_tokens, a figure taken at max_model_len) undercount a hybrid
-    model's request at any shorter length, its sliding-window layers holding their window
-    (and whole blocks) whatever the length: 4.6x at 2,000 tokens for Gemma 3 270M."""
-    ok = [r for r in results if r.status == "ok" and r.prompt_tokens is not None]
-    if not ok:
-        return "the reference answered no request to size the cache from"
-    median = float(np.median([float(r.prompt_tokens or 0) + r.output_tokens for r in ok]))
-    longest = max(
-        int(r.prompt_tokens or 0) + max_tokens.get(r.request_id, r.output_tokens) for r in ok
-    )
-    tokens = max(math.ceil(HOLDS * opts.concurrency * median), longest + MARGIN_TOKENS)
-    if opts.cache_mib > 0:
-        cache, how = opts.cache_mib * MIB, f"--capacity-cache-mib {opts.cache_mib}"
-    elif layers is not None:
-        each = layers.request_bytes(math.ceil(median))
-        need = max(HOLDS * opts.concurrency * each, layers.request_bytes(longest + MARGIN_TOKENS))
-        cache = math.ceil(need / MIB) * MIB
-        how = (
-            f"sized per layer type ({layers.describe()}) for the reference to hold "
-            f"{HOLDS * opts.concurrency:g} requests of the workload's median {median:.0f} tokens "
-            f"({each / MIB:.1f} MiB each) and its longest, {longest}"
-        )
-    elif per_token is None:
-        return (
-            "the reference's bytes per cached token are unknown (not a CPU server kvcanary "
-            "started); give --capacity-cache-mib"
-        )
-    else:
-        cache = math.ceil(tokens * per_token / MIB) * MIB
-        how = (
-            f"sized for the reference to hold {HOLDS * opts.concurrency:g} requests of the "
-            f"workload's median {median:.0f} tokens (and its longest, {longest}) at "
-            f"{per_token:.0f} bytes a token"
-        )
-    length = min(longest, served_max_len or longest)
-    return Plan(opts.concurrency, cache, length, how)
 
 
 def finished_capacity(cfg: RunConfig) -> dict[str, Any] | None:
@@ -234,12 +121,16 @@ def why_not(
     failed: bool,
     peak: float | None,
     needed_usage: float,
+    control: bool = True,
 ) -> str | None:
     """Why the capacity phase does not run (None: it runs). ``mode`` auto runs it only where
     the workload's own load never filled the reference's cache (``peak`` below
-    ``needed_usage``); on runs it wherever it can."""
+    ``needed_usage``); on runs it wherever it can. Without an A/A ``control`` its cell has no
+    floor, and is never weighed."""
     if candidate is None:
         return "no candidate to compare"
+    if not control:
+        return "no A/A control (--no-control): its cell would have no floor to be weighed against"
     if not (reference.is_local and candidate.is_local):
         return (
             "it restarts the servers with a smaller cache, which only local servers (bf16, fp8, "
@@ -279,6 +170,44 @@ def units_needed(concurrency: int) -> int:
     return BLOCKS * PER_BLOCK * concurrency
 
 
+@dataclass(frozen=True)
+class Judge:
+    """What the stop rule judges with: the run's SLOs (the metric), alpha and threshold."""
+
+    slo: SloSpec | None = None
+    alpha: float = 0.05
+    threshold: float = 0.05
+
+
+def stop_record(
+    why: str, sent: int, planned: int, elapsed_s: float, limit_s: float, call: str | None
+) -> dict[str, Any]:
+    """The manifest's ``stop``: why the phase stopped sending (decided, time_limit,
+    interrupted, all_blocks), after how many of its planned blocks, and in words (``cause``
+    is what an undecided cell names)."""
+    cause = {
+        "time_limit": f"stopped by its time bound, {limit_s:g} s",
+        "interrupted": "interrupted",
+    }.get(why, "")
+    words = {
+        "decided": f"decided after {sent} of {planned} blocks ({call}): the blocks not sent "
+        "could not change the call",
+        "time_limit": f"stopped by its time bound ({limit_s:g} s) after {sent} of {planned} blocks",
+        "interrupted": f"interrupted after {sent} of {planned} blocks",
+        "all_blocks": f"all {planned} blocks sent",
+    }[why]
+    return {
+        "why": why,
+        "blocks": sent,
+        "planned": planned,
+        "elapsed_s": round(elapsed_s, 1),
+        "time_limit_s": limit_s,
+        "call": call,
+        "cause": cause,
+        "words": words,
+    }
+
+
 @dataclass
 class CapacityRun:
     """One capacity phase, given what the workload phases left: each arm's session (its prompt
@@ -297,6 +226,8 @@ class CapacityRun:
     stopping: asyncio.Event
     save: Callable[[dict[str, Any]], None]  # the manifest's capacity block, as it stands
     budget: Callable[[], ErrorBudget] = ErrorBudget  # each arm's, as the run's targets have
+    judge: Judge = field(default_factory=Judge)
+    time_limit_s: float = 600.0  # the blocks' time, checked between blocks
     timeout_s: float = 600.0
     seed: int = 0
     startup_timeout_s: float = 900.0
@@ -319,6 +250,7 @@ class CapacityRun:
             "concurrency": p.concurrency,
             "cache_bytes": p.cache_bytes,
             "max_model_len": p.max_model_len,
+            "time_limit_s": self.time_limit_s,
             "servers": {},
             "arms": {},
         }
@@ -370,6 +302,11 @@ class CapacityRun:
                 sv.spec.name: await self._session(stack, sv, block["servers"][sv.spec.name])
                 for sv in servers
             }
+            served = block["servers"][self.reference.name].get("cache_config") or {}
+            block["pressure"], problem = self.plan.check(served)
+            if problem is not None:
+                block.update(status="skipped", reason=problem)
+                return
             await self._blocks([s.name for s in self._arms()], arms, block, writer)
 
     async def _session(
@@ -392,7 +329,9 @@ class CapacityRun:
             self.run_dir / CAPACITY_DIR / "metrics" / f"{sv.spec.name}.jsonl", self.cannot_write
         )
         stack.callback(series.close)
-        scraper = Scraper(session, sv.url, self.clock.now, lambda s: series.write(s.to_json()))
+        scraper = Scraper(
+            session, sv.url, self.clock.now, lambda s: series.write(s.to_json()), SCRAPE_S
+        )
         scraper.start()
         stack.push_async_callback(scraper.stop)
         # The workload's arm of the same name (the control's, or with a shared control the
@@ -407,26 +346,52 @@ class CapacityRun:
         block: dict[str, Any],
         writer: JsonlWriter,
     ) -> None:
-        """Every block to every arm in turn (the order rotated by block), as ``interleave``."""
+        """Every block to every arm in turn (the order rotated by block), as ``interleave``,
+        until the stop rule decides, the time bound or an interrupt."""
         plan = list(strided_blocks(self.units, PER_BLOCK * self.plan.concurrency, BLOCKS))
         info: dict[str, dict[str, Any]] = {
             n: {"cache_config": block["servers"][n].get("cache_config", {}), "blocks": []}
             for n in names
         }
-        block["arms"] = info
+        block.update(arms=info, blocks_planned=len(plan))
         for n in names:
             self.progress.phase(n, PHASE, sum(len(reqs) for _, _, reqs in plan))
         loop = CapacityLoop(self.plan.concurrency)
+        start, why, call, sent = self.clock.now(), "all_blocks", None, 0
         for k, cycle, reqs in plan:
             ids = {req.id for _, req in reqs}
             turn = k % len(names)
             for n in [*names[turn:], *names[:turn]]:
                 if self.stopping.is_set():
-                    return
+                    break
                 salt = f"{self.run_dir.name}.{n}.{PHASE}.{cycle}"
                 window = await self.phase(
                     target=arms[n], sched=loop, writer=writer, only=ids, requests=reqs, salt=salt
                 ).run()
                 if window is not None and not window.get("interrupted"):
                     info[n]["blocks"].append([k, window["start"], window["end"]])
+            if self.stopping.is_set():
+                why = "interrupted"
+                break
+            sent = k + 1
+            call = self._settled(block, names)
+            if call is not None and sent < len(plan):
+                why = "decided"
+                break
+            if self.clock.now() - start >= self.time_limit_s and sent < len(plan):
+                why = "time_limit"
+                break
             self.save(block)
+        spent = self.clock.now() - start
+        block["stop"] = stop_record(why, sent, len(plan), spent, self.time_limit_s, call)
+
+    def _settled(self, block: Mapping[str, Any], names: Sequence[str]) -> str | None:
+        """The stop rule on the blocks so far, read back from the phase's files as the
+        analysis reads them."""
+        where = self.run_dir / CAPACITY_DIR
+        results = list(complete_results(where))
+        series = {n: list(complete_rows(where / "metrics" / f"{n}.jsonl")) for n in names}
+        control = self.control.name if self.control is not None else None
+        roles = (self.reference.name, self.candidate.name, control)
+        j = self.judge
+        return settled_call(block, results, series, j.slo, roles, j.alpha, j.threshold)

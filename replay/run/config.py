@@ -37,12 +37,14 @@ from replay.traces.trace import TraceSource
 @dataclass(frozen=True)
 class CapacityOptions:
     """The capacity phase (replay/run/capacity.py): ``mode`` on, off, or auto (run when the
-    workload's own load never filled the reference's cache); its closed loop's concurrency;
-    the KV-cache memory of its servers in MiB (0: sized from the workload)."""
+    workload's own load never filled the reference's cache and the quality side left the
+    verdict to whether FP8 pays); its closed loop's concurrency; the KV-cache memory of its
+    servers in MiB (0: sized from the workload); the time its blocks may take."""
 
     mode: str = "off"
     concurrency: int = 12
     cache_mib: int = 0
+    time_limit_s: float = 600.0
 
 
 @dataclass(frozen=True)

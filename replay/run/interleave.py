@@ -37,20 +37,11 @@ from typing import Any
 
 from replay.core.iterate import closing
 from replay.core.schedule import ClosedLoop, OpenLoop
-from replay.run.analyze import Analysis, load_results
-from replay.run.capacity import (
-    CapacityRun,
-    Plan,
-    finished_capacity,
-    kv_bytes_per_token,
-    peak_usage,
-    ref_layers,
-    size,
-    units_needed,
-    why_not,
-)
+from replay.run.analyze import Analysis
+from replay.run.capacity import finished_capacity
+from replay.run.capacity_step import CapacityStep
 from replay.run.config import RunConfig, TargetRun
-from replay.run.phase import Phase, Schedule, TargetSession
+from replay.run.phase import Schedule, TargetSession
 from replay.run.progress import Progress
 from replay.run.runner import Runner
 from replay.traces.sessions import Unit, units
@@ -209,72 +200,16 @@ class Interleaved:
             self._over.set()
             await asyncio.gather(*tasks)
         if self.capacity is None and not r.stopping.is_set():
-            await self._capacity_phase()
-
-    # -- the capacity phase (replay/run/capacity.py), once the workload's servers stopped ----
-    async def _capacity_phase(self) -> None:
-        r = self.runner
-        c, cand = r.cfg, r.roles.candidate
-        if c.capacity.mode == "off":
-            return
-        ref_run = r.runs[r.reference]
-        cand_run = r.runs.get(cand) if cand else None
-        failed = ref_run.status != "ok" or cand_run is None or cand_run.status != "ok"
-        peak = peak_usage(c.run_dir, r.reference, ref_run.phases)
-        why = why_not(
-            c.capacity.mode,
-            ref_run.spec,
-            cand_run.spec if cand_run else None,
-            failed,
-            peak,
-            c.thresholds.capacity_needed_usage,
-        )
-        plan = why or self._capacity_plan(ref_run)
-        if isinstance(plan, str):
-            self.capacity = {"status": "skipped", "reason": plan}
-            r.save_manifest()
-            return
-        assert cand_run is not None
-        r.progress.status("capacity phase: starting servers with a smaller KV cache")
-        await CapacityRun(
-            run_dir=c.run_dir,
-            reference=ref_run.spec,
-            candidate=cand_run.spec,
-            control=r.control.spec if r.control else None,
-            arms=self.arms,
-            plan=plan,
-            units=self._first_units(units_needed(c.capacity.concurrency)),
-            phase=self._capacity_block,
-            progress=r.progress,
-            clock=r.clock,
-            stopping=r.stopping,
-            save=self._save_capacity,
-            budget=r.new_budget,
-            timeout_s=c.load.timeout_s,
-            seed=c.load.seed,
-            startup_timeout_s=c.startup_timeout_s,
-            cannot_write=r.stop.cannot_write,
-        ).run()
-
-    def _capacity_plan(self, ref_run: TargetRun) -> Plan | str:
-        r = self.runner
-        info = ref_run.info
-        results = [
-            x for x in load_results(r.cfg.run_dir, prompt_ids=False) if x.target == r.reference
-        ]
-        max_tokens = {q.id: q.max_tokens for q in r.cfg.trace.iter_requests()}
-        per_token = kv_bytes_per_token(ref_run.spec, info.get("cache_config") or {})
-        layers = ref_layers(ref_run.spec, info.get("cache_config") or {})
-        return size(
-            results, max_tokens, per_token, info.get("max_model_len"), r.cfg.capacity, layers
-        )
+            # The capacity phase (replay/run/capacity_step.py), once the workload's servers
+            # stopped.
+            step = CapacityStep(
+                r, self.arms, self._units, self._save_capacity, _QuietPhases(r.progress)
+            )
+            await step.run()
 
     def _save_capacity(self, block: dict[str, Any]) -> None:
         self.capacity = block
         self.runner.save_manifest()
-
-    def _first_units(self, n: int) -> list[Unit]:
-        return list(itertools.islice(self._units(), n))
 
     def _units(self) -> Iterator[Unit]:
         """The trace's units (a session's turns, or one request), read again."""
@@ -283,20 +218,6 @@ class Interleaved:
                 yield from units(enumerate(reqs))
             else:
                 yield from ([t] for t in enumerate(reqs))
-
-    def _capacity_block(self, **kw: Any) -> Phase:
-        """A Phase of the capacity phase: the run's trace, buckets, clock and interrupt."""
-        r = self.runner
-        return Phase(
-            trace=r.cfg.trace,
-            buckets=r.cfg.buckets,
-            progress=_QuietPhases(r.progress),
-            clock=r.clock,
-            stopping=r.stopping,
-            timeout_s=r.cfg.phase_timeout_s,
-            sessions=r.sessions_of(kw["target"].name),
-            **kw,
-        )
 
     async def _serving(self, run: TargetRun) -> None:
         try:

@@ -27,8 +27,8 @@ from dataclasses import replace
 from replay.analysis.schemas import Summary, Systems, Verdict
 from replay.analysis.schemas_manifest import Manifest
 from replay.analysis.thresholds import Thresholds
-from replay.analysis.verdict.facts import facts_from_run
-from replay.analysis.verdict.rule import decide
+from replay.analysis.verdict.facts import Facts, facts_from_run
+from replay.analysis.verdict.rule import decide, quality_decides
 from replay.analysis.verdict.wording import VERDICTS, evidence_entry
 from replay.serving import kv_formats
 
@@ -45,14 +45,10 @@ def decide_candidates(
 ) -> dict[str, Verdict]:
     """Every candidate's verdict, by name, in ``candidates``' order."""
     k = len(candidates)
-    th = replace(thresholds, alpha=thresholds.alpha / k) if k > 1 else thresholds
+    th = _level(thresholds, k)
     out = {}
     for name in candidates:
-        facts = facts_from_run(
-            replace(summary, systems=systems_of.get(name)), manifest, candidate=name, thresholds=th
-        )
-        if name != primary:
-            facts = replace(facts, calibrated=None, layers=None, layers_skipped=(), advice=None)
+        facts = _facts(replace(summary, systems=systems_of.get(name)), manifest, name, primary, th)
         verdict = in_its_words(decide(facts, th), name, manifest)
         extra = []
         if k > 1:
@@ -68,6 +64,36 @@ def decide_candidates(
             extra.append(evidence_entry("systems", capacity))
         out[name] = replace(verdict, evidence=(*verdict.evidence, *extra))
     return out
+
+
+def quality_first(
+    summary: Summary,
+    manifest: Manifest,
+    candidates: Sequence[str],
+    primary: str,
+    thresholds: Thresholds,
+) -> Verdict | None:
+    """The primary candidate's verdict where its quality side decides it alone
+    (``rule.quality_decides``), as ``decide_candidates`` would give it (at the run's
+    multiplicity, in its format's words); None where whether it pays decides."""
+    th = _level(thresholds, len(candidates))
+    verdict = quality_decides(_facts(summary, manifest, primary, primary, th), th)
+    return None if verdict is None else in_its_words(verdict, primary, manifest)
+
+
+def _level(thresholds: Thresholds, k: int) -> Thresholds:
+    """Each of ``k`` candidates' thresholds: alpha / k."""
+    return replace(thresholds, alpha=thresholds.alpha / k) if k > 1 else thresholds
+
+
+def _facts(
+    summary: Summary, manifest: Manifest, name: str, primary: str | None, th: Thresholds
+) -> Facts:
+    """A candidate's facts: its own, and the calibrated and layers arms only for the primary."""
+    facts = facts_from_run(summary, manifest, candidate=name, thresholds=th)
+    if name != primary:
+        facts = replace(facts, calibrated=None, layers=None, layers_skipped=(), advice=None)
+    return facts
 
 
 def format_of(name: str, manifest: Manifest) -> tuple[str | None, bool]:

@@ -143,9 +143,10 @@ def capacity_text(f: Facts) -> str:
         else "no KV usage scraped"
     )
     full = "full" if cap.reference_full else "not full"
+    stopped = f" ({cap.stopped})" if cap.stopped else ""
     return (
         f"capacity phase at concurrency {cap.concurrency}, {cap.cache_bytes or 0:,} bytes of KV "
-        f"cache per server, {cap.blocks} blocks: the reference's cache {full} ({peak})"
+        f"cache per server, {cap.blocks} blocks{stopped}: the reference's cache {full} ({peak})"
     )
 
 
@@ -176,7 +177,7 @@ def gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
     decided = _at_load(load, ref, ev) or _capacity(f, _goodput(load), ev)
     if decided is not None:
         return decided
-    return verdict_record("reject", [_no_gain(f, cap_ok, load)], ev)
+    return verdict_record("reject", _no_gain(f, cap_ok, load), ev)
 
 
 def _goodput(cells: Sequence[SystemsCell]) -> list[SystemsCell]:
@@ -209,13 +210,19 @@ def _at_load(cells: Sequence[SystemsCell], ref: str, ev: list[dict[str, Any]]) -
 
 
 def _capacity(f: Facts, goodput: Sequence[SystemsCell], ev: list[dict[str, Any]]) -> Verdict | None:
-    """Step 4: no loss at the workload's load; does the larger cache pay where it is full?"""
+    """Step 4: no loss at the workload's load; does the larger cache pay where it is full?
+    The first reason says what decides (more there, or no gain), not the cell's figures nor
+    whether "no gain" was fewer or no change (the second reason has them): so the same canary
+    twice gives the same headline wherever it decides the same."""
     cells = [c for c in _cells(f, CAPACITY) if c.call != "unweighed"]
     if not cells:
         return None
     c, cap = cells[0], f.capacity_phase
     at = f"at concurrency {cap.concurrency}" if cap is not None else "in the capacity phase"
     name = NAMES.get(c.metric, c.metric)
+    figures = (
+        f"{name} where the reference's cache is full: {_pct(c.change)} [{_pct(c.lo)}, {_pct(c.hi)}]"
+    )
     if c.call == "better":
         load = (
             "as many requests per second within the SLOs at the workload's load"
@@ -226,29 +233,35 @@ def _capacity(f: Facts, goodput: Sequence[SystemsCell], ev: list[dict[str, Any]]
             "keep",
             [
                 f"matches {f.reference} in every bucket, {load}, and where the reference's "
-                f"cache is full ({at}) its {name} is {_pct(c.change)} "
-                f"[{_pct(c.lo)}, {_pct(c.hi)}]"
+                f"cache is full ({at}) it serves more {name} beyond the A/A floor and the "
+                "threshold",
+                figures,
             ],
             ev,
         )
     return verdict_record(
         "reject",
         [
-            f"no gain: none at the workload's load, and where the reference's cache is "
-            f"full ({at}) its {name} is {_pct(c.change)}: {call_word(c)}"
+            f"no gain: none at the workload's load, nor where the reference's cache is full ({at})",
+            f"{figures}: {call_word(c)}",
         ],
         ev,
     )
 
 
-def _no_gain(f: Facts, cap_ok: bool, load: Sequence[SystemsCell]) -> str:
+def _no_gain(f: Facts, cap_ok: bool, load: Sequence[SystemsCell]) -> list[str]:
+    """Why nothing shows a gain: the first reason in words that stay the same run after run,
+    the second (where there is one) why the capacity phase's cell was not weighed."""
     weighed = [c for c in load if c.call != "unweighed"]
     speed = (
         "no latency beyond the A/A floor and the threshold"
         if weighed
         else "latency not weighed (" + (load[0].why if load else "no systems cells") + ")"
     )
+    if not cap_ok:
+        return [f"no memory or latency gain on this backend ({speed})"]
     cap = f.capacity_phase
+    unweighed = [c.why for c in _cells(f, CAPACITY) if c.call == "unweighed"]
     capacity = (
         "no capacity phase"
         if cap is None
@@ -256,8 +269,5 @@ def _no_gain(f: Facts, cap_ok: bool, load: Sequence[SystemsCell]) -> str:
         if cap.status != "ran"
         else "the capacity phase's cell not weighed"
     )
-    if cap_ok:
-        return (
-            f"no gain shown: the reference's cache never ran close to full, {speed}, and {capacity}"
-        )
-    return f"no memory or latency gain on this backend ({speed})"
+    first = f"no gain shown: the reference's cache never ran close to full, {speed}, and {capacity}"
+    return [first, *(f"the capacity phase's cell: {why}" for why in unweighed[:1])]

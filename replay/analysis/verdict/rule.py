@@ -7,13 +7,15 @@ scale 1.0 against the reference (:func:`losses`, a consistent shift, a loss that
 context length, :func:`matches`), and last whether FP8 pays for itself. Teacher-forced
 divergence (per bucket, or growing with length) and a longer chain of thought only warn
 (:func:`tf_warnings`, :func:`reasoning_warnings`, ``trend.trend_evidence``).
+:func:`quality_decides` runs the same steps and stops where whether FP8 pays would decide: a
+run asks it before its capacity phase, which only that question needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from replay.analysis.schemas import Sequential, Verdict
 from replay.analysis.stats.equivalence import equivalent
@@ -29,6 +31,11 @@ from replay.analysis.verdict.wording import (
     verdict_record,
     where,
 )
+
+# What decides once quality has matched: ``payoff.gain`` (whether FP8 pays), or, asking whether
+# the quality side decides alone, nothing (``quality_decides``).
+Paid = TypeVar("Paid")
+Pays = Callable[[Facts, Thresholds, list[dict[str, Any]]], Paid]
 
 
 def _level(arm: ArmFacts, th: Thresholds) -> float:
@@ -103,7 +110,7 @@ def _lost_in(arm: ArmFacts, th: Thresholds) -> str:
 def decide(f: Facts, th: Thresholds = Thresholds()) -> Verdict:
     """The stop rule (``replay.analysis.verdict``), with the teacher-forced warnings added to its
     evidence: perplexity warns, it never decides (the outcomes do)."""
-    v = _decide(f, th)
+    v = _decide(f, th, gain)
     warnings = [
         w
         for arm in (f.candidate, f.calibrated, f.layers)
@@ -171,7 +178,19 @@ def reasoning_warnings(arm: ArmFacts, th: Thresholds) -> list[dict[str, Any]]:
     return out
 
 
-def _decide(f: Facts, th: Thresholds) -> Verdict:
+def quality_decides(f: Facts, th: Thresholds = Thresholds()) -> Verdict | None:
+    """The verdict where the quality side decides it alone (a serving problem, a loss, too
+    little evidence, a calibrated or layers arm, emulated FP8), the same one ``decide`` gives
+    whatever the systems side measures; None where quality matched and whether FP8 pays
+    decides. A run asks before its capacity phase: that phase can only answer the second."""
+    return _decide(f, th, _undecided)
+
+
+def _undecided(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> None:
+    return None
+
+
+def _decide(f: Facts, th: Thresholds, pays: Pays[Paid]) -> Verdict | Paid:
     """The stop rule itself, its steps in order; each step's evidence is kept in ``ev``."""
     ev: list[dict[str, Any]] = []
     # 1. The serving path: a fallback means this path cannot be tested, so it is rejected.
@@ -202,7 +221,7 @@ def _decide(f: Facts, th: Thresholds) -> Verdict:
         ev += quality_evidence(f.candidate, f.reference, th)
         return _layers_arm(f, f.layers, th, ev, "FP8 at scale 1.0")
     # 3. Scale 1.0 against the reference.
-    return _scale_one(f, f.candidate, th, ev)
+    return _scale_one(f, f.candidate, th, ev, pays)
 
 
 def _calibration(f: Facts, cal: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
@@ -319,12 +338,14 @@ def _advice_evidence(f: Facts) -> list[dict[str, Any]]:
     ]
 
 
-def _scale_one(f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+def _scale_one(
+    f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]], pays: Pays[Paid]
+) -> Verdict | Paid:
     """FP8 at scale 1.0: a repeatable loss asks for calibration; a match in every bucket is
-    kept if FP8 pays for itself (:func:`_gain`)."""
+    kept if FP8 pays for itself (``pays``: ``payoff.gain``)."""
     ev += quality_evidence(arm, f.reference, th)
     if f.sequential is not None:
-        return _sequential(f, f.sequential, th, ev)
+        return _sequential(f, f.sequential, th, ev, pays)
     lost, trending = losses(arm, th), _trending(arm, th)
     if lost or _shifted(arm, th) or trending:
         if lost:
@@ -341,10 +362,12 @@ def _scale_one(f: Facts, arm: ArmFacts, th: Thresholds, ev: list[dict[str, Any]]
     ok, thin = matches(arm, th)
     if not ok:
         return _insufficient(arm, thin, ev, th)
-    return _gain(f, th, ev)
+    return pays(f, th, ev)
 
 
-def _sequential(f: Facts, seq: Sequential, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
+def _sequential(
+    f: Facts, seq: Sequential, th: Thresholds, ev: list[dict[str, Any]], pays: Pays[Paid]
+) -> Verdict | Paid:
     """A sequential canary decides on its own always-valid evidence: a bucket (or the pool)
     decided LOSS asks for calibration, every bucket EQUIVALENT is the match (then FP8 must
     pay), and anything else is too little evidence, with what each open bucket still needs."""
@@ -359,7 +382,7 @@ def _sequential(f: Facts, seq: Sequential, th: Thresholds, ev: list[dict[str, An
             "calibrate", [f"sequential canary: a loss in {where_}{drop}; {sent}"], ev
         )
     if seq.decision == "equivalent":
-        return _gain(f, th, ev)
+        return pays(f, th, ev)
     need = "; ".join(seq.needs) or "no bucket decided"
     return verdict_record(
         "insufficient_evidence",
@@ -387,8 +410,3 @@ def _insufficient(
     return verdict_record(
         "insufficient_evidence", [f"no loss shown, but too little evidence ({'; '.join(need)})"], ev
     )
-
-
-def _gain(f: Facts, th: Thresholds, ev: list[dict[str, Any]]) -> Verdict:
-    """Quality matched: whether FP8 pays for itself is the systems rule's (``payoff``)."""
-    return gain(f, th, ev)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -335,6 +336,37 @@ def test_the_systems_decision(name: str) -> None:
     for c in facts.systems.cells:
         assert any(e.get("cell") == c.to_json() for e in v.evidence), c
     assert any(t.startswith("systems rule:") for t in texts)
+
+
+def test_the_capacity_phase_gives_one_headline_per_decision_not_per_figure() -> None:
+    """The same canary twice: its capacity cell's figures differ run to run, and where its
+    cell says no gain it may say fewer in one run and no change in the next. The headline
+    says what decided (no gain), the second reason the figures and the call."""
+    worse, _ = capacity("worse")
+    heads, seconds = set(), []
+    for call in ("same", "worse"):
+        c = cell("answered_rps", call, phase="capacity", pairs=12)
+        for change in (-0.19, -0.08):
+            weighed = replace(c, change=change, lo=change - 0.1, hi=change + 0.1)
+            v = decide(
+                matched(
+                    capacity_ratio=2.0,
+                    capacity_needed=False,
+                    systems=rule(*LATENCY_SAME, weighed),
+                    capacity_phase=worse,
+                ),
+                Thresholds(),
+            )
+            assert v.verdict == "reject", v.reasons
+            heads.add(v.headline)
+            seconds.append(v.reasons[1])
+            assert f"{100 * change:+.1f}%" in v.reasons[1] and "%" not in v.headline
+    assert heads == {
+        "REJECT FP8 for this path: no gain: none at the workload's load, nor where the "
+        "reference's cache is full (at concurrency 16)"
+    }
+    assert seconds[0].endswith("no change beyond the floor and the threshold")
+    assert seconds[-1].endswith(": fewer")
 
 
 CALLS = ("better", "worse", "same", "unweighed")

@@ -1,5 +1,6 @@
-"""The capacity phase's cache (``run.capacity.size``): the reference must hold ``HOLDS`` of the
-loop's requests of the workload's median length. For a hybrid model that is counted per layer
+"""The capacity phase's cache (``run.capacity_plan.size``): the loop's demand at the workload's
+median length must be ``PRESSURE`` times what the reference's cache holds, and the served cache
+is checked once its server is up (``Plan.check``). For a hybrid model that is counted per layer
 type: Gemma 3 270M's 1 GiB BF16 cache reports 247,802 tokens at 32,768 (4,333 bytes a token),
 yet one request of 2,000 tokens takes 37.9 MiB, not 8.3."""
 
@@ -10,10 +11,11 @@ from typing import Any
 import pytest
 
 from replay.core.records import Result
-from replay.run.capacity import (
-    HOLDS,
+from replay.run.capacity_plan import (
     MARGIN_TOKENS,
     MIB,
+    MIN_PRESSURE,
+    PRESSURE,
     Plan,
     RefLayers,
     kv_bytes_per_token,
@@ -71,15 +73,45 @@ def test_a_hybrid_reference_is_sized_per_layer_type() -> None:
     layers = RefLayers(gemma())
     p = plan(size(work, {}, per_token, 32768, OPTS, layers))
     held = concurrency(gemma(), p.cache_bytes, 2000)
-    # HOLDS of the loop's 8 requests of the median 2,000 tokens: 4.8, to the MiB it rounds up.
-    assert HOLDS * OPTS.concurrency <= held < HOLDS * OPTS.concurrency + 0.1
-    assert p.cache_bytes == pytest.approx(4.8 * GIB / 27.04, rel=2e-3)
+    # The loop's 8 requests of the median 2,000 tokens are twice what the cache holds: 4, to
+    # the MiB it rounds up.
+    assert OPTS.concurrency / PRESSURE <= held < OPTS.concurrency / PRESSURE + 0.1
+    assert p.cache_bytes - MIB < 4 * layers.request_bytes(2000) <= p.cache_bytes
+    assert layers.request_bytes(2000) == pytest.approx(GIB / 27.04, rel=2e-3)
     assert "per layer type (15 of 18 layers slide over 512 tokens)" in p.sizing
-    assert "4.8 requests of the workload's median 2000 tokens (37.9 MiB each)" in p.sizing
-    # Bytes per token would have sized a cache that holds one such request, not 4.8.
+    assert "hold 4 of the 8 requests in flight" in p.sizing
+    assert "median 2000 tokens (37.9 MiB each)" in p.sizing
+    # Bytes per token would have sized a cache that holds one such request, not 4.
     old = plan(size(work, {}, per_token, 32768, OPTS))
     assert concurrency(gemma(), old.cache_bytes, 2000) < 1.1
     assert "4333 bytes a token" in old.sizing
+
+
+def test_the_median_is_of_the_answers_as_served_prompt_and_output() -> None:
+    """Three length bands as traces/first_run.jsonl has them: the median request is the middle
+    band's, counted with its output, and the cache is twice smaller than the loop's demand."""
+    work = results(*([60] * 7 + [514] * 7 + [1400] * 7))
+    p = plan(size(work, {}, 2048.0, 8192, CapacityOptions(mode="on", concurrency=12)))
+    assert p.median_tokens == 514 and p.max_model_len == 1400
+    tokens = p.cache_bytes / 2048.0
+    assert 12 * 514 / PRESSURE <= tokens < 12 * 514 / PRESSURE + MIB / 2048.0
+    assert p.longest_over_median == pytest.approx(1400 / 514)
+
+
+def test_the_served_cache_is_checked_once_its_server_is_up() -> None:
+    """vLLM's own count at the model length (per layer type), scaled to the median request:
+    a server that holds more than planned leaves too little pressure, and the phase says so."""
+    p = plan(size(results(*([600] * 5)), {}, 2048.0, None, CapacityOptions("on", 12)))
+    assert p.max_model_len == p.median_tokens == 600  # every request of one length
+    pressure, problem = p.check({"kv_cache_max_concurrency": "6.0"})
+    assert pressure == pytest.approx(2.0) and problem is None
+    pressure, problem = p.check({"kv_cache_max_concurrency": "10"})
+    assert pressure is not None and pressure < MIN_PRESSURE
+    assert pressure == pytest.approx(1.2)
+    assert problem is not None and "holds 10.0 requests of the median 600 tokens" in problem
+    assert "--capacity-concurrency" in problem
+    assert p.check({}) == (None, None)  # a server that does not say: nothing to check
+    assert p.check({"kv_cache_max_concurrency": "n/a"}) == (None, None)
 
 
 def test_the_cache_holds_the_longest_request_and_a_margin() -> None:
