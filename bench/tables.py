@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import _blocks
+import _kvcal_gpu_figures
 import orjson
 from _kvcal_figures import nat
 
@@ -114,6 +115,23 @@ def workers_rows(doc: dict[str, Any]) -> Iterator[Row]:
     yield f"ratio {s['ratio_of']}", f"{s['ratio']:.2f}x ({verdict})", s["target"]
 
 
+def locust_workers_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """Locust's master and workers across network namespaces (``bench/locust_workers.py``)."""
+    s, c = doc["summary"], doc["config"]
+    for n, per in s["per_workers"].items():
+        who = "one process" if n == "0" else f"{n} worker(s)"
+        value = (
+            f"{_f(per['requests_per_s'], 0)} req/s, {_f(per['client_cpu_us_per_token'], 1)} us "
+            f"CPU/token; TTFT error p50 {_f(per['ttft_error_p50_ms'], 3)}, p99 "
+            f"{_f(per['ttft_error_p99_ms'])} ms ({per['disturbed_runs']} run(s) disturbed)"
+        )
+        yield f"Locust, {who}, {c['users_per_worker']} users each", value, ""
+    met = s["met"]
+    verdict = "undecided: disturbed" if met is None else ("met" if met else "missed")
+    gap = _f(s["ttft_p99_gap_ms"], 3)
+    yield "Locust workers: TTFT error p99 gap to one process, ms", f"{gap} ({verdict})", s["target"]
+
+
 def real_canary_rows(doc: dict[str, Any]) -> Iterator[Row]:
     s, run = doc["summary"], doc["runs"][-1]
     extra = " ".join(doc["config"]["extra"])
@@ -141,6 +159,33 @@ def real_model_rows(doc: dict[str, Any]) -> Iterator[Row]:
     yield "real model, canary bf16,fp8", f"{c['verdict']} (exit {c['exit_code']})", ""
     step = doc["advice"]["next_step"]
     yield "real model, kvcal advise", f"{step['action']}: {step['reasons'][0]}", ""
+
+
+def advise_speed_rows(doc: dict[str, Any]) -> Iterator[Row]:
+    """``kvcal advise`` on the real model, resumed passes against whole ones
+    (``bench/advise_speed.py``): the times, and whether the advice and its figures agree."""
+    for r in doc["runs"]:
+        n = sum(r["requests"].values())
+        f = r["resumed"]
+        value = f"{f['wall_s'] / 60:.1f} min, {f['action']}"
+        w = r.get("whole")
+        if w is not None:
+            same = "same figures" if r["same_figures"] else f"differ in {', '.join(r['differ'])}"
+            value += f"; whole passes {w['wall_s'] / 60:.1f} min ({r['speedup']:.2f}x), {same}"
+        rec = r.get("recorded")
+        if rec is not None:
+            action = "the same action" if rec["same_action"] else f"not {rec['action']}"
+            kept = "the same" if rec["same_confirmed_set"] else f"{f['confirmed_set']} here"
+            value += (
+                f"; against the recorded advice ({rec['machine']}, {rec['wall_s'] / 60:.0f} min "
+                f"by whole passes): {action}, confirmed set {rec['confirmed_set']} ({kept})"
+            )
+        others = max(f["others_cpu_s"], (w or {}).get("others_cpu_s", 0.0))
+        if others > 0.25 * f["cpu_s"]:
+            value += " (disturbed: other work used the CPU meanwhile)"
+        target = f"<= {r['target_s'] / 60:.0f} min" if r.get("target_s") else ""
+        what = f"kvcal advise, real model, {r['per_bucket']} a bucket ({n} requests)"
+        yield what, value, target
 
 
 def first_run_rows(doc: dict[str, Any]) -> Iterator[Row]:
@@ -319,10 +364,13 @@ KINDS: list[tuple[str, Callable[[dict[str, Any]], Iterator[Row]]]] = [
     ("kvcal_observer", kvcal_rows),
     ("kvcal_long", kvcal_long_rows),
     ("kvcal_formats", kvcal_formats_rows),
+    ("kvcal_gpu", _kvcal_gpu_figures.rows),
     ("open_loop", open_loop_rows),
     ("workers", workers_rows),
+    ("locust_workers", locust_workers_rows),
     ("real_canary", real_canary_rows),
     ("real_model", real_model_rows),
+    ("advise_speed", advise_speed_rows),
     ("long_model", long_model_rows),
     ("long_requests", long_requests_rows),
     ("first_run", first_run_rows),

@@ -370,7 +370,9 @@ def advise(args: AdviseArgs, meter: Meter | None = None) -> dict[str, Any]:
     model = load_model(str(args.model_dir), args.dtype, args.device)
     labels = list(Buckets.parse(args.buckets).labels)
     meter = meter or NoMeter()
-    ref = _reference(model, drawn.items, args, len(settings) + cap.hybrid, meter)
+    lap = _Laps(started)
+    lap("loading")
+    ref = _reference(model, drawn.items, args, len(settings) + cap.hybrid, meter, lap)
     scorer = TapedScorer(model, drawn.items, ref, args.chunk_tokens, meter, whole=args.whole_passes)
     base = settings[1] if args.overlay is not None else settings[0]
     rows = {s.name: _row(scorer, s, labels, "base" if s is base else None) for s in settings}
@@ -378,13 +380,16 @@ def advise(args: AdviseArgs, meter: Meter | None = None) -> dict[str, Any]:
     if cap.hybrid:  # the one set vLLM names by a word: every sliding-window layer
         row, sliding = sliding_candidate(scorer, base, cap, labels)
         rows[row["setting"]] = row
+    lap("settings")
     real, _ = loss_is_real(rows[base.name]["all"], args.min_loss)
     skip = None
     ranking: list[dict[str, Any]] = []
     if real:
         loss = float(_mean(rows[base.name]) or 0.0)
         ranking = rank_layers(scorer, base, loss)
+        lap("ranking layers")
         skip = confirm_skip(scorer, base, ranking, loss, args, cap)
+        lap("confirming sets")
         sliding = None if sliding is None else _recovery(sliding, loss, args.recover)
     return {
         "emulated": True,
@@ -407,13 +412,29 @@ def advise(args: AdviseArgs, meter: Meter | None = None) -> dict[str, Any]:
         "sliding_window": sliding,
         "next_step": next_step(rows, skip, args, sliding, cap.at()),
         "seconds": time.perf_counter() - started,
+        "stage_seconds": lap.seconds,
         "passes": "whole"
         if args.whole_passes
         else f"resumed (tape every {scorer.stride} layer(s))",
     }
 
 
-def _reference(model: Any, items: list[Any], args: AdviseArgs, passes: int, meter: Meter) -> Any:
+class _Laps:
+    """Seconds each stage of advise took, in order (where the time goes, for the report)."""
+
+    def __init__(self, started: float) -> None:
+        self.last = started
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self.last, 1)
+        self.last = now
+
+
+def _reference(
+    model: Any, items: list[Any], args: AdviseArgs, passes: int, meter: Meter, lap: _Laps
+) -> Any:
     """BF16 first: the greedy answers a trace without answers needs, and the reference's
     scores; the work of those and of ``passes`` whole passes is planned."""
     missing = [it for it in items if not it.answer]
@@ -428,7 +449,10 @@ def _reference(model: Any, items: list[Any], args: AdviseArgs, passes: int, mete
         args.chunk_tokens,
         lambda _n: meter.step("BF16 greedy answer", len(next(done).prompt)),
     )
+    lap("BF16 greedy answers")
     scored = iter(items)
-    return reference_scores(
+    ref = reference_scores(
         model, items, args.chunk_tokens, lambda _n: meter.step("BF16 scores", tokens(next(scored)))
     )
+    lap("BF16 reference scores")
+    return ref

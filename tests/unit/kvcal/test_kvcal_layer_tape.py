@@ -127,6 +127,16 @@ def test_advise_reports_the_same_figures_resumed_or_whole(twin_dir: Path, tmp_pa
     for key in ("settings", "ranking", "skip", "next_step"):
         assert resumed[key] == whole[key], key
     assert resumed["next_step"]["action"] == "skip_layers"
+    stages = resumed["stage_seconds"]  # where the time went, stage by stage, in order
+    assert list(stages) == [
+        "loading",
+        "BF16 greedy answers",
+        "BF16 reference scores",
+        "settings",
+        "ranking layers",
+        "confirming sets",
+    ]
+    assert sum(stages.values()) <= resumed["seconds"] + 0.5
 
 
 class _Summaries:
