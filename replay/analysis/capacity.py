@@ -73,8 +73,8 @@ def _arm(
 def full(arm: CapacityArm | None) -> bool | None:
     """The cache ran full: the server preempted a request (it does so only when the cache
     cannot hold the running ones; the counter is exact), or its peak usage reached
-    ``FULL_USAGE`` while requests queued (the usage gauge is sampled once a second, so a
-    preemption between two scrapes is the surer sign)."""
+    ``FULL_USAGE`` while requests queued (the usage gauge is sampled, every quarter second in
+    the capacity phase, so a preemption between two scrapes is the surer sign)."""
     if arm is None or arm.peak_kv_usage is None:
         return None
     if (arm.preemptions or 0) > 0:

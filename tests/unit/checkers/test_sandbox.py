@@ -909,23 +909,16 @@ def test_a_mount_removed_while_the_sandbox_is_set_up_is_not_a_failure(tmp_path: 
         f'mount -t tmpfs t "{gone}" && mount -t tmpfs t "{kept}" && '
         f'PATH="{shim}:$PATH" exec sh -c "$0" sh 1024 0 true'
     )
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _INIT],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def set_up() -> subprocess.CompletedProcess[str]:  # the sandbox's setup in a mount namespace
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _INIT]
+        return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    done = set_up()
     assert done.returncode == 0, done.stderr
     # the same shim failing a mount that is still there: the setup stops
     (shim / "mount").write_text(
         f'#!/bin/sh\nfor a; do last=$a; done\n[ "$last" = "{kept}" ] && exit 32\nexec {real} "$@"\n'
     )
-    done = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, _INIT],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = set_up()
     assert done.returncode == 125 and f"read-only {kept}" in done.stderr, done.stderr
