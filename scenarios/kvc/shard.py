@@ -80,6 +80,10 @@ class Shard:
         self.lease = Lease([], [], plan.run.load.loop, plan.mode == "trace")
         self.t0 = 0.0  # the trace clock's zero (the whole trace's first timestamp)
         self.outstanding: dict[int, Item] = {}  # taken by a user, no result yet
+        # Taken by a user and not yet reported to Locust: the result reaches the outbox on the
+        # asyncio loop before the user fires its events, and the shard is not done until then
+        # (Locust's statistics count every result the run directory has).
+        self.in_hand = 0
         self.futures: set[concurrent.futures.Future[Result]] = set()
         self.running = 0
         self.outbox = Outbox(env, plan)
@@ -268,6 +272,7 @@ class Shard:
             item = self.lease.pop()
             if item is not None:
                 self.outstanding[item.seq] = item
+                self.in_hand += 1
                 self._top_up()
                 return item
             self._top_up()
@@ -317,6 +322,17 @@ class Shard:
             self.wake.set()
         else:
             self.lease.granted(seqs)
+
+    def serve(self, item: Item) -> None:
+        """Send a request ``take`` handed out and report its result (if the test did not
+        stop first)."""
+        try:
+            res = self.send(item)
+            if res is not None:
+                self.report(item, res)
+        finally:
+            self.in_hand -= 1
+            self.wake.set()
 
     def send(self, item: Item) -> Result | None:
         """Send one request (at its due time in the trace shape); None if the test stopped
@@ -405,7 +421,7 @@ class Shard:
             return False
         if self.failure is not None:
             return True
-        return self.lease.idle() and not self.outstanding
+        return self.lease.idle() and not self.outstanding and not self.in_hand
 
     def _finish(self, stopped: bool) -> None:
         if self.done:

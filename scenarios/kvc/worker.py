@@ -83,7 +83,5 @@ class Worker:
         item = shard.take()
         if item is None:
             return False
-        res = shard.send(item)
-        if res is not None:
-            shard.report(item, res)
+        shard.serve(item)
         return True
