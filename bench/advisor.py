@@ -102,8 +102,8 @@ def wrapped(command: str, width: int = 96) -> str:
 def render(entry: dict[str, Any]) -> str:
     """One block: the command, the Markdown table and the advice (kvcal's own renderers)."""
     sys.path.insert(0, str(BENCH.parent))
-    from kvcal._emulate_advice import advise
     from kvcal.cli.tables import emulation_markdown
+    from kvcal.emulate.advice import advise
 
     report = dict(entry["report"])
     report["advice"] = advise(report)

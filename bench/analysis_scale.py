@@ -101,7 +101,7 @@ def base_run(work: Path, base: int) -> Path:
 
 def tiled_run(base_dir: Path, base: int, size: int, work: Path) -> Path:
     """A run directory of ``size`` results: the base run tiled over size/arms requests."""
-    from replay.run.rundir import file_digest
+    from replay.rundir.files import file_digest
 
     rows = [orjson.loads(line) for line in (base_dir / "results.jsonl").open("rb")]
     # Each arm's base result by request index (ids are req-0000000, ...); the arms are the

@@ -8,7 +8,7 @@ long model (Gemma 3 270M, 32K tokens, 15 of 18 layers sliding-window), BF16 and 
 Each (length, setting) runs in a fresh process (``--child``): it loads the model as
 ``kvcal emulate`` does, takes a prompt of real English text (Python's own documentation,
 ``pydoc_data.topics``) that with the answer fills the context length, and scores the text's
-next ``--answer`` tokens teacher-forced (:func:`kvcal._emulate.teacher_forced`: the prompt
+next ``--answer`` tokens teacher-forced (:func:`kvcal.emulate.cache.teacher_forced`: the prompt
 prefilled in ``--chunk-tokens`` chunks, then the answer) under BF16 or FP8 at scale 1.0. The
 child reports its own peak resident set (``VmHWM`` of ``/proc/self/status``: per process,
 reset by exec, so neither this script nor an earlier child counts), its resident set once
@@ -76,8 +76,8 @@ def child(model_dir: str, length: int, setting: str, answer: int, chunk: int) ->
     import torch
     from transformers import AutoTokenizer
 
-    from kvcal._emulate import new_cache, teacher_forced, uniform
     from kvcal._observe import kv_shape, load_model
+    from kvcal.emulate.cache import new_cache, teacher_forced, uniform
 
     text = "\n\n".join(topics[k] for k in sorted(topics))
     # about 3.5 characters a token here: tokenize a prefix with room to spare, not all 465K

@@ -201,7 +201,7 @@ def advisor_rows(doc: dict[str, Any]) -> Iterator[Row]:
     """One model's advisor report (``bench/advisor.py`` renders it in docs/kvcal.md): the
     settings within the tolerance in every bucket."""
     sys.path.insert(0, str(BENCH.parent))
-    from kvcal._emulate_advice import within_tolerance
+    from kvcal.emulate.advice import within_tolerance
 
     report = doc["report"]
     tol = report.get("tolerance")

@@ -30,7 +30,7 @@ PAGE = ROOT / "docs" / "run-directory-reference.md"
 def _roots() -> list[tuple[str, str, type]]:
     sys.path.insert(0, str(ROOT))
     from replay.analysis.schemas import Summary
-    from replay.analysis.schemas_manifest import Manifest
+    from replay.analysis.schemas.manifest import Manifest
     from replay.core.records import Result
 
     return [

@@ -1,7 +1,7 @@
 """``kvcal advise``: what to try when FP8 (calibrated or not) still loses, from measurements.
 
 One model load, one BF16 reference, then the settings a decision needs, each scored
-teacher-forced on the same requests (``kvcal._emulate_report``'s scorer and intervals):
+teacher-forced on the same requests (:mod:`kvcal.emulate`'s scorer and intervals):
 
 * FP8 at scale 1.0 and at the calibrated scales (``--overlay``), each with the backend's own
   rounding (``--rounding``: vLLM CPU truncates the mantissa, CUDA rounds to nearest) and with
@@ -45,13 +45,13 @@ from replay.serving.kv_layout import SLIDING_WINDOW
 
 from ._advise_scoring import Meter, NoMeter, TapedScorer, tokens
 from ._capacity import Capacity, model_capacity
-from ._emulate import Setting, uniform
-from ._emulate_overlay import overlay_setting, read_overlay
-from ._emulate_report import CAVEAT, INTERVAL, EmulateArgs, _draw, capacity_notes
-from ._emulate_score import bf16_answers, by_bucket, reference_scores, tf_summary
-from ._emulate_sensitivity import loss_is_real
 from ._fp8 import E4M3_MAX, hf_head_scale
 from ._kv_formats import ENGINE_ROUNDING
+from .emulate.cache import Setting, uniform
+from .emulate.overlay import overlay_setting, read_overlay
+from .emulate.report import CAVEAT, INTERVAL, EmulateArgs, capacity_notes, draw_requests
+from .emulate.score import bf16_answers, by_bucket, reference_scores, tf_summary
+from .emulate.sensitivity import loss_is_real
 
 FLAG = "--kv-cache-dtype-skip-layers"
 OTHER_ROUNDING = {"cpu": "cuda", "cuda": "cpu"}
@@ -364,7 +364,7 @@ def advise(args: AdviseArgs, meter: Meter | None = None) -> dict[str, Any]:
     cap = model_capacity(args.model_dir, config, (layers, kv_heads, head_dim))
     backend = backend_rounding(args.rounding)
     settings, exclude = _settings(args, layers, kv_heads, backend)
-    drawn = _draw(args, config, exclude)
+    drawn = draw_requests(args, config, exclude)
     if not drawn.items:
         raise InputError("no requests to score: the trace has none that fit the model")
     model = load_model(str(args.model_dir), args.dtype, args.device)

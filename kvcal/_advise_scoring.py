@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ._emulate import Setting, new_cache, teacher_forced
-from ._emulate_requests import Item
-from ._emulate_score import Reference, Score, tf_summary
 from ._layer_tape import TAPE_BUDGET, Tape, decoder_layers, recording, resuming, tape_stride
 from ._observe import kv_shape
+from .emulate.cache import Setting, new_cache, teacher_forced
+from .emulate.requests import Item
+from .emulate.score import Reference, Score, tf_summary
 
 
 class Meter(Protocol):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replay.core.errors import InputError
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 
 from . import __version__
 from ._preflight import INDEX, weight_map

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ._emulate import Setting
+from .emulate import Setting
 
 # Kept layer outputs of every scored request, for the two tapes advise keeps at once (the
 # base setting's and the growing confirmed set's): at most this many bytes, else a stride.

@@ -2,7 +2,7 @@
 round trip at the cache write.
 
 The options, their checks and the run with its progress bars; the work is
-:mod:`kvcal._emulate_report`'s, the tables :mod:`kvcal.cli.tables`'.
+:mod:`kvcal.emulate`'s, the tables :mod:`kvcal.cli.tables`'.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from .common import EXIT_OK, console, guard, with_options
 from .tables import emulation_markdown, emulation_tables, sensitivity_table
 from .trace_options import BUCKETS_OPTION, ON_BAD_LINE_OPTION, TRACE_FORMAT_OPTION
 
-if TYPE_CHECKING:  # torch comes with _emulate_report, imported once torch is known to be there
-    from .._emulate_report import EmulateArgs
+if TYPE_CHECKING:  # torch comes with kvcal.emulate, imported once torch is known to be there
+    from ..emulate import EmulateArgs
 
 # transformers runs the model (torch); safetensors reads the k/v scales a checkpoint carries.
 EMULATE_NEEDS = ("torch", "transformers", "safetensors")
@@ -201,7 +201,7 @@ def emulate_cmd(
             bucket_spec,
             max_prompt_tokens,
         )
-        from .._emulate_report import EmulateArgs
+        from ..emulate import EmulateArgs
 
         args = EmulateArgs(
             model_dir,
@@ -306,7 +306,7 @@ def _parse_layers(text: str | None, model_dir: Path) -> tuple[int, ...]:
 def _emulate(args: EmulateArgs, json_path: Path | None, markdown_path: Path | None) -> None:
     """Run the emulation with transient progress bars on stderr; print the report's tables
     (stdout), notes and advice (stderr); write it all as JSON where asked."""
-    from .._emulate_report import emulate
+    from ..emulate import emulate
 
     with Progress(
         TextColumn("{task.description}"),

@@ -136,7 +136,7 @@ def _sampling_info(
     model_dir: Path, trace: Path, buckets: Buckets, opts: TraceDraw, bad_lines: int
 ) -> dict[str, Any]:
     """What the split was drawn from and how: the sample manifest."""
-    from replay.run.rundir import file_digest
+    from replay.rundir.files import file_digest
 
     from .._checkpoint import model_digests
 

@@ -1,6 +1,6 @@
-"""A target's served cache read per layer type, for the summary (``schemas_layers``).
+"""A target's served cache read per layer type, for the summary (``schemas.layers``).
 
-The summary's target entries (``run.analyze.target_for_summary``) name the folders that may
+The summary's target entries (``pipeline.target_facts``) name the folders that may
 hold the target's model (its spec's, then the one its server reports) and its
 ``max_model_len``; where one of them is a model folder here, each bucket's capacity is counted
 per layer type (``serving.kv_served``) instead of as ``kv_cache_size_tokens / context``.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from replay.analysis.schemas_layers import LayerCapacity
+from replay.analysis.schemas.layers import LayerCapacity
 from replay.serving.kv_served import ServedCache, layout_of
 
 

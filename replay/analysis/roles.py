@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.core.errors import ConfigError
 
 ROLES = ("reference", "candidate", "calibrated", "layers")

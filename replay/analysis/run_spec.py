@@ -1,9 +1,11 @@
-"""``RunSpec``: what one run was asked to do, as plain typed data that both drivers produce (the
-CLI from its ``RunOptions``, the Locust adapter from its ``Config``), the manifest records in
-its ``run_spec`` block and reads back typed (``Manifest.run_spec``), and a re-analysis or a resume
-can compare. Built of five records: the trace, the load, quality, the error budget and the run
-directory. A field a driver has no equivalent of says so in its default and its comment; there
-is no second type per driver."""
+"""``RunSpec``: one run, complete, as plain typed data: every option that changes what is sent
+or how it is decided. Both drivers build it once from their own options (the CLI from its
+``RunOptions``, the Locust adapter from its ``Config``); the manifest records it in its
+``run_spec`` block, and it is what the runner runs, what ``--resume`` continues and what the
+analysis and ``replay report --reanalyse`` read (``Manifest.run_spec``). Built of records: the
+trace, the targets, the load, quality, the error budget, the run directory, and the sequential
+canary's rounds and the capacity phase where the run has them. A field a driver has no
+equivalent of says so in its default and its comment; there is no second type per driver."""
 
 from __future__ import annotations
 
@@ -25,6 +27,23 @@ class TraceSpec(Record):
     length_scale: float = 1.0
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
+    on_bad_line: str = "fail"  # Locust: a bad line stops the test
+    limit: int | None = None  # the first N requests only
+    exclude_ids: str | None = None  # a file of request ids left out (the CLI only)
+
+
+@record
+class TargetsSpec(Record):
+    """How the targets were named: as given (a URL's credentials redacted: a resume asks for
+    them again), the file that defines them, the model of the local ones, the layers kept in
+    BF16, and the KV formats emulated instead of served."""
+
+    given: str
+    targets_file: str | None = None
+    model: str | None = None  # the CLI only; Locust drives a running server
+    skip_layers: str | None = None  # NAME=LAYERS, the CLI only
+    emulate: str | None = None  # "fp8" or "kv" (the CLI only)
+    startup_timeout_s: float = 900.0  # for the servers the run starts itself
 
 
 @record
@@ -34,6 +53,13 @@ class LoadSpec(Record):
 
     targets: tuple[str, ...]
     schedules: tuple[str, ...]  # phase labels, in order (c1, c4, poisson-2rps, trace-x1)
+    # What the phases are made of: closed-loop levels, or an open loop at a Poisson rate or
+    # at the trace's own times (its gaps times ``time_scale``), at most ``max_in_flight``.
+    concurrency: str = "4"
+    rate: float | None = None
+    trace_times: bool = False
+    time_scale: float = 1.0
+    max_in_flight: int = 0
     seed: int = 0
     timeout_s: float = 600.0  # per request
     phase_timeout_s: float | None = None  # None: phases have no time limit (Locust)
@@ -44,6 +70,7 @@ class LoadSpec(Record):
     interleave: bool = False  # the CLI only
     block_size: int = 0
     session_history: str = "trace"  # Locust sends each turn as the trace has it
+    think_time: str = "auto"  # between a session's turns: the trace's gaps, or seconds
     stop_at_saturation: bool = False  # the CLI only
 
 
@@ -68,6 +95,7 @@ class QualitySpec(Record):
     required_capacity_ratio: float = _DEFAULT.required_capacity_ratio
     accept_emulated: bool = False
     systems_threshold: float = _DEFAULT.systems_threshold
+    advice: str | None = None  # a `kvcal advise --json` file: the verdict's next-step evidence
 
     def thresholds(self, max_error_rate: float | None) -> Thresholds:
         """The verdict's thresholds; ``max_error_rate``: the budget's (None: the default)."""
@@ -94,6 +122,29 @@ class BudgetSpec(Record):
 
 
 @record
+class SequentialSpec(Record):
+    """The sequential canary (``--sequential``): requests per open bucket in a round, and its
+    bounds (pairs sent, seconds of rounds)."""
+
+    round_size: int = 20
+    max_requests: int | None = None
+    max_time_s: float | None = None
+
+
+@record
+class CapacitySpec(Record):
+    """The capacity phase (replay/run/capacity.py): ``mode`` on, off, or auto (run when the
+    workload's own load never filled the reference's cache and the quality side left the
+    verdict to whether FP8 pays); its closed loop's concurrency; the KV-cache memory of its
+    servers in MiB (0: sized from the workload); the time its blocks may take."""
+
+    mode: str = "off"
+    concurrency: int = 12
+    cache_mib: int = 0
+    time_limit_s: float = 600.0
+
+
+@record
 class RunDirSpec(Record):
     """Where the run is written, and whether it continues an interrupted run there."""
 
@@ -110,3 +161,12 @@ class RunSpec(Record):
     quality: QualitySpec
     budget: BudgetSpec
     run_dir: RunDirSpec
+    # Read as empty from a manifest written before the run spec held them.
+    targets: TargetsSpec | None = None
+    capacity: CapacitySpec = CapacitySpec()
+    sequential: SequentialSpec | None = None  # None: fixed phases, not rounds
+
+    @property
+    def thresholds(self) -> Thresholds:
+        """The verdict's thresholds: quality's, with the error budget's rate."""
+        return self.quality.thresholds(self.budget.max_error_rate)

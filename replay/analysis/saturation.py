@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from replay.analysis.schemas import ResultStats, Summary, TargetSummary
-from replay.analysis.schemas_sweep import (
+from replay.analysis.schemas.sweep import (
     Knee,
     LoadCurve,
     LoadPoint,

@@ -264,11 +264,6 @@ def summarize(results: Iterable[Result]) -> ResultStats:
     return ResultStats(**_figures(*results_frame(results)))
 
 
-def summarize_results(results: Sequence[Result]) -> dict[str, Any]:
-    """``summarize`` as JSON, for callers outside the pipeline."""
-    return summarize(results).to_json()
-
-
 def summarize_server(series: Sequence[Mapping[str, Any]], start: float, end: float) -> ServerStats:
     """Server-side figures over a phase from scraped snapshots; the runner scrapes at the
     phase's start and end, so counter deltas cover exactly the phase."""
@@ -468,20 +463,3 @@ def summarize_targets(
             layer_capacity=layers,
         )
     return out
-
-
-def build_summary(
-    results: Iterable[Result],
-    targets: Mapping[str, Mapping[str, Any]],
-    series: Mapping[str, Sequence[Mapping[str, Any]]],
-    bucket_order: Sequence[str],
-) -> dict[str, Any]:
-    """The summary document's targets as JSON (versioned), for callers outside the pipeline:
-    targets -> phases -> buckets."""
-    return {
-        "version": SUMMARY_VERSION,
-        "targets": {
-            name: t.to_json()
-            for name, t in summarize_targets(results, targets, series, bucket_order).items()
-        },
-    }

@@ -56,15 +56,6 @@ def crossing(
     return max(0.0, x), "above" if b1 < b0 else "below"
 
 
-def break_even(
-    ref: tuple[float, float] | None,
-    cand: tuple[float, float] | None,
-) -> dict[str, Any]:
-    """``crossing`` as JSON: ``{"tokens": ..., "fp8_wins": ...}``."""
-    tokens, wins = crossing(ref, cand)
-    return {"tokens": tokens, "fp8_wins": wins}
-
-
 def systems(
     results: Sequence[Result],
     reference: str,
@@ -159,13 +150,6 @@ def _below(e2e: Fit, median_ctx: float | None) -> bool | None:
         or (e2e.fp8_wins == "above" and median_ctx < (e2e.tokens or 0))
         or (e2e.fp8_wins == "below" and median_ctx > (e2e.tokens or 0))
     )
-
-
-def compare_systems(
-    results: Sequence[Result], reference: str, candidate: str, phase: str, seed: int = 0
-) -> dict[str, Any]:
-    """``systems`` as JSON, for callers outside the pipeline."""
-    return systems(results, reference, candidate, phase, seed).to_json()
 
 
 def throughput_ratio(

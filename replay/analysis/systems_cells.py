@@ -43,7 +43,6 @@ from replay.analysis.timings import LATENCY, Timings, timings
 from replay.core.records import Result
 from replay.core.slo import SloSpec, meets
 
-THRESHOLD = 0.05  # the smallest change that counts (--systems-threshold)
 LOWER_IS_BETTER = ("ttft_ms", "itl_ms", "e2e_ms")
 CAPACITY_SHARE = 0.5  # of alpha, for a capacity phase's cells (:func:`rule`)
 # A log ratio beyond any block's (e^50 times): what a block not sent yet is assumed to give

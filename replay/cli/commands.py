@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from replay import __version__
 from replay.analysis.schemas import Summary
 from replay.cli.common import console, guard, install_sigterm, shown
 from replay.cli.replay_run import replay_run, write_reports
@@ -19,6 +18,7 @@ from replay.cli.trace_commands import trace
 from replay.core.errors import InputError
 from replay.core.exit_codes import ExitCode
 from replay.core.extras import require
+from replay.core.version import __version__
 from replay.present.table import compare_table
 from replay.present.terminal import print_tables
 
@@ -87,8 +87,8 @@ def report_cmd(run_dir: Path, trace_path: Path | None, reanalyse: bool) -> None:
     graded and summarized first, from results.jsonl and manifest.json."""
 
     def run() -> int:
-        from replay.run.analyze import reanalyse as analyse_again
-        from replay.run.analyze import results_table
+        from replay.pipeline.analyse import results_table
+        from replay.pipeline.reanalyse import reanalyse as analyse_again
 
         results = None
         if reanalyse or not (run_dir / "summary.json").exists():
@@ -136,7 +136,7 @@ def export_cmd(run_dir: Path, fmt: str, output: Path | None) -> None:
     run as a formula get a leading quote; no symbolic link is written through."""
 
     def run() -> int:
-        from replay.run.rundata import export_run
+        from replay.rundir.rundata import export_run
 
         for path in export_run(run_dir, output or run_dir / "export", fmt):
             click.echo(str(path))

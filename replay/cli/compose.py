@@ -35,8 +35,8 @@ def refuse_combinations(o: RunOptions, schedules: Sequence[Schedule]) -> None:
         raise InputError("--sequential sends closed-loop rounds: leave out --rate/--trace-times")
 
 
-def compose(cfg: RunConfig, o: RunOptions, progress: Progress) -> Runner:
-    """The runner of ``cfg``: over --workers load processes, in interleaved blocks, the
+def compose(cfg: RunConfig, progress: Progress) -> Runner:
+    """The runner of ``cfg``'s spec: over --workers load processes, in interleaved blocks, the
     sequential canary's rounds (on the first --concurrency), or one target after another."""
     clock = MonotonicClock()
     if cfg.load.workers > 1:
@@ -44,12 +44,12 @@ def compose(cfg: RunConfig, o: RunOptions, progress: Progress) -> Runner:
         return Runner(cfg, progress, clock=clock, sender=sender)
     if cfg.load.interleave:
         return Runner(cfg, progress, clock=clock, order=Interleaved())
-    if not o.sequential:
+    seq = cfg.spec.sequential
+    if seq is None:
         return Runner(cfg, progress, clock=clock)
-    from replay.run.sequential_run import RoundLoop, Rounds, SequentialOptions
+    from replay.run.sequential_run import RoundLoop, Rounds
 
     first = cfg.schedules[0]
     assert isinstance(first, ClosedLoop)  # refuse_combinations: no open loop
-    seq = SequentialOptions(o.round_size, o.max_requests, o.max_time)
     loop = RoundLoop(first.concurrency)
     return Runner(cfg.with_schedules([loop]), progress, clock=clock, order=Rounds(seq))

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from replay.analysis.run_spec import CapacitySpec
 from replay.cli.common import console
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
-from replay.run.config import CapacityOptions
 from replay.run.interleave import SERVERS_AT_ONCE
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import StreamedTrace
@@ -72,7 +72,7 @@ def resolve_interleave(
     return o.replace(interleave=len(targets) > 1 and blocked is None and local <= SERVERS_AT_ONCE)
 
 
-def capacity_options(o: RunOptions, canary: bool) -> CapacityOptions:
+def capacity_options(o: RunOptions, canary: bool) -> CapacitySpec:
     """``--capacity-phase``: on, off, or by default auto in the canary (where it can run:
     its blocks are sent interleaved; and only where the verdict needs it)."""
     if o.capacity_phase and not o.interleave:
@@ -80,6 +80,9 @@ def capacity_options(o: RunOptions, canary: bool) -> CapacityOptions:
     mode = "on" if o.capacity_phase else "off"
     if o.capacity_phase is None and canary and o.interleave:
         mode = "auto"
-    return CapacityOptions(
-        mode, o.capacity_concurrency, o.capacity_cache_mib, o.capacity_time_limit
+    return CapacitySpec(
+        mode=mode,
+        concurrency=o.capacity_concurrency,
+        cache_mib=o.capacity_cache_mib,
+        time_limit_s=o.capacity_time_limit,
     )

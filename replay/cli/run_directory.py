@@ -1,5 +1,6 @@
 """Where a run is written: a new run directory (checked before the trace is read), or the run
-``--resume`` continues, with its own options and only what may be given beside them."""
+``--resume`` continues: its manifest's ``RunSpec``, as the options that build it again, and
+only what may be given beside them."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Any
 
 from replay.cli.common import console, shown
 from replay.cli.run_options import RunOptions
+from replay.cli.run_spec import options_of
 from replay.core.credentials import REDACTED, redact
 from replay.core.errors import InputError
-from replay.run.manifest import read_manifest
-from replay.run.rundir import MANIFEST, check_run_location, file_digest, new_run_dir
+from replay.rundir.files import MANIFEST, check_run_location, file_digest, new_run_dir
+from replay.rundir.manifest import read_manifest
 
 
 def run_options_of(
@@ -94,20 +96,25 @@ def _targets_again(o: RunOptions, where: str, typed: str | None) -> RunOptions:
 
 
 def resume_options(run_dir: Path) -> tuple[RunOptions, Resuming]:
-    """The options the interrupted run was started with, from its manifest."""
+    """The options the interrupted run was started with: its manifest's ``run_spec`` (a run
+    written before the spec was complete: the options it saved then)."""
     where = f"--resume {run_dir}: {MANIFEST}"
     try:
         manifest = read_manifest(run_dir)
     except (OSError, ValueError):
         manifest = None
-    if manifest is None or manifest.cli_options is None or not manifest.trace.sha256:
+    spec = manifest.run_spec if manifest is not None else None
+    if manifest is None or not manifest.trace.sha256:
         raise InputError(
             f"--resume {run_dir}: no readable manifest.json with the run's "
             "options; is this a kvcanary run directory?"
         )
-    return RunOptions.from_saved(dict(manifest.cli_options), where), Resuming(
-        run_dir, manifest.trace.sha256
-    )
+    resuming = Resuming(run_dir, manifest.trace.sha256)
+    if spec is not None and spec.targets is not None:
+        return options_of(spec, spec.targets), resuming
+    if manifest.cli_options is None:
+        raise InputError(f"{where}: no run_spec (nor the options of an older version)")
+    return RunOptions.from_saved(dict(manifest.cli_options), where), resuming
 
 
 def run_directory(o: RunOptions, resuming: Resuming | None) -> Path:

@@ -1,7 +1,8 @@
-"""The options of one replay as a typed, validated object: parsed once from the command line,
-saved in the manifest (``cli_options``), and read back, by the same field types, when a run is
-resumed. Adding an option means adding a field here and its ``click.option``; nothing else
-keeps a list of option names."""
+"""The options of one replay as a typed, validated object, parsed once from the command line
+and resolved into the run's ``RunSpec`` (replay/cli/replay_run.py), which the manifest records
+and ``--resume`` continues. Adding an option that changes the run means a field here, its
+``click.option``, and its place in the spec (``run_spec``, and back: ``run_directory.options_of``).
+``from_saved`` reads the options an older version saved (``cli_options``), for its runs."""
 
 from __future__ import annotations
 
@@ -125,6 +126,13 @@ class RunOptions:
             for v in [getattr(self, f.name)]
         }
         return saved | {"targets": redact(self.targets)}
+
+    def given_json(self, given: Mapping[str, str]) -> dict[str, Any]:
+        """The flags the command line named (``given``: parameter name to flag), each with its
+        value as the run took it (``to_json``): the manifest's ``cli_options``, an audit
+        record. Nothing reads it back: the run is its ``RunSpec``."""
+        saved = self.to_json()
+        return {flag: saved[name] for name, flag in sorted(given.items()) if name in saved}
 
     def replace(self, **changes: Any) -> RunOptions:
         return dataclasses.replace(self, **changes)

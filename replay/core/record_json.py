@@ -8,11 +8,12 @@ wrong. Field types are ``int``, ``float``, ``str``, ``bool``, another record, ``
 kept as it is), each optionally ``| None``.
 
 Reading is lenient about *missing* keys, because documents written by older versions lack keys
-added since: a missing key reads as None (``X | None``), 0, False, "", an empty collection or an
-empty record. A wrong *type* is an error; with ``problems=[...]`` (the report, which renders
-whatever a run directory holds) it is recorded there instead, and the field reads as if it were
-missing (an entry of a mapping or a list is left out). Keys a record does not know (a newer
-version's) are ignored. Two markers say how a field is written:
+added since: a missing key reads as its field's default where it has a plain one, else as None
+(``X | None``), 0, False, "", an empty collection or an empty record. A wrong *type* is an
+error; with ``problems=[...]`` (the report, which renders whatever a run directory holds) it is
+recorded there instead, and the field reads as if it were missing (an entry of a mapping or a
+list is left out). Keys a record does not know (a newer version's) are ignored. Two markers
+say how a field is written:
 
 * ``absent_if_none()``: None leaves the key out (no null is ever written there);
 * ``Omitted``: three states, for keys that are null in some documents and absent in others.
@@ -104,7 +105,7 @@ class Record:
             hint = _hints_of(cls)[f.name]
             sub = f"{path}.{f.name}" if path else f.name
             if f.name not in data:
-                values[f.name] = _missing(hint)
+                values[f.name] = _absent(f, hint)
                 continue
             try:
                 values[f.name] = _decode(data[f.name], hint, sub, reading)
@@ -144,6 +145,15 @@ def _inner(args: tuple[Any, ...]) -> Any:
     if len(rest) != 1:
         raise TypeError(f"a record field may be one type, None and Omitted, not {args}")
     return rest[0]
+
+
+def _absent(f: dataclasses.Field[Any], hint: Any) -> Any:
+    """What a key that is not there reads as: the field's default where it has a plain one
+    (a setting added since the document was written reads as what it was before), else
+    ``_missing``."""
+    if f.default is not dataclasses.MISSING and not isinstance(f.default, Record):
+        return f.default
+    return _missing(hint)
 
 
 def _missing(hint: Any) -> Any:

@@ -28,13 +28,21 @@ Send = Callable[[T, float], Awaitable[object]]
 
 
 class Clock(Protocol):
+    """The run's time, which every timestamp of a run is on: seconds since the run's zero.
+
+    All the run uses of it: ``now()``, and ``sleep_until`` to wait for a due time. What stamps
+    results off the event loop (the client's socket callbacks, the /metrics scraper) is handed
+    the bound ``now`` as its time source, so it stamps on the same zero without knowing how the
+    clock keeps time. ``MonotonicClock`` is the real one; a test's clock implements this, it
+    does not subclass ``MonotonicClock`` (tests/house/test_clock.py)."""
+
     def now(self) -> float: ...
 
     async def sleep_until(self, t: float) -> None: ...
 
 
 class MonotonicClock:
-    """Real time: seconds since ``epoch`` on ``time.perf_counter``."""
+    """Real time (a ``Clock``): seconds since ``epoch`` on ``time.perf_counter``."""
 
     def __init__(self, epoch: float | None = None) -> None:
         self.epoch = time.perf_counter() if epoch is None else epoch

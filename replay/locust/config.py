@@ -15,14 +15,16 @@ from replay.analysis.run_spec import (
     QualitySpec,
     RunDirSpec,
     RunSpec,
+    TargetsSpec,
     TraceSpec,
 )
 from replay.core.buckets import Buckets
+from replay.core.credentials import redact
 from replay.core.errors import InputError, KvcanaryError
 from replay.core.slo import SloSpec, parse_slo
 from replay.locust.plans import Constant, LoadPlan, StepSweep, TraceTimes, parse_levels
 from replay.locust.target import resolve_target
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import StreamedTrace, scan, sniff_format
 
@@ -54,6 +56,9 @@ class Config:
     slo: SloSpec | None = None
     # A lost worker's unsent requests go to the live workers (off: recorded as unavailable).
     reassign: bool = True
+    # The target as --kvc-target named it (credentials redacted), and its --kvc-targets-file.
+    target_given: str = ""
+    targets_file: str | None = None
 
     def run_spec(self, run_dir: Path, shards: int) -> RunSpec:
         """The run this test is, as the CLI would describe it; ``shards``: the workers that
@@ -64,10 +69,13 @@ class Config:
                 format=self.trace_format,
                 sha256=self.sha256,
                 requests=self.trace.count,
+                limit=self.limit or None,
             ),
+            targets=TargetsSpec(given=self.target_given, targets_file=self.targets_file),
             load=LoadSpec(
                 targets=(self.spec.name,),
                 schedules=tuple(self.plan.labels),
+                **{"time_scale": self.time_scale, **self.plan.load_fields()},
                 seed=self.seed,
                 timeout_s=self.timeout_s,
                 workers=shards,
@@ -136,6 +144,8 @@ def config_of(opts: Any, host: str | None, mode: str, common: bool) -> Config:
         max_results=_at_least(int(opts.kvc_max_results), 0, "--kvc-max-results"),
         slo=_slo(str(opts.kvc_slo), buckets),
         reassign=getattr(opts, "kvc_reassign", "on") == "on",
+        target_given=redact(str(opts.kvc_target)),
+        targets_file=str(opts.kvc_targets_file) or None,
     )
 
 

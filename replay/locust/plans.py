@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from replay.core.errors import ConfigError
 from replay.traces.trace import Request
@@ -25,6 +25,11 @@ class Tick:
 class LoadPlan(Protocol):
     @property
     def labels(self) -> list[str]: ...
+
+    def load_fields(self) -> dict[str, Any]:
+        """What the phases are made of, as the run spec's ``LoadSpec`` fields that say it
+        (the CLI's --concurrency, or --trace-times with its scale and cap)."""
+        ...
 
     def tick(self, t: float) -> Tick | None:
         """The load ``t`` seconds after the trace is ready; None when the run is over."""
@@ -70,6 +75,9 @@ class Constant:
     def labels(self) -> list[str]:
         return [f"c{self.users}"]
 
+    def load_fields(self) -> dict[str, Any]:
+        return {"concurrency": str(self.users)}
+
     def tick(self, t: float) -> Tick | None:
         if self.run_time_s is not None and t >= self.run_time_s:
             return None
@@ -95,6 +103,9 @@ class StepSweep:
     @property
     def labels(self) -> list[str]:
         return [f"c{n}" for n in self.levels]
+
+    def load_fields(self) -> dict[str, Any]:
+        return {"concurrency": ",".join(map(str, self.levels))}
 
     def ends(self) -> list[float]:
         """When each level ends, seconds from the start."""
@@ -136,6 +147,13 @@ class TraceTimes:
     @property
     def labels(self) -> list[str]:
         return [f"trace-x{self.time_scale:g}"]
+
+    def load_fields(self) -> dict[str, Any]:
+        return {
+            "trace_times": True,
+            "time_scale": self.time_scale,
+            "max_in_flight": self.max_in_flight,
+        }
 
     def tick(self, t: float) -> Tick | None:
         if self.run_time_s is not None and t >= self.run_time_s:

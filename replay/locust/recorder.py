@@ -12,14 +12,12 @@ from typing import Any
 from replay.analysis.grading.rows import grading_spec
 from replay.analysis.result_table import phase_spans
 from replay.analysis.run_spec import RunSpec
-from replay.analysis.schemas_manifest import Manifest
-from replay.analysis.thresholds import Thresholds
+from replay.analysis.schemas.manifest import Manifest
 from replay.core.buckets import Buckets
 from replay.core.records import Result
-from replay.core.slo import SloSpec
-from replay.run.analyze import Analysis, analyse, results_table, target_for_summary
-from replay.run.manifest import build_manifest, target_entry, trace_facts
-from replay.run.rundir import MANIFEST, RESULTS, JsonlWriter, write_json
+from replay.pipeline.analyse import Sources, analyse, results_table
+from replay.rundir.files import MANIFEST, RESULTS, JsonlWriter, write_json
+from replay.rundir.manifest import build_manifest, target_entry, trace_facts
 from replay.serving.targets import (
     TargetSpec,
 )
@@ -78,8 +76,6 @@ class RunRecorder:
     options: dict[str, Any]
     driver: dict[str, Any]
     command: list[str]
-    checkers: bool = True
-    seed: int = 0
     status: str = "ok"
     reason: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -89,8 +85,8 @@ class RunRecorder:
     # are counted, not stored, so no test can fill the disk (Locust's statistics still see
     # every request). 0: no cap.
     max_results: int = DEFAULT_MAX_RESULTS
-    slo: SloSpec | None = None  # SLO attainment and goodput in the summary
-    run_spec: RunSpec | None = None  # the manifest's spec block
+    # The manifest's spec block: what the analysis reads (checkers, seed, SLOs, thresholds).
+    run_spec: RunSpec | None = None
 
     def __post_init__(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +130,7 @@ class RunRecorder:
         self.status, self.reason = "failed", reason
 
     def manifest(self) -> dict[str, Any]:
-        """The CLI's manifest (replay/run/manifest.py), with what drove the test."""
+        """The CLI's manifest (replay/rundir/manifest.py), with what drove the test."""
         return build_manifest(
             driver=self.driver,
             spec=self.run_spec,
@@ -166,7 +162,7 @@ class RunRecorder:
     def save_manifest(self) -> None:
         write_json(self.run_dir / MANIFEST, self.manifest())
 
-    def finish(self, tolerance: float = 0.05) -> dict[str, Any]:
+    def finish(self) -> dict[str, Any]:
         """Write manifest, grades and summary from everything received (callable again when
         late results arrive: each call rewrites them)."""
         results = results_table(self.run_dir)  # columns, as the CLI's analysis reads them
@@ -175,35 +171,13 @@ class RunRecorder:
         for label, (start, end) in phase_spans(results, self.phases).items():
             self.phases[label] = {"start": start, "end": end}
         self.save_manifest()
-        name = self.spec.name
-        targets = {
-            name: target_for_summary(
-                self.status, self.reason, self.info.get("cache_config"), self.phases
-            )
-        }
         ids = results.request_ids()
         specs = {r.id: grading_spec(r) for r in self.trace.iter_requests() if r.id in ids}
-        # The CLI's own analysis (replay/run/analyze.py): one pipeline for both drivers.
-        return analyse(
-            Analysis(
-                run_dir=self.run_dir,
-                targets=targets,
-                reference=name,
-                candidate=None,
-                first_phase=next(iter(self.phases), ""),
-                bucket_labels=self.buckets.labels,
-                tolerance=tolerance,
-                seed=self.seed,
-                thresholds=Thresholds(tolerance=tolerance),
-                manifest=Manifest.from_json(self.manifest(), where="manifest"),
-                grading_specs=lambda ids: specs,
-                verdict=False,
-                grading=self.checkers,
-                results=results,
-                driver=self.driver,
-                slo=self.slo,
-            )
-        ).to_json()
+        # The CLI's own analysis (replay/pipeline/analyse.py): one pipeline for both drivers, which
+        # reads how to decide from the manifest's run spec.
+        manifest = Manifest.from_json(self.manifest(), where="manifest")
+        sources = Sources(grading_specs=lambda ids: specs, results=results)
+        return analyse(self.run_dir, manifest, sources).to_json()
 
     def close(self) -> None:
         self._results.close()

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replay.present.formatting import DASH, visible
-from replay.present.quality_views import QUALITY_HEADERS
 from replay.present.reading import Run
 from replay.present.sections import build_views
 from replay.present.views import Table
+from replay.present.views.quality import QUALITY_HEADERS
 
 # The columns of QUALITY_HEADERS a PR comment keeps (explicit and derived side by side).
 MD_QUALITY = tuple(QUALITY_HEADERS[i] for i in (0, 1, 2, 3, 4, 5, 6, 7, 11))

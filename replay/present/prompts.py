@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from replay.present.reading import Run, obj
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 
 PROMPT_HEAD = PROMPT_TAIL = 300
 

@@ -19,10 +19,10 @@ import orjson
 from replay.analysis.result_table import ResultTable
 from replay.analysis.roles import Roles
 from replay.analysis.schemas import Summary
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.verdict.candidates import format_of
 from replay.present.scan import Scan, json_lines, scan_run
-from replay.run.rundir import MANIFEST, SUMMARY
+from replay.rundir.files import MANIFEST, SUMMARY
 from replay.serving.kv_formats import label
 
 # A colour per target, the same in every chart; the A/A control is grey.

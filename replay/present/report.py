@@ -13,7 +13,7 @@ them are escaped too. Any file or key may be missing (older or partial runs): a 
 renders as a dash, a missing section says "not measured in this run", and a section whose data
 has an unexpected shape says so instead of failing the whole report.
 
-The pieces: ``reading`` reads the run directory, one ``*_views`` module per group of sections
+The pieces: ``reading`` reads the run directory, one module of ``views`` per group of sections
 builds their views (``views.Table`` for tables, ``charts`` for SVG, ``formatting`` for every
 number), ``sections`` puts them in order, and ``html`` and ``markdown`` render them.
 """
@@ -26,7 +26,7 @@ from replay.analysis.result_table import ResultTable
 from replay.present.html import html_report
 from replay.present.markdown import markdown_report
 from replay.present.reading import load_run
-from replay.run.rundir import write_text
+from replay.rundir.files import write_text
 
 
 def render_html(run_dir: Path) -> str:

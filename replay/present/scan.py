@@ -23,7 +23,7 @@ from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.result_table import ResultTable
 from replay.analysis.summary import itl_gaps
 from replay.present.formatting import num, text
-from replay.run.rundir import GRADES, RESULTS
+from replay.rundir.files import GRADES, RESULTS
 
 LatencyKey = tuple[str, str, str, str]  # (phase, bucket, target, "ttft" or "itl")
 

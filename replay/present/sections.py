@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from replay.present.load_views import load_view
-from replay.present.quality_views import quality_view
 from replay.present.reading import Run
-from replay.present.request_views import requests_view
-from replay.present.sequential_views import sequential_view
-from replay.present.systems_views import capacity_view, kv_view, latency_view, systems_view
-from replay.present.verdict_views import serving_view, verdict_view
-from replay.present.worker_views import workers_view
+from replay.present.views.load import load_view
+from replay.present.views.quality import quality_view
+from replay.present.views.requests import requests_view
+from replay.present.views.sequential import sequential_view
+from replay.present.views.systems import capacity_view, kv_view, latency_view, systems_view
+from replay.present.views.verdict import serving_view, verdict_view
+from replay.present.views.workers import workers_view
 
 SECTIONS = (
     ("verdict", "Verdict"),

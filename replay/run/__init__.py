@@ -1,5 +1,7 @@
-"""One replay: the run directory and its format, the runner and its phase loop, resume, the
-error budget, trace exclusion, teacher-forced scoring, and the run read back as data.
+"""The engine of one replay: the runner and its phase loop, the orders it runs in
+(interleaved, sequential), load processes (``--workers``), local servers, the capacity phase,
+sweeps, the error budget, trace exclusion and teacher-forced scoring. What it writes is
+``replay.rundir``'s format; the analysis at the end is ``replay.pipeline``'s.
 
 The runner (``runner.Runner``) is given its collaborators and never subclassed: a clock, a
 phase sender (``senders``: this process; ``worker_pool``: load processes), a connector

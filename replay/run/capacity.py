@@ -42,16 +42,16 @@ from replay.analysis.capacity import settled_call
 from replay.analysis.summary import server_over, spans_of
 from replay.analysis.systems_cells import CAPACITY as PHASE
 from replay.core.errors import KvcanaryError, RunDirError, TargetError
-from replay.core.schedule import ClosedLoop, MonotonicClock
+from replay.core.schedule import Clock, ClosedLoop
 from replay.core.slo import SloSpec
-from replay.run.analyze import read_series
+from replay.pipeline.analyse import read_series
 from replay.run.budget import ErrorBudget
 from replay.run.capacity_plan import Plan
 from replay.run.config import RunConfig
-from replay.run.manifest import read_manifest
 from replay.run.phase import Phase, TargetSession
 from replay.run.progress import Progress
-from replay.run.rundir import (
+from replay.run.servers import launch, stop
+from replay.rundir.files import (
     CAPACITY_DIR,
     RESULTS,
     JsonlWriter,
@@ -59,7 +59,7 @@ from replay.run.rundir import (
     complete_rows,
     write_failure,
 )
-from replay.run.servers import launch, stop
+from replay.rundir.manifest import read_manifest
 from replay.serving.client import Client
 from replay.serving.endpoints import api_session
 from replay.serving.introspect import introspect, served_model
@@ -222,7 +222,7 @@ class CapacityRun:
     units: Sequence[Unit]  # the trace's first ``units_needed`` units
     phase: Callable[..., Phase]  # a Phase of the run (trace, buckets, clock...) from these
     progress: Progress
-    clock: MonotonicClock
+    clock: Clock
     stopping: asyncio.Event
     save: Callable[[dict[str, Any]], None]  # the manifest's capacity block, as it stands
     budget: Callable[[], ErrorBudget] = ErrorBudget  # each arm's, as the run's targets have
@@ -322,7 +322,7 @@ class CapacityRun:
             served_model(info),
             timeout_s=self.timeout_s,
             seed=self.seed,
-            epoch=self.clock.epoch,
+            clock=self.clock.now,
         )
         stack.push_async_callback(client.close)
         series = JsonlWriter(

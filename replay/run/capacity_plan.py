@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from replay.analysis.run_spec import CapacitySpec
 from replay.core.records import Result
-from replay.run.config import CapacityOptions
 from replay.serving import kv_formats
 from replay.serving.kv_layout import Engine, KvLayout
 from replay.serving.kv_served import skip_words
@@ -153,7 +153,7 @@ def size(
     max_tokens: Mapping[str, int],
     per_token: float | None,
     served_max_len: int | None,
-    opts: CapacityOptions,
+    opts: CapacitySpec,
     layers: RefLayers | None = None,
 ) -> Plan | str:
     """The capacity servers' plan from the reference's workload answers, or why none. With

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from replay.analysis.schemas import Verdict
-from replay.run.analyze import load_results, quality_verdict
+from replay.pipeline.analyse import load_results, quality_verdict
 from replay.run.capacity import (
     CapacityRun,
     Judge,
@@ -110,7 +110,7 @@ class CapacityStep:
         if r.cfg.capacity.mode != "auto":
             return None
         r.progress.status("capacity phase: does the verdict need it? (the workload's analysis)")
-        verdict = quality_verdict(r.analysis())
+        verdict = quality_verdict(*r.analysis())
         return not_needed(verdict) if verdict is not None else None
 
     def _plan(self, ref_run: TargetRun) -> Plan | str:

@@ -1,7 +1,6 @@
-"""What a run is asked to do (``RunConfig``: the run spec's load, quality and budget records,
-with the live objects they name: the trace, targets and schedules; ``run_spec()`` is the whole
-run as plain data, ``replay/analysis/run_spec.py``) and what happened to each target
-(``TargetRun``, which the manifest shows)."""
+"""What a run is asked to do (``RunConfig``: the run's ``RunSpec``, replay/analysis/run_spec.py,
+with the live objects it names: the trace being read, the targets and the schedules) and what
+happened to each target (``TargetRun``, which the manifest shows)."""
 
 from __future__ import annotations
 
@@ -14,71 +13,43 @@ from typing import Any
 
 from replay.analysis.run_spec import (
     BudgetSpec,
+    CapacitySpec,
     LoadSpec,
     QualitySpec,
-    RunDirSpec,
     RunSpec,
-    TraceSpec,
 )
 from replay.analysis.thresholds import Thresholds
 from replay.core.buckets import Buckets
 from replay.core.records import Result
 from replay.core.slo import SloSpec, parse_slo
 from replay.run.budget import ErrorBudget
-from replay.run.manifest import target_entry, trace_facts
 from replay.run.phase import Schedule
-from replay.run.rundir import file_digest
+from replay.rundir.manifest import target_entry, trace_facts
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy
-from replay.traces.sessions import ThinkTime
+from replay.traces.sessions import ThinkTime, think_time
 from replay.traces.trace import TraceSource
 
-
-@dataclass(frozen=True)
-class CapacityOptions:
-    """The capacity phase (replay/run/capacity.py): ``mode`` on, off, or auto (run when the
-    workload's own load never filled the reference's cache and the quality side left the
-    verdict to whether FP8 pays); its closed loop's concurrency; the KV-cache memory of its
-    servers in MiB (0: sized from the workload); the time its blocks may take."""
-
-    mode: str = "off"
-    concurrency: int = 12
-    cache_mib: int = 0
-    time_limit_s: float = 600.0
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What one run is asked to do, fixed once the run is composed (an order that runs it
-    otherwise gets a copy: ``RunOrder.prepare``)."""
+    """One run: its spec (everything it was asked to do, as the manifest records it), and the
+    live objects the spec names. Fixed once the run is composed (an order that runs it
+    otherwise gets a copy: ``RunOrder.prepare``); everything else here is read off the spec."""
 
+    spec: RunSpec
     # A ``StreamedTrace`` (the CLI) is re-read for each pass; the runner never holds all of
     # the requests, only what is in flight and what its results need.
     trace: TraceSource
-    trace_path: Path
-    trace_format: str
     targets: Sequence[TargetSpec]
     schedules: Sequence[Schedule]
-    # How the load is sent (seed, timeouts, workers, order, salts), as the run spec has it;
-    # its target and phase names are those of ``targets`` and ``schedules``.
-    load: LoadSpec
-    # Buckets, SLOs, roles, the A/A control, teacher-forced scoring and the verdict's
-    # thresholds, as the run spec has them (``buckets``, ``slo``, ``thresholds`` parse them).
-    quality: QualitySpec
-    run_dir: Path
-    length_policy: LengthPolicy = field(default_factory=LengthPolicy)
-    # Multi-turn sessions: the wait between turns (whose history they carry is the load's).
-    think: ThinkTime = field(default_factory=ThinkTime)
-    capacity: CapacityOptions = field(default_factory=CapacityOptions)
-    startup_timeout_s: float = 900.0  # for the servers the run starts itself
-    # Each target's error budget (replay/run/budget.py): past it the target gets no more
-    # requests; on an interrupt, in-flight requests get ``drain_s`` to finish.
-    budget: BudgetSpec = field(default_factory=lambda: BudgetSpec(drain_s=30.0))
-    # Continue an interrupted or killed run in ``run_dir``: send only what has no final result.
-    resume: bool = False
-    cli_options: dict[str, Any] = field(default_factory=dict)
-    # ``kvcal advise``'s figures, for the verdict's next step (``analysis.verdict.advice``).
+    # ``kvcal advise``'s figures, read from the file the spec names (``quality.advice``), for
+    # the verdict's next step (``analysis.verdict.advice``).
     advice: dict[str, Any] | None = None
+    # An audit record of the command line's own flags, as given; nothing reads it back.
+    cli_options: dict[str, Any] = field(default_factory=dict)
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
 
     def __post_init__(self) -> None:
@@ -88,15 +59,81 @@ class RunConfig:
         if self.load.phase_timeout_s is None:
             raise ValueError("a run the runner sends has a phase time limit")
 
+    # -- the spec's records ---------------------------------------------------------------
+    @property
+    def load(self) -> LoadSpec:
+        return self.spec.load
+
+    @property
+    def quality(self) -> QualitySpec:
+        """Buckets, SLOs, roles, the A/A control, teacher-forced scoring and the verdict's
+        thresholds (``buckets``, ``slo``, ``thresholds`` parse them)."""
+        return self.spec.quality
+
+    @property
+    def budget(self) -> BudgetSpec:
+        """Each target's error budget (replay/run/budget.py): past it the target gets no more
+        requests; on an interrupt, in-flight requests get ``drain_s`` to finish."""
+        return self.spec.budget
+
+    @property
+    def capacity(self) -> CapacitySpec:
+        return self.spec.capacity
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_dir.path)
+
+    @property
+    def resume(self) -> bool:
+        """Continue an interrupted or killed run in ``run_dir``: send only what has no final
+        result."""
+        return self.spec.run_dir.resume
+
+    @property
+    def trace_path(self) -> Path:
+        return Path(self.spec.trace.path)
+
+    @property
+    def trace_format(self) -> str:
+        return self.spec.trace.format
+
+    @property
+    def trace_sha256(self) -> str:
+        return self.spec.trace.sha256
+
+    @property
+    def length_policy(self) -> LengthPolicy:
+        t = self.spec.trace
+        return LengthPolicy(t.length_scale, t.max_input_tokens, t.max_output_tokens)
+
+    @property
+    def startup_timeout_s(self) -> float:
+        """For the servers the run starts itself."""
+        targets = self.spec.targets
+        return targets.startup_timeout_s if targets else DEFAULT_STARTUP_TIMEOUT_S
+
+    @cached_property
+    def think(self) -> ThinkTime:
+        """Multi-turn sessions: the wait between turns (whose history they carry is the
+        load's)."""
+        return think_time(self.load.think_time, self.load.time_scale)
+
+    # -- copies ---------------------------------------------------------------------------
+    def with_spec(self, **records: Any) -> RunConfig:
+        """A copy whose spec has these records replaced."""
+        return replace(self, spec=replace(self.spec, **records))
+
     def with_load(self, **changes: Any) -> RunConfig:
         """A copy whose load differs by ``changes`` (a run order's own settings)."""
-        return replace(self, load=replace(self.load, **changes))
+        return self.with_spec(load=replace(self.load, **changes))
 
     def with_schedules(self, schedules: Sequence[Schedule]) -> RunConfig:
         """A copy that sends ``schedules`` (the load names them)."""
-        labels = tuple(s.label for s in schedules)
-        return replace(self, schedules=list(schedules), load=replace(self.load, schedules=labels))
+        load = replace(self.load, schedules=tuple(s.label for s in schedules))
+        return replace(self, spec=replace(self.spec, load=load), schedules=list(schedules))
 
+    # -- what the spec's text parses to ---------------------------------------------------
     @property
     def phase_timeout_s(self) -> float:
         limit = self.load.phase_timeout_s
@@ -115,18 +152,13 @@ class RunConfig:
 
     @property
     def thresholds(self) -> Thresholds:
-        return self.quality.thresholds(self.budget.max_error_rate)
+        return self.spec.thresholds
 
     def phase_salt(self, target: str, label: str) -> str | None:
         """The prefix-cache salt of a target's phase (``salt_phases``), None when phases share
         the cache. Per target too: the A/A control must not reuse the reference's cache on
         its server."""
         return f"{self.run_dir.name}.{target}.{label}" if self.load.salt_phases else None
-
-    @cached_property
-    def trace_sha256(self) -> str:
-        """The trace file's digest, read once (the manifest and the workers' specs name it)."""
-        return file_digest(self.trace_path)
 
     def trace_facts(self) -> dict[str, Any]:
         t = self.trace
@@ -143,25 +175,10 @@ class RunConfig:
 
     def run_spec(self) -> RunSpec:
         """This run as both drivers describe it (the manifest's ``run_spec``)."""
-        lp = self.length_policy
-        return RunSpec(
-            trace=TraceSpec(
-                path=str(self.trace_path),
-                format=self.trace_format,
-                sha256=self.trace_sha256,
-                requests=self.trace.count,
-                length_scale=lp.scale,
-                max_input_tokens=lp.max_input_tokens,
-                max_output_tokens=lp.max_output_tokens,
-            ),
-            load=self.load,
-            quality=self.quality,
-            budget=self.budget,
-            run_dir=RunDirSpec(path=str(self.run_dir), resume=self.resume),
-        )
+        return self.spec
 
     def manifest_options(self, sessions: bool) -> dict[str, Any]:
-        """The options the manifest lists beside the run spec: what the spec does not hold."""
+        """The options the manifest lists beside the run spec: what they resolved to."""
         options: dict[str, Any] = {}
         if sessions:
             options["sessions"] = {"think_time": self.think.describe()}

@@ -19,12 +19,12 @@ from typing import Protocol
 import aiohttp
 
 from replay.core.errors import RunDirError
-from replay.core.schedule import MonotonicClock
+from replay.core.schedule import Clock
 from replay.run.config import RunConfig, TargetRun
 from replay.run.phase import TargetSession
 from replay.run.progress import Progress
-from replay.run.rundir import JsonlWriter
 from replay.run.teacher import Scoring
+from replay.rundir.files import JsonlWriter
 from replay.serving.client import Client
 from replay.serving.endpoints import api_session
 from replay.serving.introspect import engine_config_from_log, introspect, served_model
@@ -63,7 +63,7 @@ class HttpConnector:
     def __init__(
         self,
         cfg: RunConfig,
-        clock: MonotonicClock,
+        clock: Clock,
         progress: Progress,
         save_manifest: Callable[[], None],
         cannot_write: Callable[[RunDirError], None],
@@ -100,7 +100,7 @@ class HttpConnector:
                 headers=spec.auth_headers(),
                 timeout_s=self.cfg.load.timeout_s,
                 seed=self.cfg.load.seed,
-                epoch=self.clock.epoch,
+                clock=self.clock.now,
                 token_logprobs=self.cfg.quality.teacher_forced,
             )
             try:

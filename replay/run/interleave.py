@@ -37,7 +37,6 @@ from typing import Any
 
 from replay.core.iterate import closing
 from replay.core.schedule import ClosedLoop, OpenLoop
-from replay.run.analyze import Analysis
 from replay.run.capacity import finished_capacity
 from replay.run.capacity_step import CapacityStep
 from replay.run.config import RunConfig, TargetRun
@@ -183,9 +182,6 @@ class Interleaved:
 
     def manifest_extra(self) -> dict[str, Any]:
         return {"capacity": self.capacity} if self.capacity is not None else {}
-
-    def analysis(self, analysis: Analysis) -> Analysis:
-        return analysis
 
     # -- serving: every server up at once, waiting for the blocks ----------------------------
     async def run_targets(self) -> None:

@@ -1,6 +1,6 @@
 """One load process of ``replay --workers N``: its share of one phase, sent from its own event
 loop (uvloop, as the single process's) and connection pool, its results in its own file
-(replay/run/shard_files.py).
+(replay/rundir/shard_files.py).
 
 The parent (replay/run/worker_pool.py) starts it with a ``WorkerSpec`` and a pipe. It says
 ``ready`` once its client is up, waits for ``go`` with the phase's start (on the run's clock,
@@ -27,13 +27,13 @@ from replay.analysis.run_spec import RunSpec
 from replay.core.buckets import Buckets
 from replay.core.errors import RunDirError
 from replay.core.event_loop import run_loop
-from replay.core.schedule import MonotonicClock, OpenLoop
+from replay.core.schedule import Clock, MonotonicClock, OpenLoop
 from replay.core.shards import AnyShard, Shard, ShardedOffsets
 from replay.run.budget import ErrorBudget
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import QuietProgress
-from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions
+from replay.rundir.files import JsonlWriter
 from replay.serving.client import Client
 from replay.serving.metrics import MetricsSnapshot
 from replay.traces.synth import TokenPool
@@ -71,7 +71,7 @@ class WorkerSpec:
     def buckets(self) -> Buckets:
         return Buckets.parse(self.run.quality.buckets)
 
-    def clock(self) -> MonotonicClock:
+    def clock(self) -> Clock:
         """The run's clock in this process: the same zero, by the wall clock, then monotonic."""
         return MonotonicClock(time.perf_counter() - (time.time() - self.run_wall_epoch))
 
@@ -164,7 +164,7 @@ async def _work(spec: WorkerSpec, conn: Connection) -> None:
         headers=spec.headers,
         timeout_s=spec.run.load.timeout_s,
         seed=spec.run.load.seed,
-        epoch=clock.epoch,
+        clock=clock.now,
     )
     cannot_write: list[RunDirError] = []
 
@@ -199,7 +199,7 @@ def _phase(
     client: Client,
     writer: JsonlWriter,
     progress: PipeProgress,
-    clock: MonotonicClock,
+    clock: Clock,
     stopping: asyncio.Event,
     start: float,
 ) -> Phase:

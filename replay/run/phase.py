@@ -18,12 +18,12 @@ from replay.core.buckets import Buckets
 from replay.core.event_loop import heap_frozen
 from replay.core.iterate import closing
 from replay.core.records import Result
-from replay.core.schedule import ClosedLoop, MonotonicClock, OpenLoop
+from replay.core.schedule import Clock, ClosedLoop, OpenLoop
 from replay.core.shards import AnyShard
 from replay.run.budget import ErrorBudget
 from replay.run.progress import Progress
-from replay.run.rundir import JsonlWriter
 from replay.run.session_turns import Sessions, SessionTurns, TurnContext
+from replay.rundir.files import JsonlWriter
 from replay.serving.client import Client
 from replay.serving.metrics import MetricsSnapshot
 from replay.serving.prompt_tokens import UNKNOWN, known_count
@@ -103,7 +103,7 @@ class Phase:
     buckets: Buckets
     writer: JsonlWriter
     progress: Progress
-    clock: MonotonicClock
+    clock: Clock
     stopping: asyncio.Event  # the run's interrupt
     timeout_s: float
     salt: str | None

@@ -3,7 +3,7 @@
 The runner orders targets (the reference first), starts and stops the local servers, checks
 each target serves what its spec says, runs its phases (replay/run/phase.py), the A/A control and
 teacher-forced scoring, and keeps the manifest current; the analysis at the end is
-replay/run/analyze.py's, shared with the Locust adapter. Progress goes through the ``Progress``
+replay/pipeline/analyse.py's, shared with the Locust adapter. Progress goes through the ``Progress``
 protocol, so the terminal UI (rich) lives in the CLI, not here.
 
 A runner is given its collaborators, never subclassed: its clock (every timestamp's zero), its
@@ -19,24 +19,31 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
 from replay.analysis.roles import resolve as resolve_roles
 from replay.analysis.schemas import Summary
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.core.errors import ServerStartError, TargetError
-from replay.core.schedule import MonotonicClock
-from replay.run.analyze import Analysis, analyse
+from replay.core.schedule import Clock, MonotonicClock
+from replay.pipeline.analyse import Sources, analyse
 from replay.run.budget import ErrorBudget
 from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected, Connector, HttpConnector
-from replay.run.manifest import build_manifest
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import Progress, QuietProgress
-from replay.run.resume import ResumeState
-from replay.run.rundir import (
+from replay.run.senders import InProcess, PhaseSender
+from replay.run.servers import launch, stop
+from replay.run.session_history import ReferenceHistory, check_mode
+from replay.run.session_turns import Sessions
+from replay.run.signals import interrupts
+from replay.run.stopping import RunStop
+from replay.run.sweep import stop_rising
+from replay.run.teacher import Scoring, reference_offsets, score_answers
+from replay.rundir.files import (
     MANIFEST,
     RESULTS,
     TEACHER_FORCED,
@@ -44,15 +51,8 @@ from replay.run.rundir import (
     write_bad_lines,
     write_json,
 )
-from replay.run.senders import InProcess, PhaseSender
-from replay.run.servers import launch, stop
-from replay.run.session_history import ReferenceHistory, check_mode
-from replay.run.session_turns import Sessions
-from replay.run.signals import interrupts
-from replay.run.stopping import RunStop
-from replay.run.summary_targets import run_for_summary
-from replay.run.sweep import stop_rising
-from replay.run.teacher import Scoring, reference_offsets, score_answers
+from replay.rundir.manifest import build_manifest
+from replay.rundir.resume import ResumeState
 from replay.serving.introspect import engine_config_from_log
 from replay.serving.local_server import LocalServer
 from replay.traces.sessions import has_sessions
@@ -89,10 +89,6 @@ class RunOrder(Protocol):
         """What this order adds to the manifest."""
         ...
 
-    def analysis(self, analysis: Analysis) -> Analysis:
-        """The analysis at the end, with what this order adds to it."""
-        ...
-
 
 class Runner:
     """One run of ``cfg``, given its progress sink, its clock, its phase sender, its connector
@@ -103,17 +99,17 @@ class Runner:
         cfg: RunConfig,
         progress: Progress | None = None,
         *,
-        clock: MonotonicClock | None = None,
+        clock: Clock | None = None,
         sender: PhaseSender | None = None,
         connector: Connector | None = None,
         order: RunOrder | None = None,
-        analysis: Callable[[Analysis], Summary] = analyse,
+        analysis: Callable[[Path, Manifest, Sources], Summary] = analyse,
     ) -> None:
         self.order: RunOrder = order or OneAfterAnother()
         self.analyse = analysis  # the analysis at the end of the run (grades, summary)
         cfg = self.cfg = self.order.prepare(cfg)
         self.progress = progress or QuietProgress()
-        self.clock = clock or MonotonicClock()
+        self.clock: Clock = clock or MonotonicClock()
         self.sender: PhaseSender = sender or InProcess()
         names = [s.name for s in cfg.targets]
         self.roles = resolve_roles(
@@ -222,28 +218,17 @@ class Runner:
             self.save_manifest()
 
     def write_summary(self) -> dict[str, Any]:
-        return self.analyse(self.analysis()).to_json()
+        return self.analyse(*self.analysis()).to_json()
 
-    def analysis(self) -> Analysis:
-        """What the analysis at the end of the run reads of the runner."""
-        runs = self.all_runs()
-        return self.order.analysis(
-            Analysis(
-                run_dir=self.cfg.run_dir,
-                targets={n: run_for_summary(r) for n, r in runs.items()},
-                reference=self.reference,
-                candidate=self.roles.candidate,
-                first_phase=self.cfg.schedules[0].label,
-                bucket_labels=self.cfg.buckets.labels,
-                tolerance=self.cfg.quality.tolerance,
-                seed=self.cfg.load.seed,
-                thresholds=self.cfg.thresholds,
-                manifest=Manifest.from_json(self.manifest(), where="manifest"),
-                grading_specs=self._grading_specs,
-                slo=self.cfg.slo,
-                progress=lambda k, n: self.progress.status(f"analysis: {k:,} of {n:,} graded"),
-            )
+    def analysis(self) -> tuple[Path, Manifest, Sources]:
+        """What the analysis reads: the run directory, its manifest as it stands, and the
+        trace's checks."""
+        sources = Sources(
+            grading_specs=self._grading_specs,
+            progress=lambda k, n: self.progress.status(f"analysis: {k:,} of {n:,} graded"),
         )
+        manifest = Manifest.from_json(self.manifest(), where="manifest")
+        return self.cfg.run_dir, manifest, sources
 
     def _grading_specs(self, ids: set[str]) -> dict[str, GradingSpec]:
         """Task and checker of each request that has results: what grading needs of the
@@ -492,6 +477,3 @@ class OneAfterAnother:
 
     def manifest_extra(self) -> dict[str, Any]:
         return {}
-
-    def analysis(self, analysis: Analysis) -> Analysis:
-        return analysis

@@ -27,18 +27,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from replay.analysis.grading.rows import grade_rows, grading_spec
+from replay.analysis.run_spec import SequentialSpec
 from replay.analysis.sequential.plan import plan_round
 from replay.analysis.sequential.state import Rule, SequentialState
 from replay.checkers.grader import Grader
 from replay.core.errors import ConfigError, RunDirError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop
-from replay.run.analyze import Analysis
 from replay.run.config import RunConfig, TargetRun
 from replay.run.phase import TargetSession
-from replay.run.rundir import RESULTS, JsonlWriter, read_results, rewrite_jsonl
 from replay.run.runner import Runner
-from replay.run.sequential_file import SequentialRun, load
+from replay.rundir.files import RESULTS, JsonlWriter, read_results, rewrite_jsonl
+from replay.rundir.sequential_file import SequentialRun, load
 from replay.serving.prompt_tokens import UNKNOWN
 
 SEQ_PHASE = "seq"
@@ -52,13 +52,6 @@ class RoundLoop(ClosedLoop):
     @property
     def label(self) -> str:
         return SEQ_PHASE
-
-
-@dataclass(frozen=True)
-class SequentialOptions:
-    round_size: int = 20
-    max_requests: int | None = None  # pairs sent (each request goes to every arm)
-    max_time_s: float | None = None
 
 
 class _Tee(JsonlWriter):
@@ -94,7 +87,7 @@ class Rounds:
     """The run's order (``RunOrder``) for the sequential canary: the reference (with its A/A
     control) and the candidate served at once, the trace sent to every arm in rounds."""
 
-    def __init__(self, opts: SequentialOptions) -> None:
+    def __init__(self, opts: SequentialSpec) -> None:
         self._runner: Runner | None = None
         self.opts = opts
         self.candidate: str | None = None
@@ -116,7 +109,7 @@ class Rounds:
         if cfg.resume:
             drop_unfolded(cfg)
         quality = replace(cfg.quality, teacher_forced=False)
-        return replace(cfg.with_load(parallel_targets=True), quality=quality)
+        return cfg.with_load(parallel_targets=True).with_spec(quality=quality)
 
     def bind(self, runner: Runner) -> None:
         if runner.roles.candidate is None or len(runner.runs) != 2:
@@ -276,9 +269,3 @@ class Rounds:
         control = r.control.spec.name if r.control is not None else None
         assert self.candidate is not None
         return round_counts(graded, buckets, self.candidate, r.reference, control)
-
-    # -- the analysis -------------------------------------------------------------------------
-    def analysis(self, analysis: Analysis) -> Analysis:
-        if self.seq is None:
-            return analysis
-        return replace(analysis, sequential=self.seq.record(self.unsent()))

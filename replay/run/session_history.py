@@ -17,7 +17,7 @@ from typing import Any
 
 from replay.core.errors import InputError, RunDirError
 from replay.core.records import Result
-from replay.run.rundir import JsonlWriter, read_jsonl
+from replay.rundir.files import JsonlWriter, read_jsonl
 from replay.traces.trace import Request
 
 SESSION_HISTORY = "session_history.jsonl"

@@ -14,7 +14,7 @@ from replay.analysis.saturation import saturated, saturation_of
 from replay.analysis.schemas import Summary
 from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
 from replay.core.slo import SloSpec
-from replay.run.analyze import load_results
+from replay.pipeline.analyse import load_results
 
 
 def stop_rising(

@@ -38,7 +38,7 @@ import orjson
 from replay.core.iterate import pooled
 from replay.core.records import Result
 from replay.run.progress import Progress
-from replay.run.rundir import JsonlWriter
+from replay.rundir.files import JsonlWriter
 from replay.serving.prompt_scores import Scores, score_cached, score_completions
 from replay.traces.sessions import common_prefix
 

@@ -6,7 +6,7 @@ teacher-forced scoring, analysis) as for one process. The sender splits the phas
 position (replay/core/shards.py), starts one process per share (replay/run/load_process.py:
 its own event loop and connection pool, its own results file), scrapes /metrics around them,
 gives them one start on the run's clock, shows their progress, and merges their files into
-results.jsonl when the phase ends (replay/run/shard_files.py), also after an interrupt. The
+results.jsonl when the phase ends (replay/rundir/shard_files.py), also after an interrupt. The
 target's error budget is each worker's own during the phase (each starts from the target's,
 as the phase starts); the parent then counts every merged result into it, so the next phase
 starts from the whole run's count.
@@ -27,7 +27,7 @@ from typing import Any
 
 from replay.core.errors import InputError, RunDirError
 from replay.core.records import Result
-from replay.core.schedule import MonotonicClock, OpenLoop
+from replay.core.schedule import Clock, OpenLoop
 from replay.core.shards import (
     AnyShard,
     ClosedLoopShare,
@@ -39,8 +39,8 @@ from replay.run.config import RunConfig, TargetRun
 from replay.run.load_process import WorkerSpec, work
 from replay.run.phase import Phase, Schedule, scrape_caught_up, scrape_idle
 from replay.run.progress import Progress
-from replay.run.shard_files import merge_shards, shard_results
 from replay.run.stopping import RunStop
+from replay.rundir.shard_files import merge_shards, shard_results
 
 STOP_GRACE_S = 5.0  # after SIGTERM, a worker writes what it cancelled; then it is killed
 
@@ -192,7 +192,7 @@ class WorkerPoolSender:
     """Each phase sent by ``workers`` load processes (a ``PhaseSender``, replay/run/senders.py).
     ``clock`` is the run's: the workers' clocks share its zero through the wall clock."""
 
-    def __init__(self, cfg: RunConfig, clock: MonotonicClock) -> None:
+    def __init__(self, cfg: RunConfig, clock: Clock) -> None:
         self.workers, self.cfg, self.clock = cfg.load.workers, cfg, clock
         self.wall_epoch = time.time() - clock.now()
 

@@ -39,7 +39,9 @@ from replay.serving.http1 import (
 from replay.serving.sse import DONE, MAX_EVENT_BYTES, NOT_ONE, ProtocolError, SSEDecoder
 from replay.traces.trace import Request
 
-Clock = Callable[[], float]
+# Monotonic seconds that stamp a result: ``time.perf_counter`` (less ``epoch``), or the run's
+# clock's bound ``now`` (``replay.core.schedule.Clock``).
+TimeSource = Callable[[], float]
 _CONNECT_TIMEOUT_S = 30.0
 
 
@@ -138,7 +140,7 @@ class Client:
         headers: Mapping[str, str] | None = None,
         timeout_s: float = 600.0,
         seed: int = 0,
-        clock: Clock = time.perf_counter,
+        clock: TimeSource = time.perf_counter,
         epoch: float = 0.0,
         max_event_bytes: int = MAX_EVENT_BYTES,
         max_answer_chars: int = MAX_ANSWER_CHARS,

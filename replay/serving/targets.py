@@ -11,7 +11,7 @@ import base64
 import os
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -418,7 +418,3 @@ def load_targets_config(path: Path) -> dict[str, TargetSpec]:
             rounding=t.get("rounding"),
         )
     return out
-
-
-def describe_all(specs: Sequence[TargetSpec]) -> list[dict[str, Any]]:
-    return [s.describe() for s in specs]

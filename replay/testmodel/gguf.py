@@ -20,7 +20,7 @@ from typing import Any
 
 from replay.core.errors import MissingExtra
 from replay.core.extras import importable
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.testmodel.factory import checkpoint_digest
 
 # What reading a GGUF and saving the checkpoint import (gguf: transformers' GGUF reader).

@@ -21,7 +21,7 @@ import importlib.util
 from pathlib import Path
 
 from replay.core.errors import MissingExtra
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.testmodel.factory import cache_dir
 from replay.testmodel.gguf import (
     build_once,

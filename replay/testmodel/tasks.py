@@ -19,7 +19,6 @@ Training and held-out examples come from disjoint seed namespaces (``split``).
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -322,8 +321,3 @@ def trace_record(ex: Example, t: float | None = None) -> dict[str, Any]:
     if t is not None:
         rec["t"] = t
     return rec
-
-
-def tool_arguments_json(args: dict[str, Any]) -> str:
-    """How the chat template renders tool arguments (``tojson``)."""
-    return json.dumps(args, ensure_ascii=False)

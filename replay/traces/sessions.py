@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from replay.core.errors import InputError
 from replay.traces.trace import Request
 
 Turn = tuple[int, Request]  # (position in the trace, the request)
@@ -76,6 +77,20 @@ class ThinkTime:
         if self.fixed is not None:
             return f"{self.fixed:g} s"
         return f"the trace's gaps x{self.scale:g}"
+
+
+def think_time(text: str, time_scale: float) -> ThinkTime:
+    """``--think-time``: 'auto' (the trace's gaps between turns, scaled by --time-scale) or
+    a fixed number of seconds."""
+    if text.strip() == "auto":
+        return ThinkTime(None, time_scale)
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise InputError(f"--think-time: '{text}' is not 'auto' or a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise InputError(f"--think-time: '{text}' must be zero or more seconds")
+    return ThinkTime(seconds, time_scale)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -32,7 +32,7 @@ from replay.core.exit_codes import ExitCode
 from replay.locust.config import load_plan
 from replay.locust.recorder import cancelled_result
 from replay.locust.target import resolve_target
-from replay.run.rundir import read_results
+from replay.rundir.files import read_results
 
 log = logging.getLogger("kvcanary")
 

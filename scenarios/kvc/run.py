@@ -98,9 +98,6 @@ def recorder(
         },
         driver={"name": "locust", "version": locust_version, **driver},
         command=list(sys.argv),
-        checkers=cfg.checkers,
-        seed=cfg.seed,
         max_results=cfg.max_results,
-        slo=cfg.slo,
         run_spec=spec,
     )

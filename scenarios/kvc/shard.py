@@ -38,7 +38,7 @@ from replay.locust.messages import RunPlan
 from replay.locust.plans import read_shard
 from replay.locust.recorder import cancelled_result
 from replay.locust.target import Prepared, prepare, prepare_more, send_one
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.serving.client import Client
 from replay.traces.importers import stream
 from replay.traces.trace import Request

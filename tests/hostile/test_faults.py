@@ -14,8 +14,8 @@ import pytest
 
 from replay.analysis.run_spec import QualitySpec
 from replay.core.schedule import ClosedLoop
-from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import Runner
+from replay.rundir.files import new_run_dir, read_results
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load

@@ -253,7 +253,7 @@ def test_sse_events_of_any_shape_are_results(events: list[object], done: bool) -
     it never escapes, and whatever the result holds can be written and summarized."""
     import orjson
 
-    from replay.analysis.summary import summarize_results
+    from replay.analysis.summary import summarize
     from replay.core.records import Result
     from replay.serving.accumulator import StreamAccumulator
     from replay.serving.sse import DONE, ProtocolError, SSEDecoder
@@ -272,7 +272,7 @@ def test_sse_events_of_any_shape_are_results(events: list[object], done: bool) -
     except ProtocolError as err:
         assert str(err)
     orjson.dumps(result.to_json())
-    summarize_results([result])
+    summarize([result]).to_json()
 
 
 TOML_VALUE = st.one_of(

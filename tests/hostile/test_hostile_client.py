@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from replay.analysis.summary import summarize_results
+from replay.analysis.summary import summarize
 from replay.core.records import Result
 from replay.serving import accumulator as _accumulator
 from replay.serving.accumulator import MAX_ANSWER_CHARS, StreamAccumulator
@@ -168,7 +168,7 @@ def test_tokens_and_itl_match_the_server(usage: str, per_chunk: int) -> None:
     assert result.status == "ok", result.error
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     server_itl_ms = 1000 * statistics.fmean(gaps) / per_chunk
-    client_itl_ms = summarize_results([result])["itl_ms"]["mean"]
+    client_itl_ms = summarize([result]).to_json()["itl_ms"]["mean"]
     # The means telescope to (last - first) / gaps on both sides: only the first and last
     # deliveries' delays differ, so they agree closely (the old client halved it for "end").
     assert client_itl_ms == pytest.approx(server_itl_ms, rel=0.2), (client_itl_ms, server_itl_ms)

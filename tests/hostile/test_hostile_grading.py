@@ -27,9 +27,9 @@ from replay.cli import main
 from replay.core.errors import TraceError
 from replay.core.records import Result, ToolCall
 from replay.core.schedule import ClosedLoop
-from replay.run.analyze import reanalyse
-from replay.run.rundir import new_run_dir, read_json
+from replay.pipeline.reanalyse import reanalyse
 from replay.run.runner import Runner
+from replay.rundir.files import new_run_dir, read_json
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load
 from tests.conftest import within
@@ -347,9 +347,9 @@ def test_grading_a_run_never_raises_and_notes_checker_errors() -> None:
         "timeout",
         "size",
     }
-    from replay.analysis.grading.quality import quality
+    from replay.analysis.grading.quality import assess_quality
 
-    notes = quality(rows, [], "a", ["<256"])["notes"]
+    notes = assess_quality(rows, [], "a", ["<256"]).notes
     assert any(n.startswith("b: 3 answer(s) failed with a checker error") for n in notes), notes
 
 

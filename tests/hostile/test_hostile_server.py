@@ -28,7 +28,7 @@ from aiohttp import web
 
 from replay.cli import EXIT_INPUT, EXIT_OK, EXIT_TARGET_FAILED
 from replay.core.errors import EndpointError, TargetError
-from replay.run.rundir import read_results
+from replay.rundir.files import read_results
 from replay.serving.endpoints import fetch
 from replay.serving.introspect import introspect, served_model
 from replay.serving.prompt_tokens import token_pool

@@ -29,7 +29,7 @@ from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError, TraceError
 from replay.core.ids import id_problem, read_ids, write_ids
 from replay.run.exclude import exclusion
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.serving.client import Client
 from replay.traces.importers import load, scan
 from replay.traces.trace import FIRST_CLASS, Request

@@ -18,7 +18,7 @@ import pytest
 
 from replay.cli import ExitCode
 from replay.core.errors import RunDirError
-from replay.run.rundir import JsonlWriter, write_json
+from replay.rundir.files import JsonlWriter, write_json
 from tests.support.promise_run import answering, chat_trace, replay_cli, tmpfs
 
 ANSWER = "The answer, at length. " * 150  # about 3.5 KB a result: the disk fills mid-run

@@ -32,7 +32,7 @@ import pytest
 from aiohttp import web
 
 from replay.cli import EXIT_INPUT, EXIT_OK
-from replay.run.rundir import read_results
+from replay.rundir.files import read_results
 from replay.serving.endpoints import QUOTE_BYTES
 from replay.serving.introspect import introspect
 from tests.conftest import ROOT

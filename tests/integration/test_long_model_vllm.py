@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from replay.analysis.verdict.facts import facts_from_run
-from replay.run.manifest import read_manifest
+from replay.rundir.manifest import read_manifest
 from replay.serving.kv_layout import KvLayout, cache_tokens
 from tests.conftest import ROOT, fp8_emulated, fp8_flags
 

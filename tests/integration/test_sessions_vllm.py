@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: these tests start vLLM servers")
 
-from replay.run.rundir import read_results
+from replay.rundir.files import read_results
 from replay.serving.local_server import LocalServer
 from tests.conftest import ROOT
 

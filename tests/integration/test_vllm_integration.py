@@ -15,8 +15,8 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed: these tests st
 
 from replay.analysis.run_spec import QualitySpec  # noqa: E402
 from replay.core.schedule import ClosedLoop  # noqa: E402
-from replay.run.rundir import new_run_dir, read_results  # noqa: E402
 from replay.run.runner import Runner  # noqa: E402
+from replay.rundir.files import new_run_dir, read_results  # noqa: E402
 from replay.serving.introspect import introspect  # noqa: E402
 from replay.serving.local_server import LocalServer  # noqa: E402
 from replay.serving.targets import TargetSpec  # noqa: E402

@@ -1,8 +1,8 @@
 """A deterministic run for the analysis pipeline: results, trace checks, teacher-forced scores
 and metrics of three targets and an A/A control over two phases, built here (no server).
 
-``analysis(run_dir)`` gives the ``Analysis`` the runner would hand to ``analyse``; the goldens
-in tests/data/analysis/ are what the analysis wrote for it before it passed typed records
+``analysis(run_dir)`` gives what the runner would hand to ``analyse`` (``analyse(*case)``); the
+goldens in tests/data/analysis/ are what the analysis wrote for it before it passed typed records
 (``python -m tests.support.analysis_run`` rewrites them: only do that for a deliberate format
 change).
 It covers explicit checks that pass and fail, requests without a check graded against the
@@ -15,17 +15,27 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from replay.analysis.grading.rows import grading_spec
-from replay.analysis.schemas_manifest import Manifest
-from replay.analysis.thresholds import Thresholds
+from replay.analysis.result_table import ResultTable
+from replay.analysis.run_spec import (
+    BudgetSpec,
+    LoadSpec,
+    QualitySpec,
+    RunDirSpec,
+    RunSpec,
+    TraceSpec,
+)
+from replay.analysis.schemas.manifest import Manifest
 from replay.core.records import Result, ToolCall
-from replay.run.analyze import Analysis
-from replay.run.rundir import TEACHER_FORCED
+from replay.pipeline.analyse import AnalysedRun, Sources
+from replay.rundir.files import TEACHER_FORCED
 from replay.traces.trace import Request
 from tests.conftest import ROOT
 
@@ -197,6 +207,7 @@ def manifest() -> dict[str, Any]:
             "model_root": "/models/tiny",
             "max_model_len": 4096,
             "cache_config": _cache(t),
+            "phases": {ph: {"start": a, "end": b} for ph, (a, b) in PHASES.items()},
             "scale_log_lines": [],
             "engine_config": {
                 "kv_cache_dtype": "fp8" if fp8 else "auto",
@@ -205,6 +216,7 @@ def manifest() -> dict[str, Any]:
         }
     return {
         "reference": "bf16",
+        "options": {"seed": 3},
         "schedules": list(PHASES),
         "roles": {"reference": "bf16", "candidate": "fp8", "calibrated": "fp8-cal"},
         "buckets": {"labels": BUCKETS},
@@ -220,74 +232,77 @@ def _cache(target: str) -> dict[str, str]:
     }
 
 
-def analysis(run_dir: Path) -> Analysis:
+@dataclass(frozen=True)
+class Case:
+    """What ``analyse`` reads of this run: ``analyse(*case)``."""
+
+    run_dir: Path
+    manifest: Manifest
+    sources: Sources
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.run_dir, self.manifest, self.sources))
+
+    def with_manifest(self, **changes: Any) -> Case:
+        return replace(self, manifest=replace(self.manifest, **changes))
+
+    def with_slo(self, text: str) -> Case:
+        """The run as if started with ``--slo text``."""
+        return self.with_manifest(options={**self.manifest.options, "slo": text})
+
+    def run(self) -> AnalysedRun:
+        """The run as the analysis sees it (its derived facts)."""
+        results = ResultTable.of(list(self.sources.results or []))
+        return AnalysedRun.of(self.run_dir, self.manifest, self.sources, results)
+
+
+def analysis(run_dir: Path) -> Case:
     """What the runner hands to ``analyse`` at the end of this run."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / TEACHER_FORCED).open("w", encoding="utf-8") as fh:
         for row in teacher_forced():
             fh.write(orjson.dumps(row).decode() + "\n")
     specs = {r.id: grading_spec(r) for r in requests()}
-    windows = {ph: {"start": a, "end": b} for ph, (a, b) in PHASES.items()}
-    targets = {
-        t: {"status": "ok", "reason": None, "cache_config": _cache(t), "phases": windows}
-        for t in TARGETS
-    }
     series_ = {t: series(t) for t in TARGETS if t != "bf16-control"}
     series_["bf16-control"] = series_["bf16"]
-    return Analysis(
-        run_dir=run_dir,
-        targets=targets,
-        series=series_,
-        reference="bf16",
-        candidate="fp8",
-        first_phase="c1",
-        bucket_labels=BUCKETS,
-        tolerance=0.05,
-        seed=3,
-        thresholds=Thresholds(),
-        manifest=Manifest.from_json(manifest()),
+    sources = Sources(
         grading_specs=lambda ids: {k: v for k, v in specs.items() if k in ids},
         results=results(),
+        series=series_,
     )
+    return Case(run_dir, Manifest.from_json(manifest()), sources)
 
 
-def locust_analysis(run_dir: Path) -> Analysis:
+def locust_analysis(run_dir: Path) -> Case:
     """One target, no verdict, no grading: what the Locust recorder hands over."""
     run_dir.mkdir(parents=True, exist_ok=True)
     rs = [r for r in results() if r.target == "fp8" and r.phase == "c1"]
-    return Analysis(
-        run_dir=run_dir,
-        targets={
-            "fp8": {
-                "status": "ok",
-                "reason": None,
-                "cache_config": _cache("fp8"),
-                "phases": {"c1": {"start": 0.0, "end": 100.0}},
-            }
-        },
-        series={"fp8": series("fp8")},
-        reference="fp8",
-        candidate=None,
-        first_phase="c1",
-        bucket_labels=BUCKETS,
-        tolerance=0.05,
-        seed=0,
-        thresholds=Thresholds(),
-        manifest=Manifest.from_json(manifest()),
-        grading_specs=lambda ids: {},
-        verdict=False,
-        grading=False,
-        results=rs,
-        driver={"name": "locust", "version": "2.x"},
+    entry = {**manifest()["targets"]["fp8"], "phases": {"c1": {"start": 0.0, "end": 100.0}}}
+    spec = RunSpec(
+        trace=TraceSpec(path="trace.jsonl", format="v1", sha256="", requests=len(rs)),
+        load=LoadSpec(targets=("fp8",), schedules=("c1",), concurrency="1"),
+        quality=QualitySpec(buckets="256,1K", checkers=False),
+        budget=BudgetSpec(),
+        run_dir=RunDirSpec(path=str(run_dir)),
     )
+    locust = {
+        "driver": {"name": "locust", "version": "2.x"},
+        "reference": "fp8",
+        "schedules": ["c1"],
+        "buckets": {"labels": BUCKETS},
+        "run_spec": spec.to_json(),
+        "targets": {"fp8": entry},
+    }
+    sources = Sources(grading_specs=lambda ids: {}, results=rs, series={"fp8": series("fp8")})
+    return Case(run_dir, Manifest.from_json(locust), sources)
 
 
 def main() -> None:  # pragma: no cover - rewrites the goldens
-    from replay.run.analyze import analyse
+    from replay.pipeline.analyse import analyse
 
     tmp = GOLDEN / "tmp"
     for name, build in (("run", analysis), ("locust", locust_analysis)):
-        analyse(build(tmp))
+        analyse(*build(tmp))
         summary = orjson.loads((tmp / "summary.json").read_bytes())
         summary.pop("run_dir")
         (GOLDEN / f"{name}_summary.json").write_bytes(orjson.dumps(summary, option=SORTED))

@@ -16,17 +16,18 @@ from typing import Any
 
 from replay.analysis.run_spec import QualitySpec
 from replay.analysis.schemas import Summary
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.summary import SUMMARY_VERSION
 from replay.core.errors import TargetError
 from replay.core.records import Result
-from replay.core.schedule import ClosedLoop, MonotonicClock
-from replay.run.analyze import Analysis
+from replay.core.schedule import ClosedLoop
+from replay.pipeline.analyse import Sources
 from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected
 from replay.run.phase import Phase, Schedule, TargetSession
-from replay.run.rundir import JsonlWriter
 from replay.run.stopping import RunStop
 from replay.run.teacher import Scoring
+from replay.rundir.files import JsonlWriter
 from replay.serving.local_server import LocalServer
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load
@@ -38,13 +39,13 @@ TRACE = ROOT / "traces" / "sample.jsonl"
 SETTLE_STEPS = 50  # loop turns the clock lets every runnable task take before it jumps
 
 
-class VirtualClock(MonotonicClock):
+class VirtualClock:
     """Time that passes only when every task waits: ``sleep_until`` wakes the earliest sleeper
     once the others settled, its due time becoming ``now`` (trio's
-    ``MockClock(autojump_threshold=0)``). A ten-minute schedule runs in milliseconds."""
+    ``MockClock(autojump_threshold=0)``). A ten-minute schedule runs in milliseconds. A
+    ``replay.core.schedule.Clock`` of its own, not a ``MonotonicClock``."""
 
     def __init__(self, start: float = 0.0) -> None:
-        super().__init__(epoch=0.0)
         self.t = start
         self._due: list[tuple[float, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
@@ -213,8 +214,8 @@ def config(
     )
 
 
-def unanalysed(a: Analysis) -> Summary:
+def unanalysed(run_dir: Path, manifest: Manifest, sources: Sources) -> Summary:
     """The analysis at the end of a run, left out: these tests look at what the runner sent
     and wrote; the analysis has tests of its own (tests/unit/analysis, the golden run), and
     here it would be most of each test's time."""
-    return Summary(version=SUMMARY_VERSION, targets={}, run_dir=str(a.run_dir))
+    return Summary(version=SUMMARY_VERSION, targets={}, run_dir=str(run_dir))

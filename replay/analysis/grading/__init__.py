@@ -19,7 +19,7 @@ or read too much fails with a "checker error" reason; it never stops the run's a
 Quality reads the grades as a table (``grades_frame``, one row per answer): pandas groups it by
 phase, target and bucket, and a target's requests are paired with the reference's (or the
 control's) by request id, in the target's own order, which the seeded bootstrap depends on.
-The result is a ``Quality`` record (``schemas``); ``quality`` gives its JSON.
+The result is a ``Quality`` record (``schemas``), summary.json's ``quality`` as JSON.
 
 * ``rows`` - the grade rows: one per answer (``grade_rows``), and what grading keeps of a
   trace record (``GradingSpec``).

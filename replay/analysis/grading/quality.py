@@ -252,29 +252,3 @@ def assess_quality(
         notes=tuple(notes),
         rules=rules or None,
     )
-
-
-def quality(
-    rows: Sequence[Mapping[str, Any]],
-    tf_rows: Sequence[Mapping[str, Any]],
-    reference: str,
-    bucket_order: Sequence[str],
-    tolerance: float = TOLERANCE,
-    seed: int = 0,
-    *,
-    alpha: float = ALPHA,
-    min_pairs: int = MIN_PAIRS,
-    prompt_tokens: Mapping[str, float] | None = None,
-) -> dict[str, Any]:
-    """``assess_quality`` as JSON, for callers outside the pipeline."""
-    return assess_quality(
-        rows,
-        tf_rows,
-        reference,
-        bucket_order,
-        tolerance,
-        seed,
-        alpha=alpha,
-        min_pairs=min_pairs,
-        prompt_tokens=prompt_tokens,
-    ).to_json()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from replay.analysis.grading.compare import scored
 from replay.analysis.grading.pairing import combined_differences, graded_in_both
 from replay.analysis.schemas import TargetQuality
-from replay.analysis.schemas_trend import LengthSlope, Trend
+from replay.analysis.schemas.trend import LengthSlope, Trend
 from replay.analysis.stats.trend import NoTrend, length_trend
 
 if TYPE_CHECKING:

@@ -4,6 +4,6 @@ every bucket's pairs and decisions (``state``), the always-valid betting capital
 summary's ``Sequential`` block with its comparison to the fixed design (``summary``).
 
 Its other parts sit in the layer each belongs to: the record the summary holds
-(``analysis/schemas_sequential.py``), the run order that sends the rounds and its state file
-(``run/sequential_run.py``, ``run/sequential_file.py``) and the report's views
-(``present/sequential_views.py``)."""
+(``analysis/schemas/sequential.py``), the run order that sends the rounds and its state file
+(``run/sequential_run.py``, ``rundir/sequential_file.py``) and the report's views
+(``present/views/sequential.py``)."""

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from replay.analysis.schemas import Summary, Systems, Verdict
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.facts import Facts, facts_from_run
 from replay.analysis.verdict.rule import decide, quality_decides

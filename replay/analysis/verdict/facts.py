@@ -29,7 +29,7 @@ from replay.analysis.schemas import (
     TargetQuality,
     TargetSummary,
 )
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.stats.evidence import Evidence
 from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.analysis.thresholds import Thresholds

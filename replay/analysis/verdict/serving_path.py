@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replay.analysis.schemas import TargetSummary
-from replay.analysis.schemas_manifest import Manifest, TargetEntry
+from replay.analysis.schemas.manifest import Manifest, TargetEntry
 from replay.serving import kv_formats
 from replay.serving.kv_layout import SLIDING_WINDOW, KvLayout
 from replay.serving.kv_served import layout_of, skip_words

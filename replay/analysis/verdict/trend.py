@@ -1,7 +1,7 @@
 """The trend across context length in the verdict: a graded loss that grows with the context
 is a repeatable loss; a teacher-forced divergence that grows with it is a warning.
 
-Each phase's ``Trend`` (``schemas_trend``) becomes one ``TrendFacts``. A graded trend
+Each phase's ``Trend`` (``schemas.trend``) becomes one ``TrendFacts``. A graded trend
 *falls* when its slope per doubling of context is significantly negative (its interval below
 0 and its p-value below alpha / phases, as every loss test of a sweep) and beyond the A/A
 control's (below the low end of the control's interval; without a control, or where the

@@ -26,12 +26,12 @@ from replay.analysis.schemas import (
     SummaryError,
     TargetSummary,
 )
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.cli import main
+from replay.pipeline import analyse as analyze
+from replay.pipeline.analyse import analyse
 from replay.present import report
-from replay.run import analyze
-from replay.run.analyze import analyse
-from replay.run.rundir import write_json
+from replay.rundir.files import write_json
 from tests.support import analysis_run
 from tests.support.analysis_run import GOLDEN, SORTED
 from tests.unit.present.test_report import make_run_dir
@@ -63,7 +63,7 @@ def test_the_report_fixtures_summaries_read_back_too(tmp_path: Path) -> None:
 
 
 def test_the_pipeline_writes_what_it_wrote_before(tmp_path: Path) -> None:
-    summary = analyse(analysis_run.analysis(tmp_path / "run"))
+    summary = analyse(*analysis_run.analysis(tmp_path / "run"))
     written = orjson.loads((tmp_path / "run" / "summary.json").read_bytes())
     assert written.pop("run_dir") == str(tmp_path / "run")
     assert _bytes(written) == (GOLDEN / "run_summary.json").read_bytes()
@@ -79,7 +79,7 @@ def test_the_pipeline_writes_what_it_wrote_before(tmp_path: Path) -> None:
     assert list(fp8.buckets) == ["<256", "256-1K", ">=1K", "unlisted"]
     assert summary.verdict is not None and summary.verdict.exit_code == 13
 
-    locust = analyse(analysis_run.locust_analysis(tmp_path / "locust"))
+    locust = analyse(*analysis_run.locust_analysis(tmp_path / "locust"))
     assert locust.quality is None and locust.verdict is None
     assert locust.driver == {"name": "locust", "version": "2.x"}
     written = orjson.loads((tmp_path / "locust" / "summary.json").read_bytes())
@@ -92,10 +92,9 @@ def test_grading_says_how_it_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     the end, and writes what it writes untold."""
     monkeypatch.setattr(analyze, "GRADE_BATCH", 50)
     told: list[tuple[int, int]] = []
-    run = dataclasses.replace(
-        analysis_run.analysis(tmp_path / "run"), progress=lambda k, n: told.append((k, n))
-    )
-    analyse(run)
+    case = analysis_run.analysis(tmp_path / "run")
+    sources = dataclasses.replace(case.sources, progress=lambda k, n: told.append((k, n)))
+    analyse(case.run_dir, case.manifest, sources)
     n = len(analysis_run.results())
     assert told == [(50, n), (100, n), (150, n), (200, n), (n, n)]
     assert (tmp_path / "run" / "grades.jsonl").read_bytes() == (
@@ -214,7 +213,7 @@ def test_the_verdict_and_report_read_records_and_json_alike(tmp_path: Path) -> N
 
 def test_replay_report_renders_a_summary_written_before_the_records(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    analyse(analysis_run.analysis(run))
+    analyse(*analysis_run.analysis(run))
     (run / "summary.json").write_bytes((GOLDEN / "run_summary.json").read_bytes())
     write_json(run / "manifest.json", {**analysis_run.manifest(), "trace": {"path": "gone"}})
     out = CliRunner().invoke(main, ["report", str(run)])

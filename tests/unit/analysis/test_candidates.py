@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from replay.analysis.schemas import Summary
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.candidates import decide_candidates, format_of, in_its_words
 from replay.analysis.verdict.wording import verdict_record
@@ -107,17 +107,17 @@ def test_fp8_verdicts_are_left_as_the_rule_words_them() -> None:
 def test_the_candidates_are_every_target_but_the_reference_calibrated_and_control(
     tmp_path: Any,
 ) -> None:
-    from dataclasses import replace
 
-    from replay.run.analyze import candidates_of
+    from replay.pipeline.analyse import candidates_of
     from tests.support import analysis_run
 
     a = analysis_run.analysis(tmp_path / "run")
-    assert candidates_of(a) == ["fp8"]  # fp8-cal is the calibrated arm, bf16-control the A/A
-    more = {**a.targets, "int8_per_token_head": a.targets["fp8"], "fp8_e5m2": a.targets["fp8"]}
-    manifest = replace(a.manifest, cli_options={"targets": "bf16,int8_per_token_head,fp8,fp8_e5m2"})
-    b = replace(a, targets=more, manifest=manifest)
-    assert candidates_of(b) == ["fp8", "int8_per_token_head", "fp8_e5m2"]
+    assert candidates_of(a.run()) == ["fp8"]  # fp8-cal: the calibrated arm, bf16-control: A/A
+    t = a.manifest.targets
+    more = {**t, "int8_per_token_head": t["fp8"], "fp8_e5m2": t["fp8"]}
+    given = {"targets": "bf16,int8_per_token_head,fp8,fp8_e5m2"}
+    b = a.with_manifest(targets=more, cli_options=given)
+    assert candidates_of(b.run()) == ["fp8", "int8_per_token_head", "fp8_e5m2"]
 
 
 def test_the_layers_arm_is_no_candidate_of_its_own(tmp_path: Any) -> None:
@@ -125,12 +125,12 @@ def test_the_layers_arm_is_no_candidate_of_its_own(tmp_path: Any) -> None:
     as the primary's layers arm, not at alpha / 2 beside it."""
     from dataclasses import replace
 
-    from replay.run.analyze import candidates_of
+    from replay.pipeline.analyse import candidates_of
     from tests.support import analysis_run
 
     a = analysis_run.analysis(tmp_path / "run")
     assert a.manifest.roles is not None
     roles = replace(a.manifest.roles, layers="fp8-skip")
-    manifest = replace(a.manifest, roles=roles, cli_options={"targets": "bf16,fp8,fp8-skip"})
-    b = replace(a, targets={**a.targets, "fp8-skip": a.targets["fp8"]}, manifest=manifest)
-    assert candidates_of(b) == ["fp8"]
+    targets = {**a.manifest.targets, "fp8-skip": a.manifest.targets["fp8"]}
+    b = a.with_manifest(roles=roles, targets=targets, cli_options={"targets": "bf16,fp8,fp8-skip"})
+    assert candidates_of(b.run()) == ["fp8"]

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from replay.analysis.schemas import Summary
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.summary import summarize_targets
 from replay.analysis.verdict.facts import facts_from_run
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.core.records import Result
-from replay.run.summary_targets import target_for_summary
+from replay.pipeline.target_facts import target_for_summary
 from tests.support.gemma_layout import GEMMA, SERVED, SLIDING
 
 FLAG = "--kv-cache-dtype-skip-layers"

@@ -14,7 +14,7 @@ from replay.analysis.run_spec import (
     RunSpec,
     TraceSpec,
 )
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.thresholds import Thresholds
 
 SPEC = RunSpec(

@@ -14,14 +14,14 @@ import pytest
 from replay.analysis.grading.rows import grade_rows, no_answer
 from replay.analysis.reasoning import reasoning_length
 from replay.analysis.schemas import ReasoningDelta, Summary
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.summary import summarize_targets
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.facts import ArmFacts, facts_from_run
 from replay.analysis.verdict.rule import decide, reasoning_warnings
 from replay.core.records import Result
+from replay.pipeline.reanalyse import reanalyse
 from replay.present import report
-from replay.run.analyze import reanalyse
 from replay.traces.trace import Request
 from tests.unit.present.test_report import make_run_dir, sections
 

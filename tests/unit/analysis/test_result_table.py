@@ -16,7 +16,7 @@ from replay.analysis.result_table import ResultTable, keyed_rows, phase_spans
 from replay.analysis.summary import _decode_rate, results_frame, tpot
 from replay.analysis.timings import Timings
 from replay.core.records import Result, ToolCall
-from replay.run.analyze import lean
+from replay.pipeline.analyse import lean
 
 
 def _results(n: int, seed: int) -> list[Result]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from replay.analysis.roles import Roles, looks_calibrated, resolve
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.core.errors import ConfigError
 from replay.serving.targets import load_targets_config

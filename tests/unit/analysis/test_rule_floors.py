@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay.analysis.grading.quality import quality
+from replay.analysis.grading.quality import assess_quality
 from replay.analysis.grading.rule_floors import MIN_GRADED, NOISY_BELOW
 
 
@@ -44,7 +44,7 @@ def rows(n_facts: int, control_facts_pass: int) -> list[dict[str, Any]]:
 
 
 def test_a_rule_whose_floor_is_noise_is_shown_and_demoted() -> None:
-    q = quality(rows(MIN_GRADED + 10, 12), [], "bf16", ["<1K"])
+    q = assess_quality(rows(MIN_GRADED + 10, 12), [], "bf16", ["<1K"]).to_json()
     facts, code = q["rules"]["c4"]["derived:facts"], q["rules"]["c4"]["derived:code"]
     assert (facts["graded"], facts["passed"], facts["requests"]) == (30, 12, 60)
     assert facts["floor"] == 0.4 < NOISY_BELOW and facts["demoted"] is True
@@ -58,7 +58,7 @@ def test_a_rule_whose_floor_is_noise_is_shown_and_demoted() -> None:
 
 
 def test_a_low_floor_over_few_answers_is_shown_but_not_demoted() -> None:
-    q = quality(rows(MIN_GRADED - 1, 5), [], "bf16", ["<1K"])
+    q = assess_quality(rows(MIN_GRADED - 1, 5), [], "bf16", ["<1K"]).to_json()
     facts = q["rules"]["c4"]["derived:facts"]
     assert facts["floor"] < NOISY_BELOW and facts["demoted"] is False
     combined = q["phases"]["c4"]["fp8"]["buckets"]["<1K"]["combined"]
@@ -68,4 +68,4 @@ def test_a_low_floor_over_few_answers_is_shown_but_not_demoted() -> None:
 
 def test_without_a_control_there_is_no_floor() -> None:
     no_control = [r for r in rows(30, 30) if r["target"] != "bf16-control"]
-    assert "rules" not in quality(no_control, [], "bf16", ["<1K"])  # left out: no floor
+    assert "rules" not in assess_quality(no_control, [], "bf16", ["<1K"]).to_json()  # no floor

@@ -20,7 +20,7 @@ from replay.analysis.saturation import (
     sweep_of,
 )
 from replay.analysis.schemas import Summary
-from replay.analysis.schemas_sweep import LoadCurve, Saturation
+from replay.analysis.schemas.sweep import LoadCurve, Saturation
 from replay.present import report
 
 DURATION = 100.0

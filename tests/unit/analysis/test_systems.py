@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replay.analysis.systems import break_even, compare_systems, fit_line
+from replay.analysis.systems import crossing, fit_line, systems
 from replay.core.records import Result
 
 
@@ -16,11 +16,11 @@ def test_fit_line_recovers_a_line() -> None:
 
 def test_break_even() -> None:
     # FP8: +10 ms fixed overhead, 0.01 ms/token less: wins above 1,000 tokens.
-    be = break_even((100.0, 0.05), (110.0, 0.04))
-    assert be["fp8_wins"] == "above" and be["tokens"] == pytest.approx(1000.0)
-    assert break_even((100.0, 0.05), (90.0, 0.05))["fp8_wins"] == "always"
-    assert break_even((100.0, 0.05), (110.0, 0.05))["fp8_wins"] == "never"
-    assert break_even(None, (1.0, 1.0))["fp8_wins"] == "unknown"
+    tokens, wins = crossing((100.0, 0.05), (110.0, 0.04))
+    assert wins == "above" and tokens == pytest.approx(1000.0)
+    assert crossing((100.0, 0.05), (90.0, 0.05)) == (None, "always")
+    assert crossing((100.0, 0.05), (110.0, 0.05)) == (None, "never")
+    assert crossing(None, (1.0, 1.0)) == (None, "unknown")
 
 
 def _res(target: str, rid: str, tokens: int, ttft: float) -> Result:
@@ -40,12 +40,12 @@ def _res(target: str, rid: str, tokens: int, ttft: float) -> Result:
     )
 
 
-def test_compare_systems_short_workload_below_break_even() -> None:
+def test_systems_short_workload_below_break_even() -> None:
     results = []
     for i, n in enumerate((100, 200, 300, 400, 500, 600)):
         results.append(_res("bf16", f"r{i}", n, (100 + 0.05 * n) / 1000))
         results.append(_res("fp8", f"r{i}", n, (110 + 0.04 * n) / 1000))
-    s = compare_systems(results, "bf16", "fp8", "c1")
+    s = systems(results, "bf16", "fp8", "c1").to_json()
     assert s["pairs"] == 6
     row = s["buckets"]["b"]["ttft_ms"]
     assert row["delta_mean"] > 0 and row["lo"] > 0  # FP8 slower on these short prompts

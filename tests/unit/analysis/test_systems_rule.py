@@ -20,7 +20,7 @@ from replay.analysis.stats.median_change import (
     min_pairs,
     order_rank,
 )
-from replay.analysis.systems import compare_systems
+from replay.analysis.systems import systems
 from replay.analysis.systems_cells import (
     ONE_BLOCK,
     Planned,
@@ -167,8 +167,8 @@ def _result(target: str, rid: str, bucket: str, ttft: float) -> Result:
 def test_a_bucket_with_one_pair_gives_no_interval() -> None:
     # The real model's three-way canary once showed "-925 [-925, -925]" over one pair.
     results = [_result("bf16", "r0", ">=1K", 1.0), _result("fp8", "r0", ">=1K", 0.075)]
-    row = compare_systems(results, "bf16", "fp8", "c4")["buckets"][">=1K"]["e2e_ms"]
-    assert row["pairs"] == 1 and row["lo"] is None and row["hi"] is None
+    row = systems(results, "bf16", "fp8", "c4").buckets[">=1K"].e2e_ms
+    assert row is not None and row.pairs == 1 and row.lo is None and row.hi is None
     blocks = {"bf16": {"c4": [(0, -1.0, 10.0)]}, "fp8": {"c4": [(0, -1.0, 10.0)]}}
     cells = latency_cells(results, "bf16", "fp8", None, ["c4"], blocks)
     assert {judge(c, 0.05, 0.05).call for c in cells} == {"unweighed"}

@@ -42,7 +42,8 @@ import orjson
 import pytest
 
 from replay.analysis.stats.median_change import median_changes
-from replay.analysis.systems_cells import THRESHOLD, direction
+from replay.analysis.systems_cells import direction
+from replay.analysis.thresholds import SYSTEMS_THRESHOLD as THRESHOLD
 
 CANARIES = 4000
 SEED = 20261214

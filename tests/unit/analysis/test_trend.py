@@ -15,7 +15,7 @@ from replay.analysis.grading.quality import assess_quality
 from replay.analysis.grading.trend import prompt_token_counts
 from replay.analysis.result_table import ResultTable
 from replay.analysis.schemas import LengthSlope, Quality
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.stats import trend as trend_stats
 from replay.analysis.stats.trend import LengthTrend, NoTrend, length_trend
 from replay.analysis.thresholds import Thresholds

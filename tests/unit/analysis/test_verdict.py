@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.advice import Advice
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts

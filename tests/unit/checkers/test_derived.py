@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from replay.analysis.grading.quality import quality
+from replay.analysis.grading.quality import assess_quality
 from replay.analysis.grading.rows import (
     PROMPT_KEEP_CHARS,
     GradingSpec,
@@ -392,7 +392,7 @@ def test_grade_rows_derives_a_grade_for_each_request_without_a_check() -> None:
     assert (control["passed"], control["exact"]) == (True, True)  # graded like a candidate
     assert by["fp8", "chat"]["derived"]["passed"] is None  # no fact to check
 
-    q = quality(rows, [], "bf16", ["<256"])
+    q = assess_quality(rows, [], "bf16", ["<256"]).to_json()
     fp8 = q["phases"]["c1"]["fp8"]["buckets"]["<256"]
     assert fp8["graded"] == 1 and fp8["passed"] == 1  # the explicit grades
     d = fp8["derived"]
@@ -411,7 +411,8 @@ def test_grade_rows_derives_a_grade_for_each_request_without_a_check() -> None:
     assert q["phases"]["c1"]["bf16"]["buckets"]["<256"]["derived"]["graded"] == 0
     assert not any("noise floor" in n for n in q["notes"])
 
-    alone = quality([r for r in rows if r["target"] != "bf16-control"], [], "bf16", ["<256"])
+    others = [r for r in rows if r["target"] != "bf16-control"]
+    alone = assess_quality(others, [], "bf16", ["<256"]).to_json()
     assert alone["phases"]["c1"]["fp8"]["buckets"]["<256"]["derived"]["vs_control"] is None
     assert any("no A/A control" in n for n in alone["notes"])
 

@@ -12,7 +12,7 @@ import pytest
 
 from replay.analysis.verdict.advice import advice_facts, read_advice
 from replay.cli import main
-from replay.cli.replay_run import Plan, with_skip_layers
+from replay.cli.plan import Plan, with_skip_layers
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
 from replay.serving.targets import TargetSpec

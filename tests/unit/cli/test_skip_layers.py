@@ -13,7 +13,7 @@ import pytest
 
 from replay.analysis.roles import resolve
 from replay.cli import main
-from replay.cli.replay_run import resolve_targets
+from replay.cli.plan import resolve_targets
 from replay.cli.run_options import RunOptions
 from replay.core.errors import ConfigError, InputError
 from replay.serving.targets import TargetSpec

@@ -14,11 +14,6 @@ pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-from kvcal._emulate import EmulatingCache, teacher_forced, uniform  # noqa: E402
-from kvcal._emulate_overlay import read_overlay  # noqa: E402
-from kvcal._emulate_report import EmulateArgs, emulate  # noqa: E402
-from kvcal._emulate_requests import draw_from_run  # noqa: E402
-from kvcal._emulate_sensitivity import loss_is_real  # noqa: E402
 from kvcal._fp8 import (  # noqa: E402
     E4M3_MAX,
     e4m3_bytes,
@@ -27,6 +22,11 @@ from kvcal._fp8 import (  # noqa: E402
     hf_head_scale,
     vllm_head_scale,
 )
+from kvcal.emulate.cache import EmulatingCache, teacher_forced, uniform  # noqa: E402
+from kvcal.emulate.overlay import read_overlay  # noqa: E402
+from kvcal.emulate.report import EmulateArgs, emulate  # noqa: E402
+from kvcal.emulate.requests import draw_from_run  # noqa: E402
+from kvcal.emulate.sensitivity import loss_is_real  # noqa: E402
 from replay.core.buckets import Buckets  # noqa: E402
 from replay.core.errors import InputError  # noqa: E402
 from tests.conftest import ROOT, cpu_can_serve_fp8_kv  # noqa: E402
@@ -539,7 +539,7 @@ def _advice_report(losses: dict[str, tuple[float, float, float]]) -> dict[str, A
 
 
 def test_the_advisor_says_how_much_of_a_loss_is_the_rounding() -> None:
-    from kvcal._emulate_advice import advise
+    from kvcal.emulate.advice import advise
 
     report = _advice_report(
         {
@@ -567,7 +567,7 @@ def test_the_advisor_says_how_much_of_a_loss_is_the_rounding() -> None:
 
 
 def test_the_advisor_says_when_the_rounding_decides_the_tolerance() -> None:
-    from kvcal._emulate_advice import advise
+    from kvcal.emulate.advice import advise
 
     report = _advice_report(
         {"int4@1.0 cpu": (0.004, 0.001, 0.03), "int4@1.0 cuda": (0.0006, 0.0001, 0.001)}

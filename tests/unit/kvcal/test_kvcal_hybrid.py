@@ -20,11 +20,11 @@ transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
-import kvcal._emulate as emulate_mod  # noqa: E402
+import kvcal.emulate.cache as emulate_mod  # noqa: E402
 from kvcal._advise import AdviseArgs, keep_floor, next_step  # noqa: E402
 from kvcal._capacity import Capacity, model_capacity  # noqa: E402
-from kvcal._emulate import _ids, _prefill, answer_step, new_cache, teacher_forced, uniform  # noqa: E402
 from kvcal._observe import KVStats, ObservingCache, kv_shape, prefill  # noqa: E402
+from kvcal.emulate.cache import _ids, _prefill, answer_step, new_cache, teacher_forced, uniform  # noqa: E402
 from replay.serving.kv_layout import KvLayout, capacity_ratio  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 

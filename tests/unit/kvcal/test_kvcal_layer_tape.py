@@ -16,10 +16,10 @@ transformers = pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
 from kvcal._advise_scoring import NoMeter, TapedScorer  # noqa: E402
-from kvcal._emulate import uniform  # noqa: E402
-from kvcal._emulate_requests import Item  # noqa: E402
-from kvcal._emulate_score import reference_scores  # noqa: E402
 from kvcal._layer_tape import Tape, first_difference, tape_stride  # noqa: E402
+from kvcal.emulate.cache import uniform  # noqa: E402
+from kvcal.emulate.requests import Item  # noqa: E402
+from kvcal.emulate.score import reference_scores  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.unit.kvcal.test_kvcal_hybrid import _one_thread, tiny_gemma  # noqa: E402, F401
 

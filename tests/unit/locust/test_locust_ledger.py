@@ -20,6 +20,7 @@ from replay.present.report import write_reports
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import scan
 from tests.conftest import ROOT
+from tests.support.run_config import bare_spec
 
 SAMPLE = ROOT / "traces" / "sample.jsonl"
 OK = {"status": "ok", "sent": 1.0}
@@ -157,7 +158,7 @@ def test_the_run_directory_and_report_say_what_each_worker_sent_and_lost(tmp_pat
         options={},
         driver={"name": "locust"},
         command=[],
-        checkers=False,
+        run_spec=bare_spec(["t"], ["c2"], checkers=False),
     )
     ledger = Ledger(4, ["host_a", "host_b"], loop=False)
     _claim(ledger, ledger.accounts[0], 1)

@@ -40,11 +40,12 @@ from replay.locust.plans import (
 from replay.locust.recorder import RunRecorder, cancelled_result
 from replay.locust.target import resolve_target
 from replay.present.report import write_reports
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load, scan
 from replay.traces.trace import Request
 from tests.conftest import ROOT
+from tests.support.run_config import bare_spec
 
 SAMPLE = ROOT / "traces" / "sample.jsonl"
 
@@ -305,7 +306,6 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
         options={"driver": "locust"},
         driver={"name": "locust"},
         command=["locust"],
-        checkers=True,
     )
     rec.info = {
         "cache_config": {"cache_dtype": "auto", "kv_cache_size_tokens": "524288"},
@@ -365,7 +365,7 @@ def test_recorder_gives_a_window_to_a_phase_without_one(tmp_path: Path) -> None:
         options={},
         driver={},
         command=[],
-        checkers=False,
+        run_spec=bare_spec(["t"], ["c1"], checkers=False),
     )
     rec.fail("target unavailable: no model")
     rec.add_results(

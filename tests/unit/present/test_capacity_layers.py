@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from replay.present import formatting, report
-from replay.run.rundir import write_json
+from replay.rundir.files import write_json
 from tests.unit.present.test_report import make_run_dir, sections
 
 PREDICTED = 4  # the capacity table's column of the layout's prediction

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -17,15 +18,17 @@ from typing import Any
 import orjson
 import pytest
 
-from replay.analysis.grading.quality import quality
-from replay.analysis.schemas_manifest import Manifest
-from replay.analysis.summary import build_summary
-from replay.analysis.systems import compare_systems, throughput_ratio
+from replay.analysis.grading.quality import assess_quality
+from replay.analysis.schemas import Summary
+from replay.analysis.schemas.manifest import Manifest
+from replay.analysis.summary import SUMMARY_VERSION, summarize_targets
+from replay.analysis.systems import systems, throughput_ratio
 from replay.analysis.verdict.facts import facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.core.records import Result
-from replay.present import charts, formatting, markdown, report, request_views
-from replay.run.rundir import write_json
+from replay.present import charts, formatting, markdown, report
+from replay.present.views import requests as request_views
+from replay.rundir.files import write_json
 
 PAYLOAD = "<script>alert(1)</script>"
 TITLE_PAYLOAD = "<script>document.title='pwned'</script>"
@@ -260,15 +263,21 @@ def make_run_dir(root: Path, unlabeled: int = 0) -> Path:
         }
         for n, m in manifest["targets"].items()
     }
-    summary = build_summary(results, targets, series, BUCKETS)
     tf_rows = [_tf(r) for r in results] if unlabeled else []
-    summary["quality"] = quality(grades, tf_rows, "bf16", BUCKETS)
-    summary["systems"] = compare_systems(results, "bf16", "fp8", "c1")
-    summary["systems"]["throughput_ratio"] = throughput_ratio(summary, "bf16", "fp8", "c1")
+    # As the analysis builds it (replay.pipeline.analyse): targets and quality, then the systems
+    # comparison with its throughput ratio, then the verdict on both.
+    summary = Summary(
+        version=SUMMARY_VERSION,
+        targets=summarize_targets(results, targets, series, BUCKETS),
+        quality=assess_quality(grades, tf_rows, "bf16", BUCKETS),
+    )
+    ratio = throughput_ratio(summary, "bf16", "fp8", "c1")
+    compared = replace(systems(results, "bf16", "fp8", "c1"), throughput_ratio=ratio)
+    summary = replace(summary, systems=compared)
     facts = facts_from_run(summary, Manifest.from_json(manifest), candidate="fp8")
-    summary["verdict"] = decide(facts).to_json()
+    summary = replace(summary, verdict=decide(facts))
     _dump(run / "manifest.json", manifest)
-    _dump(run / "summary.json", summary)
+    _dump(run / "summary.json", summary.to_json())
     _jsonl(run / "results.jsonl", [r.to_json() for r in results])
     _jsonl(run / "grades.jsonl", grades)
     for t, s in series.items():

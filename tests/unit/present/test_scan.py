@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from replay.pipeline.analyse import results_table
 from replay.present import report
 from replay.present.scan import scan_run
-from replay.run.analyze import results_table
 from tests.support.analysis_run import results
 from tests.unit.present.test_report import make_run_dir
 

@@ -11,14 +11,14 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from replay.analysis.grading.quality import quality
+from replay.analysis.grading.quality import assess_quality
 from replay.analysis.schemas import Summary
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.verdict.facts import facts_from_run
 from replay.analysis.verdict.rule import decide
 from replay.present import report
 from replay.present.table import quality_table
-from replay.run.rundir import write_json
+from replay.rundir.files import write_json
 from tests.unit.present.test_report import BUCKETS, make_run_dir, sections
 
 SLOPE = r"[+-]\d+\.\d \[[+-]\d+\.\d, [+-]\d+\.\d\]"
@@ -49,7 +49,8 @@ def trend_run(tmp_path: Path) -> Path:
     ]
     summary = orjson.loads((run / "summary.json").read_bytes())
     grades = _lines(run / "grades.jsonl")
-    summary["quality"] = quality(grades, tf, "bf16", BUCKETS, prompt_tokens=tokens)
+    q = assess_quality(grades, tf, "bf16", BUCKETS, prompt_tokens=tokens)
+    summary["quality"] = q.to_json()
     manifest = Manifest.from_json(orjson.loads((run / "manifest.json").read_bytes()))
     summary["verdict"] = decide(facts_from_run(summary, manifest, candidate="fp8")).to_json()
     write_json(run / "summary.json", summary)

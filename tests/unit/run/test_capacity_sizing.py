@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from replay.analysis.run_spec import CapacitySpec
 from replay.core.records import Result
 from replay.run.capacity_plan import (
     MARGIN_TOKENS,
@@ -22,7 +23,6 @@ from replay.run.capacity_plan import (
     ref_layers,
     size,
 )
-from replay.run.config import CapacityOptions
 from replay.serving.kv_layout import Engine, KvLayout, concurrency
 from replay.serving.targets import TargetSpec
 from tests.support.gemma_layout import GEMMA
@@ -34,7 +34,7 @@ BF16_LABELS = {
     "kv_cache_size_tokens": "247802",
     "kv_cache_dtype_skip_layers": "[]",
 }
-OPTS = CapacityOptions(mode="on", concurrency=8)
+OPTS = CapacitySpec(mode="on", concurrency=8)
 
 
 def gemma() -> KvLayout:
@@ -91,7 +91,7 @@ def test_the_median_is_of_the_answers_as_served_prompt_and_output() -> None:
     """Three length bands as traces/first_run.jsonl has them: the median request is the middle
     band's, counted with its output, and the cache is twice smaller than the loop's demand."""
     work = results(*([60] * 7 + [514] * 7 + [1400] * 7))
-    p = plan(size(work, {}, 2048.0, 8192, CapacityOptions(mode="on", concurrency=12)))
+    p = plan(size(work, {}, 2048.0, 8192, CapacitySpec(mode="on", concurrency=12)))
     assert p.median_tokens == 514 and p.max_model_len == 1400
     tokens = p.cache_bytes / 2048.0
     assert 12 * 514 / PRESSURE <= tokens < 12 * 514 / PRESSURE + MIB / 2048.0
@@ -101,7 +101,7 @@ def test_the_median_is_of_the_answers_as_served_prompt_and_output() -> None:
 def test_the_served_cache_is_checked_once_its_server_is_up() -> None:
     """vLLM's own count at the model length (per layer type), scaled to the median request:
     a server that holds more than planned leaves too little pressure, and the phase says so."""
-    p = plan(size(results(*([600] * 5)), {}, 2048.0, None, CapacityOptions("on", 12)))
+    p = plan(size(results(*([600] * 5)), {}, 2048.0, None, CapacitySpec(mode="on", concurrency=12)))
     assert p.max_model_len == p.median_tokens == 600  # every request of one length
     pressure, problem = p.check({"kv_cache_max_concurrency": "6.0"})
     assert pressure == pytest.approx(2.0) and problem is None
@@ -118,7 +118,7 @@ def test_the_cache_holds_the_longest_request_and_a_margin() -> None:
     """A loop of 1 at the median would not fit a 32K request: vLLM would refuse to start."""
     layers = RefLayers(gemma(), "fp8", gemma().sliding)
     work = results(600, 600, 30000)
-    p = plan(size(work, {}, None, 32768, CapacityOptions(mode="on", concurrency=1), layers))
+    p = plan(size(work, {}, None, 32768, CapacitySpec(mode="on", concurrency=1), layers))
     need = layers.request_bytes(30000 + MARGIN_TOKENS)
     assert need <= p.cache_bytes < need + MIB
     assert p.max_model_len == 30000
@@ -138,5 +138,14 @@ def test_ref_layers_read_the_served_format_skip_layers_and_block_size(tmp_path: 
 
 
 def test_an_explicit_cache_size_wins() -> None:
-    p = plan(size(results(2000), {}, None, None, CapacityOptions("on", 8, 256), RefLayers(gemma())))
+    p = plan(
+        size(
+            results(2000),
+            {},
+            None,
+            None,
+            CapacitySpec(mode="on", concurrency=8, cache_mib=256),
+            RefLayers(gemma()),
+        )
+    )
     assert p.cache_bytes == 256 * MIB and p.sizing == "--capacity-cache-mib 256"

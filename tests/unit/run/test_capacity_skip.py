@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.rule import decide, quality_decides
-from replay.run.analyze import analyse, quality_verdict
+from replay.pipeline.analyse import analyse, quality_verdict
 from replay.run.capacity import why_not
 from replay.run.capacity_step import not_needed
-from replay.run.rundir import GRADES
+from replay.rundir.files import GRADES
 from replay.serving.targets import TargetSpec
 from tests.support.analysis_run import analysis, manifest
 
@@ -54,9 +54,9 @@ def test_the_runs_quality_verdict_is_the_analysis_verdict_without_writing_grades
     """The deterministic run's calibrated arm decides it on quality: what the run asks before
     its capacity phase is what its analysis at the end says, and no grades.jsonl is written."""
     a = analysis(tmp_path / "run")
-    early = quality_verdict(a)
+    early = quality_verdict(*a)
     assert not (a.run_dir / GRADES).exists()
-    final = analyse(a).verdict
+    final = analyse(*a).verdict
     assert early is not None and final is not None
     assert (early.verdict, early.headline) == (final.verdict, final.headline)
     assert (a.run_dir / GRADES).exists()
@@ -69,8 +69,8 @@ def test_at_scale_one_the_runs_quality_verdict_is_the_analysis_verdict(tmp_path:
     m = manifest()
     m["roles"] = {"reference": "bf16", "candidate": "fp8"}
     a = replace(analysis(tmp_path / "run"), manifest=Manifest.from_json(m))
-    early = quality_verdict(a)
-    final = analyse(a).verdict
+    early = quality_verdict(*a)
+    final = analyse(*a).verdict
     assert early is not None and final is not None
     assert final.verdict in ("calibrate", "insufficient_evidence")
     assert (early.verdict, early.headline) == (final.verdict, final.headline)

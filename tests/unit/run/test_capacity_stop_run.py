@@ -15,7 +15,7 @@ from replay.core.records import Result
 from replay.run.capacity import BLOCKS, PER_BLOCK, CapacityRun, Judge, strided_blocks
 from replay.run.capacity_plan import Plan
 from replay.run.progress import QuietProgress
-from replay.run.rundir import CAPACITY_DIR, RESULTS, JsonlWriter
+from replay.rundir.files import CAPACITY_DIR, RESULTS, JsonlWriter
 from replay.serving.targets import TargetSpec
 from replay.traces.trace import Request
 

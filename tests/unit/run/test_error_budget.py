@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from replay.cli import EXIT_OK, EXIT_TARGET_ERRORS, main, target_errors
 from replay.run.budget import ErrorBudget
-from replay.run.rundir import read_results
+from replay.rundir.files import read_results
 from tests.conftest import ROOT
 from tests.support.fault_server import fault_server
 

@@ -13,12 +13,12 @@ import orjson
 import pytest
 
 from replay.analysis.run_spec import QualitySpec
-from replay.analysis.schemas_manifest import Manifest, SpecFacts, TargetEntry, TraceFacts
+from replay.analysis.schemas.manifest import Manifest, SpecFacts, TargetEntry, TraceFacts
 from replay.core.errors import SummaryError
 from replay.core.schedule import ClosedLoop
-from replay.run.manifest import read_manifest, read_spec, written_targets
-from replay.run.rundir import new_run_dir
 from replay.run.runner import Runner
+from replay.rundir.files import new_run_dir
+from replay.rundir.manifest import read_manifest, written_targets
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import scan
 from tests.support.fault_server import fault_server
@@ -74,7 +74,7 @@ def test_a_run_reads_back_with_no_problem(run_dir: Path) -> None:
 
 
 def test_a_run_records_its_spec_and_reads_it_back(run_dir: Path) -> None:
-    spec = read_spec(run_dir)
+    spec = read_manifest(run_dir).run_spec
     assert spec is not None and spec.load.targets == ("bf16", "bf16-b")
     assert spec.load.schedules == ("c2",) and spec.trace.requests == 12
     assert spec.quality.buckets == "256,1K" and not spec.quality.teacher_forced

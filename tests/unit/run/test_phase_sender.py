@@ -15,8 +15,8 @@ from pathlib import Path
 from replay.analysis.run_spec import BudgetSpec
 from replay.core.schedule import MonotonicClock
 from replay.run.config import RunConfig
-from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import Runner
+from replay.rundir.files import new_run_dir, read_results
 from replay.traces.importers import load
 from tests.support.fault_server import fault_server
 from tests.support.nowire import TRACE, Scripted, config

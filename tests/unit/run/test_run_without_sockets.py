@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import replay
-from replay.analysis.run_spec import BudgetSpec
+from replay.analysis.run_spec import BudgetSpec, SequentialSpec
 from replay.cli.compose import compose, refuse_combinations
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
@@ -34,11 +34,11 @@ from replay.run.config import TargetRun
 from replay.run.interleave import Interleaved
 from replay.run.phase import Phase
 from replay.run.progress import QuietProgress
-from replay.run.rundir import new_run_dir, read_results
 from replay.run.runner import OneAfterAnother, Runner
-from replay.run.sequential_run import RoundLoop, Rounds, SequentialOptions
+from replay.run.sequential_run import RoundLoop, Rounds
 from replay.run.stopping import RunStop
 from replay.run.worker_pool import WorkerPoolSender
+from replay.rundir.files import new_run_dir, read_results
 from tests.support.nowire import NoWire, Scripted, VirtualClock, answer, config, todo, unanalysed
 
 LIMIT = 6
@@ -309,7 +309,7 @@ def _rounds(
     cfg = config(
         run_dir, targets=("bf16", "fp8"), schedules=(RoundLoop(1),), limit=LIMIT, resume=resume
     )
-    order = Rounds(SequentialOptions(1, max_requests, max_time_s))
+    order = Rounds(SequentialSpec(round_size=1, max_requests=max_requests, max_time_s=max_time_s))
     connector = NoWire(LIMIT)
     return Runner(
         cfg,
@@ -393,15 +393,15 @@ def test_flags_that_do_not_go_together_are_refused_in_one_place(
 def test_the_composition_root_picks_the_order_and_the_sender(tmp_path: Path) -> None:
     cfg = config(new_run_dir(tmp_path), targets=("bf16", "fp8"), limit=LIMIT)
     progress = QuietProgress()
-    assert isinstance(compose(cfg, _options(), progress).order, OneAfterAnother)
-    interleaved = compose(cfg.with_load(interleave=True), _options(), progress)
+    assert isinstance(compose(cfg, progress).order, OneAfterAnother)
+    interleaved = compose(cfg.with_load(interleave=True), progress)
     assert isinstance(interleaved.order, Interleaved)
-    sequential = compose(cfg, _options(sequential=True), progress)
+    sequential = compose(cfg.with_spec(sequential=SequentialSpec()), progress)
     assert isinstance(sequential.order, Rounds)
     assert [s.label for s in sequential.cfg.schedules] == ["seq"]
     assert (
         sequential.cfg.quality.teacher_forced is False
         and sequential.cfg.load.parallel_targets is True
     )
-    pooled = compose(cfg.with_load(workers=2), _options(workers=2), progress)
+    pooled = compose(cfg.with_load(workers=2), progress)
     assert isinstance(pooled.sender, WorkerPoolSender) and pooled.sender.clock is pooled.clock

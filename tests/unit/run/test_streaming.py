@@ -19,8 +19,8 @@ from replay.analysis.run_spec import QualitySpec
 from replay.cli import main
 from replay.core.errors import TraceError
 from replay.core.schedule import ClosedLoop, OpenLoop, PoissonOffsets, TraceOffsets, trace_offsets
-from replay.run.rundir import new_run_dir, read_jsonl, read_results
 from replay.run.runner import Runner
+from replay.rundir.files import new_run_dir, read_jsonl, read_results
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load, scan
 from replay.traces.trace import IdIndex, Request

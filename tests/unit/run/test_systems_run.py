@@ -176,6 +176,9 @@ def test_an_interrupted_interleaved_run_resumes_with_every_request_once(tmp_path
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, err.decode()[-2000:]
         first = json.loads((run / "manifest.json").read_text())
+        # The run is its spec: it resumes from the manifest's run_spec alone.
+        del first["cli_options"]
+        (run / "manifest.json").write_text(json.dumps(first))
         # On a loaded machine the interrupt may land before c2 wrote a block: nothing is kept.
         kept = {
             n: t.get("phases", {}).get("c2", {}).get("blocks", [])
@@ -189,6 +192,9 @@ def test_an_interrupted_interleaved_run_resumes_with_every_request_once(tmp_path
     assert set(seen) == {(t, p, f"r{i}") for t in arms for p in ("c2", "c4") for i in range(160)}
     assert set(seen.values()) == {1}, "a request appears twice"
     manifest = json.loads((run / "manifest.json").read_text())
+    spec = first["run_spec"]
+    assert manifest["run_spec"] == {**spec, "run_dir": {**spec["run_dir"], "resume": True}}
+    assert json.dumps(manifest).count('"tolerance"') == 1  # written once: the spec's
     for name in arms:
         blocks = manifest["targets"][name]["phases"]["c2"]["blocks"]
         assert all(b in blocks for b in kept[name]), name  # the first process's whole blocks

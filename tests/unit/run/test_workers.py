@@ -28,8 +28,8 @@ from replay.core.shards import (
     concurrency_shares,
     open_loop_shards,
 )
-from replay.run.rundir import JsonlWriter
-from replay.run.shard_files import complete_rows, merge_leftovers, shard_results
+from replay.rundir.files import JsonlWriter
+from replay.rundir.shard_files import complete_rows, merge_leftovers, shard_results
 from tests.support.fault_server import FaultServer
 
 ROOT = Path(__file__).resolve().parents[3]

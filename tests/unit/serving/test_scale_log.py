@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvcal._verify import APPLIED, NOT_APPLIED, ServerCheck, _decide, _from_log, compare_scores
-from replay.analysis.schemas_manifest import Manifest
+from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.run.teacher import TFScore
 from replay.serving.introspect import engine_config_from_log

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from replay.core.errors import MissingExtra
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.serving.kv_layout import KvLayout
 from replay.testmodel import long, named
 from replay.testmodel.factory import checkpoint_digest

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from replay.core.errors import InputError, MissingExtra
-from replay.run.rundir import file_digest
+from replay.rundir.files import file_digest
 from replay.testmodel import named, real
 from replay.testmodel.factory import checkpoint_digest
 
