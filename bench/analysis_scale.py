@@ -129,8 +129,10 @@ def tiled_run(base_dir: Path, base: int, size: int, work: Path) -> Path:
                     row["chunk_times"] = [t + shift for t in row["chunk_times"]]
                 out.write(orjson.dumps(row) + b"\n")
     manifest = orjson.loads((base_dir / "manifest.json").read_bytes())
-    facts = manifest["trace"]
-    facts.update(path=str(trace), sha256=file_digest(trace), lines=requests, requests=requests)
+    # The trace's path, digest and requests are the run spec's; the lines read, its own block's.
+    spec = manifest["run_spec"]["trace"]
+    spec.update(path=str(trace), sha256=file_digest(trace), requests=requests)
+    manifest["trace"]["lines"] = requests
     end = t0 + span * -(-requests // base)
     for entry in manifest["targets"].values():
         for window in entry["phases"].values():

@@ -362,7 +362,10 @@ def _quality_cell(row: Doc) -> dict[str, Any]:
 
 
 def matrix(run: Path) -> dict[str, Any]:
+    from replay.rundir.manifest import read_manifest
+
     summary, manifest = load(run / "summary.json"), load(run / "manifest.json")
+    trace = read_manifest(run).trace  # its path and digest: the run spec's (older runs: here)
     (phase,) = summary["quality"]["phases"].values()
     ref_buckets = summary["targets"][REFERENCE]["phases"]
     first = next(iter(ref_buckets.values()))["buckets"]
@@ -383,8 +386,8 @@ def matrix(run: Path) -> dict[str, Any]:
     return committed(
         {
             "command": user_command(manifest["command"]),
-            "trace": manifest["trace"]["path"],
-            "trace_sha256": manifest["trace"]["sha256"],
+            "trace": trace.path,
+            "trace_sha256": trace.sha256,
             "contexts": contexts,
             "quality": quality,
             "trends": trends,

@@ -59,14 +59,17 @@ def _target(tq: Doc) -> dict[str, Any]:
 
 
 def _run(run: Path) -> dict[str, Any]:
+    from replay.rundir.manifest import read_manifest
+
     summary, manifest = _load(run / "summary.json"), _load(run / "manifest.json")
+    trace = read_manifest(run).trace  # its path and digest: the run spec's (older runs: here)
     quality = summary["quality"]
     verdict = summary.get("verdict") or {}
     return {
         "command": user_command(manifest["command"]),
         "cpu_flags": manifest.get("platform", {}).get("cpu_flags"),
-        "trace": manifest["trace"]["path"],
-        "trace_sha256": manifest["trace"]["sha256"],
+        "trace": trace.path,
+        "trace_sha256": trace.sha256,
         "reference": quality["reference"],
         "phases": {
             phase: {name: _target(tq) for name, tq in per.items() if name != quality["reference"]}

@@ -64,8 +64,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from replay.analysis.sequential.capital import rejects  # noqa: E402
-from replay.analysis.sequential.state import Rule  # noqa: E402
 from replay.analysis.stats import binomial, power  # noqa: E402
+from replay.analysis.stats.rule import Rule  # noqa: E402
 
 CANARIES = 10_000
 SEED = 20240521

@@ -199,20 +199,20 @@ def first_run_rows(doc: dict[str, Any]) -> Iterator[Row]:
 
 def advisor_rows(doc: dict[str, Any]) -> Iterator[Row]:
     """One model's advisor report (``bench/advisor.py`` renders it in docs/kvcal.md): the
-    settings within the tolerance in every bucket."""
+    settings within the largest ΔNLL per token (``--max-dnll``) in every bucket."""
     sys.path.insert(0, str(BENCH.parent))
-    from kvcal.emulate.advice import within_tolerance
+    from kvcal.emulate.advice import within_max_dnll
 
     report = doc["report"]
-    tol = report.get("tolerance")
-    if tol is None:
+    max_dnll = report.get("tolerance")
+    if max_dnll is None:
         yield f"advisor, {doc['name']}", f"{len(report['settings'])} settings", ""
         return
-    fits = within_tolerance(report, float(tol))
+    fits = within_max_dnll(report, float(max_dnll))
     caps = {s["name"]: s["capacity_ratio"] for s in report["settings"]}
     kept = [f"{n} ({caps[n]:.2f}x)" for n, ok in fits.items() if ok]
     value = ", ".join(kept) if kept else "none"
-    yield f"advisor, {doc['name']}: within ΔNLL {tol:g} in every bucket", value, ""
+    yield f"advisor, {doc['name']}: within ΔNLL {max_dnll:g} in every bucket", value, ""
 
 
 def analysis_scale_rows(doc: dict[str, Any]) -> Iterator[Row]:

@@ -43,14 +43,14 @@ def _option_name(option: Callable[[Any], Any]) -> str:
 
 # What advise adds to emulate's options; emulate's --skip-layers, --sensitivity and
 # --greedy-sample are its own (advise finds the layers itself and scores, not decodes), and
-# --formats, --tolerance and --markdown are emulate's alone (advise weighs FP8 E4M3, the
+# --formats, --max-dnll and --markdown are emulate's alone (advise weighs FP8 E4M3, the
 # format kvcal calibrates, and writes JSON).
 _NOT_HERE = {
     "skip_text",
     "sensitivity",
     "greedy_sample",
     "formats_text",
-    "tolerance",
+    "max_dnll",
     "markdown_path",
 }
 ADVISE_OPTIONS = [

@@ -81,10 +81,12 @@ EMULATE_OPTIONS = [
         "rest at cuda; both: each format twice, and how much of its loss is the rounding.",
     ),
     click.option(
+        "--max-dnll",
         "--tolerance",
+        "max_dnll",
         type=float,
-        help="ΔNLL/token a format may lose: name the formats whose interval stays at or "
-        "below it in every bucket.",
+        help="ΔNLL per token a format may lose: name the formats whose interval stays at or "
+        "below it in every bucket (--tolerance: its former name).",
     ),
     click.option(
         "--max-prompt-tokens",
@@ -168,7 +170,7 @@ def emulate_cmd(
     skip_text: str | None,
     formats_text: str,
     rounding: str,
-    tolerance: float | None,
+    max_dnll: float | None,
     max_prompt_tokens: int | None,
     max_new_tokens: int,
     greedy_sample: int,
@@ -216,7 +218,7 @@ def emulate_cmd(
             skip_layers=_parse_layers(skip_text, model_dir),
             rounding=rounding,
             formats=_parse_formats(formats_text),
-            tolerance=tolerance,
+            max_dnll=max_dnll,
             max_prompt_tokens=max_prompt_tokens,
             max_new_tokens=max_new_tokens,
             greedy_sample=greedy_sample,

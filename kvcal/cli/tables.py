@@ -99,7 +99,8 @@ def _capacity(setting: dict[str, Any]) -> tuple[str, str]:
 
 def emulation_tables(report: dict[str, Any]) -> list[Table]:
     """One table per bucket (and all), a row per setting: its format's loss with intervals,
-    greedy agreement, bytes per token and the capacity they imply, within the tolerance."""
+    greedy agreement, bytes per token and the capacity they imply, and whether it stays within
+    ``--max-dnll`` (ΔNLL per token) in every bucket."""
     ref = report["reference"]
     settings = {s["name"]: s for s in report["settings"]}
     fits = report["advice"]["within_tolerance"]
@@ -140,7 +141,7 @@ def emulation_tables(report: dict[str, Any]) -> list[Table]:
 def emulation_markdown(report: dict[str, Any]) -> str:
     """The per-bucket tables as one Markdown table (a README, a PR comment): a row per setting,
     ΔNLL/token [95% CI] per bucket, then top-1 agreement and greedy exact matches over every
-    bucket, bytes and capacity, and the tolerance."""
+    bucket, bytes and capacity, and whether it stays within ``--max-dnll`` (ΔNLL per token)."""
     settings = {s["name"]: s for s in report["settings"]}
     fits = report["advice"]["within_tolerance"]
     buckets = list(dict.fromkeys(r["bucket"] for r in report["results"]))

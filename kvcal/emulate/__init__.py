@@ -6,7 +6,7 @@ measure, each format's round trip at the cache write in transformers, scored aga
     overlay       a calibrated overlay's k/v scales, as a setting
     score         every request scored under a setting; summaries with intervals
     sensitivity   per-layer sensitivity, and the layers to keep in BF16
-    advice        capacity per setting, tolerance, rounding shares
+    advice        capacity per setting, ΔNLL-per-token bound, rounding shares
     report        the run: settings in, the report out (``emulate``)
 """
 

@@ -6,15 +6,16 @@
   multiple of BF16's. A sliding-window layer holds at most its window, so in a hybrid model
   these are a request's figures at the model's max length (:mod:`kvcal._capacity`). Implied
   by the bytes, never measured: a served cache's own figures come from the replay.
-* **Tolerance**: a setting stays within ``--tolerance`` when, in every bucket, the upper end
-  of its ΔNLL/token interval is at most the tolerance (the loss is bounded below it, not
-  merely not shown).
+* **Largest ΔNLL per token** (``--max-dnll``, formerly ``--tolerance``; the report keeps the
+  key ``tolerance``): a setting stays within it when, in every bucket, the upper end of its
+  ΔNLL-per-token interval is at most that bound (the loss is bounded below it, not merely not
+  shown).
 * **Rounding**: a format scored at both roundings loses ``cpu - cuda`` more to truncation
   than to rounding to nearest; that difference over the truncated loss is the share of the
   loss the rounding makes, given when the truncated loss is real (its interval above 0 and
   its mean at least ``--min-loss``): a share of noise means nothing, and the line says which
   of the two each loss misses. Where rounding to nearest loses as much or more, the loss is
-  the format's own, not its rounding's. Where only one rounding stays within the tolerance,
+  the format's own, not its rounding's. Where only one rounding stays within the bound,
   the line says so: there the rounding decides whether the format is affordable.
 """
 
@@ -51,12 +52,12 @@ def _all(report: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return next(r for r in _rows(report, name) if r["bucket"] == "all")
 
 
-def within_tolerance(report: Mapping[str, Any], tolerance: float) -> dict[str, bool]:
-    """Each setting: is its ΔNLL/token bounded by ``tolerance`` in every bucket?"""
+def within_max_dnll(report: Mapping[str, Any], max_dnll: float) -> dict[str, bool]:
+    """Each setting: is its ΔNLL per token bounded by ``max_dnll`` in every bucket?"""
     out = {}
     for s in report["settings"]:
         his = [r.get("nll_delta_hi") for r in _rows(report, s["name"])]
-        out[s["name"]] = bool(his) and all(h is not None and h <= tolerance for h in his)
+        out[s["name"]] = bool(his) and all(h is not None and h <= max_dnll for h in his)
     return out
 
 
@@ -66,7 +67,7 @@ def rounding_costs(
     """For each setting scored at both roundings: the loss each gives, whether each is real
     (and why not), the share of the truncated loss that rounding to nearest removes (None
     unless the truncated loss is real) and, given ``fits``, whether each stays within the
-    tolerance."""
+    largest ΔNLL per token (``within_max_dnll``)."""
     by_key: dict[tuple[str, ...], dict[str, str]] = {}
     for s in report["settings"]:
         key = (s["format"], s["scales"], ",".join(map(str, s["skip_layers"])))
@@ -105,11 +106,11 @@ def _nll(x: float) -> str:
     return f"{x:+.1e}" if x and abs(x) < 5e-4 else f"{x:+.4f}"
 
 
-def _tolerance_line(
-    settings: Sequence[Mapping[str, Any]], fits: Mapping[str, bool], tolerance: float
+def _max_dnll_line(
+    settings: Sequence[Mapping[str, Any]], fits: Mapping[str, bool], max_dnll: float
 ) -> str:
     ok = [s for s in settings if fits[s["name"]]]
-    bound = f"ΔNLL/token bounded by {tolerance:g} in every bucket"
+    bound = f"ΔNLL/token bounded by {max_dnll:g} in every bucket"
     if not ok:
         return f"no setting keeps {bound}"
     top = max(s["capacity_ratio"] for s in ok)
@@ -136,7 +137,7 @@ def _loss_verdict(c: Mapping[str, Any]) -> str:
     )
 
 
-def _tolerance_note(c: Mapping[str, Any]) -> str:
+def _max_dnll_note(c: Mapping[str, Any]) -> str:
     if c["fits_cpu"] is None or c["fits_cpu"] == c["fits_cuda"]:
         return ""
     kept = "rounded to nearest" if c["fits_cuda"] else "truncated"
@@ -148,16 +149,17 @@ def _rounding_line(c: Mapping[str, Any]) -> str:
         f"{c['cpu']}: truncated (vLLM CPU) {_nll(c['loss_cpu'])}/token, rounded to nearest "
         f"(CUDA, {c['cuda']}) {_nll(c['loss_cuda'])}"
     )
-    return f"{head}: {_loss_verdict(c)}{_tolerance_note(c)}"
+    return f"{head}: {_loss_verdict(c)}{_max_dnll_note(c)}"
 
 
 def advise(report: Mapping[str, Any]) -> dict[str, Any]:
-    """The tolerance verdicts, the rounding shares and the advice lines."""
-    tol = report.get("tolerance")
+    """Which settings stay within the largest ΔNLL per token (the report's ``tolerance``), the
+    rounding shares and the advice lines."""
+    max_dnll = report.get("tolerance")
     fits, lines = None, []
-    if tol is not None:
-        fits = within_tolerance(report, float(tol))
-        lines.append(_tolerance_line(report["settings"], fits, float(tol)))
+    if max_dnll is not None:
+        fits = within_max_dnll(report, float(max_dnll))
+        lines.append(_max_dnll_line(report["settings"], fits, float(max_dnll)))
     costs = rounding_costs(report, fits)
     lines += [_rounding_line(c) for c in costs]
     return {"within_tolerance": fits, "rounding": costs, "lines": lines}

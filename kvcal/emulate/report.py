@@ -2,7 +2,7 @@
 
 The settings are every ``--formats`` format at its rounding (``--rounding``: the engine's,
 cpu, cuda or both), an overlay's scales and skip-layers variants; what each costs in cache
-bytes, which stay within ``--tolerance`` and how much of a loss is the rounding are
+bytes, which stay within ``--max-dnll`` and how much of a loss is the rounding are
 :mod:`kvcal.emulate.advice`'s.
 
 Scores and their intervals are :mod:`kvcal.emulate.score`'s, per-layer sensitivity
@@ -65,7 +65,7 @@ class EmulateArgs:
     skip_layers: tuple[int, ...] = ()
     rounding: str = "engine"  # engine (each format's), cpu, cuda or both
     formats: tuple[str, ...] = ("fp8",)
-    tolerance: float | None = None  # ΔNLL/token a format may lose, in every bucket
+    max_dnll: float | None = None  # ΔNLL per token a format may lose, in every bucket
     max_prompt_tokens: int | None = None  # leave out longer prompts (a cheaper run)
     max_new_tokens: int = 32
     greedy_sample: int = 4
@@ -298,7 +298,7 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "rounding": args.rounding,
         "formats": list(args.formats),
-        "tolerance": args.tolerance,
+        "tolerance": args.max_dnll,  # the key reports and bench/ read
         "min_loss": args.min_loss,
         "layers": layers,
         "kv_heads": kv_heads,

@@ -1,5 +1,5 @@
 """The capacity phase, analysed: did the reference's cache run full, and what did each arm
-serve there (``run.capacity`` runs it; its figures are in the manifest's ``capacity`` block,
+serve there (``run.capacity_phase`` runs it; its figures are in the manifest's ``capacity`` block,
 ``capacity/results.jsonl`` and ``capacity/metrics/``).
 
 Each arm (the reference, its A/A control on the same server, the candidate) sent the same

@@ -133,7 +133,7 @@ class SequentialSpec(Record):
 
 @record
 class CapacitySpec(Record):
-    """The capacity phase (replay/run/capacity.py): ``mode`` on, off, or auto (run when the
+    """The capacity phase (replay/run/capacity_phase.py): ``mode`` on, off, or auto (run when the
     workload's own load never filled the reference's cache and the quality side left the
     verdict to whether FP8 pays); its closed loop's concurrency; the KV-cache memory of its
     servers in MiB (0: sized from the workload); the time its blocks may take."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -152,14 +151,11 @@ def _below(e2e: Fit, median_ctx: float | None) -> bool | None:
     )
 
 
-def throughput_ratio(
-    summary: Summary | Mapping[str, Any], reference: str, candidate: str, phase: str
-) -> float | None:
+def throughput_ratio(summary: Summary, reference: str, candidate: str, phase: str) -> float | None:
     """The candidate's output throughput over the reference's in ``phase``."""
-    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
 
     def tput(name: str) -> float | None:
-        target = s.targets.get(name)
+        target = summary.targets.get(name)
         ph = None if target is None else target.phases.get(phase)
         return None if ph is None else ph.all.throughput_out_tok_s
 

@@ -1,12 +1,14 @@
-"""``Thresholds``: the stop rule's parameters, the same that grading's evidence column applies
-(``stats.evidence.evidence``). Their own module, below the verdict and the run spec that both
-carry them, so that the manifest's records can hold the run spec without a cycle."""
+"""``Thresholds``: the stop rule's parameters. Their evidence rule (``Thresholds.rule``, a
+``stats.rule.Rule``) is the one grading's evidence column, the verdict and the sequential canary
+apply. Their own module, below the verdict and the run spec that both carry them, so that the
+manifest's records can hold the run spec without a cycle."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
+from replay.analysis.stats.rule import Rule
 
 # The systems rule's smallest change that counts (--systems-threshold; ``systems_cells``).
 # Here rather than there, so that the manifest's records (``schemas.manifest``) hold the run
@@ -37,3 +39,9 @@ class Thresholds:
     # The systems rule (``systems_cells``): the smallest change of a latency or a rate that
     # counts as faster, slower, more or fewer (either way: x1.05 or /1.05 at 0.05).
     systems_threshold: float = SYSTEMS_THRESHOLD
+
+    @property
+    def rule(self) -> Rule:
+        """The evidence rule of ``tolerance``, ``alpha`` and ``min_pairs`` (checked here): the
+        one place a ``Rule`` is made from a run's thresholds."""
+        return Rule(tolerance=self.tolerance, alpha=self.alpha, min_pairs=self.min_pairs)

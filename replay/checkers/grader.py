@@ -33,7 +33,8 @@ repeats
     grades (``GRADES_KEPT`` unless told) by their request's digest, but not a timed-out or dead
     worker's (they describe that moment, not the answer); identical replies share one Grade.
 
-Each checker-error grade has ``detail["checker_error"]``: "size", "timeout", "exception" or
+The worker is ``grading_worker`` (its own module: it is the other end of the pipe). Each
+checker-error grade has ``detail["checker_error"]``: "size", "timeout", "exception" or
 "worker" (the worker died or could not start). A Grader is for one thread at a time.
 
 Derived grades (``grade_derived``, rules in ``derived.checker``) are bounded the same way: both
@@ -47,7 +48,6 @@ import contextlib
 import hashlib
 import json
 import os
-import resource
 import select
 import subprocess
 import sys
@@ -61,7 +61,6 @@ from types import TracebackType
 from typing import Any
 
 from replay.checkers.base import (
-    DERIVED_TYPE,
     MAX_ANSWER_CHARS,
     Answer,
     Checker,
@@ -74,10 +73,9 @@ from replay.checkers.base import (
 GRADE_TIME_S = 5.0
 WORKER_MEMORY_MB = 2048
 _WORKER_START_S = 60.0  # a cold interpreter importing jsonschema on a loaded machine
-_CACHE_MAX = 4096  # parsed checkers a worker keeps (specs repeat across targets)
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-_WORKER_MAIN = "from replay.checkers.grader import serve; serve()"
-_READY = b"ready\n"
+_WORKER_MAIN = "from replay.checkers.grading_worker import serve; serve()"
+READY = b"ready\n"  # the worker's first line
 PIPELINE_DEPTH = 64  # requests written to the worker ahead of its replies
 # Grades a Grader remembers by their request: a run asks the same (check, answer) of every
 # arm and, tiled or repeated, of many requests; the worker's grade is a function of the request.
@@ -240,7 +238,7 @@ class Grader:
     # -- in this process (code: the sandbox bounds it) ----------------------------------------
 
     def _grade_here(self, spec: Mapping[str, Any], answer: Answer) -> Grade:
-        key = _key(spec)
+        key = spec_key(spec)
         check = self._local.get(key)
         if check is None:
             try:
@@ -370,7 +368,7 @@ class Grader:
             self._kill()
             self._broken = f"the grading process did not start: {exc or 'timed out'}"
             raise _WorkerError(self._broken) from None
-        if ready + b"\n" != _READY:
+        if ready + b"\n" != READY:
             self._kill()
             self._broken = f"the grading process did not start: it said {ready[:100]!r}"
             raise _WorkerError(self._broken)
@@ -395,7 +393,8 @@ class _WorkerError(Exception):
     """The grading process died, could not start or answered nonsense."""
 
 
-def _key(spec: Mapping[str, Any]) -> str:
+def spec_key(spec: Mapping[str, Any]) -> str:
+    """A check's identity: its JSON, keys sorted."""
     return json.dumps(spec, sort_keys=True, default=str)
 
 
@@ -431,70 +430,3 @@ def _death(proc: subprocess.Popen[bytes]) -> str:
         return "the grading process stopped answering"
     how = f"signal {-status}" if status < 0 else f"status {status}"
     return f"the grading process died ({how}; memory limit {WORKER_MEMORY_MB} MB)"
-
-
-# -- the worker's side ------------------------------------------------------------------------
-
-
-def serve() -> None:
-    """The worker: one JSON request a line on stdin, one JSON grade a line on stdout."""
-    _limit_memory()
-    out = os.fdopen(os.dup(1), "wb")
-    # Whatever a checker prints must not land in the replies.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    cache: dict[str, Checker | Mapping[str, Any]] = {}
-    out.write(_READY)
-    out.flush()
-    for line in sys.stdin.buffer:
-        grade = _serve_one(line, cache)
-        try:
-            reply = json.dumps(grade.to_json(), default=str)
-        except (TypeError, ValueError) as exc:
-            reply = json.dumps(checker_error("exception", f"ungradeable detail: {exc}").to_json())
-        out.write(reply.encode() + b"\n")
-        out.flush()
-
-
-def _serve_one(line: bytes, cache: dict[str, Checker | Mapping[str, Any]]) -> Grade:
-    try:
-        req = json.loads(line)
-        spec = req["check"]
-        answer = Answer(req["text"], tuple(_call(*c) for c in req["calls"]))
-    except (ValueError, KeyError, TypeError) as exc:
-        return checker_error("worker", f"bad request: {exc}")
-    if isinstance(spec, dict) and spec.get("type") == DERIVED_TYPE:
-        # Not cached: each holds a reference's answer and a prompt, and is used a few times.
-        try:
-            from replay.checkers.derived.checker import Derived
-
-            return grade_safely(Derived.from_spec(spec), answer)
-        except Exception as exc:  # the answer's grade, by this module's contract
-            return checker_error("exception", f"{type(exc).__name__}: {exc}")
-    key = _key(spec)
-    check = cache.get(key)
-    if check is None:
-        if len(cache) >= _CACHE_MAX:
-            cache.clear()
-        try:
-            check = parse_check(spec)
-        except Exception:
-            check = spec  # grade_safely turns the parse error into the grade
-        cache[key] = check
-    return grade_safely(check, answer)
-
-
-def _call(index: int, id_: str | None, name: str, arguments: str) -> Any:
-    from replay.core.records import ToolCall
-
-    return ToolCall(index=index, id=id_, name=name, arguments=arguments)
-
-
-def _limit_memory() -> None:
-    soft = WORKER_MEMORY_MB * 1024 * 1024
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

@@ -1,6 +1,6 @@
 """How a run measures, resolved from its options before it starts: the A/A control (every
 metric's noise floor), interleaved arms (replay/run/interleave.py) and the capacity phase
-(replay/run/capacity.py). Resolved values are saved with the options, so a resume measures the
+(replay/run/capacity_phase.py). Resolved values are saved with the options, so a resume measures the
 same way."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The options that say how a run measures the systems side: interleaved arms
 (replay/run/interleave.py), the systems rule's threshold (analysis/systems_cells.py) and the
-capacity phase (replay/run/capacity.py); ``run_options`` lists them among the run options and
+capacity phase (replay/run/capacity_phase.py); ``run_options`` lists them among the run options and
 ``measuring`` resolves them."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from replay.core.event_loop import run_loop
 from replay.core.exit_codes import ExitCode
 from replay.present.table import quality_table, summary_table
 from replay.present.terminal import print_tables
-from replay.run.config import RunConfig
+from replay.run.run_config import RunConfig
 from replay.run.runner import Runner
 from replay.rundir.run_lock import holding
 
@@ -139,7 +139,7 @@ def _replay(cfg: RunConfig, canary: bool) -> tuple[Runner, Summary]:
         refresh_per_second=REDRAWS_PER_S,
     ) as bar:
         runner = compose(cfg, RichProgress(bar))  # may raise ConfigError (--reference)
-        summary = Summary.from_json(run_loop(runner.run()))
+        summary = run_loop(runner.run())
     return runner, summary
 
 
@@ -191,12 +191,9 @@ def saturation_lines(summary: Summary) -> list[str]:
     return out
 
 
-def target_errors(
-    summary: Summary | Mapping[str, Any], max_error_rate: float
-) -> list[tuple[str, str]]:
+def target_errors(s: Summary, max_error_rate: float) -> list[tuple[str, str]]:
     """Targets that ran but did not answer: stopped by their error budget, no request
     answered, or more than ``max_error_rate`` of them failed (over every phase)."""
-    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
     out = []
     for name, t in s.targets.items():
         reason = t.reason or ""

@@ -24,7 +24,7 @@ from replay.cli.measuring import capacity_options
 from replay.cli.plan import Plan
 from replay.cli.run_options import RunOptions
 from replay.core.credentials import redact
-from replay.run.config import RunConfig, load_for
+from replay.run.run_config import RunConfig, load_for
 from replay.run.session_history import check_mode
 from replay.rundir.files import file_digest
 from replay.traces.sessions import think_time

@@ -2,7 +2,7 @@
 verdicts) and the Locust scenario (``scenarios/locustfile.py``) mean the same by each number,
 so a CI step can read them without knowing which driver ran.
 
-``kvcal`` keeps its own small set (``kvcal/cli.py``): it is a separate tool.
+``kvcal`` keeps its own small set (``kvcal/cli/common.py``): it is a separate tool.
 """
 
 from __future__ import annotations

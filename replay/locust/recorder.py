@@ -11,9 +11,9 @@ from typing import Any
 
 from replay.analysis.grading.rows import grading_spec
 from replay.analysis.result_table import phase_spans
+from replay.analysis.roles import Roles
 from replay.analysis.run_spec import RunSpec
 from replay.analysis.schemas.manifest import Manifest
-from replay.core.buckets import Buckets
 from replay.core.records import Result
 from replay.pipeline.analyse import Sources, analyse, results_table
 from replay.rundir.files import MANIFEST, RESULTS, JsonlWriter, write_json
@@ -21,7 +21,6 @@ from replay.rundir.manifest import build_manifest, target_entry, trace_facts
 from replay.serving.targets import (
     TargetSpec,
 )
-from replay.traces.importers import LengthPolicy
 from replay.traces.trace import Request, TraceSource
 
 
@@ -67,12 +66,10 @@ class RunRecorder:
     run_dir: Path
     # Streamed: counted for the manifest, re-read for the grading specs (never held).
     trace: TraceSource
-    trace_path: Path
-    trace_format: str
-    trace_sha256: str
-    buckets: Buckets
+    # The manifest's spec block: the trace's path and digest, the buckets and schedules, and
+    # what the analysis reads (checkers, seed, SLOs, thresholds).
+    run_spec: RunSpec
     spec: TargetSpec
-    schedules: list[str]
     options: dict[str, Any]
     driver: dict[str, Any]
     command: list[str]
@@ -85,8 +82,6 @@ class RunRecorder:
     # are counted, not stored, so no test can fill the disk (Locust's statistics still see
     # every request). 0: no cap.
     max_results: int = DEFAULT_MAX_RESULTS
-    # The manifest's spec block: what the analysis reads (checkers, seed, SLOs, thresholds).
-    run_spec: RunSpec | None = None
 
     def __post_init__(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -130,27 +125,16 @@ class RunRecorder:
         self.status, self.reason = "failed", reason
 
     def manifest(self) -> dict[str, Any]:
-        """The CLI's manifest (replay/rundir/manifest.py), with what drove the test."""
+        """The CLI's manifest (replay/rundir/manifest.py), with what drove the test: its one
+        target is the reference."""
         return build_manifest(
             driver=self.driver,
             spec=self.run_spec,
+            roles=Roles(self.spec.name),
             command=self.command,
             started_at=self.started_at,
-            # Locust replays the trace's own lengths: no length policy applies.
-            trace=trace_facts(
-                self.trace_path,
-                self.trace_format,
-                self.trace_sha256,
-                self.trace.lines,
-                self.trace.count,
-                self.trace.bad_count,
-                LengthPolicy(),
-                self.trace.skipped,
-            ),
-            buckets=self.buckets,
-            schedules=self.schedules,
+            trace=trace_facts(self.trace.lines, self.trace.bad_count, self.trace.skipped),
             options=self.options,
-            reference=self.spec.name,
             results_not_stored=self.dropped,
             targets={
                 self.spec.name: target_entry(

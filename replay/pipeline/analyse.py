@@ -261,10 +261,8 @@ def _graded_quality(a: AnalysedRun, results: ResultTable) -> Quality:
         list(complete_rows(a.run_dir / TEACHER_FORCED)),
         a.reference,
         a.bucket_labels,
-        a.thresholds.tolerance,
+        a.thresholds.rule,
         a.seed,
-        alpha=a.thresholds.alpha,
-        min_pairs=a.thresholds.min_pairs,
         prompt_tokens=prompt_token_counts(results, a.reference),
     )
 

@@ -21,7 +21,7 @@ from replay.analysis.roles import Roles
 from replay.analysis.schemas import Summary
 from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.verdict.candidates import format_of
-from replay.present.scan import Scan, json_lines, scan_run
+from replay.present.run_scan import Scan, json_lines, scan_run
 from replay.rundir.files import MANIFEST, SUMMARY
 from replay.serving.kv_formats import label
 

@@ -1,4 +1,4 @@
-"""How large the capacity phase's caches are (``run.capacity`` runs the phase).
+"""How large the capacity phase's caches are (``run.capacity_phase`` runs the phase).
 
 The reference and the candidate are started again with the same KV-cache memory
 (``--kv-cache-memory-bytes``), sized from the reference's workload answers (their prompt and

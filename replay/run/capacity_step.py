@@ -5,10 +5,10 @@ the phase itself (``capacity.CapacityRun``).
 It does not run where it cannot measure (``capacity.why_not``: remote or emulated targets, no
 A/A control, a workload that failed or already filled the reference's cache), and, in the
 canary's auto mode, where it cannot change the verdict: the run's analysis is asked first
-(``analyze.quality_verdict``, the stop rule's own steps on the workload's results), and a
-verdict the quality side decides alone (CALIBRATE, REJECT, INSUFFICIENT EVIDENCE...) leaves the
-phase skipped, "not needed", with that verdict as its reason. ``--capacity-phase`` runs it
-wherever it can measure.
+(``pipeline.analyse.quality_verdict``, the stop rule's own steps on the workload's results),
+and a verdict the quality side decides alone (CALIBRATE, REJECT, INSUFFICIENT EVIDENCE...)
+leaves the phase skipped, "not needed", with that verdict as its reason. ``--capacity-phase``
+runs it wherever it can measure.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from replay.analysis.schemas import Verdict
 from replay.pipeline.analyse import load_results, quality_verdict
-from replay.run.capacity import (
+from replay.run.capacity_phase import (
     CapacityRun,
     Judge,
     peak_usage,
@@ -27,10 +27,10 @@ from replay.run.capacity import (
     why_not,
 )
 from replay.run.capacity_plan import Plan, kv_bytes_per_token, ref_layers, size
-from replay.run.config import TargetRun
+from replay.run.order import Run
 from replay.run.phase import Phase, TargetSession
 from replay.run.progress import Progress
-from replay.run.runner import Runner
+from replay.run.run_config import TargetRun
 from replay.traces.sessions import Unit
 
 
@@ -48,7 +48,7 @@ class CapacityStep:
 
     def __init__(
         self,
-        runner: Runner,
+        runner: Run,
         arms: Mapping[str, TargetSession],
         units: Callable[[], Iterator[Unit]],
         save: Callable[[dict[str, Any]], None],
@@ -59,7 +59,7 @@ class CapacityStep:
 
     async def run(self) -> None:
         r = self.runner
-        c, cand = r.cfg, r.roles.candidate
+        c, cand = r.cfg, r.candidate
         if c.capacity.mode == "off":
             return
         ref_run = r.runs[r.reference]
@@ -99,7 +99,7 @@ class CapacityStep:
             time_limit_s=c.capacity.time_limit_s,
             timeout_s=c.load.timeout_s,
             seed=c.load.seed,
-            startup_timeout_s=c.startup_timeout_s,
+            servers=r.servers,
             cannot_write=r.stop.cannot_write,
         ).run()
 

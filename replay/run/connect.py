@@ -20,9 +20,9 @@ import aiohttp
 
 from replay.core.errors import RunDirError
 from replay.core.schedule import Clock
-from replay.run.config import RunConfig, TargetRun
 from replay.run.phase import TargetSession
 from replay.run.progress import Progress
+from replay.run.run_config import RunConfig, TargetRun
 from replay.run.teacher import Scoring
 from replay.rundir.files import JsonlWriter
 from replay.serving.client import Client

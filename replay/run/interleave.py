@@ -37,12 +37,12 @@ from typing import Any
 
 from replay.core.iterate import closing
 from replay.core.schedule import ClosedLoop, OpenLoop
-from replay.run.capacity import finished_capacity
+from replay.run.capacity_phase import finished_capacity
 from replay.run.capacity_step import CapacityStep
-from replay.run.config import RunConfig, TargetRun
+from replay.run.order import Run
 from replay.run.phase import Schedule, TargetSession
 from replay.run.progress import Progress
-from replay.run.runner import Runner
+from replay.run.run_config import RunConfig, TargetRun
 from replay.traces.sessions import Unit, units
 from replay.traces.trace import Request
 
@@ -147,7 +147,7 @@ class Interleaved:
     once, each phase sent in blocks, arm after arm; then the capacity phase."""
 
     def __init__(self) -> None:
-        self._runner: Runner | None = None
+        self._runner: Run | None = None
         self.control_server = False
         self.arms: dict[str, TargetSession] = {}
         self._ready: dict[str, asyncio.Event] = {}
@@ -156,14 +156,14 @@ class Interleaved:
         self.capacity: dict[str, Any] | None = None
 
     @property
-    def runner(self) -> Runner:
+    def runner(self) -> Run:
         assert self._runner is not None, "bind the order to its runner first"
         return self._runner
 
     def prepare(self, cfg: RunConfig) -> RunConfig:
         return cfg.with_load(parallel_targets=True)
 
-    def bind(self, runner: Runner) -> None:
+    def bind(self, runner: Run) -> None:
         self._runner = r = runner
         # A local reference's A/A control gets a server of its own, started like the others:
         # every arm then starts each of its blocks on a server the previous block left idle.
@@ -291,14 +291,14 @@ class Interleaved:
         label, size = sched.label, block_size(sched, r.cfg.load.block_size)
         windows = {n: self._resumed_window(n, label) for n in names}
         for n in names:
-            r.progress.phase(n, label, r.cfg.trace.count - len(r.resume.finished(n, label)))
+            r.progress.phase(n, label, r.cfg.trace.count - len(r.finished(n, label)))
         spent = {n: 0.0 for n in names}
         for block in self._blocks(sched, size):
             if r.stopping.is_set():
                 break
             turn = block.k % len(names)
             for n in [*names[turn:], *names[:turn]]:
-                todo = block.ids() - r.resume.finished(n, label)
+                todo = block.ids() - r.finished(n, label)
                 if not todo or r.stopping.is_set():
                     continue
                 window = await self._send_block(n, sched, block, todo, spent[n])
@@ -312,10 +312,10 @@ class Interleaved:
 
     def _resumed_window(self, name: str, label: str) -> _Window:
         """An earlier process's whole blocks of this phase (a resume keeps them)."""
-        resume = self.runner.resume
-        prev = ((resume.previous.get(name) or {}).get("phases") or {}).get(label) or {}
+        r = self.runner
+        prev = (r.previous(name).get("phases") or {}).get(label) or {}
         w = _Window(prev.get("start"), prev.get("end"), [list(b) for b in prev.get("blocks", [])])
-        if resume.finished(name, label):
+        if r.finished(name, label):
             w.flags["resumed"] = True
         return w
 
@@ -332,7 +332,7 @@ class Interleaved:
             only=todo,
             requests=block.requests(),
         )
-        return await r.sender.send(phase, r.all_runs()[name], r.stop)
+        return await r.send(phase, r.all_runs()[name])
 
     def _blocks(self, sched: Schedule, size: int) -> Iterator[Block]:
         """The phase's blocks: an open loop's consecutive units with their offsets; a closed

@@ -1,16 +1,18 @@
 """One replay: every target, every phase, every request, written as it completes.
 
 The runner orders targets (the reference first), starts and stops the local servers, checks
-each target serves what its spec says, runs its phases (replay/run/phase.py), the A/A control and
-teacher-forced scoring, and keeps the manifest current; the analysis at the end is
-replay/pipeline/analyse.py's, shared with the Locust adapter. Progress goes through the ``Progress``
-protocol, so the terminal UI (rich) lives in the CLI, not here.
+each target serves what its spec says, runs its phases (replay/run/phase.py), the A/A control
+and teacher-forced scoring, and keeps the manifest current; the analysis at the end is
+replay/pipeline/analyse.py's, shared with the Locust adapter. Progress goes through the
+``Progress`` protocol, so the terminal UI (rich) lives in the CLI, not here.
 
 A runner is given its collaborators, never subclassed: its clock (every timestamp's zero), its
 phase sender (replay/run/senders.py: this process, or a pool of load processes), its connector
-(replay/run/connect.py: the target over HTTP) and its order (``RunOrder``: one target after
+(replay/run/connect.py: the target over HTTP), its local servers' factory
+(replay/run/servers.py) and its order (replay/run/order.py's ``RunOrder``: one target after
 another by default; interleaved blocks, replay/run/interleave.py; the sequential canary's
-rounds, replay/run/sequential_run.py). The CLI picks them (replay/cli/replay_run.py).
+rounds, replay/run/sequential_run.py), which it hands itself as the order's ``Run``. The CLI
+picks them (replay/cli/compose.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from replay.analysis.grading.quality import CONTROL_SUFFIX
 from replay.analysis.grading.rows import GradingSpec, grading_spec
@@ -31,12 +33,13 @@ from replay.core.errors import ServerStartError, TargetError
 from replay.core.schedule import Clock, MonotonicClock
 from replay.pipeline.analyse import Sources, analyse
 from replay.run.budget import ErrorBudget
-from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected, Connector, HttpConnector
+from replay.run.order import Run, RunOrder
 from replay.run.phase import Phase, Schedule, TargetSession
 from replay.run.progress import Progress, QuietProgress
+from replay.run.run_config import RunConfig, TargetRun
 from replay.run.senders import InProcess, PhaseSender
-from replay.run.servers import launch, stop
+from replay.run.servers import ServerFactory, launch, local_servers, stop
 from replay.run.session_history import ReferenceHistory, check_mode
 from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
@@ -57,37 +60,7 @@ from replay.serving.introspect import engine_config_from_log
 from replay.serving.local_server import LocalServer
 from replay.traces.sessions import has_sessions
 
-__all__ = ["OneAfterAnother", "RunOrder", "Runner"]
-
-
-class RunOrder(Protocol):
-    """How a run goes through its targets and their phases: the runner serves each target
-    (its server, its checks, its connection) and asks its order what to send on it."""
-
-    def prepare(self, cfg: RunConfig) -> RunConfig:
-        """The config this order runs (the runner is built on it)."""
-        ...
-
-    def bind(self, runner: Runner) -> None:
-        """The runner this order goes through, once it is built."""
-        ...
-
-    def arms_on(self, target: str) -> list[str]:
-        """A target and the arms sent on its server (the reference's A/A control)."""
-        ...
-
-    async def run_targets(self) -> None:
-        """Every target (``Runner.serve_target``), in this order's order."""
-        ...
-
-    async def send_arms(self, run: TargetRun, arm: TargetSession) -> bool:
-        """What is sent on one connected target; False when it must go no further
-        (teacher-forced scoring follows a True)."""
-        ...
-
-    def manifest_extra(self) -> dict[str, Any]:
-        """What this order adds to the manifest."""
-        ...
+__all__ = ["OneAfterAnother", "Runner"]
 
 
 class Runner:
@@ -103,9 +76,11 @@ class Runner:
         sender: PhaseSender | None = None,
         connector: Connector | None = None,
         order: RunOrder | None = None,
+        servers: ServerFactory | None = None,
         analysis: Callable[[Path, Manifest, Sources], Summary] = analyse,
     ) -> None:
         self.order: RunOrder = order or OneAfterAnother()
+        self.servers = servers or local_servers(cfg.startup_timeout_s)
         self.analyse = analysis  # the analysis at the end of the run (grades, summary)
         cfg = self.cfg = self.order.prepare(cfg)
         self.progress = progress or QuietProgress()
@@ -120,6 +95,7 @@ class Runner:
             declared={s.name: s.role for s in cfg.targets if s.role},
         )
         self.reference = self.roles.reference
+        self.candidate = self.roles.candidate
         # The reference goes first: the others are compared with (and scored on) its answers.
         ordered = sorted(cfg.targets, key=lambda s: s.name != self.reference)
         self.runs = {s.name: TargetRun(s, budget=self.new_budget()) for s in ordered}
@@ -148,24 +124,29 @@ class Runner:
         self.started_at = time.time()
         self.order.bind(self)
 
+    def previous(self, name: str) -> dict[str, Any]:
+        return dict(self.resume.previous.get(name) or {})
+
+    def finished(self, name: str, label: str) -> set[str]:
+        return self.resume.finished(name, label)
+
+    async def send(self, phase: Phase, run: TargetRun) -> dict[str, Any] | None:
+        return await self.sender.send(phase, run, self.stop)
+
     def new_budget(self) -> ErrorBudget:
         return ErrorBudget.of(self.cfg.budget)
 
     # -- manifest -------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
         c = self.cfg
-        trace = c.trace_facts()
         return {
             **build_manifest(
                 command=c.command,
                 started_at=self.started_at,
-                trace=trace,
-                buckets=c.buckets,
-                schedules=[s.label for s in c.schedules],
+                trace=c.trace_facts(),
                 options=c.manifest_options(self.sessions),
-                reference=self.reference,
                 spec=c.run_spec(),
-                roles=self.roles.to_json(),
+                roles=self.roles,
                 cli_options=c.cli_options,
                 interrupted=self.interrupted,
                 resumed=self.resume.note or None,
@@ -189,7 +170,7 @@ class Runner:
         self.stop.interrupt(by)
 
     # -- the run --------------------------------------------------------------------------
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> Summary:
         """Every target, then the analysis; a run directory that could not be written stops
         the run (``stopping``) and is raised here, once every server is stopped."""
         self.stop.guarded(lambda: write_bad_lines(self.cfg.run_dir, self.cfg.trace.iter_bad()))
@@ -217,8 +198,8 @@ class Runner:
                 self.history.close()
             self.save_manifest()
 
-    def write_summary(self) -> dict[str, Any]:
-        return self.analyse(*self.analysis()).to_json()
+    def write_summary(self) -> Summary:
+        return self.analyse(*self.analysis())
 
     def analysis(self) -> tuple[Path, Manifest, Sources]:
         """What the analysis reads: the run directory, its manifest as it stands, and the
@@ -259,7 +240,7 @@ class Runner:
 
     def skipped_before(self, name: str) -> list[str]:
         """The levels an earlier process of this run left out when the sweep stopped."""
-        prev = self.resume.previous.get(name) or {}
+        prev = self.previous(name)
         return list((prev.get("sweep_stopped") or {}).get("skipped", []))
 
     def _restore(self, run: TargetRun) -> None:
@@ -280,11 +261,7 @@ class Runner:
         server: LocalServer | None = None
         try:
             if spec.is_local:
-                server = LocalServer(
-                    spec,
-                    self.cfg.run_dir / "servers" / f"{spec.name}.log",
-                    startup_timeout_s=self.cfg.startup_timeout_s,
-                )
+                server = self.servers(spec, self.cfg.run_dir / "servers" / f"{spec.name}.log")
                 self.progress.status(
                     f"[{spec.name}] starting vLLM ({spec.kv_cache_dtype} KV cache)"
                 )
@@ -388,7 +365,7 @@ class Runner:
         label = sched.label
         # Resume: the results of an earlier process are all for this trace's requests.
         phase = self.phase(arm, sched, before_done=self.resume.finished(arm.name, label))
-        window = await self.sender.send(phase, run, self.stop)
+        window = await self.send(phase, run)
         if window is not None:
             run.phases[label] = window
             self.save_manifest()
@@ -426,18 +403,18 @@ class OneAfterAnother:
     phase after phase; the reference first, then its A/A control on the same server."""
 
     def __init__(self) -> None:
-        self._runner: Runner | None = None
+        self._runner: Run | None = None
 
     @property
-    def runner(self) -> Runner:
-        assert self._runner is not None, "bind the order to its runner first"
+    def runner(self) -> Run:
+        assert self._runner is not None, "bind the order to its run first"
         return self._runner
 
     def prepare(self, cfg: RunConfig) -> RunConfig:
         return cfg
 
-    def bind(self, runner: Runner) -> None:
-        self._runner = runner
+    def bind(self, run: Run) -> None:
+        self._runner = run
 
     def arms_on(self, target: str) -> list[str]:
         r = self.runner

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from replay.run.config import TargetRun
 from replay.run.phase import Phase
+from replay.run.run_config import TargetRun
 from replay.run.stopping import RunStop
 
 

@@ -29,14 +29,14 @@ from typing import Any
 from replay.analysis.grading.rows import grade_rows, grading_spec
 from replay.analysis.run_spec import SequentialSpec
 from replay.analysis.sequential.plan import plan_round
-from replay.analysis.sequential.state import Rule, SequentialState
+from replay.analysis.sequential.state import SequentialState
 from replay.checkers.grader import Grader
 from replay.core.errors import ConfigError, RunDirError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop
-from replay.run.config import RunConfig, TargetRun
+from replay.run.order import Run
 from replay.run.phase import TargetSession
-from replay.run.runner import Runner
+from replay.run.run_config import RunConfig, TargetRun
 from replay.rundir.files import RESULTS, JsonlWriter, read_results, rewrite_jsonl
 from replay.rundir.sequential_file import SequentialRun, load
 from replay.serving.prompt_tokens import UNKNOWN
@@ -88,7 +88,7 @@ class Rounds:
     control) and the candidate served at once, the trace sent to every arm in rounds."""
 
     def __init__(self, opts: SequentialSpec) -> None:
-        self._runner: Runner | None = None
+        self._runner: Run | None = None
         self.opts = opts
         self.candidate: str | None = None
         self.arms: dict[str, TargetSession] = {}
@@ -99,7 +99,7 @@ class Rounds:
         self.queues: dict[str, deque[int]] = {}
 
     @property
-    def runner(self) -> Runner:
+    def runner(self) -> Run:
         assert self._runner is not None, "bind the order to its runner first"
         return self._runner
 
@@ -111,11 +111,11 @@ class Rounds:
         quality = replace(cfg.quality, teacher_forced=False)
         return cfg.with_load(parallel_targets=True).with_spec(quality=quality)
 
-    def bind(self, runner: Runner) -> None:
-        if runner.roles.candidate is None or len(runner.runs) != 2:
+    def bind(self, runner: Run) -> None:
+        if runner.candidate is None or len(runner.runs) != 2:
             raise ConfigError("--sequential: give exactly two targets, a reference and a candidate")
         self._runner = runner
-        self.candidate = runner.roles.candidate
+        self.candidate = runner.candidate
         self._ready = {n: asyncio.Event() for n in runner.runs}
 
     def arms_on(self, target: str) -> list[str]:
@@ -180,9 +180,7 @@ class Rounds:
             self.seq = saved[0]
             self.seq.stopped = "running"
             return
-        th = c.thresholds
-        rule = Rule(tolerance=th.tolerance, alpha=th.alpha, min_pairs=th.min_pairs)
-        state = SequentialState.start(names, rule)
+        state = SequentialState.start(names, c.thresholds.rule)
         self.seq = SequentialRun(state, self.opts.round_size, {b: pools[b] for b in names})
 
     def unsent(self) -> dict[str, int]:
@@ -252,7 +250,7 @@ class Rounds:
         r = self.runner
         run = r.all_runs()[name]
         phase = r.phase(self.arms[name], r.cfg.schedules[0], writer=tee, sessions=None, only=ids)
-        window = await r.sender.send(phase, run, r.stop)
+        window = await r.send(phase, run)
         if window is not None:
             old = run.phases.get(SEQ_PHASE)
             run.phases[SEQ_PHASE] = window if old is None else {**window, "start": old["start"]}
@@ -260,7 +258,7 @@ class Rounds:
     def _grade(
         self, rows: list[dict[str, Any]], buckets: Mapping[str, str]
     ) -> dict[str, tuple[int, int, int]]:
-        from replay.analysis.sequential.summary import round_counts
+        from replay.analysis.sequential.summary_block import round_counts
 
         r = self.runner
         results = [Result.from_json(x) for x in rows]

@@ -1,14 +1,29 @@
-"""The local vLLM servers a run starts: launched and waited for until healthy (or until the run
-is interrupted), and stopped, with what their logs tell the manifest."""
+"""The local vLLM servers a run starts: made by the composition root's factory
+(``local_servers``), launched and waited for until healthy (or until the run is interrupted),
+and stopped, with what their logs tell the manifest."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from replay.serving.local_server import LocalServer
 from replay.serving.scale_log import scale_lines
+from replay.serving.targets import TargetSpec
+
+# A local target's server, logging to the given file (not started yet).
+ServerFactory = Callable[[TargetSpec, Path], LocalServer]
+
+
+def local_servers(startup_timeout_s: float) -> ServerFactory:
+    """vLLM CPU servers that get ``startup_timeout_s`` to become healthy."""
+
+    def make(spec: TargetSpec, log_path: Path) -> LocalServer:
+        return LocalServer(spec, log_path, startup_timeout_s=startup_timeout_s)
+
+    return make
 
 
 async def launch(

@@ -35,10 +35,10 @@ from replay.core.shards import (
     concurrency_shares,
     open_loop_shards,
 )
-from replay.run.config import RunConfig, TargetRun
 from replay.run.load_process import WorkerSpec, work
 from replay.run.phase import Phase, Schedule, scrape_caught_up, scrape_idle
 from replay.run.progress import Progress
+from replay.run.run_config import RunConfig, TargetRun
 from replay.run.stopping import RunStop
 from replay.rundir.shard_files import merge_shards, shard_results
 

@@ -38,7 +38,7 @@ SUMMARY = "summary.json"
 BAD_LINES = "bad_lines.jsonl"
 GRADES = "grades.jsonl"
 TEACHER_FORCED = "teacher_forced.jsonl"
-# The capacity phase's own results, metrics and server logs (replay/run/capacity.py).
+# The capacity phase's own results, metrics and server logs (replay/run/capacity_phase.py).
 CAPACITY_DIR = "capacity"
 
 # -- where a run directory may go -------------------------------------------------------------

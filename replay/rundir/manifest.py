@@ -1,8 +1,11 @@
 """The run manifest, written by both drivers (the CLI's runner and the Locust adapter) through
 one builder and read back through one reader: a run directory says what ran, on what machine,
 with which trace, buckets, schedules and options, and what happened to each target, in the same
-shape whichever made it. ``replay report``, the analysis, ``--resume`` and kvcal read it as a
-``Manifest`` (its records are in ``replay/analysis/schemas/manifest.py``)."""
+shape whichever made it. Each fact is written once: the run spec holds the trace's path, digest
+and length policy, the buckets and the schedules, the roles the reference, and the ``trace``
+block only what reading the file found. ``replay report``, the analysis, ``--resume`` and kvcal
+read it as a ``Manifest`` (its records are in ``replay/analysis/schemas/manifest.py``), which
+reads those facts back where older manifests had them too."""
 
 from __future__ import annotations
 
@@ -13,13 +16,12 @@ from typing import Any
 
 import orjson
 
+from replay.analysis.roles import Roles
 from replay.analysis.run_spec import RunSpec
 from replay.analysis.schemas.manifest import MANIFEST_FILE, Manifest
-from replay.core.buckets import Buckets
 from replay.core.credentials import redact
 from replay.core.version import __version__
 from replay.serving.targets import TargetSpec
-from replay.traces.importers import LengthPolicy
 
 # The CPU features that decide which vLLM CPU kernels (FP8 KV among them) exist.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
@@ -47,27 +49,12 @@ def platform_facts() -> dict[str, Any]:
 
 
 def trace_facts(
-    path: Path,
-    fmt: str,
-    sha256: str,
-    lines: int,
-    requests: int,
-    bad_lines: int,
-    policy: LengthPolicy,
-    skipped: Mapping[str, int] | None = None,
+    lines: int, bad_lines: int, skipped: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
-    """Which trace ran: its digest ties a resume or a re-analysis to the same file.
+    """What reading the trace found, which the run spec (its path, digest, requests and
+    length policy) does not hold: the lines read, those skipped as unreadable, and
     ``skipped``: rows the trace itself marks as not to replay (failed requests), by kind."""
-    return {
-        "path": str(path),
-        "format": fmt,
-        "sha256": sha256,
-        "lines": lines,
-        "requests": requests,
-        "bad_lines": bad_lines,
-        "skipped_rows": dict(skipped or {}),
-        "length_policy": policy.as_dict(),
-    }
+    return {"lines": lines, "bad_lines": bad_lines, "skipped_rows": dict(skipped or {})}
 
 
 def target_entry(
@@ -86,20 +73,20 @@ def build_manifest(
     command: Sequence[str],
     started_at: float,
     trace: Mapping[str, Any],
-    buckets: Buckets,
-    schedules: Sequence[str],
+    spec: RunSpec,
+    roles: Roles,
     options: Mapping[str, Any],
-    reference: str,
     targets: Mapping[str, Mapping[str, Any]],
     driver: Mapping[str, Any] | None = None,
-    spec: RunSpec | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The manifest of a run. ``driver`` names a driver other than the CLI (Locust) and what
-    drove it; ``spec`` is the run as both drivers describe it (its ``run_spec`` block, which
-    ``read_manifest`` reads back as ``Manifest.run_spec``);
-    ``extra`` holds a driver's own facts (roles and resume notes of the CLI, results a looping
-    Locust test counted but did not store), placed before the targets."""
+    """The manifest of a run. ``trace``: what reading it found (``trace_facts``); ``spec``:
+    the run as both drivers describe it (its ``run_spec`` block, which ``read_manifest`` reads
+    back as ``Manifest.run_spec``), which alone holds the trace's path and digest, the buckets
+    and the schedules; ``roles``: which target plays which part, the reference among them.
+    ``driver`` names a driver other than the CLI (Locust) and what drove it; ``extra`` holds a
+    driver's own facts (the CLI's flags and resume notes, results a looping Locust test counted
+    but did not store), placed before the targets."""
     return {
         "tool": {"name": "kvcanary", "version": __version__},
         **({"driver": dict(driver)} if driver is not None else {}),
@@ -108,11 +95,9 @@ def build_manifest(
         "started_at": started_at,
         "platform": platform_facts(),
         "trace": dict(trace),
-        "buckets": {"bounds": buckets.spec(), "labels": buckets.labels},
-        "schedules": list(schedules),
         "options": dict(options),
-        "reference": reference,
-        **({"run_spec": spec.to_json()} if spec is not None else {}),
+        "run_spec": spec.to_json(),
+        "roles": roles.to_json(),
         **extra,
         "targets": dict(targets),
     }

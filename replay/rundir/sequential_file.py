@@ -17,7 +17,7 @@ from typing import Any
 
 from replay.analysis.schemas import Sequential
 from replay.analysis.sequential.state import SequentialState
-from replay.analysis.sequential.summary import sequential_record
+from replay.analysis.sequential.summary_block import sequential_record
 from replay.rundir.files import read_json, write_json
 
 SEQUENTIAL = "sequential.json"

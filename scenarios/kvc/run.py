@@ -77,12 +77,8 @@ def recorder(
     return RunRecorder(
         run_dir=run_dir,
         trace=cfg.trace,
-        trace_path=cfg.trace_path,
-        trace_format=cfg.trace_format,
-        trace_sha256=cfg.sha256,
-        buckets=cfg.buckets,
+        run_spec=spec,
         spec=cfg.spec,
-        schedules=cfg.plan.labels,
         # What the run spec does not hold: the Locust test's own shape and pacing.
         options={
             "driver": "locust",
@@ -99,5 +95,4 @@ def recorder(
         driver={"name": "locust", "version": locust_version, **driver},
         command=list(sys.argv),
         max_results=cfg.max_results,
-        run_spec=spec,
     )

@@ -60,7 +60,7 @@ def test_fault_is_a_result(mode: str, bf16_server: LocalServer, tmp_path: Path) 
             run_dir=new_run_dir(tmp_path),
             load={"timeout_s": 3.0, "parallel_targets": True},
         )
-        summary = asyncio.run(Runner(cfg).run())
+        summary = asyncio.run(Runner(cfg).run()).to_json()
         reached = bad.requests
     results = list(read_results(Path(summary["run_dir"])))
     ids = {r.id for r in trace.requests}
@@ -132,7 +132,7 @@ def test_target_killed_mid_run(model_dir: Path, tmp_path: Path) -> None:
 
         t = threading.Thread(target=killer)
         t.start()
-        summary = asyncio.run(Runner(cfg).run())
+        summary = asyncio.run(Runner(cfg).run()).to_json()
         t.join()
     finally:
         server.stop()

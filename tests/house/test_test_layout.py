@@ -40,15 +40,22 @@ BUILT_WITH_ANOTHER = {
     "run/test_capacity_sizing.py": "the model's KV layout and the targets (serving) are the "
     "inputs of run.capacity_plan, which it tests",
     "run/test_capacity_skip.py": "builds the verdict's facts with the analysis's records; it "
-    "tests whether the run (run.capacity, run.capacity_step) starts the capacity phase",
+    "tests whether the run (run.capacity_phase, run.capacity_step) starts the capacity phase",
     "run/test_error_budget.py": "drives the budget through the CLI's runs and reads their "
     "files; what it tests is run.budget and the runner's stop",
     "run/test_manifest.py": "reads back with the analysis's Manifest what the runner "
-    "(run.runner, run.config) wrote",
+    "(run.runner, run.run_config) wrote",
     "run/test_streaming.py": "writes and reads its traces with replay.traces; it tests that "
     "the runner (run.runner, run.phase) never holds a whole trace",
     "run/test_workers.py": "reads the run directory (rundir) the load processes of "
     "run.worker_pool and run.load_process wrote",
+    "run/test_systems_run.py": "drives interleaved runs (run.interleave) through the command "
+    "line, in a subprocess; it reads back their manifests (rundir)",
+    "run/test_too_long.py": "checks that a request too long for its target (run.phase) is "
+    "counted apart by the summary (analysis) and not blamed on the target",
+    "serving/test_scale_log.py": "reads the scale evidence of recorded vLLM logs "
+    "(serving.scale_log); the verdict's serving-path check on them takes the analysis's "
+    "records (TargetSummary, Manifest)",
 }
 
 

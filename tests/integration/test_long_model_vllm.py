@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from replay.analysis.schemas import Summary
 from replay.analysis.verdict.facts import facts_from_run
 from replay.rundir.manifest import read_manifest
 from replay.serving.kv_layout import KvLayout, cache_tokens
@@ -162,7 +163,7 @@ def test_the_canary_decides_across_two_buckets_with_the_sliding_window_arm(
             assert row["teacher_forced"]["nll_delta_mean"] is not None
     assert canary["manifest"]["targets"]["fp8-swa"]["spec"]["role"] == "layers"
     # The stop rule reads the layers arm's sliding_window back as the layers it keeps in BF16.
-    facts = facts_from_run(summary, read_manifest(canary["run"]))
+    facts = facts_from_run(Summary.from_json(summary), read_manifest(canary["run"]))
     assert facts.candidate is not None and facts.candidate.name == "fp8"
     assert facts.layers is not None and facts.layers.name == "fp8-swa"
     assert facts.layers_skipped == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16)

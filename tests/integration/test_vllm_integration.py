@@ -54,7 +54,7 @@ def replay(
         run_dir=new_run_dir(tmp_path),
         length_policy=policy,
     )
-    return asyncio.run(Runner(cfg).run())
+    return asyncio.run(Runner(cfg).run()).to_json()
 
 
 def test_introspection_reports_what_runs(bf16_server: LocalServer, model_dir: Path) -> None:
@@ -215,7 +215,7 @@ def test_graded_replay_with_control_reports_quality(
         quality=QualitySpec(buckets="256,1K", teacher_forced=True, control=True),
         run_dir=new_run_dir(tmp_path),
     )
-    summary = asyncio.run(Runner(cfg).run())
+    summary = asyncio.run(Runner(cfg).run()).to_json()
     run_dir = Path(summary["run_dir"])
     q = summary["quality"]["phases"]["c2"]
     assert set(q) == {"bf16", "bf16-control"}
@@ -262,7 +262,7 @@ def test_fp8_teacher_forced_scores_differ_from_bf16(
         quality=QualitySpec(buckets="256,1K", teacher_forced=True),
         run_dir=new_run_dir(tmp_path),
     )
-    summary = asyncio.run(Runner(cfg).run())
+    summary = asyncio.run(Runner(cfg).run()).to_json()
     tf = summary["quality"]["phases"]["c2"]["fp8"]["teacher_forced"]
     assert tf["tokens"] > 0 and not tf["identical_to_reference"]
     assert tf["nll_delta_mean"] != 0
@@ -335,7 +335,7 @@ def test_api_key_never_reaches_any_run_artifact(
         quality=QualitySpec(buckets="256,1K", teacher_forced=True),
         run_dir=new_run_dir(tmp_path),
     )
-    summary = asyncio.run(Runner(cfg).run())
+    summary = asyncio.run(Runner(cfg).run()).to_json()
     run_dir = Path(summary["run_dir"])
     write_reports(run_dir)
     files = [p for p in run_dir.rglob("*") if p.is_file()]

@@ -22,9 +22,9 @@ from replay.core.errors import TargetError
 from replay.core.records import Result
 from replay.core.schedule import ClosedLoop
 from replay.pipeline.analyse import Sources
-from replay.run.config import RunConfig, TargetRun
 from replay.run.connect import Connected
 from replay.run.phase import Phase, Schedule, TargetSession
+from replay.run.run_config import RunConfig, TargetRun
 from replay.run.stopping import RunStop
 from replay.run.teacher import Scoring
 from replay.rundir.files import JsonlWriter

@@ -17,8 +17,8 @@ from replay.analysis.run_spec import (
     TargetsSpec,
     TraceSpec,
 )
-from replay.run.config import RunConfig, load_for
 from replay.run.phase import Schedule
+from replay.run.run_config import RunConfig, load_for
 from replay.rundir.files import file_digest
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import LengthPolicy

@@ -3,7 +3,8 @@ reference, derived grades against the A/A control, both pooled (what the verdict
 and the teacher-forced scores beside them.
 
 Each comparison applies the paired statistics (``stats``) to pairs from ``pairing`` under the
-verdict's evidence rule (``Rule``), so grading's evidence column says what the verdict says.
+verdict's evidence rule (``stats.rule.Rule``, the run's ``Thresholds.rule``), so grading's
+evidence column says what the verdict says.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from replay.analysis.schemas import (
     VsControl,
     VsReference,
 )
-from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.analysis.stats.exact_tests import McNemar, mcnemar_exact
 from replay.analysis.stats.intervals import PairedDiff, cluster_ci, paired_bootstrap, wilson
+from replay.analysis.stats.rule import Rule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -39,37 +40,22 @@ def _rate(values: Iterable[bool]) -> float | None:
     return sum(v) / len(v) if v else None
 
 
-@dataclass(frozen=True)
-class Rule:
-    """The verdict's evidence rule, which grading's evidence column applies too."""
-
-    tolerance: float
-    alpha: float
-    min_pairs: int
-
-    def evidence(self, a: Sequence[bool], b: Sequence[bool]) -> EvidenceSummary:
-        """What the pairs (a: baseline, b: target) settle, as summary.json records it."""
-        mc = mcnemar_exact(a, b)
-        ev = pairs_evidence(
-            len(a),
-            mc.a_only,
-            mc.b_only,
-            tolerance=self.tolerance,
-            alpha=self.alpha,
-            min_pairs=self.min_pairs,
-        )
-        return EvidenceSummary(
-            status=ev.status,
-            sufficient=ev.sufficient,
-            needed=ev.needed,
-            p_value=ev.p_value,
-            drop_bound=ev.drop_bound,
-            rule=EvidenceRule(
-                tolerance=ev.tolerance, alpha=ev.alpha, min_pairs=ev.min_pairs, power=ev.power
-            ),
-            short=ev.short,
-            reason=ev.reason,
-        )
+def _evidence(rule: Rule, a: Sequence[bool], b: Sequence[bool]) -> EvidenceSummary:
+    """What the pairs (a: baseline, b: target) settle under ``rule``, as summary.json records
+    it."""
+    ev = rule.paired_evidence(a, b)
+    return EvidenceSummary(
+        status=ev.status,
+        sufficient=ev.sufficient,
+        needed=ev.needed,
+        p_value=ev.p_value,
+        drop_bound=ev.drop_bound,
+        rule=EvidenceRule(
+            tolerance=ev.tolerance, alpha=ev.alpha, min_pairs=ev.min_pairs, power=ev.power
+        ),
+        short=ev.short,
+        reason=ev.reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -128,7 +114,7 @@ def compare_explicit(
             normalized=_rate(agree["normalized"].tolist()),
             first_divergence_median=float(np.median(divs)) if divs else None,
         ),
-        "evidence": rule.evidence(a, b),
+        "evidence": _evidence(rule, a, b),
     }
 
 
@@ -201,7 +187,7 @@ def compare_combined(
         explicit=paired.diff.n - derived,
         derived=derived,
         baseline="control" if control is not None else "pass",
-        evidence=rule.evidence(a, b),
+        evidence=_evidence(rule, a, b),
         **paired.fields("ref_only"),
     )
 

@@ -15,7 +15,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from replay.analysis.grading.compare import (
-    Rule,
     compare_combined,
     compare_derived,
     compare_explicit,
@@ -34,8 +33,8 @@ from replay.analysis.schemas import (
     Shift,
     TargetQuality,
 )
-from replay.analysis.stats.equivalence import ALPHA, MIN_PAIRS, TOLERANCE
 from replay.analysis.stats.exact_tests import stratified_shift
+from replay.analysis.stats.rule import Rule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -182,21 +181,19 @@ def assess_quality(
     tf_rows: Sequence[Mapping[str, Any]],
     reference: str,
     bucket_order: Sequence[str],
-    tolerance: float = TOLERANCE,
+    rule: Rule = Rule(),
     seed: int = 0,
     *,
-    alpha: float = ALPHA,
-    min_pairs: int = MIN_PAIRS,
     prompt_tokens: Mapping[str, float] | None = None,
 ) -> Quality:
-    """phase -> target -> buckets, all and shift, plus notes. ``tolerance``, ``alpha`` and
-    ``min_pairs`` are the verdict's, so the evidence column says what it says. With
+    """phase -> target -> buckets, all and shift, plus notes. ``rule`` is the verdict's (the
+    run's ``Thresholds.rule``), so the evidence column says what it says. With
     ``prompt_tokens`` (request id -> its prompt's tokens: ``trend.prompt_token_counts``),
     every target but the reference gets its trend across context length."""
     tf: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
     for t in tf_rows:
         tf[t["target"]][t["request_id"]] = t
-    rule, control = Rule(tolerance, alpha, min_pairs), reference + CONTROL_SUFFIX
+    control = reference + CONTROL_SUFFIX
     phases: dict[str, dict[str, TargetQuality]] = {}
     rules: dict[str, dict[str, RuleFloor]] = {}
     notes = []
@@ -225,7 +222,7 @@ def assess_quality(
                 (reference, control),
                 demoted=demoted,
                 seed=seed,
-                alpha=alpha,
+                alpha=rule.alpha,
             )
         if control not in targets and in_phase["rule"].notna().any():
             notes.append(
@@ -245,9 +242,9 @@ def assess_quality(
     ]
     return Quality(
         reference=reference,
-        tolerance=tolerance,
-        alpha=alpha,
-        min_pairs=min_pairs,
+        tolerance=rule.tolerance,
+        alpha=rule.alpha,
+        min_pairs=rule.min_pairs,
         phases=phases,
         notes=tuple(notes),
         rules=rules or None,

@@ -8,20 +8,26 @@ error naming its field (or, for the report, a problem listed and the field left 
 
 The run spec (``replay/analysis/run_spec.py``) is read typed, and the settings the analysis
 reads of a run come from it (or, for a run written before it, from that run's options and
-flags) through ``Manifest``'s properties, never from the raw keys. What stays JSON as written
-(``Mapping[str, Any]``): the options the run spec does not hold (think time, ``kvcal
-advise``'s figures), the CLI's own flags (which change with the CLI), what a server's
+flags) through ``Manifest``'s properties, never from the raw keys. What the spec (or the
+roles) holds is written once, there: ``Manifest.from_json`` reads the trace's path and digest,
+the buckets, the schedules and the reference from them, so those fields read the same for a
+manifest written before (which repeated them at the top level) and after. What stays JSON
+as written (``Mapping[str, Any]``): the options the run spec does not hold (think time,
+``kvcal advise``'s figures), the CLI's own flags (which change with the CLI), what a server's
 endpoints answered (``models``, ``version``, its engine config), a phase's windows, the
 capacity phase's block and a driver's description.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 from replay.analysis.run_spec import RunSpec
 from replay.analysis.thresholds import Thresholds
+from replay.core.buckets import Buckets
+from replay.core.errors import InputError, SummaryError
 from replay.core.record_json import Record, absent_if_none, record
 from replay.serving import kv_formats
 
@@ -43,15 +49,17 @@ class Platform(Record):
 
 @record
 class TraceFacts(Record):
-    """Which trace ran: its digest ties a resume or a re-analysis to the same file."""
+    """Which trace ran: its digest ties a resume or a re-analysis to the same file. A manifest
+    with a run spec writes only what reading the file found (``lines``, ``bad_lines``,
+    ``skipped_rows``); the rest reads from ``run_spec.trace``."""
 
     path: str | None
     format: str | None
     sha256: str | None
-    lines: int | None
+    lines: int | None  # the non-blank lines read, bad and skipped rows included
     requests: int | None
-    bad_lines: int | None
-    skipped_rows: Mapping[str, int]
+    bad_lines: int | None  # bad lines left out (listed in bad_lines.jsonl)
+    skipped_rows: Mapping[str, int]  # rows the trace marks as not to replay, by kind
     length_policy: Mapping[str, Any]
 
 
@@ -137,12 +145,17 @@ class Manifest(Record):
     command: tuple[str, ...]
     started_at: float | None
     platform: Platform
+    # What reading the trace found; its path, format, digest, requests and length policy
+    # are read from the run spec (written here by a run before the spec held them).
     trace: TraceFacts
+    # Read from the run spec's buckets (written here by a run before the spec held them).
     buckets: BucketFacts
+    # Read from the run spec's load (written here by a run before the spec held them).
     schedules: tuple[str, ...]
     # What the run spec does not hold: sessions' think time, ``kvcal advise``'s figures (an
     # older run's options also held what its run spec now does).
     options: Mapping[str, Any]
+    # Read from the roles (written here by a run before the roles held it).
     reference: str
     # The run as both drivers describe it; None for a run written before manifests held it
     # (what the analysis reads of it is below, with that run's own keys as the fallback).
@@ -154,6 +167,61 @@ class Manifest(Record):
     capacity: Mapping[str, Any] | None = absent_if_none()
     results_not_stored: int | None = absent_if_none()
     targets: Mapping[str, TargetEntry]
+
+    @classmethod
+    def from_json(
+        cls, data: object, *, where: str = "summary", problems: list[str] | None = None
+    ) -> Self:
+        """The manifest of ``data``, with what a manifest leaves to its run spec and roles
+        (each written once) read from them: ``trace``'s path, format, digest, requests and
+        length policy, ``buckets``, ``schedules`` and ``reference`` read as an older
+        manifest, which wrote them here, reads."""
+        # Named: ``@record`` makes a new (slotted) class, which super() without arguments
+        # does not know before Python 3.14.
+        read = super(Manifest, cls).from_json  # noqa: UP008
+        return read(data, where=where, problems=problems)._completed(where, problems)
+
+    def _completed(self, where: str, problems: list[str] | None) -> Self:
+        """Each field a manifest with a run spec leaves out, filled from the spec (or the
+        roles); a key an older manifest wrote is read as written."""
+        spec = self.run_spec
+        if spec is None:
+            return self
+        t, trace = spec.trace, self.trace
+        if trace.path is None:
+            policy = {
+                "scale": t.length_scale,  # as LengthPolicy.as_dict() wrote it
+                "max_input_tokens": t.max_input_tokens,
+                "max_output_tokens": t.max_output_tokens,
+            }
+            trace = dataclasses.replace(
+                trace,
+                path=t.path,
+                format=trace.format or t.format,
+                sha256=trace.sha256 or t.sha256,
+                requests=t.requests if trace.requests is None else trace.requests,
+                length_policy=trace.length_policy or policy,
+            )
+        buckets = self.buckets
+        if not buckets.bounds:
+            bounds = spec.quality.buckets
+            try:
+                labels = tuple(Buckets.parse(bounds).labels)
+            except InputError as exc:
+                message = f"{where}: run_spec.quality.buckets: {exc}"
+                if problems is None:
+                    raise SummaryError(message) from None
+                problems.append(message)
+                labels = ()
+            buckets = BucketFacts(bounds=bounds, labels=labels)
+        roles = self.roles
+        return dataclasses.replace(
+            self,
+            trace=trace,
+            buckets=buckets,
+            schedules=self.schedules or spec.load.schedules,
+            reference=self.reference or (roles.reference if roles else None) or "",
+        )
 
     # How the run was asked to run, as the analysis reads it: from the run spec, or from the
     # ``options`` and flags a run written before the run spec recorded.
@@ -195,7 +263,7 @@ class Manifest(Record):
     def thresholds(self) -> Thresholds:
         """The verdict's thresholds the run was started with."""
         if self.run_spec:
-            return self.run_spec.quality.thresholds(self.run_spec.budget.max_error_rate)
+            return self.run_spec.thresholds
         cli = self.cli_options or {}
         default = Thresholds()
         return Thresholds(

@@ -1,5 +1,5 @@
 """The records of a sequential canary in summary.json (``sequential``): the decision, the
-rounds and each bucket's interval (``analysis.sequential.summary`` builds them; ``schemas``
+rounds and each bucket's interval (``analysis.sequential.summary_block`` builds them; ``schemas``
 holds the rest of the summary)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class SequentialBucket(Record):
 
 @record
 class Sequential(Record):
-    """``replay canary --sequential`` (``analysis.sequential.summary``): the decision, why the
+    """``replay canary --sequential`` (``analysis.sequential.summary_block``): the decision, why the
     run stopped, the requests it sent against the fixed design's N, each bucket, what an
     undecided bucket still needs, and the interval path (one row per round per open bucket,
     and the pool's: round, bucket, pairs, regressions, improvements, lower, upper, status)."""

@@ -65,7 +65,7 @@ class CapacityArm(Record):
 
 @record
 class CapacityPhase(Record):
-    """The capacity phase (``run.capacity``): both servers restarted with the same, smaller
+    """The capacity phase (``run.capacity_phase``): both servers restarted with the same, smaller
     KV-cache memory and loaded at ``concurrency`` until the reference's cache is full; whether
     it was. Its cell (phase ``capacity`` in ``SystemsRule.cells``) compares the rates."""
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from replay.analysis.sequential.capital import MAX_PROJECTED, pairs_to_cross
-from replay.analysis.sequential.state import EQUIVALENT, LOSS, OPEN, Rule, SequentialState, Tally
+from replay.analysis.sequential.state import EQUIVALENT, LOSS, OPEN, SequentialState, Tally
+from replay.analysis.stats.rule import Rule
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,15 @@ alone, adds up there (the stratified test's role in the fixed design). The run i
   showed a loss;
 * ``open`` otherwise (and undecided for good once the requests run out).
 
-The level, spelled out (:class:`Rule`): the two questions of a bucket have disjoint nulls, so
-each gets the whole of alpha, as in the fixed design. EQUIVALENT needs every bucket, so a run
-is wrongly called equivalent only if some bucket with a drop of at least the tolerance is,
-which happens with probability at most alpha (no split across buckets is needed). LOSS needs
-any of B + 1 tests, so under "no drop anywhere" they share alpha by Bonferroni: ``pool_share``
-of it to the pool and the rest in equal parts to the buckets (with one bucket, the bucket gets
-all of it and there is no pool). Ville's inequality makes each level hold however many rounds
-are looked at, with the pairs assumed independent draws from each bucket's traffic.
+The level, spelled out (``stats.rule.Rule``, its ``pool_share`` included): the two questions
+of a bucket have disjoint nulls, so each gets the whole of alpha, as in the fixed design.
+EQUIVALENT needs every bucket, so a run is wrongly called equivalent only if some bucket with
+a drop of at least the tolerance is, which happens with probability at most alpha (no split
+across buckets is needed). LOSS needs any of B + 1 tests, so under "no drop anywhere" they
+share alpha by Bonferroni: ``pool_share`` of it to the pool and the rest in equal parts to the
+buckets (with one bucket, the bucket gets all of it and there is no pool). Ville's inequality
+makes each level hold however many rounds are looked at, with the pairs assumed independent
+draws from each bucket's traffic.
 
 Each bucket's interval is the running intersection of its confidence sequence, so it only
 narrows: the lower end at the bucket's LOSS level (above 0: a loss) and the upper at alpha
@@ -43,45 +44,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from replay.analysis.sequential.capital import lower_bound, rejects, upper_bound
-from replay.analysis.stats.equivalence import (
-    ALPHA,
-    MIN_PAIRS,
-    TOLERANCE,
-    check_counts,
-    check_tolerance_alpha,
-)
+from replay.analysis.stats.equivalence import check_counts
+from replay.analysis.stats.rule import Rule
 
 FORMAT = "kvcanary.sequential/1"
-POOL_SHARE = 0.5
-"""Share of the LOSS alpha the pooled question gets; the buckets share the rest."""
 
 OPEN, LOSS, EQUIVALENT = "open", "loss", "equivalent"
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """Tolerance, alpha, minimum pairs and the LOSS alpha's split (see the module docstring)."""
-
-    tolerance: float = TOLERANCE
-    alpha: float = ALPHA
-    min_pairs: int = MIN_PAIRS
-    pool_share: float = POOL_SHARE
-
-    def __post_init__(self) -> None:
-        check_tolerance_alpha(self.tolerance, self.alpha, "sequential.Rule")
-        if self.min_pairs < 0 or not 0.0 < self.pool_share < 1.0:
-            raise ValueError(
-                f"sequential.Rule: need min_pairs >= 0 and 0 < pool_share < 1 (got "
-                f"{self.min_pairs}, {self.pool_share})"
-            )
-
-    def bucket_loss_alpha(self, buckets: int) -> float:
-        """Level of one bucket's LOSS question in a run of ``buckets`` buckets."""
-        return self.alpha if buckets <= 1 else self.alpha * (1 - self.pool_share) / buckets
-
-    def pool_loss_alpha(self) -> float:
-        """Level of the pooled LOSS question (asked only with two buckets or more)."""
-        return self.alpha * self.pool_share
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ effect, which is why nothing here compares two independent pass rates.
   bucket needs.
 * ``evidence`` - what a bucket's pairs settle (a loss, or a drop bounded below the tolerance),
   and while they settle neither, how many pairs it needs, in words.
+* ``rule`` - the evidence rule (tolerance, alpha, minimum pairs, the sequential canary's alpha
+  split), checked once, that applies ``evidence`` and ``equivalence`` to a bucket's pairs.
 * ``binomial`` and ``pairs`` - the exact binomial tails and the checked paired inputs the
   others share.
 

@@ -4,8 +4,8 @@
 problems (``serving_path``) and one ``BucketFacts`` per bucket and phase, plus the systems
 side (capacity, latency). ``facts_from_run`` builds them from a run's ``Summary`` record
 (``schemas``) and manifest; the table tests of the rule build them by hand. ``Thresholds`` are
-the rule's parameters, the same that grading's evidence column applies
-(``stats.evidence.evidence``).
+the rule's parameters; their evidence rule (``Thresholds.rule``) is the one grading's evidence
+column applies.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from replay.analysis.schemas import (
 )
 from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.stats.evidence import Evidence
-from replay.analysis.stats.evidence import evidence as pairs_evidence
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.advice import Advice, advice_facts
 from replay.analysis.verdict.serving_path import error_problem, serving_problems, target_layout
@@ -68,14 +67,8 @@ class BucketFacts:
         discordant counts."""
         if self.ref_only is None or self.target_only is None:
             return None
-        return pairs_evidence(
-            self.pairs,
-            self.ref_only,
-            self.target_only,
-            tolerance=th.tolerance,
-            alpha=th.alpha,
-            min_pairs=th.min_pairs,
-            loss_alpha=th.alpha / max(1, phases),
+        return th.rule.evidence(
+            self.pairs, self.ref_only, self.target_only, loss_alpha=th.alpha / max(1, phases)
         )
 
 
@@ -159,31 +152,28 @@ def _cell(
 
 
 def facts_from_run(
-    summary: Summary | Mapping[str, Any],
+    summary: Summary,
     manifest: Manifest,
     *,
     candidate: str | None = None,
     calibrated: str | None = None,
     thresholds: Thresholds = Thresholds(),
 ) -> Facts:
-    """The verdict's facts from a run's summary (a JSON one is read first): every phase's
-    paired grades, per bucket and phase (see ``replay.analysis.verdict`` for how phases
-    combine), judged under ``thresholds``."""
-    s = summary if isinstance(summary, Summary) else Summary.from_json(summary)
-    targets = s.targets
+    """The verdict's facts from a run's summary: every phase's paired grades, per bucket and
+    phase (see ``replay.analysis.verdict`` for how phases combine), judged under
+    ``thresholds``."""
+    targets = summary.targets
     roles = Roles.from_manifest(manifest, list(targets))
-    reference = (s.quality.reference if s.quality else None) or roles.reference
+    reference = (summary.quality.reference if summary.quality else None) or roles.reference
     cal = calibrated or roles.calibrated
     cand = candidate or roles.candidate
-    phases = s.quality.phases if s.quality else {}
+    phases = summary.quality.phases if summary.quality else {}
     # --quality-pass serial: quality is decided on the answers that do not depend on batching.
     only = manifest.quality_phase
     if only is not None and only in phases:
         phases = {only: phases[only]}
     ref_t = targets.get(reference)
-    ref_problem = (
-        None if ref_t is None else error_problem(reference, ref_t, thresholds.max_error_rate)
-    )
+    ref_problem = None if ref_t is None else error_problem(ref_t, thresholds.max_error_rate)
     cand_emulated = manifest.emulated(cand)
     usage = [
         ph.server.peak_kv_usage
@@ -191,7 +181,7 @@ def facts_from_run(
         if ph.server.peak_kv_usage is not None
     ]
     candidate_arm = _with_reasoning(
-        _arm_facts(cand, False, targets, phases, manifest, thresholds), s.reasoning
+        _arm_facts(cand, False, targets, phases, manifest, thresholds), summary.reasoning
     )
     if ref_problem and candidate_arm is not None:
         # Without a working reference there is nothing to compare with.
@@ -207,7 +197,7 @@ def facts_from_run(
         reference=reference,
         candidate=candidate_arm,
         calibrated=_with_reasoning(
-            _arm_facts(cal, True, targets, phases, manifest, thresholds), s.reasoning
+            _arm_facts(cal, True, targets, phases, manifest, thresholds), summary.reasoning
         ),
         layers=_arm_facts(
             layers, _on_overlay(manifest, layers, reference), targets, phases, manifest, thresholds
@@ -218,10 +208,10 @@ def facts_from_run(
         outlier_layers=_outlier_layers(manifest, cal),
         capacity_ratio=_capacity_ratio(ref_t, targets.get(cand or ""), cand_emulated),
         capacity_needed=(max(usage) >= thresholds.capacity_needed_usage) if usage else None,
-        systems=s.systems.rule if s.systems and not cand_emulated else None,
-        capacity_phase=s.systems.capacity if s.systems and not cand_emulated else None,
-        below_break_even=s.systems.below_break_even if s.systems else None,
-        sequential=s.sequential,
+        systems=summary.systems.rule if summary.systems and not cand_emulated else None,
+        capacity_phase=summary.systems.capacity if summary.systems and not cand_emulated else None,
+        below_break_even=summary.systems.below_break_even if summary.systems else None,
+        sequential=summary.sequential,
     )
 
 

@@ -18,7 +18,6 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from replay.analysis.schemas import Sequential, Verdict
-from replay.analysis.stats.equivalence import equivalent
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.payoff import gain
@@ -62,24 +61,17 @@ def _shown(b: BucketFacts, th: Thresholds) -> bool:
     return (
         b.ref_only is not None
         and b.target_only is not None
-        and equivalent(
-            b.pairs,
-            b.ref_only,
-            b.target_only,
-            tolerance=th.tolerance,
-            alpha=th.alpha,
-            min_pairs=th.min_pairs,
-        )
+        and th.rule.equivalent(b.pairs, b.ref_only, b.target_only)
     )
 
 
 def matches(arm: ArmFacts, th: Thresholds) -> tuple[bool, list[BucketFacts]]:
     """(every bucket, in every phase, shown within tolerance; the buckets not shown yet).
 
-    Shown means ``stats.equivalence.equivalent``: at least ``min_pairs`` pairs and an exact
-    one-sided bound at alpha that puts the drop below the tolerance. The noise floor does not
-    widen it: the bound already carries the pairs' own disagreement, and a KEEP must mean "the
-    drop is below the tolerance at alpha"."""
+    Shown means ``Thresholds.rule.equivalent`` (``stats.equivalence.equivalent``): at least
+    ``min_pairs`` pairs and an exact one-sided bound at alpha that puts the drop below the
+    tolerance. The noise floor does not widen it: the bound already carries the pairs' own
+    disagreement, and a KEEP must mean "the drop is below the tolerance at alpha"."""
     open_ = [b for b in arm.buckets if not _shown(b, th)]
     return bool(arm.buckets) and not open_, open_
 

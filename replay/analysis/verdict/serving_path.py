@@ -7,8 +7,7 @@ checkpoint scales: the per-token-head formats compute theirs when the cache is w
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from replay.analysis.schemas import TargetSummary
 from replay.analysis.schemas.manifest import Manifest, TargetEntry
@@ -18,19 +17,10 @@ from replay.serving.kv_served import layout_of, skip_words
 from replay.serving.scale_log import SCALE_ONE_WARNING, from_engine_config
 
 
-def _target(name: str, target: TargetSummary | Mapping[str, Any]) -> TargetSummary:
-    """A target's summary; a JSON one (a caller outside the pipeline) is read first."""
-    if isinstance(target, TargetSummary):
-        return target
-    return TargetSummary.from_json(target, where=f"summary of target {name}")
-
-
-def error_problem(
-    name: str, target: TargetSummary | Mapping[str, Any], max_rate: float
-) -> str | None:
+def error_problem(target: TargetSummary, max_rate: float) -> str | None:
     """A target whose requests fail is a failed target, not a quality result."""
     total, kinds = 0, dict[str, int]()
-    for ph in _target(name, target).phases.values():
+    for ph in target.phases.values():
         total += ph.all.requests
         for k, n in ph.all.errors_by_kind.items():
             kinds[k] = kinds.get(k, 0) + n
@@ -43,7 +33,7 @@ def error_problem(
 
 def serving_problems(
     name: str,
-    target: TargetSummary | Mapping[str, Any],
+    target: TargetSummary,
     manifest: Manifest,
     calibrated: bool,
     max_error_rate: float = 0.05,
@@ -51,11 +41,10 @@ def serving_problems(
     """What says this target does not run the FP8 path it is meant to test, or not the same
     engine and model as the reference."""
     out = []
-    summary = _target(name, target)
-    if summary.status != "ok":
-        out.append(f"target failed: {summary.reason}")
+    if target.status != "ok":
+        out.append(f"target failed: {target.reason}")
         return out
-    dtype = summary.cache_dtype
+    dtype = target.cache_dtype
     info = manifest.target(name) or TargetEntry.from_json({})
     meant = info.spec.meant_format
     emulated = kv_formats.emulated_format(str(meant)) is not None
@@ -84,7 +73,7 @@ def serving_problems(
     )
     if skip and not emulated:  # an emulated target's plugin does the skipping
         out.append(skip)
-    failing = error_problem(name, summary, max_error_rate)
+    failing = error_problem(target, max_error_rate)
     if failing:
         out.append(failing)
     lines = info.scale_log_lines

@@ -71,7 +71,7 @@ limit, for tests and callers that hold trusted answers.
 
 Here: the rule a reference's answer falls under (``reference_label``), the grade against it, and
 the checker the Grader's worker builds. The parts: ``derived.rules`` (the rules' names, the
-record), ``derived.values`` (tool calls and JSON), ``derived.facts``, ``derived.code`` (the
+record), ``derived.values`` (tool calls and JSON), ``derived.prompt_facts``, ``derived.code`` (the
 code and its calls) and ``derived.code_run`` (running them in the sandbox).
 """
 
@@ -99,7 +99,7 @@ from replay.checkers.derived.code import (
     reference_code,
 )
 from replay.checkers.derived.code_run import CODE_LIMITS, finish
-from replay.checkers.derived.facts import Fact, facts_of, missing_facts
+from replay.checkers.derived.prompt_facts import Fact, facts_of, missing_facts
 from replay.checkers.derived.rules import CODE, CODE_TEXT, FACTS, JSON_VALUE, TOOL_ARGS, _detail
 from replay.checkers.derived.values import (
     Calls,

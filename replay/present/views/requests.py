@@ -9,7 +9,7 @@ from typing import Any
 from replay.present.formatting import DASH, f_int, f_sig, num, text
 from replay.present.prompts import load_prompts
 from replay.present.reading import CONTROL_SUFFIX, Run, lst, obj
-from replay.present.scan import rows_of
+from replay.present.run_scan import rows_of
 from replay.rundir.files import GRADES, RESULTS
 
 MAX_REQUESTS = 500

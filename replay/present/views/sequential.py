@@ -1,7 +1,7 @@
 """The sequential section: how a sequential canary reached its decision. Per bucket (and the
 pool of every bucket) the drop's always-valid interval narrowing round by round against the
 pairs graded, its status and the round that decided it; and the requests sent beside what the
-fixed design would have sent (``analysis.sequential.summary``). Absent for other runs."""
+fixed design would have sent (``analysis.sequential.summary_block``). Absent for other runs."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from replay.present.formatting import (
     text,
 )
 from replay.present.reading import Run, dig, to_float
-from replay.present.scan import LatencyKey
+from replay.present.run_scan import LatencyKey
 from replay.present.views import Cell, Table
 from replay.present.views.systems_rule import capacity_table, rule_note, rule_table
 from replay.serving import kv_formats

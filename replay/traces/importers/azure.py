@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from replay.core.errors import TraceError
 from replay.traces.importers.lengths import LengthPolicy, Lengths, length_record
-from replay.traces.importers.rows import Records, as_trace_error, csv_int, csv_rows
+from replay.traces.importers.trace_rows import Records, as_trace_error, csv_int, csv_rows
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 

@@ -26,7 +26,13 @@ from pydantic import ValidationError
 
 from replay.core.errors import TraceError
 from replay.traces.importers.lengths import LengthPolicy, Lengths, length_record
-from replay.traces.importers.rows import Records, as_trace_error, csv_int, csv_rows, csv_seconds
+from replay.traces.importers.trace_rows import (
+    Records,
+    as_trace_error,
+    csv_int,
+    csv_rows,
+    csv_seconds,
+)
 from replay.traces.trace import Skip
 
 COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")

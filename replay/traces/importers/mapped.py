@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from replay.core.errors import InputError, TraceError
 from replay.traces.importers.lengths import LengthPolicy, Lengths, length_record
-from replay.traces.importers.rows import (
+from replay.traces.importers.trace_rows import (
     Importer,
     Records,
     Rows,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from replay.core.errors import TraceError
 from replay.traces.importers.lengths import LengthPolicy, Lengths, length_record
-from replay.traces.importers.rows import (
+from replay.traces.importers.trace_rows import (
     Records,
     as_trace_error,
     json_hash_ids,

@@ -48,7 +48,7 @@ from pydantic import ValidationError
 from replay.core.errors import TraceError
 from replay.core.ids import id_problem
 from replay.traces.importers.lengths import LengthPolicy
-from replay.traces.importers.rows import (
+from replay.traces.importers.trace_rows import (
     Records,
     as_trace_error,
     iso_seconds,

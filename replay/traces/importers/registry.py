@@ -20,7 +20,7 @@ from replay.core.errors import InputError, TraceError
 from replay.traces.importers import azure, bailian, burstgpt, mooncake, openai_log
 from replay.traces.importers.lengths import LengthPolicy
 from replay.traces.importers.mapped import GRAMMAR, is_mapping, mapped_importer
-from replay.traces.importers.rows import Importer, Records
+from replay.traces.importers.trace_rows import Importer, Records
 from replay.traces.trace import UTF8_BOM, Request, iter_lines, parse_line_or_error
 
 

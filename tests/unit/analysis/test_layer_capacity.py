@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from replay.analysis.schemas import Summary
+from replay.analysis.schemas import Summary, TargetSummary
 from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.summary import summarize_targets
 from replay.analysis.verdict.facts import facts_from_run
@@ -76,7 +76,8 @@ def test_without_a_layout_the_keyword_is_kept_as_the_flag_takes_it() -> None:
 
 
 def _problems(m: Manifest) -> list[str]:
-    return serving_problems("fp8-swa", {"status": "ok", "cache_dtype": "fp8"}, m, False)
+    served = TargetSummary.from_json({"status": "ok", "cache_dtype": "fp8"})
+    return serving_problems("fp8-swa", served, m, False)
 
 
 def test_the_served_keyword_matches_the_configured_one(gemma: Path) -> None:

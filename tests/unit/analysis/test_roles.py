@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from replay.analysis.roles import Roles, looks_calibrated, resolve
+from replay.analysis.schemas import TargetSummary
 from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.core.errors import ConfigError
@@ -69,7 +70,7 @@ def test_the_manifest_keeps_the_roles_and_odd_ones_fall_back() -> None:
 
 
 def test_a_bf16_candidate_is_a_deliberate_comparison_not_a_fallback() -> None:
-    served = {"status": "ok", "cache_dtype": "auto"}
+    served = TargetSummary.from_json({"status": "ok", "cache_dtype": "auto"})
 
     def problems(spec: dict[str, str]) -> list[str]:
         manifest = {"reference": "bf16", "targets": {"bf16": {}, "other": {"spec": spec}}}

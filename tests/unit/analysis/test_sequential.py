@@ -31,9 +31,9 @@ from replay.analysis.sequential.state import (
     EQUIVALENT,
     LOSS,
     OPEN,
-    Rule,
     SequentialState,
 )
+from replay.analysis.stats.rule import Rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import sequential_sim as sim

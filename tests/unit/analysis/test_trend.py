@@ -348,7 +348,7 @@ def test_the_golden_runs_trends_reach_the_verdicts_facts_and_older_summaries_sti
 
     doc = orjson.loads((GOLDEN / "run_summary.json").read_bytes())
     manifest = Manifest.from_json(analysis_run.manifest())
-    facts = facts_from_run(doc, manifest, candidate="fp8")
+    facts = facts_from_run(Summary.from_json(doc), manifest, candidate="fp8")
     assert facts.candidate is not None
     assert [t.phase for t in facts.candidate.trends] == ["c1", "c4"]
     assert all(t.graded_floor is not None for t in facts.candidate.trends)
@@ -360,5 +360,5 @@ def test_the_golden_runs_trends_reach_the_verdicts_facts_and_older_summaries_sti
     assert older.quality is not None
     assert all(q.trend is None for p in older.quality.phases.values() for q in p.values())
     assert orjson.dumps(older.to_json(), option=SORTED) == orjson.dumps(doc, option=SORTED)
-    before = facts_from_run(doc, manifest, candidate="fp8").candidate
+    before = facts_from_run(older, manifest, candidate="fp8").candidate
     assert before is not None and before.trends == ()

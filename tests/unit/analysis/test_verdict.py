@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from replay.analysis.schemas import Summary, TargetSummary
 from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.advice import Advice
@@ -327,7 +328,7 @@ def _row(n: int, lost: int, gained: int) -> dict[str, object]:
     }
 
 
-def _sweep(cells: dict[str, dict[str, tuple[int, int, int]]]) -> dict[str, object]:
+def _sweep(cells: dict[str, dict[str, tuple[int, int, int]]]) -> Summary:
     """A summary with phase -> bucket -> (pairs, lost, gained) for fp8 against bf16."""
     phases = {
         ph: {
@@ -338,18 +339,20 @@ def _sweep(cells: dict[str, dict[str, tuple[int, int, int]]]) -> dict[str, objec
         }
         for ph, rows in cells.items()
     }
-    return {
-        "quality": {"reference": "bf16", "phases": phases},
-        "targets": {
-            "bf16": {"status": "ok", "kv_cache_size_tokens": 1000, "phases": {}},
-            "fp8": {
-                "status": "ok",
-                "cache_dtype": "fp8",
-                "kv_cache_size_tokens": 2000,
-                "phases": {},
+    return Summary.from_json(
+        {
+            "quality": {"reference": "bf16", "phases": phases},
+            "targets": {
+                "bf16": {"status": "ok", "kv_cache_size_tokens": 1000, "phases": {}},
+                "fp8": {
+                    "status": "ok",
+                    "cache_dtype": "fp8",
+                    "kv_cache_size_tokens": 2000,
+                    "phases": {},
+                },
             },
-        },
-    }
+        }
+    )
 
 
 def test_a_loss_in_a_loaded_phase_counts() -> None:
@@ -488,14 +491,14 @@ def test_serving_path_problems(
 ) -> None:
     from replay.analysis.verdict.serving_path import serving_problems
 
-    problems = serving_problems("fp8", target, manifest, calibrated)
+    problems = serving_problems("fp8", TargetSummary.from_json(target), manifest, calibrated)
     assert any(problem in p for p in problems), problems
 
 
 def test_clean_serving_path_has_no_problems() -> None:
     from replay.analysis.verdict.serving_path import serving_problems
 
-    ok = {"status": "ok", "cache_dtype": "fp8_e4m3"}
+    ok = TargetSummary.from_json({"status": "ok", "cache_dtype": "fp8_e4m3"})
     assert serving_problems("fp8", ok, _manifest(), False) == []
     skip = _manifest(
         spec={"args": ["--kv-cache-dtype-skip-layers", "0", "3"]},
@@ -603,14 +606,14 @@ def test_emulated_target_serves_bf16_without_a_fallback_problem() -> None:
         spec={"kv_cache_dtype": "fp8-emulated", "expect_cache_dtype": "fp8-emulated"}
     )
     target = {"status": "ok", "cache_dtype": "bfloat16", "kv_cache_size_tokens": 1000}
-    assert serving_problems("fp8", target, manifest, False) == []
+    assert serving_problems("fp8", TargetSummary.from_json(target), manifest, False) == []
     summary = {
         "targets": {
             "bf16": {"status": "ok", "cache_dtype": "auto", "kv_cache_size_tokens": 1000},
             "fp8": target,
         }
     }
-    facts = facts_from_run(summary, manifest)
+    facts = facts_from_run(Summary.from_json(summary), manifest)
     assert facts.candidate is not None and facts.candidate.emulated
     assert facts.capacity_ratio is None  # 1.0x here: BF16's, never presented as FP8's
 

@@ -21,7 +21,7 @@ from replay.analysis.grading.rows import (
 )
 from replay.checkers import Answer, Grader, derive, derived_record
 from replay.checkers.derived.checker import reference_label
-from replay.checkers.derived.facts import facts_of
+from replay.checkers.derived.prompt_facts import facts_of
 from replay.checkers.sandbox.limits import SandboxLimits
 from replay.core.records import Result, ToolCall
 from replay.traces.trace import Request

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from replay.analysis.roles import Roles
 from replay.analysis.run_spec import (
     BudgetSpec,
     LoadSpec,
@@ -22,7 +23,6 @@ from replay.cli.measuring import resolve_control, resolve_interleave
 from replay.cli.plan import Plan
 from replay.cli.run_options import RunOptions
 from replay.cli.run_spec import run_config
-from replay.core.buckets import Buckets
 from replay.core.errors import SummaryError
 from replay.locust.config import config_of
 from replay.run.load_process import WorkerSpec
@@ -138,15 +138,18 @@ def test_a_run_spec_round_trips_through_the_manifest(tmp_path: Path) -> None:
         command=["replay"],
         started_at=0.0,
         trace={},
-        buckets=Buckets.parse("8K,32K"),
-        schedules=list(spec.load.schedules),
         options={},
-        reference="bf16",
         targets={},
         spec=spec,
+        roles=Roles("bf16", "fp8"),
     )
     write_json(tmp_path / MANIFEST, manifest)
-    assert read_manifest(tmp_path).run_spec == spec
+    back = read_manifest(tmp_path)
+    assert back.run_spec == spec
+    # What the spec and the roles hold reads as it did when the top level repeated it.
+    assert back.schedules == ("c1", "c4") and back.reference == "bf16"
+    assert back.buckets.bounds == "8K,32K" and back.buckets.labels == ("<8K", "8K-32K", ">=32K")
+    assert (back.trace.path, back.trace.sha256, back.trace.requests) == ("t.jsonl", "ab", 7)
     assert RunSpec.from_json(spec.to_json()) == spec
 
 

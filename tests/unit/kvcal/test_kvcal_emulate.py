@@ -581,3 +581,13 @@ def test_the_advisor_says_when_the_rounding_decides_the_tolerance() -> None:
         "(truncated: below --min-loss 0.01; rounded to nearest: below --min-loss 0.01); "
         "within the tolerance in every bucket only when rounded to nearest: the rounding decides"
     )
+
+
+@pytest.mark.parametrize("flag", ["--max-dnll", "--tolerance"])
+def test_the_largest_dnll_per_token_keeps_its_former_name(flag: str) -> None:
+    """``--max-dnll`` (ΔNLL per token) is also ``--tolerance``, the name it had; the report
+    keeps writing it as ``tolerance``."""
+    from kvcal.cli.emulate import emulate_cmd
+
+    ctx = emulate_cmd.make_context("emulate", ["MODEL", flag, "0.02"])
+    assert ctx.params["max_dnll"] == 0.02

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.core.buckets import Buckets
+from replay.analysis.run_spec import TraceSpec
 from replay.locust.ledger import Account, Ledger, LedgerError
 from replay.locust.recorder import RunRecorder, lost_result
 from replay.present.report import write_reports
@@ -149,16 +150,14 @@ def test_the_run_directory_and_report_say_what_each_worker_sent_and_lost(tmp_pat
     rec = RunRecorder(
         run_dir=tmp_path / "run",
         trace=trace,
-        trace_path=SAMPLE,
-        trace_format="v1",
-        trace_sha256="x",
-        buckets=Buckets.parse("256"),
+        run_spec=replace(
+            bare_spec(["t"], ["c2"], checkers=False),
+            trace=TraceSpec(path=str(SAMPLE), format="v1", sha256="x", requests=4),
+        ),
         spec=TargetSpec(name="t", url="http://x:1"),
-        schedules=["c2"],
         options={},
         driver={"name": "locust"},
         command=[],
-        run_spec=bare_spec(["t"], ["c2"], checkers=False),
     )
     ledger = Ledger(4, ["host_a", "host_b"], loop=False)
     _claim(ledger, ledger.accounts[0], 1)

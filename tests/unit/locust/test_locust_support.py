@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,6 @@ from replay.analysis.run_spec import (
     TraceSpec,
 )
 from replay.checkers import Grader
-from replay.core.buckets import Buckets
 from replay.core.errors import ConfigError
 from replay.core.records import Result
 from replay.locust.events import LocustEvent, check_event, locust_events, sample_evenly
@@ -41,6 +41,7 @@ from replay.locust.recorder import RunRecorder, cancelled_result
 from replay.locust.target import resolve_target
 from replay.present.report import write_reports
 from replay.rundir.files import file_digest
+from replay.rundir.manifest import read_manifest
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import load, scan
 from replay.traces.trace import Request
@@ -293,16 +294,12 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
     trace = scan(SAMPLE, "v1", limit=12)
     reqs = list(trace.iter_requests())
     spec = TargetSpec(name="bf16", url="http://127.0.0.1:1", expect_cache_dtype="auto")
-    buckets = Buckets.parse("256,1K")
+    sample = TraceSpec(path=str(SAMPLE), format="v1", sha256=file_digest(SAMPLE), requests=12)
     rec = RunRecorder(
         run_dir=tmp_path / "run",
         trace=trace,
-        trace_path=SAMPLE,
-        trace_format="v1",
-        trace_sha256=file_digest(SAMPLE),
-        buckets=buckets,
+        run_spec=replace(bare_spec(["bf16"], ["c1", "c4"], buckets="256,1K"), trace=sample),
         spec=spec,
-        schedules=["c1", "c4"],
         options={"driver": "locust"},
         driver={"name": "locust"},
         command=["locust"],
@@ -343,9 +340,19 @@ def test_run_recorder_writes_a_run_directory_replay_report_renders(tmp_path: Pat
     assert set(phases["c1"]["buckets"]) == {"<256", "256-1K"}
     assert phases["c4"]["all"]["errors_by_kind"] == {"cancelled": 1}
     assert summary["quality"]["phases"]["c1"]["bf16"]["all"]["graded"] > 0
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["targets"]["bf16"]["phases"]["c1"] == {"start": 0.0, "end": 5.0}
-    assert manifest["trace"]["sha256"] == file_digest(SAMPLE)
+    manifest = read_manifest(run)
+    assert manifest.targets["bf16"].phases["c1"] == {"start": 0.0, "end": 5.0}
+    assert manifest.trace.sha256 == file_digest(SAMPLE) and manifest.trace.requests == 12
+    # Its one target is the reference, which the roles hold: written once, as the CLI does.
+    assert manifest.reference == "bf16" and manifest.roles is not None
+    assert manifest.schedules == ("c1", "c4") and manifest.buckets.labels == (
+        "<256",
+        "256-1K",
+        ">=1K",
+    )
+    raw = json.loads((run / "manifest.json").read_text())
+    assert not {"buckets", "schedules", "reference"} & set(raw)
+    assert set(raw["trace"]) == {"lines", "bad_lines", "skipped_rows"}
     html, md = write_reports(run)
     assert Path(html).is_file() and "no verdict" in Path(md).read_text().lower()
 
@@ -356,16 +363,11 @@ def test_recorder_gives_a_window_to_a_phase_without_one(tmp_path: Path) -> None:
     rec = RunRecorder(
         run_dir=tmp_path / "run",
         trace=trace,
-        trace_path=SAMPLE,
-        trace_format="v1",
-        trace_sha256="x",
-        buckets=Buckets.parse("256"),
+        run_spec=bare_spec(["t"], ["c1"], checkers=False),
         spec=TargetSpec(name="t", url="http://x:1"),
-        schedules=["c1"],
         options={},
         driver={},
         command=[],
-        run_spec=bare_spec(["t"], ["c1"], checkers=False),
     )
     rec.fail("target unavailable: no model")
     rec.add_results(

@@ -446,7 +446,7 @@ def test_prompt_excerpt_and_request_order(run_dir: Path) -> None:
 def test_requests_chosen_from_the_scan_are_those_a_full_read_ranks_first(
     run_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The report keeps a few facts per request (``present.scan``), not every row: the
+    """The report keeps a few facts per request (``present.run_scan``), not every row: the
     requests it shows, and their flags, are those that ranking every attempt would show."""
     from replay.present.reading import load_run
 
@@ -537,7 +537,8 @@ def test_failed_target_run(run_dir: Path) -> None:
         kv_cache_size_tokens=None,
         phases={},
     )
-    s["verdict"] = decide(facts_from_run(s, Manifest.from_json({}), candidate="fp8")).to_json()
+    facts = facts_from_run(Summary.from_json(s), Manifest.from_json({}), candidate="fp8")
+    s["verdict"] = decide(facts).to_json()
     del s["systems"]
     _dump(run_dir / "summary.json", s)
     html = report.render_html(run_dir)

@@ -52,7 +52,8 @@ def trend_run(tmp_path: Path) -> Path:
     q = assess_quality(grades, tf, "bf16", BUCKETS, prompt_tokens=tokens)
     summary["quality"] = q.to_json()
     manifest = Manifest.from_json(orjson.loads((run / "manifest.json").read_bytes()))
-    summary["verdict"] = decide(facts_from_run(summary, manifest, candidate="fp8")).to_json()
+    facts = facts_from_run(Summary.from_json(summary), manifest, candidate="fp8")
+    summary["verdict"] = decide(facts).to_json()
     write_json(run / "summary.json", summary)
     return run
 

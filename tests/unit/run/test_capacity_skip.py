@@ -14,7 +14,7 @@ from replay.analysis.thresholds import Thresholds
 from replay.analysis.verdict.facts import ArmFacts, BucketFacts, Facts
 from replay.analysis.verdict.rule import decide, quality_decides
 from replay.pipeline.analyse import analyse, quality_verdict
-from replay.run.capacity import why_not
+from replay.run.capacity_phase import why_not
 from replay.run.capacity_step import not_needed
 from replay.rundir.files import GRADES
 from replay.serving.targets import TargetSpec

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from replay.core.records import Result
-from replay.run.capacity import BLOCKS, PER_BLOCK, CapacityRun, Judge, strided_blocks
+from replay.run.capacity_phase import BLOCKS, PER_BLOCK, CapacityRun, Judge, strided_blocks
 from replay.run.capacity_plan import Plan
 from replay.run.progress import QuietProgress
 from replay.rundir.files import CAPACITY_DIR, RESULTS, JsonlWriter

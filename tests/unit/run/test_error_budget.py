@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from replay.analysis.schemas import Summary
 from replay.cli import EXIT_OK, EXIT_TARGET_ERRORS, main, target_errors
 from replay.run.budget import ErrorBudget
 from replay.rundir.files import read_results
@@ -117,7 +118,7 @@ def test_every_request_failing_exits_with_its_own_code(tmp_path: Path) -> None:
         reached = bad.requests
     assert reached == len(SAMPLE_IDS)
     assert code == EXIT_TARGET_ERRORS
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = Summary.from_json(json.loads((run_dir / "summary.json").read_text()))
     assert target_errors(summary, 1.0) == [("fp8", f"answered none of its {reached} requests")]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +14,21 @@ import orjson
 import pytest
 
 from replay.analysis.run_spec import QualitySpec
-from replay.analysis.schemas.manifest import Manifest, SpecFacts, TargetEntry, TraceFacts
+from replay.analysis.schemas.manifest import (
+    BucketFacts,
+    Manifest,
+    SpecFacts,
+    TargetEntry,
+    TraceFacts,
+)
 from replay.core.errors import SummaryError
 from replay.core.schedule import ClosedLoop
 from replay.run.runner import Runner
-from replay.rundir.files import new_run_dir
+from replay.rundir.files import file_digest, new_run_dir
 from replay.rundir.manifest import read_manifest, written_targets
 from replay.serving.targets import TargetSpec
 from replay.traces.importers import scan
+from tests.support import nowire
 from tests.support.fault_server import fault_server
 from tests.support.run_config import run_config
 from tests.unit.run.test_streaming import write_trace
@@ -106,3 +114,100 @@ def test_an_older_manifest_reads_with_its_keys_missing() -> None:
     m = Manifest.from_json({"reference": "bf16", "targets": {"bf16": {"status": "ok"}}})
     assert m.roles is None and m.cli_options is None and m.capacity is None
     assert m.targets["bf16"].spec.meant_format is None and m.schedules == ()
+
+
+# -- each fact once ---------------------------------------------------------------------------
+
+
+def _socketless_run(tmp: Path) -> Path:
+    """A run of the CLI's runner with no socket (tests/support/nowire.py), its analysis left
+    out: the manifest is what it wrote."""
+    run_dir = new_run_dir(tmp)
+    cfg = nowire.config(run_dir, targets=("bf16", "fp8"), limit=4)
+    runner = Runner(
+        cfg,
+        clock=nowire.VirtualClock(),
+        sender=nowire.Scripted(),
+        connector=nowire.NoWire(4),
+        analysis=nowire.unanalysed,
+    )
+    asyncio.run(runner.run())
+    return run_dir
+
+
+def _where(doc: Any, found: Callable[[str, Any], bool], at: str = "") -> list[str]:
+    """The paths in ``doc`` of the keys (and their values) ``found`` picks."""
+    if isinstance(doc, dict):
+        return [
+            path
+            for k, v in doc.items()
+            for path in ([f"{at}{k}"] if found(k, v) else []) + _where(v, found, f"{at}{k}.")
+        ]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in _where(v, found, f"{at}{i}.")]
+    return []
+
+
+def test_a_run_writes_the_trace_schedules_buckets_and_reference_once(tmp_path: Path) -> None:
+    run_dir = _socketless_run(tmp_path)
+    raw = orjson.loads((run_dir / "manifest.json").read_bytes())
+    path, digest = str(nowire.TRACE), file_digest(nowire.TRACE)
+    assert _where(raw, lambda k, v: v == path) == ["run_spec.trace.path"]
+    assert _where(raw, lambda k, v: v == digest) == ["run_spec.trace.sha256"]
+    assert _where(raw, lambda k, v: k == "schedules") == ["run_spec.load.schedules"]
+    assert _where(raw, lambda k, v: k == "buckets") == ["run_spec.quality.buckets"]
+    assert _where(raw, lambda k, v: k == "labels") == []  # they follow from the bounds
+    assert _where(raw, lambda k, v: k == "reference" and v) == ["roles.reference"]
+    # The trace block holds only what reading the file found.
+    assert set(raw["trace"]) == {"lines", "bad_lines", "skipped_rows"}
+    # ...and the manifest reads as it did when the top level repeated them.
+    m = read_manifest(run_dir)
+    assert (m.trace.path, m.trace.format, m.trace.sha256) == (path, "v1", digest)
+    assert m.trace.requests == 4 and m.trace.bad_lines == 0
+    assert m.trace.length_policy == {
+        "scale": 1.0,
+        "max_input_tokens": None,
+        "max_output_tokens": None,
+    }
+    assert m.schedules == ("c1", "c2") and m.reference == "bf16"
+    assert m.buckets == BucketFacts(bounds="256,1K", labels=("<256", "256-1K", ">=1K"))
+
+
+def test_an_older_manifest_with_the_keys_at_the_top_level_reads_the_same(tmp_path: Path) -> None:
+    """A run directory written before the manifest held each fact once: the trace's facts, the
+    buckets, the schedules and the reference at the top level, and (older still) no run spec
+    and no roles."""
+    run_dir = _socketless_run(tmp_path)
+    raw = orjson.loads((run_dir / "manifest.json").read_bytes())
+    new = Manifest.from_json(raw)
+    repeated = {
+        **raw,
+        "trace": {
+            **raw["trace"],
+            "path": str(nowire.TRACE),
+            "format": "v1",
+            "sha256": file_digest(nowire.TRACE),
+            "requests": 4,
+            "length_policy": {"scale": 1.0, "max_input_tokens": None, "max_output_tokens": None},
+        },
+        "buckets": {"bounds": "256,1K", "labels": ["<256", "256-1K", ">=1K"]},
+        "schedules": ["c1", "c2"],
+        "reference": "bf16",
+    }
+    no_spec = {k: v for k, v in repeated.items() if k not in ("run_spec", "roles")}
+    for old in (repeated, no_spec):
+        m = Manifest.from_json(old)
+        assert (m.trace, m.buckets, m.schedules, m.reference) == (
+            new.trace,
+            new.buckets,
+            new.schedules,
+            new.reference,
+        )
+    assert Manifest.from_json(no_spec).run_spec is None
+    # Bounds that do not parse are the spec's field's problem, as a wrong type is.
+    bad = {**raw, "run_spec": {**raw["run_spec"], "quality": {"buckets": "1K,256"}}}
+    with pytest.raises(SummaryError, match=r"run_spec\.quality\.buckets: --buckets"):
+        Manifest.from_json(bad, where="manifest.json")
+    problems: list[str] = []
+    assert Manifest.from_json(bad, problems=problems).buckets.labels == ()
+    assert len(problems) == 1 and "increasing" in problems[0]

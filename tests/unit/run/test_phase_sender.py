@@ -14,7 +14,7 @@ from pathlib import Path
 
 from replay.analysis.run_spec import BudgetSpec
 from replay.core.schedule import MonotonicClock
-from replay.run.config import RunConfig
+from replay.run.run_config import RunConfig
 from replay.run.runner import Runner
 from replay.rundir.files import new_run_dir, read_results
 from replay.traces.importers import load
@@ -42,7 +42,7 @@ def test_every_phase_goes_through_the_injected_sender_on_the_injected_clock(
     with fault_server("usage_every") as fake:
         cfg = _config(fake.url, new_run_dir(tmp_path))
         runner = Runner(cfg, clock=clock, sender=sender)
-        summary = asyncio.run(runner.run())
+        summary = asyncio.run(runner.run()).to_json()
         reached = fake.requests
     assert reached == 0  # the sender answered; the fake was only introspected
     assert runner.clock is clock

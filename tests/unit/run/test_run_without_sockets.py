@@ -30,10 +30,10 @@ from replay.cli.compose import compose, refuse_combinations
 from replay.cli.run_options import RunOptions
 from replay.core.errors import InputError
 from replay.core.schedule import ClosedLoop
-from replay.run.config import TargetRun
 from replay.run.interleave import Interleaved
 from replay.run.phase import Phase
 from replay.run.progress import QuietProgress
+from replay.run.run_config import TargetRun
 from replay.run.runner import OneAfterAnother, Runner
 from replay.run.sequential_run import RoundLoop, Rounds
 from replay.run.stopping import RunStop
@@ -56,7 +56,7 @@ def no_connections(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(runner: Runner) -> dict[str, Any]:
-    return asyncio.run(runner.run())
+    return asyncio.run(runner.run()).to_json()
 
 
 def _runner(run_dir: Path, sender: Any, clock: VirtualClock | None = None, **kw: Any) -> Runner:

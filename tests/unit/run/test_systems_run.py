@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from replay.rundir.manifest import read_manifest
 from tests.support.fault_server import fault_server
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -128,11 +129,10 @@ def test_the_serial_quality_pass_is_interleaved_and_weighs_no_systems_cell(tmp_p
     alone, one server working at a time); the quality side reads it, the systems rule only the
     workload's own phase."""
     summary = _replay(tmp_path, "serial", drift=0.0, extra=("--quality-pass", "serial"), n=48)
-    manifest = json.loads((tmp_path / "serial" / "manifest.json").read_text())
-    assert manifest["schedules"] == ["c1", "c4"]
-    assert manifest["run_spec"]["quality"]["quality_phase"] == "c1"
+    manifest = read_manifest(tmp_path / "serial")
+    assert manifest.schedules == ("c1", "c4") and manifest.quality_phase == "c1"
     for arm in ("ref", "ref-control", "cand"):
-        blocks = manifest["targets"][arm]["phases"]["c1"]["blocks"]
+        blocks = manifest.targets[arm].phases["c1"]["blocks"]
         assert [b[0] for b in blocks] == list(range(24)), (arm, blocks)
     cells = summary["systems"]["rule"]["cells"]
     assert cells and {c["phase"] for c in cells} == {"c4"}, cells

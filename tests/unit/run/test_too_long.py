@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from replay.analysis.schemas import Summary
 from replay.analysis.summary import summarize
 from replay.cli.replay_run import target_errors
 from replay.core.records import Result
@@ -55,4 +56,4 @@ def test_a_target_whose_only_failures_are_too_long_is_not_failing() -> None:
             }
         },
     }
-    assert target_errors({"targets": {"bf16": target}}, 0.05) == []
+    assert target_errors(Summary.from_json({"targets": {"bf16": target}}), 0.05) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvcal._verify import APPLIED, NOT_APPLIED, ServerCheck, _decide, _from_log, compare_scores
+from replay.analysis.schemas import TargetSummary
 from replay.analysis.schemas.manifest import Manifest
 from replay.analysis.verdict.serving_path import serving_problems
 from replay.run.teacher import TFScore
@@ -70,7 +71,7 @@ def test_verify_decides_from_the_recorded_logs(log: str, status: str) -> None:
 
 
 def test_the_replay_refuses_a_calibrated_target_that_runs_at_scale_one() -> None:
-    served = {"status": "ok", "cache_dtype": "fp8"}
+    served = TargetSummary.from_json({"status": "ok", "cache_dtype": "fp8"})
 
     def problems(name: str, log: str, calibrated: bool) -> list[str]:
         # What the runner keeps of a local server's log in the manifest.

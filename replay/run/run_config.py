@@ -26,7 +26,6 @@ from replay.run.budget import ErrorBudget
 from replay.run.phase import Schedule
 from replay.rundir.manifest import target_entry, trace_facts
 from replay.serving.targets import TargetSpec
-from replay.traces.importers import LengthPolicy
 from replay.traces.sessions import ThinkTime, think_time
 from replay.traces.trace import TraceSource
 
@@ -91,23 +90,6 @@ class RunConfig:
         return self.spec.run_dir.resume
 
     @property
-    def trace_path(self) -> Path:
-        return Path(self.spec.trace.path)
-
-    @property
-    def trace_format(self) -> str:
-        return self.spec.trace.format
-
-    @property
-    def trace_sha256(self) -> str:
-        return self.spec.trace.sha256
-
-    @property
-    def length_policy(self) -> LengthPolicy:
-        t = self.spec.trace
-        return LengthPolicy(t.length_scale, t.max_input_tokens, t.max_output_tokens)
-
-    @property
     def startup_timeout_s(self) -> float:
         """For the servers the run starts itself."""
         targets = self.spec.targets
@@ -161,17 +143,9 @@ class RunConfig:
         return f"{self.run_dir.name}.{target}.{label}" if self.load.salt_phases else None
 
     def trace_facts(self) -> dict[str, Any]:
+        """What reading the trace found (the manifest's ``trace``; the spec holds the rest)."""
         t = self.trace
-        return trace_facts(
-            self.trace_path,
-            self.trace_format,
-            self.trace_sha256,
-            t.lines,
-            t.count,
-            t.bad_count,
-            self.length_policy,
-            t.skipped,
-        )
+        return trace_facts(t.lines, t.bad_count, t.skipped)
 
     def run_spec(self) -> RunSpec:
         """This run as both drivers describe it (the manifest's ``run_spec``)."""

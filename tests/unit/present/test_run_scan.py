@@ -10,7 +10,7 @@ import pytest
 
 from replay.pipeline.analyse import results_table
 from replay.present import report
-from replay.present.scan import scan_run
+from replay.present.run_scan import scan_run
 from tests.support.analysis_run import results
 from tests.unit.present.test_report import make_run_dir
 

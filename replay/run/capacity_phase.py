@@ -47,10 +47,10 @@ from replay.core.slo import SloSpec
 from replay.pipeline.analyse import read_series
 from replay.run.budget import ErrorBudget
 from replay.run.capacity_plan import Plan
-from replay.run.config import RunConfig
 from replay.run.phase import Phase, TargetSession
 from replay.run.progress import Progress
-from replay.run.servers import launch, stop
+from replay.run.run_config import RunConfig
+from replay.run.servers import ServerFactory, launch, local_servers, stop
 from replay.rundir.files import (
     CAPACITY_DIR,
     RESULTS,
@@ -230,7 +230,7 @@ class CapacityRun:
     time_limit_s: float = 600.0  # the blocks' time, checked between blocks
     timeout_s: float = 600.0
     seed: int = 0
-    startup_timeout_s: float = 900.0
+    servers: ServerFactory = field(default_factory=lambda: local_servers(900.0))
     # A file of the run directory that cannot be written (the run's ``RunStop``: it stops the
     # run, exit 5); None: the writer raises.
     cannot_write: Callable[[RunDirError], None] | None = None
@@ -255,12 +255,7 @@ class CapacityRun:
             "arms": {},
         }
         servers = [
-            LocalServer(
-                self._spec(s),
-                where / "servers" / f"{s.name}.log",
-                startup_timeout_s=self.startup_timeout_s,
-            )
-            for s in self._arms()
+            self.servers(self._spec(s), where / "servers" / f"{s.name}.log") for s in self._arms()
         ]
         infos: dict[str, dict[str, Any]] = block["servers"]
         for sv in servers:
