@@ -49,7 +49,7 @@ from replay.run.budget import ErrorBudget
 from replay.run.capacity_plan import Plan
 from replay.run.phase import Phase, TargetSession
 from replay.run.progress import Progress
-from replay.run.run_config import RunConfig
+from replay.run.run_config import DEFAULT_STARTUP_TIMEOUT_S, RunConfig
 from replay.run.servers import ServerFactory, launch, local_servers, stop
 from replay.rundir.files import (
     CAPACITY_DIR,
@@ -230,7 +230,7 @@ class CapacityRun:
     time_limit_s: float = 600.0  # the blocks' time, checked between blocks
     timeout_s: float = 600.0
     seed: int = 0
-    servers: ServerFactory = field(default_factory=lambda: local_servers(900.0))
+    servers: ServerFactory = field(default_factory=lambda: local_servers(DEFAULT_STARTUP_TIMEOUT_S))
     # A file of the run directory that cannot be written (the run's ``RunStop``: it stops the
     # run, exit 5); None: the writer raises.
     cannot_write: Callable[[RunDirError], None] | None = None

@@ -24,20 +24,13 @@ import orjson
 
 from replay.analysis.grading.rows import grading_spec
 from replay.analysis.result_table import ResultTable
-from replay.analysis.run_spec import (
-    BudgetSpec,
-    LoadSpec,
-    QualitySpec,
-    RunDirSpec,
-    RunSpec,
-    TraceSpec,
-)
 from replay.analysis.schemas.manifest import Manifest
 from replay.core.records import Result, ToolCall
 from replay.pipeline.analyse import AnalysedRun, Sources
 from replay.rundir.files import TEACHER_FORCED
 from replay.traces.trace import Request
 from tests.conftest import ROOT
+from tests.support.run_config import bare_spec
 
 GOLDEN = ROOT / "tests" / "data" / "analysis"
 SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -278,13 +271,7 @@ def locust_analysis(run_dir: Path) -> Case:
     run_dir.mkdir(parents=True, exist_ok=True)
     rs = [r for r in results() if r.target == "fp8" and r.phase == "c1"]
     entry = {**manifest()["targets"]["fp8"], "phases": {"c1": {"start": 0.0, "end": 100.0}}}
-    spec = RunSpec(
-        trace=TraceSpec(path="trace.jsonl", format="v1", sha256="", requests=len(rs)),
-        load=LoadSpec(targets=("fp8",), schedules=("c1",), concurrency="1"),
-        quality=QualitySpec(buckets="256,1K", checkers=False),
-        budget=BudgetSpec(),
-        run_dir=RunDirSpec(path=str(run_dir)),
-    )
+    spec = bare_spec(["fp8"], ["c1"], checkers=False, buckets="256,1K")
     locust = {
         "driver": {"name": "locust", "version": "2.x"},
         "reference": "fp8",
