@@ -65,11 +65,12 @@ def advise_args(per_bucket: int, overlay: str) -> list[str]:
             "--per-bucket", str(per_bucket), "--overlay", overlay]  # fmt: skip
 
 
-def timed(args: list[str], out: Path) -> dict[str, Any]:
-    """One advise in its own process: wall, its CPU, the rest of the machine's CPU."""
+def timed(args: list[str], out: Path, tree: Path = ROOT) -> dict[str, Any]:
+    """One advise in its own process (kvcal as ``tree`` has it): wall, its CPU, the rest of
+    the machine's CPU."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, t0 = machine_busy_s(), time.perf_counter()
-    subprocess.run([*KVCAL, *args, "--json", str(out)], cwd=ROOT, check=True,
+    subprocess.run([*KVCAL, *args, "--json", str(out)], cwd=tree, check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -111,8 +112,22 @@ def recorded_advice(requests: dict[str, int]) -> dict[str, Any] | None:
     }
 
 
-def compare(per_bucket: int, overlay: str, work: Path, whole_too: bool) -> dict[str, Any]:
+def checkout(rev: str, work: Path) -> tuple[Path, str]:
+    """The project at ``rev`` in a worktree of its own (the "before" of a change), and the
+    commit it is."""
+    tree = work / "before"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True,
+                   capture_output=True)  # fmt: skip
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, check=True,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return tree, commit
+
+
+def compare(
+    per_bucket: int, overlay: str, work: Path, whole_too: bool, before: Path | None
+) -> dict[str, Any]:
     args = advise_args(per_bucket, overlay)
+    old = timed(args, work / f"before{per_bucket}.json", before) if before else None
     whole = (
         timed([*args, "--whole-passes"], work / f"whole{per_bucket}.json") if whole_too else None
     )
@@ -134,6 +149,19 @@ def compare(per_bucket: int, overlay: str, work: Path, whole_too: bool) -> dict[
             "same_figures": not differ,
             "differ": differ,
         }
+    if old is not None:
+        mine, then = advice_of(resumed["doc"]), advice_of(old["doc"])
+        out["before"] = (
+            {k: v for k, v in old.items() if k != "doc"}
+            | then
+            | {
+                "speedup": round(old["wall_s"] / resumed["wall_s"], 2),
+                "same_action": then["action"] == mine["action"],
+                "same_skip_layers": then["skip_layers"] == mine["skip_layers"],
+                "same_confirmed_set": then["confirmed_set"] == mine["confirmed_set"],
+                "same_top_ranked": then["top_ranked"] == mine["top_ranked"],
+            }
+        )
     recorded = recorded_advice(requests)
     if recorded is not None:
         mine = out["resumed"]
@@ -147,7 +175,9 @@ def compare(per_bucket: int, overlay: str, work: Path, whole_too: bool) -> dict[
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-bucket", default="2,6", help="sizes to run, comma-separated")
-    ap.add_argument("--whole", default="2", help="sizes also run by whole passes")
+    ap.add_argument("--whole", default="", help="sizes also run by whole passes")
+    ap.add_argument("--before", metavar="REV", help="also run kvcal as commit REV has it ...")
+    ap.add_argument("--before-sizes", default="2", help="... at these sizes, first")
     ap.add_argument("--overlay", help="a calibrated overlay to use (else calibrated here)")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
@@ -156,13 +186,21 @@ def main() -> int:
         work = Path(tmp)
         overlay = a.overlay or str(calibrate(work))
         whole = {int(x) for x in a.whole.split(",") if x}
-        for n in (int(x) for x in a.per_bucket.split(",")):
-            runs.append(compare(n, overlay, work, n in whole))
-            r = runs[-1]
-            print(f"{n} a bucket: resumed {r['resumed']['wall_s']} s, whole "
-                  f"{r.get('whole', {}).get('wall_s')} s, same figures "
-                  f"{r.get('same_figures')}, recorded {r.get('recorded')}", flush=True)  # fmt: skip
-    doc = {"machine": describe(("torch", "transformers")), "runs": runs}
+        tree, commit = checkout(a.before, work) if a.before else (None, None)
+        before = {int(x) for x in a.before_sizes.split(",") if x} if tree else set()
+        try:
+            for n in (int(x) for x in a.per_bucket.split(",")):
+                runs.append(compare(n, overlay, work, n in whole, tree if n in before else None))
+                r = runs[-1]
+                then, whole_s = r.get("before", {}), r.get("whole", {}).get("wall_s")
+                print(f"{n} a bucket: {r['resumed']['wall_s']} s, before {then.get('wall_s')} s "
+                      f"(same action {then.get('same_action')}), whole {whole_s} s, "
+                      f"recorded {r.get('recorded')}", flush=True)  # fmt: skip
+        finally:
+            if tree is not None:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                               check=False)  # fmt: skip
+    doc = {"machine": describe(("torch", "transformers")), "before_commit": commit, "runs": runs}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {a.out}")

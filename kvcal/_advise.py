@@ -435,24 +435,27 @@ class _Laps:
 def _reference(
     model: Any, items: list[Any], args: AdviseArgs, passes: int, meter: Meter, lap: _Laps
 ) -> Any:
-    """BF16 first: the greedy answers a trace without answers needs, and the reference's
-    scores; the work of those and of ``passes`` whole passes is planned."""
+    """BF16 first: the greedy answers a trace without answers needs (each with its reference
+    scores: they share the prompt's prefill), and the reference's scores of answers a run
+    gave; the work of those and of ``passes`` whole passes is planned."""
     missing = [it for it in items if not it.answer]
-    work = sum(len(it.prompt) for it in items) * (1 + passes) + sum(
-        len(it.prompt) for it in missing
-    )
+    work = sum(len(it.prompt) for it in items) * (1 + passes)
     meter.plan(work)
     done = iter(missing)
-    bf16_answers(
+    known = bf16_answers(
         model,
         missing,
         args.chunk_tokens,
         lambda _n: meter.step("BF16 greedy answer", len(next(done).prompt)),
     )
     lap("BF16 greedy answers")
-    scored = iter(items)
+    left = iter([it for it in items if it.id not in known.nll])
     ref = reference_scores(
-        model, items, args.chunk_tokens, lambda _n: meter.step("BF16 scores", tokens(next(scored)))
+        model,
+        items,
+        args.chunk_tokens,
+        lambda _n: meter.step("BF16 scores", tokens(next(left))),
+        known,
     )
     lap("BF16 reference scores")
     return ref

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._fp8 import ROUNDINGS, fp8_roundtrip
+from ._fp8_table import fp8_roundtrip_lookup
 from ._kv_dynamic import per_token_head_roundtrip
 from ._nvfp4 import nvfp4_roundtrip
 
@@ -52,6 +53,9 @@ def kv_roundtrip(
         raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, not {rounding!r}")
     if fmt in ("fp8", "fp8_e4m3", "fp8_e5m2"):
         kind = "e5m2" if fmt == "fp8_e5m2" else "e4m3"
+        looked_up = fp8_roundtrip_lookup(x, scale, rounding=rounding, kind=kind)
+        if looked_up is not None:  # a bf16/fp16 tensor: the same values, by table
+            return looked_up
         return fp8_roundtrip(x, scale, rounding=rounding, kind=kind)
     if fmt.endswith("_per_token_head"):
         return per_token_head_roundtrip(x, fmt.split("_")[0], rounding=rounding)

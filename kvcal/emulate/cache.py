@@ -20,6 +20,7 @@ and the report.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -122,21 +123,16 @@ def _ids(model: Any, tokens: Sequence[int]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def _prefill(
-    model: Any, ids: torch.Tensor, cache: DynamicCache, chunk: int, keep_last: bool
-) -> torch.Tensor | None:
-    """Run ``ids`` [1, n] through the model in chunks sharing ``cache``; the last position's
-    logits when ``keep_last``."""
-    logits = None
+def _prefill(model: Any, ids: torch.Tensor, cache: DynamicCache, chunk: int) -> None:
+    """Run ``ids`` [1, n] through the model in chunks sharing ``cache`` (only the cache is
+    kept: one position's logits are computed, none used)."""
     for start in range(0, ids.shape[1], chunk):
-        out = model(
+        model(
             input_ids=ids[:, start : start + chunk],
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        logits = out.logits[0, -1]
-    return logits if keep_last else None
 
 
 # Answer positions are scored this many logits at a time at most (16 Mi values, 64 MiB in
@@ -162,9 +158,17 @@ def teacher_forced(
     answer positions go through in steps whose logits stay within :data:`LOGITS_BUDGET`."""
     if not prompt or not answer:
         raise ValueError("teacher_forced needs a prompt and an answer")
+    _prefill(model, _ids(model, prompt[:-1]), cache, chunk)
+    return _answer_scores(model, prompt, answer, cache, chunk)
+
+
+def _answer_scores(
+    model: Any, prompt: Sequence[int], answer: Sequence[int], cache: DynamicCache, chunk: int
+) -> tuple[list[float], list[int]]:
+    """:func:`teacher_forced`'s answer positions, on a cache that holds the prompt but its
+    last token."""
     ids = _ids(model, [*prompt, *answer])
     head = len(prompt) - 1
-    _prefill(model, ids[:, :head], cache, chunk, keep_last=False)
     nll: list[float] = []
     top: list[int] = []
     tail = ids[:, head : head + len(answer)]  # positions whose next token is an answer token
@@ -189,19 +193,46 @@ def greedy(
     cache: DynamicCache,
     chunk: int,
 ) -> list[int]:
-    """Greedy decoding, token by token after a chunked prefill; stops after an EOS token
-    (kept, as vLLM keeps it in its output ids) or ``max_new`` tokens."""
-    logits = _prefill(model, _ids(model, prompt), cache, chunk, keep_last=True)
+    """Greedy decoding, token by token after a chunked prefill of the prompt but its last
+    token (as :func:`teacher_forced` prefills it); stops after an EOS token (kept, as vLLM
+    keeps it in its output ids) or ``max_new`` tokens."""
+    _prefill(model, _ids(model, prompt[:-1]), cache, chunk)
+    return _decode(model, prompt[-1], max_new, eos, cache)
+
+
+def _decode(
+    model: Any, last: int, max_new: int, eos: frozenset[int], cache: DynamicCache
+) -> list[int]:
     out: list[int] = []
-    while logits is not None and len(out) < max_new:
-        token = int(logits.argmax())
-        out.append(token)
-        if token in eos or len(out) == max_new:
-            break
+    token = last
+    while len(out) < max_new:
         logits = model(
             input_ids=_ids(model, [token]), past_key_values=cache, use_cache=True
         ).logits[0, -1]
+        token = int(logits.argmax())
+        out.append(token)
+        if token in eos:
+            break
     return out
+
+
+@torch.inference_mode()
+def greedy_scored(
+    model: Any, prompt: Sequence[int], max_new: int, eos: frozenset[int], chunk: int
+) -> tuple[list[int], list[float], list[int]]:
+    """The BF16 greedy answer with its teacher-forced scores (:func:`teacher_forced`'s, bit
+    for bit): both start from the prompt's prefill, so it is computed once and copied
+    before decoding writes to it."""
+    if not prompt:
+        raise ValueError("greedy_scored needs a prompt")
+    cache = new_cache(model, None)
+    _prefill(model, _ids(model, prompt[:-1]), cache, chunk)
+    prefilled = copy.deepcopy(cache)
+    answer = _decode(model, prompt[-1], max_new, eos, cache)
+    del cache
+    if not answer:
+        return answer, [], []
+    return (answer, *_answer_scores(model, prompt, answer, prefilled, chunk))
 
 
 def eos_ids(model: Any) -> frozenset[int]:

@@ -72,7 +72,7 @@ class EmulateArgs:
     sensitivity: bool = False
     recover: float = 0.8
     min_loss: float = 0.01
-    chunk_tokens: int = 2048
+    chunk_tokens: int = 8192  # the CLI's --chunk-tokens default: see kvcal/cli/emulate.py
     dtype: str = "auto"
     device: str = "auto"
     notes: list[str] = field(default_factory=list)
@@ -280,8 +280,11 @@ def emulate(args: EmulateArgs, track: Track = _no_track) -> dict[str, Any]:
     labels = Buckets.parse(args.buckets).labels
     sample = _greedy_sample(items, labels, args.greedy_sample)
     missing = [it for it in items if not it.answer] + [it for it in sample if it.answer]
-    bf16_answers(model, missing, args.chunk_tokens, track("BF16 greedy answers", len(missing)))
-    ref = reference_scores(model, items, args.chunk_tokens, track("BF16 scores", len(items)))
+    known = bf16_answers(
+        model, missing, args.chunk_tokens, track("BF16 greedy answers", len(missing))
+    )
+    left = sum(it.id not in known.nll for it in items)
+    ref = reference_scores(model, items, args.chunk_tokens, track("BF16 scores", left), known)
     scorer = Scorer(model, items, ref, args.chunk_tokens, track)
     rows, per_request = _score_all(scorer, settings, labels, sample)
     by_format: dict[str, Any] = {}

@@ -23,7 +23,7 @@ from typing import Any
 
 from replay.analysis.stats.intervals import cluster_ci
 
-from .cache import Setting, eos_ids, greedy, new_cache, teacher_forced
+from .cache import Setting, eos_ids, greedy, greedy_scored, new_cache, teacher_forced
 from .requests import Item
 
 Score = dict[str, Any]  # replay's teacher-forced row: {"n", "nll", "top1", "error"}
@@ -38,10 +38,19 @@ class Reference:
 
 
 def reference_scores(
-    model: Any, items: Sequence[Item], chunk: int, advance: Callable[[int], None]
+    model: Any,
+    items: Sequence[Item],
+    chunk: int,
+    advance: Callable[[int], None],
+    known: Reference | None = None,
 ) -> Reference:
+    """Every item's BF16 teacher-forced scores: ``known``'s where it has them (the greedy
+    answers' own, :func:`bf16_answers`), the rest scored here (``advance`` per item)."""
     ref = Reference()
     for it in items:
+        if known is not None and it.id in known.nll:
+            ref.nll[it.id], ref.argmax[it.id] = known.nll[it.id], known.argmax[it.id]
+            continue
         ref.nll[it.id], ref.argmax[it.id] = teacher_forced(
             model, it.prompt, it.answer, new_cache(model, None), chunk
         )
@@ -69,16 +78,19 @@ def score_setting(
 
 def bf16_answers(
     model: Any, items: Sequence[Item], chunk: int, advance: Callable[[int], None]
-) -> None:
-    """Each item's BF16 greedy answer (its reference answer unless a run gave one)."""
+) -> Reference:
+    """Each item's BF16 greedy answer (its reference answer unless a run gave one), and the
+    reference scores of the answers it gives: they share the prompt's prefill."""
     eos = eos_ids(model)
+    scored = Reference()
     for it in items:
-        it.bf16_greedy = tuple(
-            greedy(model, it.prompt, it.max_new, eos, new_cache(model, None), chunk)
-        )
-        if not it.answer:
+        answer, nll, top = greedy_scored(model, it.prompt, it.max_new, eos, chunk)
+        it.bf16_greedy = tuple(answer)
+        if not it.answer and answer:
             it.answer = it.bf16_greedy
+            scored.nll[it.id], scored.argmax[it.id] = nll, top
         advance(1)
+    return scored
 
 
 def greedy_agreement(

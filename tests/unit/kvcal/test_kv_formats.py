@@ -78,7 +78,8 @@ def test_names_and_served_dtypes() -> None:
 
 torch = pytest.importorskip("torch")
 
-from kvcal._fp8 import E5M2_MAX, fp8_bytes, fp8_roundtrip  # noqa: E402
+from kvcal._fp8 import E5M2_MAX, ROUNDINGS, fp8_bytes, fp8_roundtrip, hf_head_scale, vllm_head_scale  # noqa: E402
+from kvcal._fp8_table import fp8_roundtrip_lookup  # noqa: E402
 from kvcal._kv_dynamic import (  # noqa: E402
     fp8_head_codes,
     int4_codes,
@@ -283,3 +284,33 @@ def test_every_format_keeps_dtype_and_works_in_both_layouts(fmt: str, rounding: 
     assert 0 < err < 1.0, err  # rounded, and not destroyed
     with pytest.raises(ValueError, match="rounding"):
         kv_roundtrip(fmt, hf, 1.0, rounding="fast")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_lookup_is_the_arithmetic_for_every_16_bit_pattern(
+    fmt: str, rounding: str, dtype: torch.dtype
+) -> None:
+    """A bf16/fp16 tensor's FP8 round trip goes by table (kvcal._fp8_table): every one of
+    the 65,536 patterns (NaNs, infinities, subnormals, -0 included), at a per-tensor scale
+    of 1, of one that is not a power of two, and per KV head in both layouts, comes back
+    with the bits the arithmetic gives."""
+    kind = "e5m2" if fmt == "fp8_e5m2" else "e4m3"
+    patterns = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int16).view(dtype)
+    heads = torch.tensor([0.37, 1.0, 3e-3])
+    layouts = [
+        (patterns.reshape(1, 1, -1, 64).expand(1, 3, -1, 64), hf_head_scale(heads, 3)),
+        (patterns.reshape(-1, 1, 64).expand(-1, 3, 64), vllm_head_scale(heads, 3)),
+        (patterns, torch.tensor(1.0)),
+        (patterns, torch.tensor(0.37)),
+    ]
+    for x, scale in layouts:
+        looked_up = kv_roundtrip(fmt, x, scale, rounding=rounding)
+        assert fp8_roundtrip_lookup(x, scale, rounding=rounding, kind=kind) is not None
+        by_arithmetic = fp8_roundtrip(x, scale, rounding=rounding, kind=kind)
+        assert looked_up.dtype == dtype and looked_up.shape == by_arithmetic.shape
+        assert torch.equal(looked_up.view(torch.int16), by_arithmetic.view(torch.int16))
+    # float32 K/V, and a Python-float scale, take the arithmetic (which checks the scale)
+    assert fp8_roundtrip_lookup(patterns.float(), heads[0], rounding=rounding, kind=kind) is None
+    assert fp8_roundtrip_lookup(patterns, 0.5, rounding=rounding, kind=kind) is None

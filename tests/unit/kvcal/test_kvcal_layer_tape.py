@@ -19,7 +19,7 @@ from kvcal._advise_scoring import NoMeter, TapedScorer  # noqa: E402
 from kvcal._layer_tape import Tape, first_difference, tape_stride  # noqa: E402
 from kvcal.emulate.cache import uniform  # noqa: E402
 from kvcal.emulate.requests import Item  # noqa: E402
-from kvcal.emulate.score import reference_scores  # noqa: E402
+from kvcal.emulate.score import bf16_answers, reference_scores  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.unit.kvcal.test_kvcal_hybrid import _one_thread, tiny_gemma  # noqa: E402, F401
 
@@ -82,6 +82,23 @@ def test_resumed_passes_score_as_whole_passes_bit_for_bit(make: Any, stride: int
     # and the settings really differ: a resumed pass that computed nothing would agree too
     nll = [round(sum(sum(s["nll"]) for s in scores.values()), 6) for scores in whole]
     assert len(set(nll)) > n // 2
+
+
+@pytest.mark.parametrize("make", [tiny_llama, lambda: tiny_gemma(torch.bfloat16)])
+def test_greedy_answers_are_scored_from_their_own_prefill_bit_for_bit(make: Any) -> None:
+    """The BF16 greedy answers' reference scores come from the greedy pass's own prefill
+    (bf16_answers); they are those of a fresh teacher-forced pass, chunked, on a Llama and
+    on a hybrid Gemma 3 whose prompts outgrow its sliding window."""
+    model = make()
+    items = [Item(it.id, it.bucket, it.prompt, 12) for it in _items()]
+    known = bf16_answers(model, items, 32, lambda _n: None)
+    assert set(known.nll) == {it.id for it in items} and all(it.answer for it in items)
+    fresh = reference_scores(model, items, 32, lambda _n: None)
+    assert known.nll == fresh.nll and known.argmax == fresh.argmax
+    # an item whose answer a run gave keeps it, and is scored by reference_scores
+    given = Item("given", "all", items[0].prompt, 12, (5, 6, 7))
+    assert bf16_answers(model, [given], 32, lambda _n: None).nll == {}
+    assert given.answer == (5, 6, 7) and given.bf16_greedy == items[0].answer
 
 
 def test_a_pass_resumes_past_the_layers_its_setting_shares() -> None:
