@@ -1,24 +1,26 @@
-"""``kvcal advise`` on the real model, before and after passes resumed at a layer.
+"""``kvcal advise`` on the real model: its time and its advice, against an older kvcal.
 
-    python bench/advise_speed.py                  # 2 a bucket both ways, then 6 resumed
-    python bench/advise_speed.py --whole 2,6      # 6 a bucket both ways too (35 min more)
+    python bench/advise_speed.py --before 9f7052d      # that commit's kvcal at 2 a bucket first
+    python bench/advise_speed.py --whole 2,6           # also by whole passes (35 min more)
 
 The run docs/models.md records (SmolLM2, ``traces/real.jsonl``, buckets ``<1K``, ``1K-4K``,
-``>=4K``, the calibrated overlay's held-out requests) is run as kvcal now runs it (each
-setting resumed from the tape of the one it shares the most layers with) and, at the sizes
-``--whole`` names, right before it with ``--whole-passes`` (every setting a whole pass over
-every request, as kvcal scored before) on the same machine. At a size run only resumed, the
-advice is compared with the one docs/models.md records (``bench/results/real_model.json``, 6
-a bucket, scored by whole passes on another machine): the action and the confirmed set.
+``>=4K``, the calibrated overlay's held-out requests) is run at 2 and 6 requests a bucket as
+kvcal now runs it. ``--before REV`` runs the same command first with the kvcal of commit REV
+(a git worktree, the same Python) at the sizes ``--before-sizes`` names: the speed-up of a
+change and whether its advice is the same (the action, the layers advised, the confirmed set,
+the eight best-ranked layers), on one machine in one run. ``--whole`` runs it by whole passes
+too (``--whole-passes``: every setting a whole pass over every request, as kvcal scored
+before passes resumed at a layer), where every figure must agree. At 6 a bucket the advice
+is also compared with the one docs/models.md records (``bench/results/real_model.json``,
+scored by whole passes on another machine): the action and the confirmed set.
 
 The overlay is calibrated first, as docs/models.md does (``kvcal sample --per-bucket 16``,
-``kvcal calibrate``), and not timed. Each advise runs in its own process; its wall time, its
-CPU time, and the CPU the rest of the machine used meanwhile (a disturbed run says so) are
-kept, with the advice and, where both ways ran, whether every figure agrees: each setting's
-per-bucket intervals, the layer ranking, the confirmed sets and the next step.
+``kvcal calibrate``; ``--overlay`` gives one instead), and not timed. Each advise runs in its
+own process; its wall time, its CPU time, and the CPU the rest of the machine used meanwhile
+(a disturbed run says so) are kept, with the advice.
 
 Writes ``bench/results/advise_speed.json``; ``python bench/tables.py`` puts its rows in
-bench/README.md. About 35 minutes on 2 cores.
+bench/README.md. About 30 minutes on 2 cores with ``--before`` at 2 a bucket.
 """
 
 from __future__ import annotations

@@ -162,12 +162,23 @@ def real_model_rows(doc: dict[str, Any]) -> Iterator[Row]:
 
 
 def advise_speed_rows(doc: dict[str, Any]) -> Iterator[Row]:
-    """``kvcal advise`` on the real model, resumed passes against whole ones
+    """``kvcal advise`` on the real model against an older kvcal and whole passes
     (``bench/advise_speed.py``): the times, and whether the advice and its figures agree."""
     for r in doc["runs"]:
         n = sum(r["requests"].values())
         f = r["resumed"]
         value = f"{f['wall_s'] / 60:.1f} min, {f['action']}"
+        b = r.get("before")
+        if b is not None:
+            same = [k for k in ("action", "skip_layers", "confirmed_set", "top_ranked")
+                    if b[f"same_{k}"]]  # fmt: skip
+            differ = [k for k in ("action", "skip_layers", "confirmed_set", "top_ranked")
+                      if not b[f"same_{k}"]]  # fmt: skip
+            value += (
+                f"; at {doc['before_commit']} {b['wall_s'] / 60:.1f} min ({b['speedup']:.2f}x)"
+                + (f", the same {', '.join(same).replace('_', ' ')}" if same else "")
+                + "".join(f"; {k.replace('_', ' ')} {b[k]} there, {f[k]} here" for k in differ)
+            )
         w = r.get("whole")
         if w is not None:
             same = "same figures" if r["same_figures"] else f"differ in {', '.join(r['differ'])}"
@@ -180,7 +191,7 @@ def advise_speed_rows(doc: dict[str, Any]) -> Iterator[Row]:
                 f"; against the recorded advice ({rec['machine']}, {rec['wall_s'] / 60:.0f} min "
                 f"by whole passes): {action}, confirmed set {rec['confirmed_set']} ({kept})"
             )
-        others = max(f["others_cpu_s"], (w or {}).get("others_cpu_s", 0.0))
+        others = max(f["others_cpu_s"], *(x.get("others_cpu_s", 0.0) for x in (w or {}, b or {})))
         if others > 0.25 * f["cpu_s"]:
             value += " (disturbed: other work used the CPU meanwhile)"
         target = f"<= {r['target_s'] / 60:.0f} min" if r.get("target_s") else ""

@@ -35,9 +35,12 @@ def fp8_roundtrip_lookup(
     x: torch.Tensor, scale: torch.Tensor | float, *, rounding: str, kind: str
 ) -> torch.Tensor | None:
     """``fp8_roundtrip(x, scale, rounding=..., kind=...)`` by lookup, or None where the
-    lookup does not apply (``x`` not bf16 or fp16, or a Python-float scale: the arithmetic
-    checks those)."""
+    lookup does not apply: ``x`` not bf16 or fp16, a Python-float scale (the arithmetic
+    checks those), or fewer values than a table has (a decode step's: the arithmetic on
+    them costs less than a table that is not cached yet, and none evicts another)."""
     if x.dtype not in SIXTEEN_BIT or not isinstance(scale, torch.Tensor):
+        return None
+    if x.numel() < _PATTERNS * scale.numel():
         return None
     s = scale.detach().to(torch.float32)
     table = _table(tuple(s.flatten().tolist()), rounding, kind, x.dtype, x.device)

@@ -314,3 +314,10 @@ def test_fp8_lookup_is_the_arithmetic_for_every_16_bit_pattern(
     # float32 K/V, and a Python-float scale, take the arithmetic (which checks the scale)
     assert fp8_roundtrip_lookup(patterns.float(), heads[0], rounding=rounding, kind=kind) is None
     assert fp8_roundtrip_lookup(patterns, 0.5, rounding=rounding, kind=kind) is None
+    # a decode step's few values take the arithmetic too, with the same result
+    step = patterns[:192].reshape(1, 3, 1, 64)
+    assert fp8_roundtrip_lookup(step, heads[0], rounding=rounding, kind=kind) is None
+    assert torch.equal(
+        kv_roundtrip(fmt, step, heads[0], rounding=rounding).view(torch.int16),
+        fp8_roundtrip(step, heads[0], rounding=rounding, kind=kind).view(torch.int16),
+    )
