@@ -84,9 +84,15 @@ def bf16_answers(
     eos = eos_ids(model)
     scored = Reference()
     for it in items:
+        if it.answer:  # a run's answer is the reference: the greedy one only compared
+            it.bf16_greedy = tuple(
+                greedy(model, it.prompt, it.max_new, eos, new_cache(model, None), chunk)
+            )
+            advance(1)
+            continue
         answer, nll, top = greedy_scored(model, it.prompt, it.max_new, eos, chunk)
         it.bf16_greedy = tuple(answer)
-        if not it.answer and answer:
+        if answer:
             it.answer = it.bf16_greedy
             scored.nll[it.id], scored.argmax[it.id] = nll, top
         advance(1)
