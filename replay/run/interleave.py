@@ -24,6 +24,13 @@ its own edge scrapes. The arm's window in the manifest keeps its blocks (``[k, s
 only blocks the arm sent whole in one process) and ``busy_s``; the summary's rates and server
 figures of the phase are over the arm's own blocks (``summary.server_over``), and the systems
 rule pairs the arms' blocks by k. A phase time limit counts each arm's own time in the phase.
+
+In the first phase, right after an arm's turn and before the next arm's, the reference's
+answers that arm has answered too are scored teacher-forced on its server
+(``Run.score_between``): their prompts are still in its prefix cache, so only the answers'
+tokens are computed, where after a long phase most prompts would be evicted and prefilled
+again. Scoring follows the arm's own turn, never precedes it: with three arms or more its
+server still sits idle through another arm's turn before its next block.
 """
 
 from __future__ import annotations
@@ -293,6 +300,7 @@ class Interleaved:
         for n in names:
             r.progress.phase(n, label, r.cfg.trace.count - len(r.finished(n, label)))
         spent = {n: 0.0 for n in names}
+        first = label == r.cfg.schedules[0].label  # the phase teacher-forced scoring reads
         for block in self._blocks(sched, size):
             if r.stopping.is_set():
                 break
@@ -305,6 +313,8 @@ class Interleaved:
                 if window is not None:
                     windows[n].add(block.k, window, whole=todo == block.ids())
                     spent[n] += window["end"] - window["start"]
+                if first:
+                    await r.score_between(n)
         for n, w in windows.items():
             if w.start is not None:
                 r.all_runs()[n].phases[label] = w.json()

@@ -45,7 +45,7 @@ from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
 from replay.run.stopping import RunStop
 from replay.run.sweep import stop_rising
-from replay.run.teacher import Scoring, reference_offsets, score_answers
+from replay.run.teacher import Answers, Scoring, reference_offsets, score_answers
 from replay.rundir.files import (
     MANIFEST,
     RESULTS,
@@ -118,6 +118,9 @@ class Runner:
         )
         self.writer = JsonlWriter(cfg.run_dir / RESULTS, self.stop.cannot_write)
         self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self.stop.cannot_write)
+        # Teacher-forced scoring: the answers it reads, and each arm's way to ask its server.
+        self.answers = Answers(cfg.run_dir / RESULTS, self.reference, cfg.schedules[0].label)
+        self.scorings: dict[str, Scoring] = {}
         self.connector: Connector = connector or HttpConnector(
             cfg, self.clock, self.progress, self.save_manifest, self.stop.cannot_write
         )
@@ -300,10 +303,14 @@ class Runner:
             run.status = "ok"
 
     async def _phases(self, run: TargetRun, target: Connected) -> None:
+        scoring = None
+        if self.cfg.quality.teacher_forced:
+            scoring = await target.scoring(self.tf_writer)
+            for name in self.order.arms_on(run.spec.name):  # its own and its control's
+                self.scorings[name] = scoring
         if not await self.order.send_arms(run, target.arm):
             return
-        if self.cfg.quality.teacher_forced and not self.stopping.is_set():
-            scoring = await target.scoring(self.tf_writer)
+        if scoring is not None and not self.stopping.is_set():
             for name in self.order.arms_on(run.spec.name):  # its own, then its control's
                 await self._teacher_forced(self.all_runs()[name], scoring)
 
@@ -371,19 +378,28 @@ class Runner:
             self.save_manifest()
 
     async def _teacher_forced(self, run: TargetRun, scoring: Scoring) -> None:
-        """Score the reference's first-phase answers under this target (its own answers and
-        its prefix cache under its first phase's salt save most of the work)."""
+        """Score the reference's first-phase answers under this target that are not scored
+        yet (its own answers and its prefix cache under its first phase's salt save most of
+        the work)."""
         assert self.ref_done is not None
         await self.ref_done.wait()
-        name, first = run.spec.name, self.cfg.schedules[0].label
-        await score_answers(
-            name,
-            self.cfg.run_dir / RESULTS,
-            self.reference,
-            first,
-            self.resume.tf_done,
-            replace(scoring, salt=self.cfg.phase_salt(name, first)),
-        )
+        await self._score(run.spec.name, scoring, ready=False)
+
+    async def score_between(self, name: str) -> None:
+        """Score now, on its server, what arm ``name`` answered of the first phase whose
+        reference answer is in: between an interleaved phase's blocks, while the server still
+        holds their prompts."""
+        scoring = self.scorings.get(name)
+        if scoring is not None and not self.stopping.is_set():
+            await self._score(name, scoring, ready=True)
+
+    async def _score(self, name: str, scoring: Scoring, *, ready: bool) -> None:
+        start = self.clock.now()
+        how = replace(scoring, salt=self.cfg.phase_salt(name, self.cfg.schedules[0].label))
+        rows = await score_answers(name, self.answers, self.resume.tf_done, how, ready=ready)
+        if rows:
+            info = self.all_runs()[name].info.setdefault("teacher_forced", {"spans": []})
+            info["spans"].append([start, self.clock.now(), rows])
 
     def budget_spent(self, run: TargetRun) -> None:
         run.spend_budget()

@@ -16,8 +16,11 @@ Scoring costs little, because most of it was computed when the target answered:
 * the rest is asked of the target with ``prompt_logprobs`` (``replay.serving.prompt_scores``),
   through the endpoint that may reuse its prefix cache when it has one (what is left of the
   prompt the target answered, under the phase's own cache salt), so that only the answer's
-  positions are computed. Answers are scored most recent first, while their prompts are
-  still likely to be cached; a miss costs a whole prefill, as without the cache.
+  positions are computed. An interleaved run scores an arm's answers right after its own
+  turn in each block of the first phase, while its server still holds their prompts
+  (replay/run/interleave.py); what is left is scored after the phases, most recent first,
+  while their prompts are the likeliest still cached. A miss costs a whole prefill, as
+  without the cache: after the phases of a long run, most are misses.
 
 Each row records how many positions came from the target's own answer (``own``) and how many
 prompt tokens the server took from its cache (``cached``).
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,61 +82,59 @@ def _digest(ids: Sequence[int]) -> bytes:
     return hashlib.sha1(array("q", ids).tobytes()).digest()
 
 
-def own_answers(results: Path, target: str, phase: str) -> dict[str, OwnAnswer]:
-    """The target's answers in ``phase`` that carry their logprobs, in the order they came."""
-    out: dict[str, OwnAnswer] = {}
-    for row in _rows(results):
-        if row["target"] != target or row["phase"] != phase or row["status"] != "ok":
-            continue
-        lps = row.get("output_logprobs")
-        if lps and row.get("prompt_ids"):
-            n = min(len(lps), len(row["output_ids"]))
-            out[row["request_id"]] = OwnAnswer(
-                _digest(row["prompt_ids"]),
-                array("q", row["output_ids"][:n]),
-                array("d", lps[:n]),
-            )
-    return out
-
-
 def reference_offsets(results: Path, reference: str, first_phase: str) -> dict[str, int]:
-    """Where in the results file each reference answer that scoring can use is (the
-    answers' token ids are the bulk of a result: they are read back one at a time)."""
-    out: dict[str, int] = {}
-    if not results.exists():
-        return out
-    with results.open("rb") as fh:
-        offset = 0
-        for raw in fh:
-            if not raw.endswith(b"\n"):
-                break  # another target's line, still being written (after ours)
-            row = orjson.loads(raw)
-            if (
-                row["target"] == reference
-                and row["phase"] == first_phase
-                and row["status"] == "ok"
-                and row.get("prompt_ids")
-                and row.get("output_ids")
-            ):
-                out[row["request_id"]] = offset
-            offset += len(raw)
-    return out
-
-
-def _rows(results: Path) -> Iterator[dict[str, Any]]:
-    if not results.exists():
-        return
-    with results.open("rb") as fh:
-        for raw in fh:
-            if not raw.endswith(b"\n"):
-                break
-            yield orjson.loads(raw)
+    """Where in the results file each reference answer that scoring can use is."""
+    answers = Answers(results, reference, first_phase)
+    answers.update()
+    return answers.ref
 
 
 def read_result(results: Path, offset: int) -> Result:
     with results.open("rb") as fh:
         fh.seek(offset)
         return Result.from_json(orjson.loads(fh.readline()))
+
+
+class Answers:
+    """The results file read as it grows, each line once: where each reference answer of
+    the first phase is (``ref``) and each arm's own answers of that phase that carry their
+    logprobs, in the order they came (``own``)."""
+
+    def __init__(self, results: Path, reference: str, first_phase: str) -> None:
+        self.results, self.reference, self.first_phase = results, reference, first_phase
+        self.ref: dict[str, int] = {}
+        self.own: dict[str, dict[str, OwnAnswer]] = {}
+        self._offset = 0
+
+    def update(self) -> None:
+        """Read the lines written since the last call (a line still being written waits)."""
+        if not self.results.exists():
+            return
+        with self.results.open("rb") as fh:
+            if fh.seek(0, 2) < self._offset:  # rewritten (a resume's repair): read it again
+                self.ref.clear()
+                self.own.clear()
+                self._offset = 0
+            fh.seek(self._offset)
+            for raw in fh:
+                if not raw.endswith(b"\n"):
+                    break
+                self._add(orjson.loads(raw), self._offset)
+                self._offset += len(raw)
+
+    def _add(self, row: dict[str, Any], offset: int) -> None:
+        if row["phase"] != self.first_phase or row["status"] != "ok" or not row.get("prompt_ids"):
+            return
+        if row["target"] == self.reference and row.get("output_ids"):
+            self.ref[row["request_id"]] = offset
+        lps = row.get("output_logprobs")
+        if lps:
+            n = min(len(lps), len(row["output_ids"]))
+            self.own.setdefault(row["target"], {})[row["request_id"]] = OwnAnswer(
+                _digest(row["prompt_ids"]),
+                array("q", row["output_ids"][:n]),
+                array("d", lps[:n]),
+            )
 
 
 @dataclass(frozen=True)
@@ -207,30 +208,33 @@ async def score(ref: Result, own: OwnAnswer | None, how: Scoring) -> TFScore:
 
 
 async def score_answers(
-    target: str,
-    results: Path,
-    reference: str,
-    first_phase: str,
-    done: set[tuple[str, str]],
-    how: Scoring,
-) -> None:
-    """Score every reference answer of ``first_phase`` not in ``done`` under ``target``, a row
-    per answer in the writer: those the target answered itself most recent first (their
-    prompts are the likeliest still cached), then the others."""
-    offsets = reference_offsets(results, reference, first_phase)
-    mine = own_answers(results, target, first_phase)
-    due = [rid for rid in offsets if (target, rid) not in done]
-    if not due:
-        return
+    target: str, answers: Answers, done: set[tuple[str, str]], how: Scoring, *, ready: bool = False
+) -> int:
+    """Score the reference's first-phase answers not in ``done`` under ``target``, a row per
+    answer in the writer (each added to ``done``): those the target answered itself most
+    recent first (their prompts are the likeliest still cached), then the others; ``ready``:
+    only those the target has answered so far (between an interleaved phase's blocks, their
+    prompts still in its cache), without a progress bar of their own. Returns the rows
+    written."""
+    answers.update()
+    offsets, mine = answers.ref, answers.own.get(target, {})
     order = [rid for rid in reversed(mine) if rid in offsets and (target, rid) not in done]
-    ordered = set(order)
-    order += [rid for rid in due if rid not in ordered]
-    how.progress.phase(target, "teacher-forced", len(order))
+    if not ready:
+        ordered = set(order)
+        order += [rid for rid in offsets if (target, rid) not in done and rid not in ordered]
+    if not order:
+        return 0
+    if not ready:
+        how.progress.phase(target, "teacher-forced", len(order))
 
     async def one(rid: str) -> None:
-        ref = read_result(results, offsets[rid])
+        ref = read_result(answers.results, offsets[rid])
         s = await score(ref, mine.get(rid), how)
         how.writer.write({"target": target, "request_id": rid, "bucket": ref.bucket, **s.to_json()})
-        how.progress.advance(target, "teacher-forced", s.error is None)
+        done.add((target, rid))
+        mine.pop(rid, None)  # held only until scored: a long run's answers are not all held
+        if not ready:
+            how.progress.advance(target, "teacher-forced", s.error is None)
 
     await pooled(iter(order), one, how.concurrency)
+    return len(order)

@@ -9,7 +9,7 @@ import asyncio
 import heapq
 import itertools
 from array import array
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -82,11 +82,19 @@ class VirtualClock:
 
 class NoWire:
     """Connects to every target without a socket: it serves ``model``, every prompt has
-    ``prompt_tokens`` tokens; a target named in ``down`` cannot be used (TargetError)."""
+    ``prompt_tokens`` tokens; a target named in ``down`` cannot be used (TargetError);
+    ``scoring``: its teacher-forced scoring (by default a run must not ask for it)."""
 
-    def __init__(self, count: int, prompt_tokens: int = 100, down: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        count: int,
+        prompt_tokens: int = 100,
+        down: frozenset[str] = frozenset(),
+        scoring: Callable[[JsonlWriter], Scoring] | None = None,
+    ):
         self.count, self.prompt_tokens, self.down = count, prompt_tokens, down
         self.opened: list[str] = []
+        self.scoring = scoring
 
     @asynccontextmanager
     async def open(
@@ -108,7 +116,9 @@ class NoWire:
         arm = TargetSession(run.spec.name, None, counts, None, run.budget, _NoScrapes())  # type: ignore[arg-type]
 
         async def scoring(writer: JsonlWriter) -> Scoring:
-            raise AssertionError("no teacher-forced scoring without the wire")
+            if self.scoring is None:
+                raise AssertionError("no teacher-forced scoring without the wire")
+            return self.scoring(writer)
 
         yield Connected(arm, scoring)
 

@@ -124,6 +124,9 @@ class TargetEntry(Record):
     scrape_failures: int | None = absent_if_none()
     error_budget: Mapping[str, Any] | None = absent_if_none()
     sweep_stopped: Mapping[str, Any] | None = absent_if_none()
+    # When its teacher-forced scores were asked for: ``spans``, ``[start, end, rows]`` on the
+    # run's clock (an interleaved run's between its blocks, then the rest after the phases).
+    teacher_forced: Mapping[str, Any] | None = absent_if_none()
     phases: Mapping[str, Mapping[str, Any]]
 
 

@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 from collections import Counter
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,13 @@ from replay.core.schedule import ClosedLoop
 from replay.run.interleave import Interleaved
 from replay.run.phase import Phase
 from replay.run.progress import QuietProgress
-from replay.run.run_config import TargetRun
+from replay.run.run_config import RunConfig, TargetRun
 from replay.run.runner import OneAfterAnother, Runner
 from replay.run.sequential_run import RoundLoop, Rounds
 from replay.run.stopping import RunStop
+from replay.run.teacher import Scoring
 from replay.run.worker_pool import WorkerPoolSender
-from replay.rundir.files import new_run_dir, read_results
+from replay.rundir.files import JsonlWriter, new_run_dir, read_results
 from tests.support.nowire import NoWire, Scripted, VirtualClock, answer, config, todo, unanalysed
 
 LIMIT = 6
@@ -253,17 +254,8 @@ def test_a_signal_interrupts_the_run_and_the_handlers_before_are_back(
 
 
 # -- orders ---------------------------------------------------------------------------------
-def test_interleaved_blocks_go_to_every_arm_in_a_rotating_order(tmp_path: Path) -> None:
-    run_dir, sender = new_run_dir(tmp_path), Scripted()
-    cfg = config(
-        run_dir,
-        targets=("bf16", "fp8"),
-        schedules=(ClosedLoop(1),),
-        limit=LIMIT,
-        load={"block_size": 2},
-    )
-    connector = NoWire(LIMIT)
-    runner = Runner(
+def _interleaved(cfg: RunConfig, sender: Any, connector: NoWire) -> Runner:
+    return Runner(
         cfg,
         clock=VirtualClock(),
         sender=sender,
@@ -271,9 +263,30 @@ def test_interleaved_blocks_go_to_every_arm_in_a_rotating_order(tmp_path: Path) 
         order=Interleaved(),
         analysis=unanalysed,
     )
-    _run(runner)
+
+
+def _two_arms(run_dir: Path) -> RunConfig:
+    """bf16 and fp8 at concurrency 1, in blocks of 2."""
+    return config(
+        run_dir,
+        targets=("bf16", "fp8"),
+        schedules=(ClosedLoop(1),),
+        limit=LIMIT,
+        load={"block_size": 2},
+    )
+
+
+def _blocks(cfg: RunConfig) -> list[frozenset[str]]:
+    """The blocks of a 6-request run at block size 2: strided, every third request."""
     ids = [r.id for r in cfg.trace.iter_requests()]
-    blocks = [frozenset({ids[j], ids[j + 3]}) for j in range(3)]  # strided: every third
+    return [frozenset({ids[j], ids[j + 3]}) for j in range(3)]
+
+
+def test_interleaved_blocks_go_to_every_arm_in_a_rotating_order(tmp_path: Path) -> None:
+    run_dir, sender = new_run_dir(tmp_path), Scripted()
+    cfg = _two_arms(run_dir)
+    _run(_interleaved(cfg, sender, NoWire(LIMIT)))
+    blocks = _blocks(cfg)
     assert [(t, b) for t, _, b in sender.sent] == [
         ("bf16", blocks[0]),
         ("fp8", blocks[0]),
@@ -285,6 +298,61 @@ def test_interleaved_blocks_go_to_every_arm_in_a_rotating_order(tmp_path: Path) 
     manifest = _manifest(run_dir)
     assert manifest["run_spec"]["load"]["parallel_targets"] is True
     assert [b[0] for b in manifest["targets"]["fp8"]["phases"]["c1"]["blocks"]] == [0, 1, 2]
+
+
+class _TokensAndScores:
+    """Answers every request with the same tokens and logprobs, and notes, as each block is
+    sent, which teacher-forced scores were written by then."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.scores = run_dir / "teacher_forced.jsonl"
+        self.sent: list[tuple[str, frozenset[str], set[tuple[str, str]]]] = []
+
+    async def send(self, phase: Phase, run: TargetRun, stop: RunStop) -> dict[str, Any]:
+        lines = self.scores.read_text().splitlines() if self.scores.exists() else []
+        scored = {(row["target"], row["request_id"]) for row in map(json.loads, lines)}
+        reqs = todo(phase)
+        self.sent.append((phase.target.name, frozenset(r.id for r in reqs), scored))
+        start = phase.clock.now()
+        for req in reqs:
+            answer(phase, req, prompt_ids=[1, 2, 3], output_ids=[4, 5], output_logprobs=[-1, -2])
+        return {"start": start, "end": phase.clock.now()}
+
+
+def test_interleaved_arms_are_scored_right_after_their_own_turns(tmp_path: Path) -> None:
+    """Each arm's answers are scored teacher-forced right after its own turn in a block, once
+    the reference's are in, before the next arm sends (its server still holds the prompts);
+    what the reference answers later is scored after the arm's next turn."""
+    run_dir = new_run_dir(tmp_path)
+    sender = _TokensAndScores(run_dir)
+    cfg = _two_arms(run_dir)
+    cfg = cfg.with_spec(quality=replace(cfg.quality, teacher_forced=True))
+
+    def scoring(writer: JsonlWriter) -> Scoring:
+        # The answers agree token for token: every score is the arm's own, no server is asked.
+        session: Any = None
+        return Scoring(
+            session, "http://unused.invalid", "model", writer, QuietProgress(), 1.0, None
+        )
+
+    _run(_interleaved(cfg, sender, NoWire(LIMIT, scoring=scoring)))
+    b = _blocks(cfg)
+    # bf16 b0, fp8 b0 | fp8 b1, bf16 b1 | bf16 b2, fp8 b2: what was scored before each turn.
+    before = [scored for _, _, scored in sender.sent]
+    assert [(t, blk) for t, blk, _ in sender.sent] == [
+        ("bf16", b[0]), ("fp8", b[0]), ("fp8", b[1]), ("bf16", b[1]), ("bf16", b[2]), ("fp8", b[2])
+    ]  # fmt: skip
+    assert before[0] == set()
+    assert before[1] == {("bf16", i) for i in b[0]}
+    assert before[2] == before[1] | {("fp8", i) for i in b[0]}
+    assert before[3] == before[2]  # fp8's b1 waits for the reference's
+    assert before[4] == before[3] | {("bf16", i) for i in b[1]}
+    assert before[5] == before[4] | {("bf16", i) for i in b[2]}
+    rows = [json.loads(x) for x in (run_dir / "teacher_forced.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * LIMIT and all(r["own"] == r["n"] == 2 for r in rows)
+    spans = {t: e["teacher_forced"]["spans"] for t, e in _manifest(run_dir)["targets"].items()}
+    assert [s[2] for s in spans["bf16"]] == [2, 2, 2]
+    assert [s[2] for s in spans["fp8"]] == [2, 4]  # b0, then b1 and b2 after its last turn
 
 
 def test_no_run_subclasses_the_runner() -> None:
