@@ -7,13 +7,15 @@
 Runs the canary exactly as a user does (``python -m replay canary --trace traces/real.jsonl
 --model real --targets bf16,fp8 --buckets 1K,4K``: local vLLM CPU servers, the A/A control,
 teacher-forced scoring) and, while it runs, watches its run directory once a second: when
-each target's answers and teacher-forced scores were written. From those it splits the wall
-time into what bounds it: starting the servers (before the first request is sent), serving
-the answers (each target's phases, first request sent to last answer), teacher-forced
-scoring (first score written to last), the capacity phase (``replay canary`` adds one when
-the workload never filled the reference's cache) and the rest (grading, report). The output
-tokens all arms generated per second of the phases is the machine's decode rate for this
-model: the answers alone cannot take less than their tokens over that rate.
+each target's answers and teacher-forced scores were written. From those and the manifest it
+splits the wall time into what bounds it: starting the servers (before the first request is
+sent), serving the answers (the phases, first request sent to last answer, without the
+scoring between their blocks), teacher-forced scoring (the manifest's spans: between the
+blocks, and after the phases), the capacity phase (``replay canary`` adds one when the
+quality side leaves the verdict to it) and the rest (grading, report). Scoring's share is
+over the time spent serving answers. The output tokens all arms generated per second of
+serving is the machine's decode rate for this model: the answers alone cannot take less
+than their tokens over that rate.
 
 Writes ``bench/results/real_canary.json``. It takes 10 to 40 minutes on 2 cores.
 """
@@ -117,9 +119,34 @@ def capacity_of(run_dir: Path) -> dict[str, Any]:
     return {"status": block.get("status"), "requests_answered": answered}
 
 
+def scoring_spans(run_dir: Path) -> list[tuple[float, float]] | None:
+    """When the run asked for teacher-forced scores, on its clock: the manifest's spans (an
+    interleaved run scores between its blocks, then what is left); None for a run whose
+    manifest has none (older than the spans, or without scoring)."""
+    targets = orjson.loads((run_dir / "manifest.json").read_bytes()).get("targets") or {}
+    spans = [
+        (s[0], s[1])
+        for t in targets.values()
+        for s in ((t.get("teacher_forced") or {}).get("spans") or [])
+    ]
+    return spans or None
+
+
+def union_s(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one span (the targets' end-of-run scoring overlaps)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
 def summarize(run_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
     """What bounds the wall time: the workload's phases (all arms at once, interleaved), the
-    machine's decode rate over them, teacher-forced scoring, the capacity phase, the rest."""
+    machine's decode rate over them, teacher-forced scoring, the capacity phase, the rest.
+    ``serving_s`` is the phases' time without the scoring between their blocks; scoring's
+    share is over it (as when all scoring came after the phases)."""
     per = run["targets"]
     sent, done = [], []
     with (run_dir / "results.jsonl").open("rb") as fh:
@@ -128,19 +155,31 @@ def summarize(run_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
             if r.get("sent") is not None and r.get("done") is not None:
                 sent.append(r["sent"])
                 done.append(r["done"])
-    phases_s = max(done) - min(sent) if done else 0.0
+    first, last = (min(sent), max(done)) if done else (0.0, 0.0)
+    phases_s = last - first
     tokens = sum(t["output_tokens"] for t in per.values())
-    spans = [s for s in run["teacher_forced"].values() if s]
-    tf_s = max(s["to_s"] for s in spans) - min(s["from_s"] for s in spans) if spans else 0.0
+    spans = scoring_spans(run_dir)
+    if spans is None:  # the watcher's: first score written to last, all after the phases
+        seen = [s for s in run["teacher_forced"].values() if s]
+        tf_s = max(s["to_s"] for s in seen) - min(s["from_s"] for s in seen) if seen else 0.0
+        between = 0.0
+    else:
+        tf_s = union_s(spans)
+        between = union_s(
+            [(max(a, first), min(b, last)) for a, b in spans if b > first and a < last]
+        )
+    serving_s = phases_s - between
     wall = run["wall_s"]
     return {
         "wall_s": wall,
         "servers_up_s": run["first_answer_written_s"],
         "phases_s": round(phases_s, 1),
+        "serving_s": round(serving_s, 1),
         "output_tokens": tokens,
-        "decode_tokens_per_s": round(tokens / phases_s, 1) if phases_s else None,
+        "decode_tokens_per_s": round(tokens / serving_s, 1) if serving_s else None,
         "teacher_forced_s": round(tf_s, 1),
-        "teacher_forced_share_of_phases": round(tf_s / phases_s, 3) if phases_s else None,
+        "teacher_forced_between_blocks_s": round(between, 1),
+        "teacher_forced_share_of_phases": round(tf_s / serving_s, 3) if serving_s else None,
         "capacity_phase": capacity_of(run_dir),
         "requests": sum(sum(t["status"].values()) for t in per.values()),
         "target_s": 12 * 60,
