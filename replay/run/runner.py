@@ -45,7 +45,7 @@ from replay.run.session_turns import Sessions
 from replay.run.signals import interrupts
 from replay.run.stopping import RunStop
 from replay.run.sweep import stop_rising
-from replay.run.teacher import Answers, Scoring, reference_offsets, score_answers
+from replay.run.teacher import Answers, Scoring, score_answers
 from replay.rundir.files import (
     MANIFEST,
     RESULTS,
@@ -119,7 +119,8 @@ class Runner:
         self.writer = JsonlWriter(cfg.run_dir / RESULTS, self.stop.cannot_write)
         self.tf_writer = JsonlWriter(cfg.run_dir / TEACHER_FORCED, self.stop.cannot_write)
         # Teacher-forced scoring: the answers it reads, and each arm's way to ask its server.
-        self.answers = Answers(cfg.run_dir / RESULTS, self.reference, cfg.schedules[0].label)
+        first, done = cfg.schedules[0].label, self.resume.tf_done
+        self.answers = Answers(cfg.run_dir / RESULTS, self.reference, first, done)
         self.scorings: dict[str, Scoring] = {}
         self.connector: Connector = connector or HttpConnector(
             cfg, self.clock, self.progress, self.save_manifest, self.stop.cannot_write
@@ -221,8 +222,8 @@ class Runner:
 
     def _reference_ids(self) -> Iterator[str]:
         """The reference's first-phase answers that teacher-forced scoring can use."""
-        c = self.cfg
-        return iter(reference_offsets(c.run_dir / RESULTS, self.reference, c.schedules[0].label))
+        self.answers.update()
+        return iter(list(self.answers.ref))
 
     # -- resume ---------------------------------------------------------------------------
     def _complete(self, name: str) -> bool:
@@ -396,7 +397,7 @@ class Runner:
     async def _score(self, name: str, scoring: Scoring, *, ready: bool) -> None:
         start = self.clock.now()
         how = replace(scoring, salt=self.cfg.phase_salt(name, self.cfg.schedules[0].label))
-        rows = await score_answers(name, self.answers, self.resume.tf_done, how, ready=ready)
+        rows = await score_answers(name, self.answers, how, ready=ready)
         if rows:
             info = self.all_runs()[name].info.setdefault("teacher_forced", {"spans": []})
             info["spans"].append([start, self.clock.now(), rows])

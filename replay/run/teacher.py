@@ -82,13 +82,6 @@ def _digest(ids: Sequence[int]) -> bytes:
     return hashlib.sha1(array("q", ids).tobytes()).digest()
 
 
-def reference_offsets(results: Path, reference: str, first_phase: str) -> dict[str, int]:
-    """Where in the results file each reference answer that scoring can use is."""
-    answers = Answers(results, reference, first_phase)
-    answers.update()
-    return answers.ref
-
-
 def read_result(results: Path, offset: int) -> Result:
     with results.open("rb") as fh:
         fh.seek(offset)
@@ -98,10 +91,14 @@ def read_result(results: Path, offset: int) -> Result:
 class Answers:
     """The results file read as it grows, each line once: where each reference answer of
     the first phase is (``ref``) and each arm's own answers of that phase that carry their
-    logprobs, in the order they came (``own``)."""
+    logprobs, in the order they came (``own``), held only until scored; ``done``: the
+    (target, request) pairs scored (a resumed run's, then each as it is)."""
 
-    def __init__(self, results: Path, reference: str, first_phase: str) -> None:
+    def __init__(
+        self, results: Path, reference: str, first_phase: str, done: set[tuple[str, str]]
+    ) -> None:
         self.results, self.reference, self.first_phase = results, reference, first_phase
+        self.done = done
         self.ref: dict[str, int] = {}
         self.own: dict[str, dict[str, OwnAnswer]] = {}
         self._offset = 0
@@ -128,7 +125,7 @@ class Answers:
         if row["target"] == self.reference and row.get("output_ids"):
             self.ref[row["request_id"]] = offset
         lps = row.get("output_logprobs")
-        if lps:
+        if lps and (row["target"], row["request_id"]) not in self.done:
             n = min(len(lps), len(row["output_ids"]))
             self.own.setdefault(row["target"], {})[row["request_id"]] = OwnAnswer(
                 _digest(row["prompt_ids"]),
@@ -207,17 +204,15 @@ async def score(ref: Result, own: OwnAnswer | None, how: Scoring) -> TFScore:
     )
 
 
-async def score_answers(
-    target: str, answers: Answers, done: set[tuple[str, str]], how: Scoring, *, ready: bool = False
-) -> int:
-    """Score the reference's first-phase answers not in ``done`` under ``target``, a row per
-    answer in the writer (each added to ``done``): those the target answered itself most
+async def score_answers(target: str, answers: Answers, how: Scoring, *, ready: bool = False) -> int:
+    """Score the reference's first-phase answers not yet scored under ``target``, a row per
+    answer in the writer (each added to ``answers.done``): those the target answered itself most
     recent first (their prompts are the likeliest still cached), then the others; ``ready``:
     only those the target has answered so far (between an interleaved phase's blocks, their
     prompts still in its cache), without a progress bar of their own. Returns the rows
     written."""
     answers.update()
-    offsets, mine = answers.ref, answers.own.get(target, {})
+    offsets, mine, done = answers.ref, answers.own.get(target, {}), answers.done
     order = [rid for rid in reversed(mine) if rid in offsets and (target, rid) not in done]
     if not ready:
         ordered = set(order)
